@@ -1,0 +1,31 @@
+"""fastsim: fast, statistically rigorous simulation of LLM inference serving.
+
+The engine model is specified in ``docs/engine-model.md``. Start with
+:func:`replicate`::
+
+    import fastsim
+    scenario = fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822),
+        workload=fastsim.Workload(arrival_rate=4.0, num_requests=1000,
+                                  prompt_len=fastsim.LogNormal(median=256, sigma=0.55),
+                                  output_len=128),
+    )
+    result = fastsim.replicate(scenario, n_replications=1000, seed=0)
+    print(result.summary())
+"""
+
+from ._config import EngineConfig, Scenario, Workload
+from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
+                             Uniform, sharegpt_lengths)
+from ._latency import LatencyModel
+from ._replicate import (METRIC_DESCRIPTIONS, ReplicateResult, replicate, sample_requests,
+                         simulate_requests)
+from ._stats import ConfidenceInterval
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
+    "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario",
+    "Uniform", "Workload", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests",
+]

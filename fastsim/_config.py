@@ -1,0 +1,344 @@
+"""Scenario configuration: the server (`EngineConfig`), the load (`Workload`)
+and both together with the latency model and SLOs (`Scenario`).
+
+All validation happens here, when an object is built, so that a bad value
+fails before any kernel runs, with a message that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
+                             Mixture, Uniform, _ArrivalSpec, as_length)
+from ._latency import LatencyModel
+from ._validation import (check_bool, check_choice, check_float, check_int, check_probabilities)
+
+POLICIES = ("fcfs", "priority", "sjf")
+SCHEDULERS = ("continuous", "static")
+ADMISSIONS = ("none", "queue_limit", "kv_reservation")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One vLLM-like server (vLLM's parameter names).
+
+    Parameters
+    ----------
+    max_num_seqs : int
+        Most requests running (in the batch) at once.
+    max_num_batched_tokens : int
+        Token budget of one step (prefill chunks plus one token per decode).
+    block_size : int
+        Tokens per KV-cache block.
+    num_gpu_blocks : int
+        KV-cache blocks on the GPU. The default, 6822, is what vLLM 0.22
+        reported for Qwen2.5-1.5B on an A10G at ``gpu_memory_utilization=0.3``.
+    enable_chunked_prefill : bool
+        Split prompts into chunks that fit the step's remaining budget.
+    policy : {"fcfs", "priority", "sjf"}
+        Waiting-queue order and preemption victim choice.
+    scheduler : {"continuous", "static"}
+        Continuous (iteration-level) batching, or the static batching baseline.
+    admission : {"none", "queue_limit", "kv_reservation"}
+        Admission control at arrival (see ``docs/engine-model.md``).
+    max_waiting : int, optional
+        With ``admission="queue_limit"``: waiting places beyond ``max_num_seqs``
+        (0 gives a loss system).
+    max_queue_delay_s : float, optional
+        A request still waiting (never scheduled) this long after its arrival
+        abandons.
+    max_model_len : int, optional
+        Longest prompt + output a request may have; longer ones are rejected.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_gpu_blocks: int = 6822
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    scheduler: str = "continuous"
+    admission: str = "none"
+    max_waiting: int | None = None
+    max_queue_delay_s: float | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self):
+        s = object.__setattr__
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks"):
+            s(self, name, check_int(name, getattr(self, name), low=1))
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too; a static batch could starve forever.
+            raise ValueError(f"max_num_batched_tokens must be >= max_num_seqs ({self.max_num_seqs}), "
+                             f"got {self.max_num_batched_tokens}")
+        s(self, "enable_chunked_prefill", check_bool("enable_chunked_prefill", self.enable_chunked_prefill))
+        check_choice("policy", self.policy, POLICIES)
+        check_choice("scheduler", self.scheduler, SCHEDULERS)
+        check_choice("admission", self.admission, ADMISSIONS)
+        s(self, "max_waiting", check_int("max_waiting", self.max_waiting, low=0, optional=True))
+        if self.admission == "queue_limit" and self.max_waiting is None:
+            raise ValueError("max_waiting must be an integer >= 0 when admission='queue_limit', got None")
+        if self.admission != "queue_limit" and self.max_waiting is not None:
+            raise ValueError(f"max_waiting is only used with admission='queue_limit', "
+                             f"got max_waiting={self.max_waiting} with admission={self.admission!r}")
+        s(self, "max_queue_delay_s", check_float("max_queue_delay_s", self.max_queue_delay_s,
+                                                 low=0, low_open=True, optional=True))
+        s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, optional=True))
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """The requests that reach the server.
+
+    Parameters
+    ----------
+    arrival_rate : float
+        Mean arrivals per second (> 0). Not used with ``arrival_times``.
+    num_requests : int
+        Arrivals per replication (each run is a benchmark of this many
+        requests).
+    prompt_len, output_len : int or LengthDistribution
+        Token lengths; an int means every request has that length.
+    lengths : LengthTrace, optional
+        Paired (prompt, output) rows instead of ``prompt_len``/``output_len``.
+    burstiness : float
+        Gamma inter-arrival shape, as ``vllm bench serve --burstiness``: 1 is
+        Poisson, < 1 burstier, > 1 more regular (the gaps' squared coefficient
+        of variation is ``1 / burstiness``).
+    arrival_times : array_like, optional
+        Given arrival timestamps (seconds, non-decreasing, >= 0), the same in
+        every replication.
+    priorities, priority_probs : sequence
+        Priority classes (integers; lower is served first by ``policy="priority"``)
+        and their probabilities.
+    warmup_requests : int
+        The first this-many requests are simulated but excluded from the
+        statistics.
+    horizon_s : float, optional
+        Stop each run at this time; requests still in the system are
+        counted as unfinished. Arrivals after it do not happen.
+    """
+
+    arrival_rate: float | None = 1.0
+    num_requests: int = 1000
+    prompt_len: object = 256
+    output_len: object = 128
+    lengths: LengthTrace | None = None
+    burstiness: float = 1.0
+    arrival_times: np.ndarray | None = None
+    priorities: tuple = (0,)
+    priority_probs: tuple = (1.0,)
+    warmup_requests: int = 0
+    horizon_s: float | None = None
+
+    def __post_init__(self):
+        s = object.__setattr__
+        if self.arrival_times is not None:
+            t = np.asarray(self.arrival_times, dtype=float)
+            if t.ndim != 1 or t.size == 0:
+                raise ValueError(f"arrival_times must be a non-empty 1-d sequence, got shape {t.shape}")
+            if not np.all(np.isfinite(t)) or np.any(t < 0) or np.any(np.diff(t) < 0):
+                raise ValueError("arrival_times must be finite, >= 0 and non-decreasing")
+            s(self, "arrival_times", t)
+            if self.arrival_rate is not None and self.arrival_rate != 1.0:
+                raise ValueError(f"arrival_rate must be None when arrival_times is given, "
+                                 f"got {self.arrival_rate!r}")
+            s(self, "arrival_rate", None)
+            if self.num_requests not in (1000, t.size):
+                raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
+                                 f"got {self.num_requests!r}")
+            s(self, "num_requests", int(t.size))
+        else:
+            s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
+        s(self, "num_requests", check_int("num_requests", self.num_requests, low=1))
+        s(self, "burstiness", check_float("burstiness", self.burstiness, low=0, low_open=True))
+        if self.lengths is not None:
+            if not isinstance(self.lengths, LengthTrace):
+                raise ValueError(f"lengths must be a LengthTrace or None, got {self.lengths!r}")
+        else:
+            s(self, "prompt_len", as_length("prompt_len", self.prompt_len))
+            s(self, "output_len", as_length("output_len", self.output_len))
+        pri = np.asarray(self.priorities)
+        if pri.ndim != 1 or pri.size == 0 or pri.dtype.kind not in "iu":
+            raise ValueError(f"priorities must be a non-empty sequence of integers, got {self.priorities!r}")
+        s(self, "priorities", tuple(int(p) for p in pri))
+        s(self, "priority_probs", tuple(check_probabilities("priority_probs", self.priority_probs, pri.size)))
+        s(self, "warmup_requests", check_int("warmup_requests", self.warmup_requests,
+                                             low=0, high=self.num_requests - 1))
+        s(self, "horizon_s", check_float("horizon_s", self.horizon_s, low=0, low_open=True, optional=True))
+
+    @classmethod
+    def from_trace(cls, path, *, num_requests: int | None = None, arrival_rate: float = 1.0,
+                   order: str = "replay", **kwargs) -> "Workload":
+        """Lengths from a CSV trace (columns ``prompt_len`` and ``output_len``/``gen_len``).
+
+        With ``order="replay"`` request ``i`` gets row ``i`` (the first
+        ``num_requests`` rows, in order); arrivals are a renewal process at
+        ``arrival_rate`` (Poisson unless ``burstiness`` is given).
+        """
+        trace = LengthTrace.from_csv(path, order=order, nrows=num_requests if order == "replay" else None)
+        n = len(trace) if num_requests is None else num_requests
+        return cls(arrival_rate=arrival_rate, num_requests=n, lengths=trace, **kwargs)
+
+    @property
+    def mean_prompt_len(self) -> float:
+        return float(self.lengths.prompt_len.mean()) if self.lengths is not None else self.prompt_len.mean()
+
+    @property
+    def mean_output_len(self) -> float:
+        return float(self.lengths.output_len.mean()) if self.lengths is not None else self.output_len.mean()
+
+    def _arrival_spec(self) -> _ArrivalSpec:
+        if self.arrival_times is not None:
+            return _ArrivalSpec(kind=1, times=self.arrival_times)
+        return _ArrivalSpec(kind=0, rate=self.arrival_rate, burstiness=self.burstiness)
+
+
+@dataclass(frozen=True, eq=False)
+class Scenario:
+    """A server, its load, its latency model and the SLOs that define goodput.
+
+    Parameters
+    ----------
+    engine : EngineConfig
+    workload : Workload
+    latency : LatencyModel, optional
+        Defaults to ``LatencyModel.default()`` (A10G, Qwen2.5-1.5B).
+    ttft_slo_s, tpot_slo_s : float, optional
+        A completed request counts toward ``goodput`` if its TTFT and TPOT are
+        within these limits (all completed requests count if neither is set).
+    name : str, optional
+        A label used in tables.
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workload: Workload = field(default_factory=Workload)
+    latency: LatencyModel = field(default_factory=LatencyModel.default)
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    name: str | None = None
+
+    def __post_init__(self):
+        for name, cls in (("engine", EngineConfig), ("workload", Workload), ("latency", LatencyModel)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
+                                                           low_open=True, optional=True))
+        object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,
+                                                           low_open=True, optional=True))
+        e, w = self.engine, self.workload
+        # vLLM refuses a prompt longer than max_model_len; with admission="none"
+        # a fixed-length workload that can never run is a configuration error.
+        if e.max_model_len is not None and w.lengths is None:
+            p, o = w.prompt_len, w.output_len
+            if isinstance(p, Fixed) and isinstance(o, Fixed) and p.value + o.value > e.max_model_len:
+                raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
+                                 f"got {p.value} + {o.value}")
+
+    def replace(self, **changes) -> "Scenario":
+        """A copy with some fields changed; dotted keys reach inside, e.g.
+        ``scenario.replace(**{"engine.max_num_seqs": 32})``."""
+        top, nested = {}, {}
+        for key, value in changes.items():
+            head, _, rest = key.partition(".")
+            if rest:
+                nested.setdefault(head, {})[rest] = value
+            else:
+                top[key] = value
+        for head, sub in nested.items():
+            if head not in ("engine", "workload", "latency"):
+                raise ValueError(f"unknown scenario section {head!r}; use engine, workload or latency")
+            top[head] = dataclasses.replace(top.get(head, getattr(self, head)), **sub)
+        return dataclasses.replace(self, **top)
+
+    @classmethod
+    def from_dict(cls, config: dict, *, base_dir: Path | None = None) -> "Scenario":
+        """Build a scenario from a dict with ``engine``, ``workload``, ``latency``
+        and ``slo`` tables (the layout of a ``fastsim run`` TOML file)."""
+        return _scenario_from_dict(config, base_dir=base_dir)
+
+
+_LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical}
+
+
+def _length_from_config(name, spec, base_dir):
+    """An int, or a table such as ``{dist = "lognormal", median = 256, sigma = 0.55}``."""
+    if not isinstance(spec, dict):
+        return spec
+    spec = dict(spec)
+    kind = spec.pop("dist", None)
+    if kind == "mixture":
+        comps = [_length_from_config(f"{name}.components[{j}]", c, base_dir)
+                 for j, c in enumerate(spec.pop("components", []))]
+        return Mixture(comps, spec.pop("weights", None), **spec)
+    if kind == "empirical" and "path" in spec:
+        path = Path(spec.pop("path"))
+        return Empirical.from_csv(path if path.is_absolute() or base_dir is None else base_dir / path,
+                                  spec.pop("column"))
+    if kind not in _LENGTH_LAWS:
+        raise ValueError(f"{name}.dist must be one of {', '.join(map(repr, [*_LENGTH_LAWS, 'mixture']))}, "
+                         f"got {kind!r}")
+    try:
+        return _LENGTH_LAWS[kind](**spec)
+    except TypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _scenario_from_dict(config, base_dir=None):
+    known = {"engine", "workload", "latency", "slo", "run", "name"}
+    unknown = set(config) - known
+    if unknown:
+        raise ValueError(f"unknown configuration table(s) {sorted(unknown)}; allowed: {sorted(known)}")
+    try:
+        engine = EngineConfig(**config.get("engine", {}))
+    except TypeError as exc:
+        raise ValueError(f"[engine]: {exc}") from None
+    wl = dict(config.get("workload", {}))
+    trace = wl.pop("trace", None)
+    if trace is not None:
+        trace = dict(trace) if isinstance(trace, dict) else {"path": trace}
+        path = Path(trace.pop("path"))
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        wl["lengths"] = LengthTrace.from_csv(path, **trace)
+    elif wl.pop("sharegpt", False):
+        from ._distributions import sharegpt_lengths
+
+        wl["lengths"] = sharegpt_lengths(wl.pop("sharegpt_order", "sample"))
+    for key in ("prompt_len", "output_len"):
+        if key in wl:
+            wl[key] = _length_from_config(key, wl[key], base_dir)
+    try:
+        workload = Workload(**wl)
+    except TypeError as exc:
+        raise ValueError(f"[workload]: {exc}") from None
+    lat = dict(config.get("latency", {}))
+    if "step_s" in lat:
+        latency = LatencyModel.constant(lat.pop("step_s"))
+        if lat:
+            raise ValueError(f"[latency]: step_s cannot be combined with {sorted(lat)}")
+    elif lat.pop("preset", "default") == "default" and not lat:
+        latency = LatencyModel.default()
+    else:
+        try:
+            latency = LatencyModel(**lat)
+        except TypeError as exc:
+            raise ValueError(f"[latency]: {exc}") from None
+    slo = config.get("slo", {})
+    bad = set(slo) - {"ttft_s", "tpot_s"}
+    if bad:
+        raise ValueError(f"[slo]: unknown key(s) {sorted(bad)}; allowed: ['tpot_s', 'ttft_s']")
+    return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=slo.get("ttft_s"),
+                    tpot_slo_s=slo.get("tpot_s"), name=config.get("name"))
+
+
+__all__ = ["EngineConfig", "Workload", "Scenario", "LengthDistribution", "Uniform"]

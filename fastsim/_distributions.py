@@ -1,0 +1,260 @@
+"""Request-length laws and arrival processes.
+
+Lengths are integer token counts >= 1. Every law here is encoded into flat
+arrays that the kernel samples from with its own counter-based generator
+(`fastsim/_kernel.py`), so the laws are defined once, here, and sampled the
+same way by every backend.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ._validation import (check_choice, check_float, check_int, check_int_array,
+                          check_probabilities)
+
+# Component kinds understood by the kernel's length sampler.
+KIND_FIXED, KIND_LOGNORMAL, KIND_UNIFORM, KIND_EMPIRICAL = 0, 1, 2, 3
+
+
+class LengthDistribution:
+    """Base class of the token-length laws."""
+
+    def _components(self):
+        """Return ``[(weight, kind, p0, p1, values, cdf), ...]``."""
+        raise NotImplementedError
+
+    def mean(self) -> float:
+        """The exact mean of the (integer) length."""
+        return float(sum(w * _component_moment(k, p0, p1, v, c, 1)
+                         for w, k, p0, p1, v, c in self._components()))
+
+    def second_moment(self) -> float:
+        """The exact second moment ``E[L^2]`` of the (integer) length."""
+        return float(sum(w * _component_moment(k, p0, p1, v, c, 2)
+                         for w, k, p0, p1, v, c in self._components()))
+
+
+@dataclass(frozen=True)
+class Fixed(LengthDistribution):
+    """Every request has the same length ``value``."""
+
+    value: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "value", check_int("value", self.value, low=1))
+
+    def _components(self):
+        return [(1.0, KIND_FIXED, float(self.value), 0.0, None, None)]
+
+
+@dataclass(frozen=True)
+class LogNormal(LengthDistribution):
+    """``ceil(X)`` with ``X = median * exp(sigma * Z)``, ``Z ~ N(0, 1)``.
+
+    The ceiling makes the length an integer >= 1 without clipping: the law is
+    ``P(L = k) = P(k - 1 < X <= k)``.
+    """
+
+    median: float
+    sigma: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "median", check_float("median", self.median, low=0, low_open=True))
+        object.__setattr__(self, "sigma", check_float("sigma", self.sigma, low=0))
+
+    def _components(self):
+        return [(1.0, KIND_LOGNORMAL, self.median, self.sigma, None, None)]
+
+
+@dataclass(frozen=True)
+class Uniform(LengthDistribution):
+    """Integer uniform on ``low, low + 1, ..., high`` (both included)."""
+
+    low: int
+    high: int
+
+    def __post_init__(self):
+        low = check_int("low", self.low, low=1)
+        high = check_int("high", self.high, low=1)
+        if high < low:
+            raise ValueError(f"high must be >= low ({low}), got {high}")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
+
+    def _components(self):
+        return [(1.0, KIND_UNIFORM, float(self.low), float(self.high), None, None)]
+
+
+@dataclass(frozen=True, eq=False)
+class Empirical(LengthDistribution):
+    """Sample from a list of observed lengths (with optional weights)."""
+
+    values: np.ndarray
+    weights: np.ndarray | None = None
+
+    def __post_init__(self):
+        values = check_int_array("values", self.values, low=1)
+        weights = (np.full(values.size, 1.0 / values.size) if self.weights is None
+                   else check_probabilities("weights", self.weights, values.size))
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "weights", weights)
+
+    @classmethod
+    def from_csv(cls, path, column: str) -> "Empirical":
+        """Read one integer column of a CSV file."""
+        return cls(_read_csv_columns(path, [column])[column])
+
+    def _components(self):
+        cdf = np.cumsum(self.weights)
+        cdf[-1] = 1.0
+        return [(1.0, KIND_EMPIRICAL, 0.0, 0.0, self.values.astype(float), cdf)]
+
+
+@dataclass(frozen=True, eq=False)
+class Mixture(LengthDistribution):
+    """With probability ``weights[j]`` draw from ``components[j]``."""
+
+    components: tuple
+    weights: np.ndarray
+
+    def __post_init__(self):
+        comps = tuple(self.components)
+        if not comps:
+            raise ValueError("components must be a non-empty sequence of length laws, got ()")
+        comps = tuple(as_length(f"components[{j}]", c) for j, c in enumerate(comps))
+        object.__setattr__(self, "components", comps)
+        object.__setattr__(self, "weights", check_probabilities("weights", self.weights, len(comps)))
+
+    def _components(self):
+        out = []
+        for w, comp in zip(self.weights, self.components):
+            out += [(w * cw, *rest) for cw, *rest in comp._components()]
+        return out
+
+
+def as_length(name: str, value) -> LengthDistribution:
+    """Accept an int (a fixed length) or a length law; reject anything else."""
+    if isinstance(value, LengthDistribution):
+        return value
+    try:
+        return Fixed(check_int(name, value, low=1))
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 1 or a length distribution "
+                         f"(Fixed, LogNormal, Uniform, Empirical, Mixture), got {value!r}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class LengthTrace:
+    """Paired (prompt, output) lengths taken row by row from a trace.
+
+    Parameters
+    ----------
+    prompt_len, output_len : array_like of int
+        One row per recorded request.
+    order : {"replay", "sample"}
+        ``"replay"``: request ``i`` gets row ``i mod n`` (in order, as
+        ``vllm bench serve --disable-shuffle``); ``"sample"``: each request
+        gets an independent uniformly drawn row.
+    """
+
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    order: str = "replay"
+
+    def __post_init__(self):
+        p = check_int_array("prompt_len", self.prompt_len)
+        o = check_int_array("output_len", self.output_len)
+        if p.size != o.size:
+            raise ValueError(f"prompt_len and output_len must have the same length, "
+                             f"got {p.size} and {o.size}")
+        object.__setattr__(self, "prompt_len", p)
+        object.__setattr__(self, "output_len", o)
+        check_choice("order", self.order, ("replay", "sample"))
+
+    @classmethod
+    def from_csv(cls, path, *, order: str = "replay", nrows: int | None = None) -> "LengthTrace":
+        """Read a CSV with columns ``prompt_len`` and ``output_len`` (or ``gen_len``)."""
+        cols = _read_csv_columns(path, ["prompt_len", ("output_len", "gen_len")])
+        p, o = cols["prompt_len"], cols["output_len"]
+        if nrows is not None:
+            nrows = check_int("nrows", nrows, low=1)
+            if nrows > p.size:
+                raise ValueError(f"nrows must be <= the {p.size} rows of {path}, got {nrows}")
+            p, o = p[:nrows], o[:nrows]
+        return cls(p, o, order)
+
+    def __len__(self):
+        return int(self.prompt_len.size)
+
+
+def sharegpt_lengths(order: str = "sample") -> LengthTrace:
+    """The built-in ShareGPT length trace (5,000 requests, Qwen2.5 tokens).
+
+    Shipped in ``fastsim/data/sharegpt_lengths.csv``; see ``fastsim/data/README.md``
+    for its origin.
+    """
+    return LengthTrace.from_csv(Path(__file__).parent / "data" / "sharegpt_lengths.csv", order=order)
+
+
+def _read_csv_columns(path, columns):
+    """Read integer columns; an entry may be a tuple of accepted aliases."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must be an existing CSV file, got {str(path)!r}")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        names = {}
+        for col in columns:
+            aliases = col if isinstance(col, tuple) else (col,)
+            found = next((a for a in aliases if a in header), None)
+            if found is None:
+                raise ValueError(f"{path} must have a column {' or '.join(map(repr, aliases))}; "
+                                 f"its columns are {header}")
+            names[aliases[0]] = found
+        rows = list(reader)
+    out = {}
+    for key, col in names.items():
+        try:
+            out[key] = check_int_array(f"{path}:{col}", [int(float(r[col])) for r in rows])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"column {col!r} of {path} must hold integers >= 1: {exc}") from None
+    return out
+
+
+def _component_moment(kind, p0, p1, values, cdf, order):
+    if kind == KIND_FIXED:
+        return p0 ** order
+    if kind == KIND_UNIFORM:
+        k = np.arange(int(p0), int(p1) + 1, dtype=float)
+        return float(np.mean(k ** order))
+    if kind == KIND_EMPIRICAL:
+        probs = np.diff(np.concatenate([[0.0], cdf]))
+        return float(np.sum(probs * values ** order))
+    # LogNormal with ceiling: sum over the integer support, truncated where the
+    # remaining tail mass is below 1e-15.
+    from scipy import stats
+
+    dist = stats.lognorm(s=max(p1, 1e-300), scale=p0)
+    hi = int(np.ceil(dist.ppf(1 - 1e-15))) + 1
+    k = np.arange(1, hi + 1, dtype=float)
+    probs = dist.cdf(k) - dist.cdf(k - 1)
+    return float(np.sum(probs * k ** order))
+
+
+# ----------------------------------------------------------------------------
+# Arrival processes
+
+@dataclass(frozen=True)
+class _ArrivalSpec:
+    """Arrival process as the kernel sees it (built by `Workload`)."""
+
+    kind: int  # 0 = renewal (gamma gaps; shape 1 is Poisson), 1 = given times
+    rate: float = 0.0
+    burstiness: float = 1.0
+    times: np.ndarray = field(default_factory=lambda: np.zeros(0))

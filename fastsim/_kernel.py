@@ -1,0 +1,922 @@
+"""The replication kernel: every ``@njit`` function of the CPU engine.
+
+What is simulated is specified in ``docs/engine-model.md``; this module is one
+implementation of that text (``fastsim/_reference.py`` is another, written
+independently for clarity, and the tests hold the two to each other).
+
+The kernel sees arrays and scalars only. It does no validation: the Python
+layer (``fastsim/_replicate.py``) validates the scenario, packs it with
+:func:`pack_scenario`-style helpers into the ``ipar``/``fpar`` vectors and
+flat distribution tables described below, and allocates the outputs.
+
+Randomness is counter-based: replication ``r`` of a run keyed by
+``(key0, key1)`` draws from independent SplitMix64 streams keyed by
+``(key0, key1, r, purpose)``, one stream per purpose (arrival gaps, prompt
+lengths, output lengths, ...). A replication's workload therefore depends only
+on the seed, its index and the workload laws: never on the thread that runs
+it, on how replications are chunked, or on the engine settings (common random
+numbers across engine configurations come for free).
+
+Memory is bounded by (threads x requests per replication): each replication
+allocates its own request arrays and reduces them to one row of metrics.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ._numba_options import njit, pnjit
+
+# --- layout of the integer parameter vector ``ipar`` -------------------------
+I_MAX_NUM_SEQS = 0
+I_MAX_BATCHED_TOKENS = 1
+I_BLOCK_SIZE = 2
+I_NUM_GPU_BLOCKS = 3
+I_CHUNKED = 4
+I_POLICY = 5          # 0 fcfs, 1 priority, 2 sjf
+I_STATIC = 6          # 0 continuous, 1 static batching
+I_ADMISSION = 7       # 0 none, 1 queue_limit, 2 kv_reservation
+I_MAX_WAITING = 8
+I_MAX_MODEL_LEN = 9   # 0 = no limit
+I_WARMUP = 10
+I_HAS_DELAY = 11
+I_HAS_HORIZON = 12
+I_ARRIVAL_KIND = 13   # 0 renewal (gamma gaps), 1 given times
+I_TRACE_MODE = 14     # 0 independent laws, 1 replay rows, 2 sample rows
+I_NUM_REQUESTS = 15   # arrivals to generate (buffer capacity with a horizon)
+I_HAS_TTFT_SLO = 16
+I_HAS_TPOT_SLO = 17
+N_IPAR = 18
+
+# --- layout of the float parameter vector ``fpar`` ---------------------------
+F_RATE = 0
+F_BURSTINESS = 1
+F_MAX_DELAY = 2
+F_HORIZON = 3
+F_TTFT_SLO = 4
+F_TPOT_SLO = 5
+N_FPAR = 6
+
+POLICY_CODES = {"fcfs": 0, "priority": 1, "sjf": 2}
+ADMISSION_CODES = {"none": 0, "queue_limit": 1, "kv_reservation": 2}
+
+# --- request status codes ------------------------------------------------------
+ST_PENDING = 0
+ST_WAITING = 1
+ST_RUNNING = 2
+ST_COMPLETED = 3
+ST_REJECTED_TOO_LONG = 4
+ST_REJECTED_ADMISSION = 5
+ST_DROPPED = 6
+ST_UNFINISHED = 7
+
+# --- random stream purposes ----------------------------------------------------
+S_ARRIVAL = 0
+S_PROMPT_COMPONENT = 1
+S_PROMPT_VALUE = 2
+S_OUTPUT_COMPONENT = 3
+S_OUTPUT_VALUE = 4
+S_PRIORITY = 5
+S_TRACE_ROW = 6
+N_STREAMS = 7
+
+# --- per-replication output row -------------------------------------------------
+METRICS = (
+    "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99",
+    "tpot_mean", "tpot_p50", "tpot_p99",
+    "itl_mean", "itl_p50", "itl_p99",
+    "e2e_mean", "e2e_p50", "e2e_p99",
+    "request_throughput", "output_throughput", "goodput",
+    "blocking_probability", "drop_probability", "preemptions_per_request",
+    "batch_occupancy_mean", "queue_depth_mean", "kv_utilization_mean",
+)
+COUNTS = (
+    "n_arrived", "n_completed", "n_rejected", "n_rejected_too_long", "n_rejected_admission",
+    "n_dropped", "n_unfinished", "n_preemptions", "n_measured", "n_steps",
+    "max_blocks_used", "blocks_used_at_end", "window_s", "end_s",
+    "time_in_system_integral", "sojourn_sum",
+)
+COLUMNS = METRICS + COUNTS
+N_COLUMNS = len(COLUMNS)
+_COL = {name: j for j, name in enumerate(COLUMNS)}
+C_TTFT_MEAN = _COL["ttft_mean"]
+C_TPOT_MEAN = _COL["tpot_mean"]
+C_ITL_MEAN = _COL["itl_mean"]
+C_E2E_MEAN = _COL["e2e_mean"]
+C_REQ_TPUT = _COL["request_throughput"]
+C_OUT_TPUT = _COL["output_throughput"]
+C_GOODPUT = _COL["goodput"]
+C_BLOCKING = _COL["blocking_probability"]
+C_DROP = _COL["drop_probability"]
+C_PREEMPT = _COL["preemptions_per_request"]
+C_OCC = _COL["batch_occupancy_mean"]
+C_QUEUE = _COL["queue_depth_mean"]
+C_KV = _COL["kv_utilization_mean"]
+C_N_ARRIVED = _COL["n_arrived"]
+
+# Run-level accumulators returned by `_simulate` (indices into `acc`).
+A_OCC_INT = 0       # integral over the window of running / max_num_seqs
+A_QUEUE_INT = 1     # integral over the window of waiting
+A_KV_INT = 2        # integral over the window of used blocks / num_gpu_blocks
+A_L_INT = 3         # integral over the whole run of the number in system
+A_WINDOW_START = 4
+A_END = 5
+A_STEPS = 6
+A_MAX_BLOCKS = 7
+A_BLOCKS_END = 8
+A_N_ITL = 9
+N_ACC = 10
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_TWO53 = 1.0 / 9007199254740992.0
+_MAX_LEN_FLOAT = 2.0 ** 40  # longer draws are rejected as too long anyway
+
+
+# ==============================================================================
+# Counter-based random numbers (SplitMix64 streams)
+
+@njit(inline="always")
+def _mix64(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit
+def _seed_streams(key0, key1, rep, state):
+    """Key one stream per purpose by (key0, key1, replication, purpose)."""
+    base = _mix64(np.uint64(key0) ^ _mix64(np.uint64(rep) * _GOLDEN + np.uint64(key1)))
+    for s in range(state.size):
+        state[s] = _mix64(base + np.uint64(s + 1) * np.uint64(0xD1B54A32D192ED03))
+
+
+@njit(inline="always")
+def _uniform(state, s):
+    """A double in (0, 1) from stream ``s`` (never 0 or 1, so logs are safe)."""
+    state[s] = state[s] + _GOLDEN
+    z = _mix64(state[s])
+    return (float(z >> np.uint64(11)) + 0.5) * _TWO53
+
+
+@njit
+def _normal(state, s):
+    u1 = _uniform(state, s)
+    u2 = _uniform(state, s)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@njit
+def _gamma(state, s, shape):
+    """Gamma(shape, 1) by Marsaglia and Tsang (boosted for shape < 1)."""
+    if shape < 1.0:
+        g = _gamma(state, s, shape + 1.0)
+        return g * _uniform(state, s) ** (1.0 / shape)
+    d = shape - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    while True:
+        x = _normal(state, s)
+        v = 1.0 + c * x
+        if v <= 0.0:
+            continue
+        v = v * v * v
+        u = _uniform(state, s)
+        if u < 1.0 - 0.0331 * x * x * x * x:
+            return d * v
+        if math.log(u) < 0.5 * x * x + d * (1.0 - v + math.log(v)):
+            return d * v
+
+
+@njit
+def _search_cdf(cdf, lo, hi, u):
+    """First index j in [lo, hi) with cdf[j] >= u (cdf[hi - 1] == 1 >= u)."""
+    hi -= 1  # the last entry is always a valid answer
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cdf[mid] >= u:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit
+def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab):
+    """One integer length from the law stored in components [lo, hi)."""
+    j = lo
+    if hi - lo > 1:
+        u = _uniform(state, s_comp)
+        while j < hi - 1 and lpar[j, 2] < u:
+            j += 1
+    kind = lcomp[j, 0]
+    if kind == 0:  # fixed
+        return np.int64(lpar[j, 0])
+    if kind == 1:  # lognormal, ceil(median * exp(sigma * Z))
+        x = lpar[j, 0] * math.exp(lpar[j, 1] * _normal(state, s_val))
+        return np.int64(math.ceil(min(x, _MAX_LEN_FLOAT)))
+    if kind == 2:  # integer uniform on [low, high]
+        low = np.int64(lpar[j, 0])
+        width = np.int64(lpar[j, 1]) - low + 1
+        k = np.int64(_uniform(state, s_val) * width)
+        return low + min(k, width - 1)
+    # empirical table: rows [start, start + n) of ltab hold (value, cdf)
+    start = lcomp[j, 1]
+    row = _search_cdf(ltab[:, 1], start, start + lcomp[j, 2], _uniform(state, s_val))
+    return np.int64(ltab[row, 0])
+
+
+@njit
+def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                   trace, prio_val, prio_cdf, state, arrival, prompt, output, prio):
+    """Fill the request arrays of replication ``rep``; return the arrival count."""
+    _seed_streams(key0, key1, rep, state)
+    n_cap = ipar[I_NUM_REQUESTS]
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    n = 0
+    if ipar[I_ARRIVAL_KIND] == 1:
+        for i in range(n_cap):
+            if has_h and arr_times[i] >= horizon:
+                break
+            arrival[i] = arr_times[i]
+            n += 1
+    else:
+        rate = fpar[F_RATE]
+        shape = fpar[F_BURSTINESS]
+        t = 0.0
+        # As `vllm bench serve`: the first request is sent at time 0, then
+        # gaps ~ Gamma(shape=burstiness, mean=1/rate) (exponential if 1).
+        for i in range(n_cap):
+            if i > 0:
+                if shape == 1.0:
+                    t += -math.log(_uniform(state, S_ARRIVAL)) / rate
+                else:
+                    t += _gamma(state, S_ARRIVAL, shape) / (shape * rate)
+            if has_h and t >= horizon:
+                break
+            arrival[i] = t
+            n += 1
+    mode = ipar[I_TRACE_MODE]
+    nrows = trace.shape[0]
+    npri = prio_val.size
+    for i in range(n):
+        if mode == 0:
+            prompt[i] = _sample_length(state, S_PROMPT_COMPONENT, S_PROMPT_VALUE,
+                                       lrange[0], lrange[1], lcomp, lpar, ltab)
+            output[i] = _sample_length(state, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE,
+                                       lrange[2], lrange[3], lcomp, lpar, ltab)
+        else:
+            if mode == 1:
+                row = i % nrows
+            else:
+                row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
+            prompt[i] = trace[row, 0]
+            output[i] = trace[row, 1]
+        if npri > 1:
+            prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
+        else:
+            prio[i] = prio_val[0]
+    return n
+
+
+# ==============================================================================
+# Waiting queue: a ring-buffer deque (fcfs) or a binary heap (priority, sjf),
+# both with lazy deletion of requests that abandoned.
+
+@njit(inline="always")
+def _before(a, b, key):
+    """Heap order: smaller key first, ties by arrival index."""
+    return key[a] < key[b] or (key[a] == key[b] and a < b)
+
+
+@njit
+def _heap_push(heap, qs, key, i):
+    pos = qs[0]
+    heap[pos] = i
+    qs[0] = pos + 1
+    while pos > 0:
+        parent = (pos - 1) // 2
+        if _before(heap[pos], heap[parent], key):
+            tmp = heap[parent]
+            heap[parent] = heap[pos]
+            heap[pos] = tmp
+            pos = parent
+        else:
+            break
+
+
+@njit
+def _heap_pop(heap, qs, key):
+    top = heap[0]
+    last = qs[0] - 1
+    qs[0] = last
+    if last > 0:
+        heap[0] = heap[last]
+        pos = 0
+        while True:
+            left = 2 * pos + 1
+            if left >= last:
+                break
+            best = left
+            right = left + 1
+            if right < last and _before(heap[right], heap[left], key):
+                best = right
+            if _before(heap[best], heap[pos], key):
+                tmp = heap[best]
+                heap[best] = heap[pos]
+                heap[pos] = tmp
+                pos = best
+            else:
+                break
+    return top
+
+
+@njit
+def _q_push(q, qs, key, policy, i, front):
+    """Append request ``i`` (to the front for a preempted fcfs request)."""
+    if policy != 0:
+        _heap_push(q, qs, key, i)
+        return
+    cap = q.size
+    if front:
+        qs[1] = (qs[1] - 1) % cap
+        q[qs[1]] = i
+    else:
+        q[(qs[1] + qs[0]) % cap] = i
+    qs[0] += 1
+
+
+@njit
+def _q_peek(q, qs, key, policy, status):
+    """Head of the queue, discarding entries of requests no longer waiting; -1 if empty."""
+    while qs[0] > 0:
+        i = q[0] if policy != 0 else q[qs[1]]
+        if status[i] == ST_WAITING:
+            return i
+        _q_pop(q, qs, key, policy)
+    return -1
+
+
+@njit
+def _q_pop(q, qs, key, policy):
+    if policy != 0:
+        return _heap_pop(q, qs, key)
+    i = q[qs[1]]
+    qs[1] = (qs[1] + 1) % q.size
+    qs[0] -= 1
+    return i
+
+
+# ==============================================================================
+# The engine
+
+@njit(inline="always")
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+@njit
+def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
+              status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc):
+    """Run one replication of the engine model over requests ``0..n-1``.
+
+    Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
+    ``npre``, ``g``), the inter-token gaps of measured requests into ``itl``
+    (count in ``acc[A_N_ITL]``) and the run-level accumulators ``acc``.
+    Semantics: ``docs/engine-model.md``.
+    """
+    mns = ipar[I_MAX_NUM_SEQS]
+    mbt = ipar[I_MAX_BATCHED_TOKENS]
+    bs = ipar[I_BLOCK_SIZE]
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    chunked = ipar[I_CHUNKED] == 1
+    policy = ipar[I_POLICY]
+    static = ipar[I_STATIC] == 1
+    admission = ipar[I_ADMISSION]
+    max_waiting = ipar[I_MAX_WAITING]
+    max_model_len = ipar[I_MAX_MODEL_LEN]
+    warmup = ipar[I_WARMUP]
+    has_delay = ipar[I_HAS_DELAY] == 1
+    has_h = ipar[I_HAS_HORIZON] == 1
+    max_delay = fpar[F_MAX_DELAY]
+    horizon = fpar[F_HORIZON]
+    kv_tokens = nblk * bs
+    base, dscale, dalpha, c_prefill, c_ctx = lat[0], lat[1], lat[2], lat[3], lat[4]
+
+    # Queue keys: priority class or true output length; unused for fcfs.
+    key = np.empty(n, np.int64)
+    for i in range(n):
+        status[i] = ST_PENDING
+        k[i] = 0
+        g[i] = 0
+        blocks[i] = 0
+        npre[i] = 0
+        first_t[i] = np.nan
+        last_t[i] = np.nan
+        finish_t[i] = np.nan
+        key[i] = prio[i] if policy == 1 else output[i]
+    q = np.empty(2 * n + 2, np.int64)
+    qs = np.zeros(2, np.int64)          # (size incl. stale entries, ring head)
+    run = np.empty(mns, np.int64)       # running requests in admission order
+    sched = np.zeros(n, np.int64)       # tokens scheduled for each request this step
+    ever = np.zeros(n, np.bool_)        # ever scheduled (abandonment applies otherwise)
+    for j in range(acc.size):
+        acc[j] = 0.0
+
+    ws = arrival[warmup] if n > warmup else np.inf   # measurement window start
+    acc[A_WINDOW_START] = ws
+    n_run = 0
+    n_wait = 0
+    free = nblk
+    reserved = 0
+    nxt = 0
+    drop_ptr = 0
+    n_itl = 0
+    t = 0.0
+
+    while True:
+        if n_run == 0 and n_wait == 0:
+            if nxt >= n:
+                break
+            if arrival[nxt] > t:
+                t = arrival[nxt]   # idle: jump to the next arrival
+        if has_h and t >= horizon:
+            break
+        # -- ingest arrivals up to and including t (engine idle or step start)
+        while nxt < n and arrival[nxt] <= t:
+            i = nxt
+            nxt += 1
+            p = prompt[i]
+            o = output[i]
+            if ((max_model_len > 0 and p + o > max_model_len)
+                    or _ceil_div(p + o - 1, bs) > nblk
+                    or (not chunked and p + o - 1 > mbt)):
+                status[i] = ST_REJECTED_TOO_LONG
+            elif admission == 1 and n_run + n_wait >= mns + max_waiting:
+                status[i] = ST_REJECTED_ADMISSION
+            elif admission == 2 and reserved + p + o > kv_tokens:
+                status[i] = ST_REJECTED_ADMISSION
+            else:
+                if admission == 2:
+                    reserved += p + o
+                status[i] = ST_WAITING
+                n_wait += 1
+                _q_push(q, qs, key, policy, i, False)
+        # -- abandonment, observed at step start
+        if has_delay:
+            while drop_ptr < nxt and arrival[drop_ptr] + max_delay <= t:
+                i = drop_ptr
+                drop_ptr += 1
+                if status[i] == ST_WAITING and not ever[i]:
+                    status[i] = ST_DROPPED
+                    finish_t[i] = t
+                    n_wait -= 1
+                    if admission == 2:
+                        reserved -= prompt[i] + output[i]
+        if n_run == 0 and n_wait == 0:
+            continue
+
+        # -- schedule one step
+        budget = mbt
+        preempted = False
+        if static and n_run == 0:
+            # Form a static batch: full KV reservation up front.
+            while n_wait > 0 and n_run < mns:
+                w = _q_peek(q, qs, key, policy, status)
+                need_blk = _ceil_div(prompt[w] + output[w] - 1, bs)
+                if need_blk > free:
+                    break
+                if not chunked and prompt[w] > budget:
+                    break
+                _q_pop(q, qs, key, policy)
+                n_wait -= 1
+                status[w] = ST_RUNNING
+                ever[w] = True
+                blocks[w] = need_blk
+                free -= need_blk
+                run[n_run] = w
+                n_run += 1
+                if not chunked:
+                    budget -= prompt[w]
+            budget = mbt
+        kk = 0
+        while kk < n_run and budget > 0:
+            r = run[kk]
+            if static and g[r] == output[r]:
+                sched[r] = 1   # padding token of a finished batch member
+                budget -= 1
+                kk += 1
+                continue
+            need = prompt[r] + g[r] - k[r]
+            s = min(need, budget)
+            new_blk = _ceil_div(k[r] + s, bs) - blocks[r]
+            self_preempted = False
+            while new_blk > free:
+                # Preempt by recompute: fcfs/sjf the last admitted, priority
+                # the largest (priority, arrival index).
+                vpos = n_run - 1
+                if policy == 1:
+                    for jj in range(n_run - 1):
+                        a_ = run[jj]
+                        b_ = run[vpos]
+                        if prio[a_] > prio[b_] or (prio[a_] == prio[b_] and a_ > b_):
+                            vpos = jj
+                v = run[vpos]
+                if vpos < kk:
+                    budget += sched[v]
+                    kk -= 1
+                sched[v] = 0
+                free += blocks[v]
+                blocks[v] = 0
+                k[v] = 0
+                npre[v] += 1
+                status[v] = ST_WAITING
+                for jj in range(vpos, n_run - 1):
+                    run[jj] = run[jj + 1]
+                n_run -= 1
+                n_wait += 1
+                _q_push(q, qs, key, policy, v, True)
+                preempted = True
+                if v == r:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            if new_blk > 0:
+                blocks[r] += new_blk
+                free -= new_blk
+            sched[r] = s
+            budget -= s
+            kk += 1
+        if not static and not preempted:
+            while n_wait > 0 and budget > 0 and n_run < mns:
+                w = _q_peek(q, qs, key, policy, status)
+                need = prompt[w] + g[w]
+                if chunked:
+                    s = min(need, budget)
+                elif need > budget:
+                    break
+                else:
+                    s = need
+                nb = _ceil_div(s, bs)
+                if nb > free:
+                    break
+                _q_pop(q, qs, key, policy)
+                n_wait -= 1
+                status[w] = ST_RUNNING
+                ever[w] = True
+                blocks[w] = nb
+                free -= nb
+                sched[w] = s
+                budget -= s
+                run[n_run] = w
+                n_run += 1
+
+        # -- step duration from the batch composition
+        n_dec = 0
+        n_pf = 0
+        n_ctx = 0
+        for jj in range(n_run):
+            r = run[jj]
+            s = sched[r]
+            if s == 0:
+                continue
+            if s == 1 and g[r] >= 1 and (k[r] == prompt[r] + g[r] - 1 or (static and g[r] == output[r])):
+                n_dec += 1
+            else:
+                n_pf += s
+            n_ctx += k[r] + s
+        if n_dec + n_pf == 0:
+            continue   # only preemptions happened; nothing ran
+        # Same operation order as LatencyModel.step_time, so that the kernel
+        # and the reference agree to the last bit.
+        d = base
+        if n_dec > 1:
+            d += dscale * (n_dec - 1.0) ** dalpha
+        d += c_prefill * n_pf
+        d += c_ctx * n_ctx
+        t_end = t + d
+        used = nblk - free
+        if used > acc[A_MAX_BLOCKS]:
+            acc[A_MAX_BLOCKS] = used
+        acc[A_STEPS] += 1.0
+        acc[A_L_INT] += (n_run + n_wait) * d
+        overlap = t_end - max(t, ws)
+        if overlap > 0.0:
+            acc[A_OCC_INT] += overlap * n_run / mns
+            acc[A_QUEUE_INT] += overlap * n_wait
+            acc[A_KV_INT] += overlap * used / nblk
+
+        # -- arrivals during the step see it before its completions
+        while nxt < n and arrival[nxt] < t_end:
+            i = nxt
+            nxt += 1
+            p = prompt[i]
+            o = output[i]
+            if ((max_model_len > 0 and p + o > max_model_len)
+                    or _ceil_div(p + o - 1, bs) > nblk
+                    or (not chunked and p + o - 1 > mbt)):
+                status[i] = ST_REJECTED_TOO_LONG
+            elif admission == 1 and n_run + n_wait >= mns + max_waiting:
+                status[i] = ST_REJECTED_ADMISSION
+            elif admission == 2 and reserved + p + o > kv_tokens:
+                status[i] = ST_REJECTED_ADMISSION
+            else:
+                if admission == 2:
+                    reserved += p + o
+                status[i] = ST_WAITING
+                n_wait += 1
+                _q_push(q, qs, key, policy, i, False)
+                # in the system (waiting) since its arrival, not since t_end
+                acc[A_L_INT] += t_end - arrival[i]
+                part = t_end - max(arrival[i], ws)
+                if part > 0.0:
+                    acc[A_QUEUE_INT] += part
+
+        # -- apply the step: token emission and completion
+        for jj in range(n_run):
+            r = run[jj]
+            s = sched[r]
+            if s == 0:
+                continue
+            sched[r] = 0
+            if static and g[r] == output[r]:
+                continue
+            k[r] += s
+            if k[r] == prompt[r] + g[r]:
+                g[r] += 1
+                if g[r] == 1:
+                    first_t[r] = t_end
+                elif r >= warmup:
+                    itl[n_itl] = t_end - last_t[r]
+                    n_itl += 1
+                last_t[r] = t_end
+            if g[r] == output[r] and not static:
+                status[r] = ST_COMPLETED
+                finish_t[r] = t_end
+        if static:
+            done_batch = True
+            for jj in range(n_run):
+                if g[run[jj]] < output[run[jj]]:
+                    done_batch = False
+            if done_batch:
+                for jj in range(n_run):
+                    r = run[jj]
+                    status[r] = ST_COMPLETED
+                    finish_t[r] = t_end
+        m = 0
+        for jj in range(n_run):
+            r = run[jj]
+            if status[r] == ST_COMPLETED:
+                free += blocks[r]
+                blocks[r] = 0
+                if admission == 2:
+                    reserved -= prompt[r] + output[r]
+            else:
+                run[m] = r
+                m += 1
+        n_run = m
+        t = t_end
+
+    # -- end of run: whatever is still in the system is unfinished
+    for i in range(n):
+        if status[i] == ST_WAITING or status[i] == ST_RUNNING:
+            status[i] = ST_UNFINISHED
+    acc[A_END] = t
+    acc[A_BLOCKS_END] = nblk - free
+    acc[A_N_ITL] = n_itl
+    return n_itl
+
+
+# ==============================================================================
+# Reduction of one replication to its metrics row
+
+@njit
+def _percentile_sorted(x, m, q):
+    """Linear-interpolation percentile (numpy's default) of sorted x[:m]."""
+    if m == 0:
+        return np.nan
+    pos = q / 100.0 * (m - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, m - 1)
+    frac = pos - lo
+    return x[lo] + (x[hi] - x[lo]) * frac
+
+
+@njit
+def _mean(x, m):
+    if m == 0:
+        return np.nan
+    s = 0.0
+    for j in range(m):
+        s += x[j]
+    return s / m
+
+
+@njit
+def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row):
+    """Per-replication metrics of the measured requests (``docs/engine-model.md``)."""
+    warmup = ipar[I_WARMUP]
+    has_ttft = ipar[I_HAS_TTFT_SLO] == 1
+    has_tpot = ipar[I_HAS_TPOT_SLO] == 1
+    ttft_slo = fpar[F_TTFT_SLO]
+    tpot_slo = fpar[F_TPOT_SLO]
+    nm = max(n - warmup, 0)
+    ttft = np.empty(nm)
+    e2e = np.empty(nm)
+    tpot = np.empty(nm)
+    n_done = 0
+    n_tpot = 0
+    n_good = 0
+    out_tokens = 0
+    n_rej_meas = 0
+    n_drop_meas = 0
+    pre_meas = 0
+    counts = np.zeros(8, np.int64)  # completed, too_long, admission, dropped, unfinished, preempt
+    for i in range(n):
+        st = status[i]
+        if st == ST_COMPLETED:
+            counts[0] += 1
+        elif st == ST_REJECTED_TOO_LONG:
+            counts[1] += 1
+        elif st == ST_REJECTED_ADMISSION:
+            counts[2] += 1
+        elif st == ST_DROPPED:
+            counts[3] += 1
+        elif st == ST_UNFINISHED:
+            counts[4] += 1
+        counts[5] += npre[i]
+        if i < warmup:
+            continue
+        pre_meas += npre[i]
+        if st == ST_REJECTED_TOO_LONG or st == ST_REJECTED_ADMISSION:
+            n_rej_meas += 1
+        elif st == ST_DROPPED:
+            n_drop_meas += 1
+        elif st == ST_COMPLETED:
+            a = first_t[i] - arrival[i]
+            e = finish_t[i] - arrival[i]
+            ttft[n_done] = a
+            e2e[n_done] = e
+            n_done += 1
+            out_tokens += output[i]
+            ok = not (has_ttft and a > ttft_slo)
+            if output[i] > 1:
+                tp = (e - a) / (output[i] - 1)
+                tpot[n_tpot] = tp
+                n_tpot += 1
+                if has_tpot and tp > tpot_slo:
+                    ok = False
+            if ok:
+                n_good += 1
+    # Little's law bookkeeping: sojourn of every accepted request, from arrival
+    # to completion, drop, or the end of the run.
+    end = acc[A_END]
+    sojourn = 0.0
+    for i in range(n):
+        st = status[i]
+        if st == ST_COMPLETED or st == ST_DROPPED:
+            sojourn += finish_t[i] - arrival[i]
+        elif st == ST_UNFINISHED:
+            sojourn += end - arrival[i]
+
+    row[C_TTFT_MEAN] = _mean(ttft, n_done)
+    ttft_s = np.sort(ttft[:n_done])
+    row[C_TTFT_MEAN + 1] = _percentile_sorted(ttft_s, n_done, 50.0)
+    row[C_TTFT_MEAN + 2] = _percentile_sorted(ttft_s, n_done, 90.0)
+    row[C_TTFT_MEAN + 3] = _percentile_sorted(ttft_s, n_done, 95.0)
+    row[C_TTFT_MEAN + 4] = _percentile_sorted(ttft_s, n_done, 99.0)
+    row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
+    tpot_s = np.sort(tpot[:n_tpot])
+    row[C_TPOT_MEAN + 1] = _percentile_sorted(tpot_s, n_tpot, 50.0)
+    row[C_TPOT_MEAN + 2] = _percentile_sorted(tpot_s, n_tpot, 99.0)
+    row[C_ITL_MEAN] = _mean(itl, n_itl)
+    itl_s = np.sort(itl[:n_itl])
+    row[C_ITL_MEAN + 1] = _percentile_sorted(itl_s, n_itl, 50.0)
+    row[C_ITL_MEAN + 2] = _percentile_sorted(itl_s, n_itl, 99.0)
+    row[C_E2E_MEAN] = _mean(e2e, n_done)
+    e2e_s = np.sort(e2e[:n_done])
+    row[C_E2E_MEAN + 1] = _percentile_sorted(e2e_s, n_done, 50.0)
+    row[C_E2E_MEAN + 2] = _percentile_sorted(e2e_s, n_done, 99.0)
+    window = end - acc[A_WINDOW_START] if nm > 0 else 0.0
+    if window > 0.0:
+        row[C_REQ_TPUT] = n_done / window
+        row[C_OUT_TPUT] = out_tokens / window
+        row[C_GOODPUT] = n_good / window
+        row[C_OCC] = acc[A_OCC_INT] / window
+        row[C_QUEUE] = acc[A_QUEUE_INT] / window
+        row[C_KV] = acc[A_KV_INT] / window
+    else:
+        for c in (C_REQ_TPUT, C_OUT_TPUT, C_GOODPUT, C_OCC, C_QUEUE, C_KV):
+            row[c] = np.nan
+    if nm > 0:
+        row[C_BLOCKING] = n_rej_meas / nm
+        row[C_DROP] = n_drop_meas / nm
+        row[C_PREEMPT] = pre_meas / nm
+    else:
+        row[C_BLOCKING] = np.nan
+        row[C_DROP] = np.nan
+        row[C_PREEMPT] = np.nan
+    c0 = C_N_ARRIVED
+    row[c0 + 0] = n
+    row[c0 + 1] = counts[0]
+    row[c0 + 2] = counts[1] + counts[2]
+    row[c0 + 3] = counts[1]
+    row[c0 + 4] = counts[2]
+    row[c0 + 5] = counts[3]
+    row[c0 + 6] = counts[4]
+    row[c0 + 7] = counts[5]
+    row[c0 + 8] = nm
+    row[c0 + 9] = acc[A_STEPS]
+    row[c0 + 10] = acc[A_MAX_BLOCKS]
+    row[c0 + 11] = acc[A_BLOCKS_END]
+    row[c0 + 12] = window
+    row[c0 + 13] = end
+    row[c0 + 14] = acc[A_L_INT]
+    row[c0 + 15] = sojourn
+
+
+# ==============================================================================
+# Drivers
+
+@njit
+def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
+                     trace, prio_val, prio_cdf, row):
+    cap = ipar[I_NUM_REQUESTS]
+    state = np.empty(N_STREAMS, np.uint64)
+    arrival = np.empty(cap)
+    prompt = np.empty(cap, np.int64)
+    output = np.empty(cap, np.int64)
+    prio = np.empty(cap, np.int64)
+    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                       trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
+    status = np.empty(n, np.int8)
+    k = np.empty(n, np.int64)
+    g = np.empty(n, np.int64)
+    blocks = np.empty(n, np.int64)
+    first_t = np.empty(n)
+    last_t = np.empty(n)
+    finish_t = np.empty(n)
+    npre = np.empty(n, np.int64)
+    n_tok = 0
+    for i in range(ipar[I_WARMUP], n):
+        n_tok += output[i]
+    itl = np.empty(max(n_tok, 1))
+    acc = np.empty(N_ACC)
+    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
+                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
+    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+
+
+@pnjit
+def run_replications(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
+                     lrange, trace, prio_val, prio_cdf, out):
+    """Simulate replications ``rep0 .. rep0 + nrep - 1`` into ``out[nrep, N_COLUMNS]``.
+
+    Replications are independent and keyed by their global index, so the
+    result does not depend on the thread count or on how a run is chunked.
+    """
+    for j in prange(nrep):
+        _one_replication(rep0 + j, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
+                         lrange, trace, prio_val, prio_cdf, out[j])
+
+
+@njit
+def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
+                  prio_val, prio_cdf):
+    """The request stream of replication ``rep`` (arrival, prompt, output, priority)."""
+    cap = ipar[I_NUM_REQUESTS]
+    state = np.empty(N_STREAMS, np.uint64)
+    arrival = np.empty(cap)
+    prompt = np.empty(cap, np.int64)
+    output = np.empty(cap, np.int64)
+    prio = np.empty(cap, np.int64)
+    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                       trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
+    return arrival[:n].copy(), prompt[:n].copy(), output[:n].copy(), prio[:n].copy()
+
+
+@njit
+def simulate_stream(arrival, prompt, output, prio, ipar, fpar, lat):
+    """Simulate one given request stream; return per-request results and the metrics row."""
+    n = arrival.size
+    status = np.empty(n, np.int8)
+    k = np.empty(n, np.int64)
+    g = np.empty(n, np.int64)
+    blocks = np.empty(n, np.int64)
+    first_t = np.empty(n)
+    last_t = np.empty(n)
+    finish_t = np.empty(n)
+    npre = np.empty(n, np.int64)
+    n_tok = 0
+    for i in range(n):
+        n_tok += output[i]
+    itl = np.empty(max(n_tok, 1))
+    acc = np.empty(N_ACC)
+    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
+                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
+    row = np.empty(N_COLUMNS)
+    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+    return status, first_t, finish_t, npre, g, row

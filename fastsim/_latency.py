@@ -1,0 +1,96 @@
+"""The step-time (latency) model: how long one engine iteration takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_float
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Duration of one engine step as a function of the batch it runs.
+
+    ``step_s = base_s + decode_scale_s * max(n_decode - 1, 0) ** decode_alpha
+    + prefill_per_token_s * n_prefill_tokens + ctx_per_token_s * n_context_tokens``
+
+    Parameters
+    ----------
+    base_s : float
+        Time of a step with a single decoding sequence: weight loading,
+        kernel launches and scheduler overhead (seconds, > 0).
+    decode_scale_s, decode_alpha : float
+        Extra time of each further decoding sequence in the batch; ``alpha > 1``
+        captures the growth of the attention and memory traffic with batch size.
+    prefill_per_token_s : float
+        Compute time per prompt (prefill or recompute) token in the step.
+    ctx_per_token_s : float
+        Attention cost per token of KV touched by the step (context length).
+
+    See ``docs/engine-model.md`` for how the batch quantities are counted.
+    """
+
+    base_s: float
+    decode_scale_s: float = 0.0
+    decode_alpha: float = 1.0
+    prefill_per_token_s: float = 0.0
+    ctx_per_token_s: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "base_s", check_float("base_s", self.base_s, low=0, low_open=True))
+        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
+        object.__setattr__(self, "decode_alpha",
+                           check_float("decode_alpha", self.decode_alpha, low=0, low_open=True))
+
+    @classmethod
+    def constant(cls, step_s: float) -> "LatencyModel":
+        """Every step takes ``step_s`` seconds, whatever the batch (for theory checks)."""
+        return cls(base_s=check_float("step_s", step_s, low=0, low_open=True))
+
+    @classmethod
+    def default(cls) -> "LatencyModel":
+        """A model of vLLM 0.22 serving Qwen2.5-1.5B-Instruct on one NVIDIA A10G.
+
+        The decode terms are the fit published with the decode-step traces in
+        ``fastsim/data/`` (``base + scale * (b - 1) ** alpha``); the prefill
+        cost per token is a provisional estimate until the calibration from
+        the traces lands.
+        """
+        return cls(base_s=0.007978724949358206, decode_scale_s=2.990640929236291e-05,
+                   decode_alpha=1.25, prefill_per_token_s=2.0e-5, ctx_per_token_s=0.0)
+
+    @property
+    def is_constant(self) -> bool:
+        return self.decode_scale_s == 0 and self.prefill_per_token_s == 0 and self.ctx_per_token_s == 0
+
+    def step_time(self, num_decode, num_prefill_tokens=0, num_context_tokens=0):
+        """Evaluate the model (vectorised over array arguments).
+
+        Parameters
+        ----------
+        num_decode : array_like of int
+            Decoding sequences in the step.
+        num_prefill_tokens : array_like of int
+            Prompt (or recompute) tokens in the step.
+        num_context_tokens : array_like of int
+            KV tokens touched by the step.
+
+        Returns
+        -------
+        numpy.ndarray or float
+            Step duration in seconds.
+        """
+        nd = np.asarray(num_decode, dtype=float)
+        npf = np.asarray(num_prefill_tokens, dtype=float)
+        nc = np.asarray(num_context_tokens, dtype=float)
+        out = (self.base_s + self.decode_scale_s * np.maximum(nd - 1.0, 0.0) ** self.decode_alpha
+               + self.prefill_per_token_s * npf + self.ctx_per_token_s * nc)
+        return out[()] if out.ndim == 0 else out
+
+    def _params(self) -> np.ndarray:
+        """The parameters in the order the kernel reads them."""
+        return np.array([self.base_s, self.decode_scale_s, self.decode_alpha,
+                         self.prefill_per_token_s, self.ctx_per_token_s], dtype=np.float64)

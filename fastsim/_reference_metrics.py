@@ -1,0 +1,115 @@
+"""``backend="reference"``: replications run by the pure-Python reference
+simulator, with metrics computed here in plain NumPy from its per-request
+output, independently of the kernel's own reduction (``_kernel._reduce``).
+
+Only the workload sampling is shared with the kernel (by design: the two
+backends must simulate the same request streams).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernel as K
+from ._reference import (COMPLETED, DROPPED, REJECTED_ADMISSION, REJECTED_TOO_LONG, UNFINISHED,
+                         simulate_reference)
+
+
+def reference_row(res: dict, arrival, output, scenario) -> dict:
+    """The per-replication metrics (``docs/engine-model.md``, "Metrics") of one reference run."""
+    e, w = scenario.engine, scenario.workload
+    n = arrival.size
+    warm = w.warmup_requests
+    status = res["status"]
+    meas = np.arange(n) >= warm
+    done = meas & (status == COMPLETED)
+    ttft = res["first_token_s"][done] - arrival[done]
+    e2e = res["finish_s"][done] - arrival[done]
+    o = output[done]
+    multi = o > 1
+    tpot = (e2e[multi] - ttft[multi]) / (o[multi] - 1)
+    gaps = [res["itl_gaps_s"][i] for i in np.flatnonzero(meas)]
+    itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    good = np.ones(ttft.size, bool)
+    if scenario.ttft_slo_s is not None:
+        good &= ttft <= scenario.ttft_slo_s
+    if scenario.tpot_slo_s is not None:
+        tp_all = np.full(ttft.size, -np.inf)
+        tp_all[multi] = tpot
+        good &= tp_all <= scenario.tpot_slo_s
+
+    def stat(x, fn):
+        return float(fn(x)) if x.size else np.nan
+
+    end = res["end_s"]
+    nm = n - warm
+    ws = arrival[warm] if nm > 0 else np.inf
+    window = end - ws if nm > 0 else 0.0
+    log = res["step_log"]
+    t0, t1 = log[:, 0], log[:, 1]
+    overlap = np.clip(t1 - np.maximum(t0, ws), 0.0, None)
+    accepted = np.isin(status, (COMPLETED, DROPPED, UNFINISHED))
+    late = accepted & (res["ingested_s"] > arrival)
+    queue_extra = np.clip(res["ingested_s"][late] - np.maximum(arrival[late], ws), 0.0, None).sum()
+    row = {
+        "ttft_mean": stat(ttft, np.mean), "ttft_p50": stat(ttft, lambda x: np.percentile(x, 50)),
+        "ttft_p90": stat(ttft, lambda x: np.percentile(x, 90)),
+        "ttft_p95": stat(ttft, lambda x: np.percentile(x, 95)),
+        "ttft_p99": stat(ttft, lambda x: np.percentile(x, 99)),
+        "tpot_mean": stat(tpot, np.mean), "tpot_p50": stat(tpot, lambda x: np.percentile(x, 50)),
+        "tpot_p99": stat(tpot, lambda x: np.percentile(x, 99)),
+        "itl_mean": stat(itl, np.mean), "itl_p50": stat(itl, lambda x: np.percentile(x, 50)),
+        "itl_p99": stat(itl, lambda x: np.percentile(x, 99)),
+        "e2e_mean": stat(e2e, np.mean), "e2e_p50": stat(e2e, lambda x: np.percentile(x, 50)),
+        "e2e_p99": stat(e2e, lambda x: np.percentile(x, 99)),
+    }
+    if window > 0:
+        row.update(request_throughput=done.sum() / window, output_throughput=o.sum() / window,
+                   goodput=good.sum() / window,
+                   batch_occupancy_mean=(overlap * log[:, 2]).sum() / e.max_num_seqs / window,
+                   queue_depth_mean=((overlap * log[:, 3]).sum() + queue_extra) / window,
+                   kv_utilization_mean=(overlap * log[:, 4]).sum() / e.num_gpu_blocks / window)
+    else:
+        row.update(dict.fromkeys(("request_throughput", "output_throughput", "goodput",
+                                  "batch_occupancy_mean", "queue_depth_mean", "kv_utilization_mean"), np.nan))
+    st_m = status[meas]
+    pre = res["num_preemptions"]
+    row.update(
+        blocking_probability=np.isin(st_m, (REJECTED_TOO_LONG, REJECTED_ADMISSION)).mean() if nm else np.nan,
+        drop_probability=(st_m == DROPPED).mean() if nm else np.nan,
+        preemptions_per_request=pre[meas].sum() / nm if nm else np.nan,
+    )
+    finish = np.where(status == UNFINISHED, end, res["finish_s"])
+    sojourn = np.where(accepted, finish - arrival, 0.0)
+    in_system = (log[:, 1] - log[:, 0]) * (log[:, 2] + log[:, 3])
+    row.update(
+        n_arrived=n, n_completed=(status == COMPLETED).sum(),
+        n_rejected=np.isin(status, (REJECTED_TOO_LONG, REJECTED_ADMISSION)).sum(),
+        n_rejected_too_long=(status == REJECTED_TOO_LONG).sum(),
+        n_rejected_admission=(status == REJECTED_ADMISSION).sum(),
+        n_dropped=(status == DROPPED).sum(), n_unfinished=(status == UNFINISHED).sum(),
+        n_preemptions=pre.sum(), n_measured=nm, n_steps=res["num_steps"],
+        max_blocks_used=res["max_blocks_used"], blocks_used_at_end=res["blocks_used_at_end"],
+        window_s=window, end_s=end,
+        time_in_system_integral=in_system.sum() + (res["ingested_s"][late] - arrival[late]).sum(),
+        sojourn_sum=sojourn.sum(),
+    )
+    return row
+
+
+def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=None):
+    """Fill ``out[j]`` with replication ``rep0 + j`` simulated by the reference."""
+    p = packed
+    rows = range(out.shape[0])
+    if progress:
+        from tqdm.auto import tqdm
+
+        rows = tqdm(rows, desc="reference replications", unit="rep", leave=False)
+    for j in rows:
+        a, pr, o, c = K.draw_workload(rep0 + j, k0, k1, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
+                                      p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
+                                      p["prio_cdf"])
+        res = simulate_reference(a, pr, o, c, scenario.engine, scenario.latency,
+                                 horizon_s=scenario.workload.horizon_s)
+        row = reference_row(res, a, o, scenario)
+        out[j] = [row[name] for name in K.COLUMNS]

@@ -1,0 +1,473 @@
+"""`replicate`: many independent runs of one scenario, with confidence intervals."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import _kernel as K
+from ._config import Scenario
+from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
+from ._validation import check_choice, check_float, check_int
+
+BACKENDS = ("numba", "reference")
+
+#: What each estimate means. Every metric is first computed per replication
+#: (one run of ``num_requests`` arrivals, like one ``vllm bench serve`` run)
+#: over the measured (post-warm-up) requests; the summary reports the mean of
+#: those per-run values across replications with a Student-t interval. So a
+#: percentile's estimand is the *expected per-run percentile* of a run of this
+#: length (what a benchmark of that many requests measures), not the
+#: steady-state percentile of an infinitely long run; the two agree as runs
+#: grow long.
+METRIC_DESCRIPTIONS = {
+    "ttft_mean": "time to first token (s): arrival to the end of the step that emits the first token",
+    "ttft_p50": "per-run median TTFT (s)",
+    "ttft_p90": "per-run 90th percentile TTFT (s)",
+    "ttft_p95": "per-run 95th percentile TTFT (s)",
+    "ttft_p99": "per-run 99th percentile TTFT (s)",
+    "tpot_mean": "time per output token (s): (E2E - TTFT) / (output_len - 1), averaged over requests",
+    "tpot_p50": "per-run median TPOT (s)",
+    "tpot_p99": "per-run 99th percentile TPOT (s)",
+    "itl_mean": "inter-token latency (s): gaps between consecutive tokens, pooled over requests",
+    "itl_p50": "per-run median ITL (s)",
+    "itl_p99": "per-run 99th percentile ITL (s)",
+    "e2e_mean": "end-to-end latency (s): arrival to completion",
+    "e2e_p50": "per-run median E2E latency (s)",
+    "e2e_p99": "per-run 99th percentile E2E latency (s)",
+    "request_throughput": "completed requests / s over the window (first measured arrival to last completion)",
+    "output_throughput": "output tokens of completed requests / s over the window",
+    "goodput": "completed requests meeting the scenario's SLOs / s over the window",
+    "blocking_probability": "fraction of arrivals rejected (admission control or too long)",
+    "drop_probability": "fraction of arrivals that abandoned (max_queue_delay_s)",
+    "preemptions_per_request": "preemptions / arrivals",
+    "batch_occupancy_mean": "time-average of running requests / max_num_seqs",
+    "queue_depth_mean": "time-average number of waiting requests",
+    "kv_utilization_mean": "time-average allocated KV blocks / num_gpu_blocks",
+}
+
+
+# ------------------------------------------------------------------------------
+# Packing a scenario into the kernel's arrays
+
+def pack_scenario(scenario: Scenario) -> dict:
+    """The kernel's view of a scenario: parameter vectors and flat tables."""
+    e, w = scenario.engine, scenario.workload
+    ipar = np.zeros(K.N_IPAR, np.int64)
+    fpar = np.zeros(K.N_FPAR, np.float64)
+    ipar[K.I_MAX_NUM_SEQS] = e.max_num_seqs
+    ipar[K.I_MAX_BATCHED_TOKENS] = e.max_num_batched_tokens
+    ipar[K.I_BLOCK_SIZE] = e.block_size
+    ipar[K.I_NUM_GPU_BLOCKS] = e.num_gpu_blocks
+    ipar[K.I_CHUNKED] = int(e.enable_chunked_prefill)
+    ipar[K.I_POLICY] = K.POLICY_CODES[e.policy]
+    ipar[K.I_STATIC] = int(e.scheduler == "static")
+    ipar[K.I_ADMISSION] = K.ADMISSION_CODES[e.admission]
+    ipar[K.I_MAX_WAITING] = e.max_waiting or 0
+    ipar[K.I_MAX_MODEL_LEN] = e.max_model_len or 0
+    ipar[K.I_WARMUP] = w.warmup_requests
+    ipar[K.I_HAS_DELAY] = int(e.max_queue_delay_s is not None)
+    ipar[K.I_HAS_HORIZON] = int(w.horizon_s is not None)
+    ipar[K.I_NUM_REQUESTS] = w.num_requests
+    ipar[K.I_HAS_TTFT_SLO] = int(scenario.ttft_slo_s is not None)
+    ipar[K.I_HAS_TPOT_SLO] = int(scenario.tpot_slo_s is not None)
+    fpar[K.F_MAX_DELAY] = e.max_queue_delay_s or 0.0
+    fpar[K.F_HORIZON] = w.horizon_s or 0.0
+    fpar[K.F_TTFT_SLO] = scenario.ttft_slo_s or 0.0
+    fpar[K.F_TPOT_SLO] = scenario.tpot_slo_s or 0.0
+
+    arr = w._arrival_spec()
+    ipar[K.I_ARRIVAL_KIND] = arr.kind
+    fpar[K.F_RATE] = arr.rate
+    fpar[K.F_BURSTINESS] = arr.burstiness
+    arr_times = np.ascontiguousarray(arr.times, dtype=np.float64)
+
+    comps, tab_rows = [], []
+    lrange = np.zeros(4, np.int64)
+    trace = np.zeros((1, 2), np.int64)
+    if w.lengths is not None:
+        ipar[K.I_TRACE_MODE] = 1 if w.lengths.order == "replay" else 2
+        trace = np.ascontiguousarray(np.column_stack([w.lengths.prompt_len, w.lengths.output_len]))
+        laws = ()
+        comps.append((0, 0, 0, 1.0, 0.0, 1.0))  # a placeholder row: the kernel reads the trace
+    else:
+        laws = (w.prompt_len, w.output_len)
+    for j, law in enumerate(laws):
+        lrange[2 * j] = len(comps)
+        cum = 0.0
+        parts = law._components()
+        for m, (weight, kind, p0, p1, values, cdf) in enumerate(parts):
+            cum = 1.0 if m == len(parts) - 1 else cum + weight
+            start = len(tab_rows)
+            if values is not None:
+                tab_rows.extend(zip(values, cdf))
+            comps.append((kind, start, 0 if values is None else len(values), p0, p1, cum))
+        lrange[2 * j + 1] = len(comps)
+    lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
+    lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
+    ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
+    prio_val = np.asarray(w.priorities, dtype=np.int64)
+    prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
+    prio_cdf[-1] = 1.0
+    return dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
+                lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
+                prio_val=prio_val, prio_cdf=prio_cdf)
+
+
+def _seed_keys(seed):
+    """Two 64-bit keys and the entropy that reproduces them."""
+    if isinstance(seed, np.random.SeedSequence):
+        ss = seed
+    elif isinstance(seed, np.random.Generator):
+        ss = np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    elif seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        ss = np.random.SeedSequence(None if seed is None else int(seed))
+    else:
+        raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
+    k0, k1 = ss.generate_state(2, dtype=np.uint64)
+    return np.uint64(k0), np.uint64(k1), ss.entropy
+
+
+@contextmanager
+def _numba_threads(n_threads):
+    import numba
+
+    if n_threads is None:
+        yield
+        return
+    old = numba.get_num_threads()
+    numba.set_num_threads(n_threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
+
+def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.DataFrame:
+    """The request stream that replication ``replication`` of ``replicate(scenario, seed=seed)`` simulates.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``arrival_s``, ``prompt_len``, ``output_len``, ``priority``.
+    """
+    replication = check_int("replication", replication, low=0)
+    k0, k1, _ = _seed_keys(seed)
+    p = pack_scenario(scenario)
+    a, pr, o, c = K.draw_workload(replication, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
+                                  p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"],
+                                  p["prio_val"], p["prio_cdf"])
+    return pd.DataFrame({"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c})
+
+
+def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba") -> pd.DataFrame:
+    """Simulate one given request stream and return per-request results.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        The engine, latency model and SLOs (its workload's laws are ignored,
+        except ``warmup_requests`` and ``horizon_s``).
+    requests : pandas.DataFrame
+        Columns ``arrival_s``, ``prompt_len``, ``output_len`` and optionally
+        ``priority`` (e.g. from :func:`sample_requests`).
+    backend : {"numba", "reference"}
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per request: ``status`` (completed, rejected_too_long,
+        rejected_admission, dropped, unfinished), ``first_token_s``,
+        ``finish_s`` (absolute times), ``ttft_s``, ``e2e_s``,
+        ``num_preemptions`` and ``num_tokens``.
+    """
+    check_choice("backend", backend, BACKENDS)
+    a = np.ascontiguousarray(requests["arrival_s"], dtype=np.float64)
+    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or np.any(np.diff(a) < 0) or np.any(a < 0):
+        raise ValueError("requests['arrival_s'] must be finite, >= 0 and non-decreasing")
+    from ._validation import check_int_array
+
+    p = check_int_array("requests['prompt_len']", requests["prompt_len"])
+    o = check_int_array("requests['output_len']", requests["output_len"])
+    c = (np.zeros(a.size, np.int64) if "priority" not in requests
+         else np.asarray(requests["priority"], dtype=np.int64))
+    h = scenario.workload.horizon_s
+    if h is not None:
+        keep = a < h
+        a, p, o, c = a[keep], p[keep], o[keep], c[keep]
+    if backend == "reference":
+        from ._reference import simulate_reference
+
+        res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h)
+        status = np.asarray(res["status"])
+        names = np.array(["completed", "rejected_too_long", "rejected_admission", "dropped", "unfinished"])
+        first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
+        npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
+    else:
+        packed = pack_scenario(scenario)
+        st, first, finish, npre, ntok, _ = K.simulate_stream(a, p, o, c, packed["ipar"], packed["fpar"],
+                                                             packed["lat"])
+        names = _STATUS_NAMES_KERNEL
+        status = np.asarray(st) - K.ST_COMPLETED
+    return pd.DataFrame({
+        "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
+        "status": pd.Categorical(names[status], categories=_STATUS_NAMES_KERNEL),
+        "first_token_s": first, "finish_s": finish,
+        "ttft_s": first - a, "e2e_s": np.where(names[status] == "completed", finish - a, np.nan),
+        "num_preemptions": npre, "num_tokens": ntok,
+    })
+
+
+_STATUS_NAMES_KERNEL = np.array(["completed", "rejected_too_long", "rejected_admission", "dropped", "unfinished"])
+
+
+# ------------------------------------------------------------------------------
+# Results
+
+@dataclass
+class ReplicateResult:
+    """Result of :func:`replicate`.
+
+    Attributes
+    ----------
+    scenario : Scenario
+    per_replication : pandas.DataFrame
+        One row per replication: every metric in :data:`METRIC_DESCRIPTIONS`
+        and the counts ``n_arrived``, ``n_completed``, ``n_rejected``
+        (``n_rejected_too_long`` + ``n_rejected_admission``), ``n_dropped``,
+        ``n_unfinished`` (``n_arrived`` is always their sum), ``n_preemptions``,
+        ``n_steps``, ``max_blocks_used``, ``blocks_used_at_end``, ``window_s``,
+        ``end_s`` and the Little's-law pair ``time_in_system_integral`` /
+        ``sojourn_sum``.
+    confidence_level : float
+    seed_entropy : int
+        Pass it as ``seed`` to reproduce this result exactly.
+    backend : str
+    precision : dict or None
+        The requested relative half-widths, if any.
+    elapsed_s : float
+        Wall time of the simulation (excluding compilation on first use).
+    """
+
+    scenario: Scenario
+    per_replication: pd.DataFrame
+    confidence_level: float
+    seed_entropy: int
+    backend: str
+    precision: dict | None = None
+    elapsed_s: float = 0.0
+    metrics: tuple = field(default=K.METRICS)
+
+    @property
+    def n_replications(self) -> int:
+        return len(self.per_replication)
+
+    def summary(self, confidence_level: float | None = None) -> pd.DataFrame:
+        """Estimates with confidence intervals, one row per metric.
+
+        Columns: ``estimate`` (mean over replications), ``ci_low``,
+        ``ci_high`` (Student-t interval), ``std_error``, ``n`` (replications
+        with a finite value) and ``description`` (what is estimated).
+        """
+        level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
+        frame = summary_frame(self.per_replication, self.metrics, level)
+        frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
+        return frame
+
+    to_frame = summary
+
+    def confidence_interval(self, metric: str, confidence_level: float | None = None) -> ConfidenceInterval:
+        """The interval of one metric's estimate."""
+        check_choice("metric", metric, self.metrics)
+        level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
+        _, low, high, _, _ = mean_interval(self.per_replication[metric].to_numpy(), level)
+        return ConfidenceInterval(low, high)
+
+    def estimate(self, metric: str) -> float:
+        check_choice("metric", metric, self.metrics)
+        return mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[0]
+
+    def relative_half_width(self, metric: str) -> float:
+        """CI half-width divided by the absolute estimate (inf if the estimate is 0)."""
+        est = self.estimate(metric)
+        hw = self.confidence_interval(metric).half_width
+        return float(hw / abs(est)) if est != 0 else math.inf
+
+    def save(self, path) -> Path:
+        """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix).
+
+        ``*.per_replication.parquet``-style full data: use
+        ``result.per_replication.to_parquet(...)``.
+        """
+        path = Path(path)
+        frame = self.summary()
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            frame.to_csv(path)
+        elif suffix == ".json":
+            frame.reset_index().to_json(path, orient="records", indent=2)
+        elif suffix == ".parquet":
+            frame.to_parquet(path)
+        else:
+            raise ValueError(f"path must end in .csv, .json or .parquet, got {str(path)!r}")
+        return path
+
+    def __repr__(self):
+        return (f"ReplicateResult(n_replications={self.n_replications}, backend={self.backend!r}, "
+                f"confidence_level={self.confidence_level})")
+
+
+# ------------------------------------------------------------------------------
+# replicate
+
+def _replicate_iv(scenario, n_replications, backend, confidence_level, precision, max_replications,
+                  n_threads, batch_size):
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    n_replications = check_int("n_replications", n_replications, low=2)
+    check_choice("backend", backend, BACKENDS)
+    confidence_level = check_confidence_level(confidence_level)
+    if precision is not None:
+        if not isinstance(precision, dict) or not precision:
+            raise ValueError(f"precision must be a non-empty dict {{metric: relative half-width}}, got {precision!r}")
+        for m, v in precision.items():
+            check_choice("precision metric", m, K.METRICS)
+            check_float(f"precision[{m!r}]", v, low=0, low_open=True)
+    max_replications = check_int("max_replications", max_replications, low=n_replications)
+    n_threads = check_int("n_threads", n_threads, low=1, optional=True)
+    if n_threads is not None:
+        import numba
+
+        if n_threads > numba.config.NUMBA_NUM_THREADS:
+            raise ValueError(f"n_threads must be <= NUMBA_NUM_THREADS ({numba.config.NUMBA_NUM_THREADS}), "
+                             f"got {n_threads}")
+    batch_size = check_int("batch_size", batch_size, low=1, optional=True)
+    return n_replications, confidence_level, max_replications, n_threads, batch_size
+
+
+def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, backend: str = "numba",
+              confidence_level: float = 0.95, precision: dict | None = None,
+              max_replications: int = 100_000, n_threads: int | None = None,
+              batch_size: int | None = None, progress: bool | None = None) -> ReplicateResult:
+    """Simulate independent replications of a scenario and estimate its metrics.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        Server, workload, latency model and SLOs.
+    n_replications : int
+        Independent runs (each of ``scenario.workload.num_requests`` arrivals).
+        With ``precision``, the number to start with.
+    seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
+        Key of the counter-based random streams. Replication ``r`` depends only
+        on the seed and ``r``, so results are identical whatever the thread
+        count or ``batch_size``, and a run with more replications extends one
+        with fewer.
+    backend : {"numba", "reference"}
+        The compiled kernel, or the slow reference simulator (for checks).
+    confidence_level : float
+        Level of the intervals in :meth:`ReplicateResult.summary`.
+    precision : dict, optional
+        ``{metric: relative half-width}``: keep adding replications (in
+        batches) until every named metric's CI half-width is below that
+        fraction of its estimate, or ``max_replications`` is reached (the
+        result's ``summary()`` shows what was achieved).
+    max_replications : int
+        Cap on replications with ``precision``.
+    n_threads : int, optional
+        Numba threads for this call (default: Numba's setting).
+    batch_size : int, optional
+        Replications per kernel call (progress granularity); does not change results.
+    progress : bool, optional
+        Show a tqdm progress bar (default: when replications x requests >= 5 million).
+
+    Returns
+    -------
+    ReplicateResult
+
+    Examples
+    --------
+    >>> import fastsim
+    >>> sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=2.0, num_requests=200))
+    >>> res = fastsim.replicate(sc, n_replications=50, seed=1)
+    >>> res.summary().loc["ttft_mean", "estimate"] > 0
+    True
+    """
+    n_replications, confidence_level, max_replications, n_threads, batch_size = _replicate_iv(
+        scenario, n_replications, backend, confidence_level, precision, max_replications, n_threads,
+        batch_size)
+    k0, k1, entropy = _seed_keys(seed)
+    packed = pack_scenario(scenario)
+    start = time.perf_counter()
+    blocks = [_run(scenario, packed, k0, k1, 0, n_replications, backend, n_threads, batch_size, progress)]
+    done = n_replications
+    if precision is not None:
+        while done < max_replications:
+            frame = np.concatenate(blocks)
+            need = _replications_needed(frame, precision, done, confidence_level)
+            if need <= done:
+                break
+            # Grow geometrically (at most x2 per round) toward the estimate.
+            extra = int(min(max(need - done, done // 4, 1), done, max_replications - done))
+            blocks.append(_run(scenario, packed, k0, k1, done, extra, backend, n_threads, batch_size, progress))
+            done += extra
+    data = np.concatenate(blocks)
+    per_rep = pd.DataFrame(data, columns=list(K.COLUMNS))
+    for c in K.COUNTS:
+        if c.startswith("n_") or c in ("max_blocks_used", "blocks_used_at_end"):
+            per_rep[c] = per_rep[c].astype(np.int64)
+    per_rep.index.name = "replication"
+    return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
+                           seed_entropy=entropy, backend=backend, precision=precision,
+                           elapsed_s=time.perf_counter() - start)
+
+
+def _replications_needed(data, precision, done, confidence_level):
+    """Replications for each metric's relative half-width to reach its target."""
+    need = done
+    for metric, target in precision.items():
+        x = data[:, K.COLUMNS.index(metric)]
+        est, low, high, _, n = mean_interval(x, confidence_level)
+        if n < 2 or not np.isfinite(low):
+            return max(need, 2 * done)
+        rel = (high - low) / 2.0 / abs(est) if est != 0 else math.inf
+        if rel > target:
+            factor = (rel / target) ** 2 if np.isfinite(rel) else 4.0
+            need = max(need, int(math.ceil(done * factor * 1.05)))
+    return need
+
+
+def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
+    out = np.empty((nrep, K.N_COLUMNS))
+    if backend == "reference":
+        from ._reference_metrics import run_reference_replications
+
+        run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=progress)
+        return out
+    work = nrep * scenario.workload.num_requests
+    show = progress if progress is not None else work >= 5_000_000
+    if batch_size is None:
+        batch_size = max(1, -(-nrep // 20)) if show else nrep
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=nrep, desc="replications", unit="rep", leave=False)
+    p = packed
+    with _numba_threads(n_threads):
+        for lo in range(0, nrep, batch_size):
+            hi = min(nrep, lo + batch_size)
+            K.run_replications(rep0 + lo, hi - lo, k0, k1, p["ipar"], p["fpar"], p["lat"], p["arr_times"],
+                               p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
+                               p["prio_cdf"], out[lo:hi])
+            if bar is not None:
+                bar.update(hi - lo)
+    if bar is not None:
+        bar.close()
+    return out

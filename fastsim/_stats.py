@@ -1,0 +1,65 @@
+"""Estimators and confidence intervals over independent replications."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from ._validation import check_float
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A two-sided confidence interval ``[low, high]``."""
+
+    low: float
+    high: float
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+    def __contains__(self, value) -> bool:
+        return bool(self.low <= value <= self.high)
+
+
+def check_confidence_level(value) -> float:
+    return check_float("confidence_level", value, low=0, high=1, low_open=True, high_open=True)
+
+
+def mean_interval(x, confidence_level: float = 0.95):
+    """Mean of the finite entries of ``x`` with a Student-t interval.
+
+    Replications are independent and identically distributed, so the
+    t-interval on their mean is exact for normal data and asymptotically
+    exact otherwise (replication/deletion method).
+
+    Returns
+    -------
+    estimate, low, high, std_error, n : float, float, float, float, int
+    """
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    n = x.size
+    if n == 0:
+        return np.nan, np.nan, np.nan, np.nan, 0
+    est = float(x.mean())
+    if n == 1:
+        return est, np.nan, np.nan, np.nan, 1
+    se = float(x.std(ddof=1) / np.sqrt(n))
+    q = stats.t.ppf(0.5 + confidence_level / 2.0, df=n - 1)
+    return est, est - q * se, est + q * se, se, n
+
+
+def summary_frame(per_replication, metrics, confidence_level: float = 0.95):
+    """Tidy summary: one row per metric with estimate, CI, standard error, n."""
+    import pandas as pd
+
+    rows = {m: mean_interval(per_replication[m].to_numpy(), confidence_level) for m in metrics}
+    frame = pd.DataFrame.from_dict(rows, orient="index",
+                                   columns=["estimate", "ci_low", "ci_high", "std_error", "n"])
+    frame.index.name = "metric"
+    frame["n"] = frame["n"].astype(int)
+    return frame

@@ -1,0 +1,111 @@
+"""Input validation shared by every public entry point.
+
+Each checker names the parameter, the offending value and what is allowed,
+e.g. ``max_num_seqs must be an integer >= 1, got 0``. Nothing is clipped
+silently: a value is either accepted as given or rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None,
+              optional: bool = False):
+    """Return ``value`` as ``int`` if it is an integer in ``[low, high]``."""
+    if value is None and optional:
+        return None
+    allowed = "an integer"
+    if low is not None and high is not None:
+        allowed += f" in [{low}, {high}]"
+    elif low is not None:
+        allowed += f" >= {low}"
+    elif high is not None:
+        allowed += f" <= {high}"
+    if optional:
+        allowed += " or None"
+    if not _is_int(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def check_float(name: str, value, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False, optional: bool = False):
+    """Return ``value`` as a finite ``float`` inside the given interval."""
+    if value is None and optional:
+        return None
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        parts.append(f"{'<' if high_open else '<='} {high:g}")
+    allowed = "a finite number" + (" " + " and ".join(parts) if parts else "")
+    if optional:
+        allowed += " or None"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    value = float(value)
+    bad = not math.isfinite(value)
+    if low is not None:
+        bad |= value <= low if low_open else value < low
+    if high is not None:
+        bad |= value >= high if high_open else value > high
+    if bad:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices):
+    """Return ``value`` if it is one of ``choices`` (strings)."""
+    if not isinstance(value, str) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_probabilities(name: str, values, size: int | None = None) -> np.ndarray:
+    """Return a float array of probabilities that are >= 0 and sum to 1."""
+    arr = np.asarray(values, dtype=float) if not isinstance(values, str) else None
+    if arr is None or arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence of probabilities, got {values!r}")
+    if size is not None and arr.size != size:
+        raise ValueError(f"{name} must have {size} entries (one per component), got {arr.size}")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {values!r}")
+    if not math.isclose(float(arr.sum()), 1.0, rel_tol=0, abs_tol=1e-9):
+        raise ValueError(f"{name} must sum to 1, got {values!r} (sum {arr.sum():.12g})")
+    return arr
+
+
+def check_int_array(name: str, values, *, low: int = 1) -> np.ndarray:
+    """Return a non-empty 1-d int64 array whose entries are integers >= low."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence of integers >= {low}, "
+                         f"got shape {arr.shape}")
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            bad = arr[~np.isfinite(arr) | (arr != np.round(arr))][0]
+            raise ValueError(f"{name} must contain integers >= {low}, got {bad!r}")
+    elif arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must contain integers >= {low}, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if np.any(arr < low):
+        raise ValueError(f"{name} must contain integers >= {low}, got {int(arr.min())}")
+    return arr

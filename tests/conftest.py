@@ -1,0 +1,42 @@
+"""Shared fixtures.
+
+Compiled kernels are module-level Numba functions, so they compile once per
+test session (and are cached on disk under ``NUMBA_CACHE_DIR``, which
+``.ci/run`` points at a fresh directory per run). Expensive simulations that
+several tests inspect are session-scoped fixtures.
+"""
+
+import numpy as np
+import pytest
+
+import fastsim
+
+# Multiplier of the standard error used by statistical assertions: a correct
+# implementation fails one of them with probability ~1e-6, so the suite passes
+# for any seed.
+Z = 5.0
+
+
+@pytest.fixture(scope="session")
+def tight_kv_scenario():
+    """Heavy load on a small KV cache: preemptions happen."""
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=16, max_num_batched_tokens=256, block_size=16,
+                                    num_gpu_blocks=64),
+        workload=fastsim.Workload(arrival_rate=6.0, num_requests=300,
+                                  prompt_len=fastsim.LogNormal(median=120, sigma=0.6),
+                                  output_len=fastsim.LogNormal(median=90, sigma=0.7)),
+    )
+
+
+@pytest.fixture(scope="session")
+def tight_kv_result(tight_kv_scenario):
+    return fastsim.replicate(tight_kv_scenario, n_replications=64, seed=11)
+
+
+def within(estimate, truth, std_error, z=Z):
+    """|estimate - truth| <= z * std_error, with a readable failure message."""
+    assert np.isfinite(estimate) and np.isfinite(std_error)
+    assert abs(estimate - truth) <= z * std_error, (
+        f"estimate {estimate:.6g} differs from {truth:.6g} by {abs(estimate - truth) / std_error:.2f} "
+        f"standard errors (allowed {z})")

@@ -1,0 +1,115 @@
+"""Bad input fails before any kernel runs, with a message naming the
+parameter, the value and what is allowed."""
+
+import math
+
+import pytest
+
+import fastsim
+
+E, W = fastsim.EngineConfig, fastsim.Workload
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_num_seqs": 0}, r"max_num_seqs must be an integer >= 1, got 0"),
+    ({"max_num_seqs": 2.5}, r"max_num_seqs must be an integer >= 1, got 2.5"),
+    ({"max_num_batched_tokens": -1}, r"max_num_batched_tokens must be an integer >= 1, got -1"),
+    ({"block_size": 0}, r"block_size must be an integer >= 1, got 0"),
+    ({"num_gpu_blocks": True}, r"num_gpu_blocks must be an integer >= 1, got True"),
+    ({"policy": "lifo"}, r"policy must be one of 'fcfs', 'priority', 'sjf', got 'lifo'"),
+    ({"scheduler": "dynamic"}, r"scheduler must be one of 'continuous', 'static', got 'dynamic'"),
+    ({"admission": "drop"}, r"admission must be one of 'none', 'queue_limit', 'kv_reservation'"),
+    ({"admission": "queue_limit"}, r"max_waiting must be an integer >= 0 when admission='queue_limit'"),
+    ({"max_waiting": 3}, r"max_waiting is only used with admission='queue_limit'"),
+    ({"admission": "queue_limit", "max_waiting": -1}, r"max_waiting must be an integer >= 0"),
+    ({"max_queue_delay_s": 0.0}, r"max_queue_delay_s must be a finite number > 0 or None, got 0.0"),
+    ({"max_queue_delay_s": math.nan}, r"max_queue_delay_s must be a finite number > 0 or None, got nan"),
+    ({"enable_chunked_prefill": "yes"}, r"enable_chunked_prefill must be True or False, got 'yes'"),
+    ({"max_model_len": 1}, r"max_model_len must be an integer >= 2 or None, got 1"),
+])
+def test_engine_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        E(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"arrival_rate": 0}, r"arrival_rate must be a finite number > 0, got 0"),
+    ({"arrival_rate": -2.0}, r"arrival_rate must be a finite number > 0, got -2.0"),
+    ({"arrival_rate": math.inf}, r"arrival_rate must be a finite number > 0, got inf"),
+    ({"arrival_rate": math.nan}, r"arrival_rate must be a finite number > 0, got nan"),
+    ({"num_requests": 0}, r"num_requests must be an integer >= 1, got 0"),
+    ({"prompt_len": 0}, r"prompt_len must be an integer >= 1 or a length distribution"),
+    ({"output_len": "long"}, r"output_len must be an integer >= 1 or a length distribution"),
+    ({"burstiness": 0}, r"burstiness must be a finite number > 0, got 0"),
+    ({"priorities": (0, 1), "priority_probs": (0.5, 0.6)}, r"priority_probs must sum to 1"),
+    ({"priorities": (0, 1), "priority_probs": (1.0,)}, r"priority_probs must have 2 entries"),
+    ({"priorities": (0.5,)}, r"priorities must be a non-empty sequence of integers"),
+    ({"warmup_requests": 1000}, r"warmup_requests must be an integer in \[0, 999\], got 1000"),
+    ({"horizon_s": -1.0}, r"horizon_s must be a finite number > 0 or None, got -1.0"),
+    ({"arrival_times": [1.0, 0.5], "arrival_rate": None}, r"arrival_times must be finite, >= 0 and non-decreasing"),
+    ({"lengths": [1, 2]}, r"lengths must be a LengthTrace or None"),
+])
+def test_workload_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        W(**kwargs)
+
+
+@pytest.mark.parametrize("factory, match", [
+    (lambda: fastsim.LogNormal(median=0, sigma=1), r"median must be a finite number > 0, got 0"),
+    (lambda: fastsim.LogNormal(median=10, sigma=-1), r"sigma must be a finite number >= 0, got -1"),
+    (lambda: fastsim.Uniform(5, 2), r"high must be >= low \(5\), got 2"),
+    (lambda: fastsim.Fixed(0), r"value must be an integer >= 1, got 0"),
+    (lambda: fastsim.Empirical([3, 0]), r"values must contain integers >= 1, got 0"),
+    (lambda: fastsim.Empirical([3, 4], weights=[0.2, 0.2]), r"weights must sum to 1"),
+    (lambda: fastsim.Mixture([fastsim.Fixed(3)], [0.5]), r"weights must sum to 1"),
+    (lambda: fastsim.Mixture([fastsim.Fixed(3), 0], [0.5, 0.5]), r"components\[1\] must be an integer >= 1"),
+    (lambda: fastsim.LengthTrace([1, 2], [3]), r"prompt_len and output_len must have the same length"),
+    (lambda: fastsim.LatencyModel(base_s=0), r"base_s must be a finite number > 0, got 0"),
+    (lambda: fastsim.LatencyModel(base_s=0.01, prefill_per_token_s=-1e-5), r"prefill_per_token_s must be"),
+    (lambda: fastsim.LatencyModel.constant(math.nan), r"step_s must be a finite number > 0, got nan"),
+])
+def test_distribution_and_latency_errors(factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory()
+
+
+def test_scenario_errors():
+    with pytest.raises(ValueError, match=r"prompt_len \+ output_len must be <= max_model_len \(100\), got 90 \+ 20"):
+        fastsim.Scenario(engine=E(max_model_len=100), workload=W(prompt_len=90, output_len=20))
+    with pytest.raises(ValueError, match=r"engine must be a EngineConfig"):
+        fastsim.Scenario(engine={"max_num_seqs": 4})
+    with pytest.raises(ValueError, match=r"ttft_slo_s must be a finite number > 0 or None, got 0"):
+        fastsim.Scenario(ttft_slo_s=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_replications": 1}, r"n_replications must be an integer >= 2, got 1"),
+    ({"backend": "gpu"}, r"backend must be one of 'numba', 'reference', got 'gpu'"),
+    ({"confidence_level": 1.0}, r"confidence_level must be a finite number > 0 and < 1, got 1.0"),
+    ({"seed": -3}, r"seed must be None, an integer >= 0"),
+    ({"precision": {"ttft_p999": 0.01}}, r"precision metric must be one of"),
+    ({"precision": {"ttft_p99": 0}}, r"precision\['ttft_p99'\] must be a finite number > 0, got 0"),
+    ({"n_replications": 100, "max_replications": 10}, r"max_replications must be an integer >= 100"),
+    ({"n_threads": 0}, r"n_threads must be an integer >= 1 or None, got 0"),
+])
+def test_replicate_errors(kwargs, match):
+    sc = fastsim.Scenario(workload=W(num_requests=10))
+    kwargs = {"n_replications": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        fastsim.replicate(sc, **kwargs)
+
+
+def test_from_dict_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown configuration table\(s\) \['engin'\]"):
+        fastsim.Scenario.from_dict({"engin": {}})
+    with pytest.raises(ValueError, match=r"\[engine\]: .*unexpected keyword argument 'max_seqs'"):
+        fastsim.Scenario.from_dict({"engine": {"max_seqs": 4}})
+    with pytest.raises(ValueError, match=r"prompt_len.dist must be one of"):
+        fastsim.Scenario.from_dict({"workload": {"prompt_len": {"dist": "pareto"}}})
+    with pytest.raises(ValueError, match=r"path must be an existing CSV file"):
+        fastsim.Workload.from_trace(tmp_path / "missing.csv")
+
+
+def test_budget_must_cover_the_batch():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens must be >= max_num_seqs \(64\), got 32"):
+        E(max_num_seqs=64, max_num_batched_tokens=32)

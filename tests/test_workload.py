@@ -1,0 +1,82 @@
+"""The kernel's random streams sample the laws they claim to (exact moments,
+goodness of fit)."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import fastsim
+from conftest import within
+
+N = 200_000
+
+
+def stream(**workload):
+    sc = fastsim.Scenario(workload=fastsim.Workload(num_requests=N, **workload))
+    return fastsim.sample_requests(sc, seed=None, replication=0)
+
+
+@pytest.mark.parametrize("law", [
+    fastsim.LogNormal(median=256, sigma=0.55),
+    fastsim.Uniform(3, 40),
+    fastsim.Empirical([5, 10, 400], weights=[0.5, 0.3, 0.2]),
+    fastsim.Mixture([fastsim.Fixed(20), fastsim.LogNormal(2000, 0.3)], [0.8, 0.2]),
+], ids=["lognormal", "uniform", "empirical", "mixture"])
+def test_length_laws_have_their_exact_mean(law):
+    x = stream(prompt_len=law)["prompt_len"].to_numpy()
+    assert x.min() >= 1
+    var = law.second_moment() - law.mean() ** 2
+    within(x.mean(), law.mean(), np.sqrt(var / x.size))
+
+
+def test_discrete_laws_pass_chi_square():
+    law = fastsim.Empirical([5, 10, 400], weights=[0.5, 0.3, 0.2])
+    x = stream(output_len=law)["output_len"].to_numpy()
+    counts = np.array([(x == v).sum() for v in (5, 10, 400)])
+    assert counts.sum() == x.size
+    assert stats.chisquare(counts, law.weights * x.size).pvalue > 1e-6
+    u = stream(output_len=fastsim.Uniform(1, 10))["output_len"].to_numpy()
+    assert stats.chisquare(np.bincount(u, minlength=11)[1:]).pvalue > 1e-6
+
+
+def test_lognormal_is_the_ceiling_of_a_lognormal():
+    x = stream(prompt_len=fastsim.LogNormal(median=50, sigma=0.8))["prompt_len"].to_numpy()
+    k = np.arange(1, 400)
+    cdf = stats.lognorm(s=0.8, scale=50).cdf(k)  # P(ceil(X) <= k) = P(X <= k)
+    emp = np.searchsorted(np.sort(x), k, side="right") / x.size
+    assert np.max(np.abs(emp - cdf)) < 1.95 / np.sqrt(x.size)  # KS critical value at ~1e-3
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.25, 4.0])
+def test_arrival_gaps_have_the_requested_rate_and_cv(burstiness):
+    t = stream(arrival_rate=4.0, burstiness=burstiness)["arrival_s"].to_numpy()
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    gaps = np.diff(t)
+    dist = stats.gamma(a=burstiness, scale=1 / (4.0 * burstiness))
+    assert stats.kstest(gaps, dist.cdf).pvalue > 1e-6
+
+
+def test_priority_classes_and_trace_replay():
+    s = stream(priorities=(0, 1, 2), priority_probs=(0.1, 0.3, 0.6))
+    counts = s["priority"].value_counts().sort_index().to_numpy()
+    assert stats.chisquare(counts, np.array([0.1, 0.3, 0.6]) * N).pvalue > 1e-6
+    trace = fastsim.sharegpt_lengths(order="replay")
+    sc = fastsim.Scenario(workload=fastsim.Workload(num_requests=7000, lengths=trace))
+    r = fastsim.sample_requests(sc, seed=0)
+    n = len(trace)
+    np.testing.assert_array_equal(r["prompt_len"][:n], trace.prompt_len)
+    np.testing.assert_array_equal(r["output_len"][n:], trace.output_len[:7000 - n])  # wraps around
+
+
+def test_given_arrival_times_are_used_as_is():
+    times = np.array([0.0, 0.5, 0.5, 2.0])
+    sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=None, arrival_times=times))
+    np.testing.assert_array_equal(fastsim.sample_requests(sc, seed=1)["arrival_s"], times)
+
+
+def test_from_trace_replays_first_rows(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("prompt_len,gen_len\n5,7\n8,9\n3,4\n")
+    w = fastsim.Workload.from_trace(path, num_requests=2, arrival_rate=4.0)
+    r = fastsim.sample_requests(fastsim.Scenario(workload=w), seed=0)
+    assert r["prompt_len"].tolist() == [5, 8] and r["output_len"].tolist() == [7, 9]
