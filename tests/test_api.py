@@ -1,0 +1,140 @@
+"""The public API: result objects, saving, precision targets, TOML and the CLI."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fastsim
+from fastsim._cli import EXAMPLE, main
+
+SMALL = fastsim.Scenario(
+    engine=fastsim.EngineConfig(max_num_seqs=16),
+    workload=fastsim.Workload(arrival_rate=3.0, num_requests=150, prompt_len=fastsim.LogNormal(200, 0.5),
+                              output_len=fastsim.LogNormal(60, 0.6), warmup_requests=15),
+    ttft_slo_s=0.05, tpot_slo_s=0.02)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return fastsim.replicate(SMALL, n_replications=50, seed=3)
+
+
+def test_summary_is_a_tidy_frame_of_every_metric(result):
+    s = result.summary()
+    assert list(s.index) == list(fastsim.METRIC_DESCRIPTIONS)
+    assert {"estimate", "ci_low", "ci_high", "std_error", "n", "description"} <= set(s.columns)
+    finite = s.dropna(subset=["ci_low"])
+    assert (finite.ci_low <= finite.estimate).all() and (finite.estimate <= finite.ci_high).all()
+    # The estimate is the mean of the per-replication values.
+    np.testing.assert_allclose(s.loc["ttft_p99", "estimate"], result.per_replication["ttft_p99"].mean())
+    # Goodput counts only requests within the SLOs, so it cannot exceed throughput.
+    assert (result.per_replication["goodput"] <= result.per_replication["request_throughput"] + 1e-12).all()
+    assert s.loc["goodput", "estimate"] < s.loc["request_throughput", "estimate"]
+
+
+def test_confidence_interval_api(result):
+    ci95 = result.confidence_interval("ttft_mean")
+    ci99 = result.confidence_interval("ttft_mean", confidence_level=0.99)
+    assert ci99.low < ci95.low < ci95.high < ci99.high
+    assert result.estimate("ttft_mean") in ci95
+    assert ci95.half_width == pytest.approx((ci95.high - ci95.low) / 2)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        result.confidence_interval("ttft_p42")
+
+
+def test_per_replication_counts_are_integers(result):
+    pr = result.per_replication
+    for c in ("n_arrived", "n_completed", "n_rejected", "n_dropped", "n_unfinished"):
+        assert pr[c].dtype == np.int64
+    assert (pr["n_arrived"] == 150).all()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".parquet"])
+def test_save_round_trips(result, tmp_path, suffix):
+    path = result.save(tmp_path / f"summary{suffix}")
+    if suffix == ".csv":
+        back = pd.read_csv(path, index_col=0)
+    elif suffix == ".json":
+        back = pd.DataFrame(json.loads(path.read_text())).set_index("metric")
+    else:
+        back = pd.read_parquet(path)
+    np.testing.assert_allclose(back["estimate"], result.summary()["estimate"], equal_nan=True)
+    with pytest.raises(ValueError, match=r"path must end in .csv, .json or .parquet"):
+        result.save(tmp_path / "x.xlsx")
+
+
+def test_precision_target_adds_replications_until_reached():
+    res = fastsim.replicate(SMALL, n_replications=10, seed=4, precision={"ttft_mean": 0.01},
+                            max_replications=5000)
+    assert res.n_replications > 10
+    assert res.relative_half_width("ttft_mean") <= 0.01
+    # It is the same as asking for that many replications up front.
+    fixed = fastsim.replicate(SMALL, n_replications=res.n_replications, seed=4)
+    pd.testing.assert_frame_equal(res.per_replication, fixed.per_replication)
+
+
+def test_precision_target_stops_at_the_cap():
+    res = fastsim.replicate(SMALL, n_replications=10, seed=4, precision={"ttft_p99": 1e-6},
+                            max_replications=40)
+    assert res.n_replications == 40
+    assert res.relative_half_width("ttft_p99") > 1e-6
+
+
+def test_scenario_from_toml_dict_matches_python():
+    cfg = {"engine": {"max_num_seqs": 16},
+           "workload": {"arrival_rate": 3.0, "num_requests": 150, "warmup_requests": 15,
+                        "prompt_len": {"dist": "lognormal", "median": 200, "sigma": 0.5},
+                        "output_len": {"dist": "lognormal", "median": 60, "sigma": 0.6}},
+           "slo": {"ttft_s": 0.05, "tpot_s": 0.02}}
+    sc = fastsim.Scenario.from_dict(cfg)
+    a = fastsim.replicate(sc, 5, seed=1).per_replication
+    b = fastsim.replicate(SMALL, 5, seed=1).per_replication
+    pd.testing.assert_frame_equal(a, b)
+    mix = fastsim.Scenario.from_dict({"workload": {"output_len": {
+        "dist": "mixture", "weights": [0.5, 0.5],
+        "components": [{"dist": "fixed", "value": 5}, {"dist": "uniform", "low": 10, "high": 20}]}}})
+    assert mix.workload.output_len.mean() == pytest.approx(0.5 * 5 + 0.5 * 15)
+
+
+def test_scenario_replace_reaches_inside():
+    sc = SMALL.replace(**{"engine.max_num_seqs": 4, "workload.arrival_rate": 1.0}, ttft_slo_s=1.0)
+    assert (sc.engine.max_num_seqs, sc.workload.arrival_rate, sc.ttft_slo_s) == (4, 1.0, 1.0)
+    assert SMALL.engine.max_num_seqs == 16
+    with pytest.raises(ValueError, match="unknown scenario section 'engin'"):
+        SMALL.replace(**{"engin.max_num_seqs": 4})
+
+
+def test_cli_run_writes_formats(tmp_path, capsys):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(EXAMPLE.read_text().replace("num_requests = 1000", "num_requests = 120")
+                   .replace("warmup_requests = 100", "warmup_requests = 10"))
+    assert main(["run", str(cfg), "--replications", "8", "--seed", "1", "--format", "json",
+                 "--out", str(tmp_path / "o.csv"), "--per-replication", str(tmp_path / "p.parquet"),
+                 "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["metric"] for r in rows} == set(fastsim.METRIC_DESCRIPTIONS)
+    assert len(pd.read_parquet(tmp_path / "p.parquet")) == 8
+    assert pd.read_csv(tmp_path / "o.csv", index_col=0).shape[0] == len(fastsim.METRIC_DESCRIPTIONS)
+    assert main(["run", str(cfg), "--replications", "4", "--format", "table", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "ttft_p99" in out and "95% confidence interval" in out
+
+
+def test_cli_reports_bad_input_clearly(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[engine]\nmax_num_seqs = 0\n")
+    assert main(["run", str(bad), "--no-progress"]) == 2
+    assert "max_num_seqs must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.toml")]) == 2
+    assert main(["demo", "--show-config"]) == 0
+    assert "[engine]" in capsys.readouterr().out
+
+
+def test_example_config_is_the_demo_scenario():
+    from fastsim._cli import _load
+
+    sc, run = _load(EXAMPLE)
+    assert run["n_replications"] >= 1000
+    assert sc.engine.num_gpu_blocks == 6822 and sc.workload.lengths is not None
