@@ -1,0 +1,71 @@
+"""asv benchmarks of `fastsim.replicate` (times and throughput figures)."""
+
+import time
+
+import fastsim
+
+from .common import reference_workload, sharegpt_80pct, warm_up
+
+
+class Replicate:
+    params = ([100, 1000], [200, 1000])
+    param_names = ["n_replications", "num_requests"]
+    timeout = 300
+
+    def setup(self, n_replications, num_requests):
+        warm_up()
+        self.scenario = reference_workload(num_requests)
+
+    def time_replicate(self, n_replications, num_requests):
+        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, progress=False)
+
+    def track_requests_per_second(self, n_replications, num_requests):
+        start = time.perf_counter()
+        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, progress=False)
+        return n_replications * num_requests / (time.perf_counter() - start)
+
+    track_requests_per_second.unit = "requests/s"
+
+
+class Features:
+    params = ["fcfs", "priority", "sjf", "static", "no-chunking", "tight-kv"]
+    param_names = ["feature"]
+
+    def setup(self, feature):
+        warm_up()
+        sc = sharegpt_80pct(1000)
+        changes = {"priority": {"engine.policy": "priority"}, "sjf": {"engine.policy": "sjf"},
+                   "static": {"engine.scheduler": "static"},
+                   "no-chunking": {"engine.enable_chunked_prefill": False},
+                   "tight-kv": {"engine.num_gpu_blocks": 600}}.get(feature, {})
+        self.scenario = sc.replace(**changes)
+
+    def time_replicate_200(self, feature):
+        fastsim.replicate(self.scenario, n_replications=200, seed=1, progress=False)
+
+
+class Precision:
+    """CI half-width reached at a fixed budget (a statistical, not a time, figure)."""
+
+    def setup(self):
+        warm_up()
+        self.result = fastsim.replicate(reference_workload(1000), n_replications=500, seed=2, progress=False)
+
+    def track_ttft_p99_relative_half_width(self):
+        return self.result.relative_half_width("ttft_p99")
+
+    def track_blocking_half_width(self):
+        return self.result.confidence_interval("blocking_probability").half_width
+
+
+class Compile:
+    """Loading every kernel from Numba's on-disk cache in a fresh process."""
+
+    timeout = 300
+
+    def time_import_and_warm_start(self):
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-c", "import fastsim; from benchmarks.common import warm_up; warm_up()"],
+                       check=True)
