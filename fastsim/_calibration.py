@@ -127,7 +127,7 @@ def preset_latency_model(name: str) -> LatencyModel:
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"name must be one of {', '.join(repr(k) for k in PRESETS)}, got {name!r}")
     p = PRESETS[name]
-    return LatencyModel(**{k: p[k] for k in _MODEL_KEYS})
+    return LatencyModel(**{k: p[k] for k in _MODEL_KEYS}, ttft_overhead_s=p["ttft_overhead_s"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +177,8 @@ class CalibrationResult:
 
     def latency_model(self) -> LatencyModel:
         """The fitted :class:`fastsim._latency.LatencyModel`."""
-        return LatencyModel(**{k: float(self.params[k]) for k in _MODEL_KEYS})
+        return LatencyModel(**{k: float(self.params[k]) for k in _MODEL_KEYS},
+                            ttft_overhead_s=float(self.ttft_overhead_s or 0.0))
 
     def summary(self) -> pd.DataFrame:
         """Table of the parameters: ``parameter``, ``value``, ``stderr``,

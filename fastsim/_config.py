@@ -126,6 +126,12 @@ class Workload:
     horizon_s : float, optional
         Stop each run at this time; requests still in the system are
         counted as unfinished. Arrivals after it do not happen.
+    normalize_arrivals : bool
+        Generate arrival times as ``vllm bench serve`` does: draw
+        ``num_requests`` gaps, sum them and rescale so that the last request
+        arrives at exactly ``num_requests / arrival_rate`` (the first arrives
+        after one scaled gap). By default the first request arrives at time
+        0 and the gaps are not rescaled.
     """
 
     arrival_rate: float | None = 1.0
@@ -139,6 +145,7 @@ class Workload:
     priority_probs: tuple = (1.0,)
     warmup_requests: int = 0
     horizon_s: float | None = None
+    normalize_arrivals: bool = False
 
     def __post_init__(self):
         s = object.__setattr__
@@ -175,6 +182,9 @@ class Workload:
         s(self, "warmup_requests", check_int("warmup_requests", self.warmup_requests,
                                              low=0, high=self.num_requests - 1))
         s(self, "horizon_s", check_float("horizon_s", self.horizon_s, low=0, low_open=True, optional=True))
+        s(self, "normalize_arrivals", check_bool("normalize_arrivals", self.normalize_arrivals))
+        if self.normalize_arrivals and self.arrival_times is not None:
+            raise ValueError("normalize_arrivals must be False when arrival_times is given, got True")
 
     @classmethod
     def from_trace(cls, path, *, num_requests: int | None = None, arrival_rate: float = 1.0,

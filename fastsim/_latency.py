@@ -28,6 +28,12 @@ class LatencyModel:
         Compute time per prompt (prefill or recompute) token in the step.
     ctx_per_token_s : float
         Attention cost per token of KV touched by the step (context length).
+    ttft_overhead_s : float
+        Client-side time (HTTP, tokenisation, network) added to every
+        request's first-token and completion times *as the client observes
+        them*: it shifts TTFT, E2E and the end of the throughput window, but
+        not the engine's steps, TPOT or ITL. 0 for a pure engine model; the
+        A10G preset carries the value fitted from the traces' TTFTs.
 
     See ``docs/engine-model.md`` for how the batch quantities are counted.
     """
@@ -37,11 +43,12 @@ class LatencyModel:
     decode_alpha: float = 1.0
     prefill_per_token_s: float = 0.0
     ctx_per_token_s: float = 0.0
+    ttft_overhead_s: float = 0.0
     calibration: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "base_s", check_float("base_s", self.base_s, low=0, low_open=True))
-        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s"):
+        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s", "ttft_overhead_s"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
         object.__setattr__(self, "decode_alpha",
                            check_float("decode_alpha", self.decode_alpha, low=0, low_open=True))
@@ -60,7 +67,9 @@ class LatencyModel:
         ``fastsim/data/README.md`` and :meth:`from_tpot_traces`). It reproduces
         the measured mean decode step within 1.3% at batch sizes 1-32. Its
         prefill cost per token is weakly identified by those traces (one
-        prompt length) and is an upper bound.
+        prompt length) and is an upper bound. It includes the fitted
+        client-side ``ttft_overhead_s`` (12.5 ms), so that TTFT and E2E are
+        what a ``vllm bench serve`` client measures.
         """
         return cls.preset("a10g-qwen2.5-1.5b")
 

@@ -23,11 +23,12 @@ def reference_row(res: dict, arrival, output, scenario) -> dict:
     status = res["status"]
     meas = np.arange(n) >= warm
     done = meas & (status == COMPLETED)
-    ttft = res["first_token_s"][done] - arrival[done]
-    e2e = res["finish_s"][done] - arrival[done]
+    c = scenario.latency.ttft_overhead_s
+    ttft = res["first_token_s"][done] - arrival[done] + c
+    e2e = res["finish_s"][done] - arrival[done] + c
     o = output[done]
     multi = o > 1
-    tpot = (e2e[multi] - ttft[multi]) / (o[multi] - 1)
+    tpot = (res["finish_s"][done][multi] - res["first_token_s"][done][multi]) / (o[multi] - 1)
     gaps = [res["itl_gaps_s"][i] for i in np.flatnonzero(meas)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
     good = np.ones(ttft.size, bool)
@@ -43,8 +44,9 @@ def reference_row(res: dict, arrival, output, scenario) -> dict:
 
     end = res["end_s"]
     nm = n - warm
-    ws = arrival[warm] if nm > 0 else np.inf
-    window = end - ws if nm > 0 else 0.0
+    ws = 0.0 if warm == 0 else (arrival[warm] if nm > 0 else np.inf)
+    drained = not (status == UNFINISHED).any()
+    window = (end + c if drained else end) - ws if nm > 0 else 0.0
     log = res["step_log"]
     t0, t1 = log[:, 0], log[:, 1]
     overlap = np.clip(t1 - np.maximum(t0, ws), 0.0, None)

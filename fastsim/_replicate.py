@@ -81,6 +81,8 @@ def pack_scenario(scenario: Scenario) -> dict:
     fpar[K.F_HORIZON] = w.horizon_s or 0.0
     fpar[K.F_TTFT_SLO] = scenario.ttft_slo_s or 0.0
     fpar[K.F_TPOT_SLO] = scenario.tpot_slo_s or 0.0
+    fpar[K.F_TTFT_OVERHEAD] = scenario.latency.ttft_overhead_s
+    ipar[K.I_NORMALIZE_ARRIVALS] = int(w.normalize_arrivals)
 
     arr = w._arrival_spec()
     ipar[K.I_ARRIVAL_KIND] = arr.kind
@@ -184,7 +186,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     pandas.DataFrame
         One row per request: ``status`` (completed, rejected_too_long,
         rejected_admission, dropped, unfinished), ``first_token_s``,
-        ``finish_s`` (absolute times), ``ttft_s``, ``e2e_s``,
+        ``finish_s`` (absolute engine times), ``ttft_s``, ``e2e_s`` (as the
+        client sees them: including ``latency.ttft_overhead_s``),
         ``num_preemptions`` and ``num_tokens``.
     """
     check_choice("backend", backend, BACKENDS)
@@ -215,11 +218,13 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
                                                              packed["lat"])
         names = _STATUS_NAMES_KERNEL
         status = np.asarray(st) - K.ST_COMPLETED
+    c0 = scenario.latency.ttft_overhead_s
     return pd.DataFrame({
         "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
         "status": pd.Categorical(names[status], categories=_STATUS_NAMES_KERNEL),
         "first_token_s": first, "finish_s": finish,
-        "ttft_s": first - a, "e2e_s": np.where(names[status] == "completed", finish - a, np.nan),
+        "ttft_s": first - a + c0,
+        "e2e_s": np.where(names[status] == "completed", finish - a + c0, np.nan),
         "num_preemptions": npre, "num_tokens": ntok,
     })
 

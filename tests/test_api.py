@@ -138,3 +138,21 @@ def test_example_config_is_the_demo_scenario():
     sc, run = _load(EXAMPLE)
     assert run["n_replications"] >= 1000
     assert sc.engine.num_gpu_blocks == 6822 and sc.workload.lengths is not None
+
+
+def test_client_overhead_shifts_ttft_and_e2e_only():
+    import dataclasses
+
+    c = 0.0125
+    with_c = SMALL.replace(latency=dataclasses.replace(SMALL.latency, ttft_overhead_s=c))
+    without = SMALL.replace(latency=dataclasses.replace(SMALL.latency, ttft_overhead_s=0.0))
+    a = fastsim.replicate(with_c, 6, seed=2).per_replication
+    b = fastsim.replicate(without, 6, seed=2).per_replication
+    for m in ("ttft_mean", "ttft_p99", "e2e_mean", "e2e_p50"):
+        np.testing.assert_allclose(a[m], b[m] + c, rtol=1e-12)
+    for m in ("tpot_mean", "itl_p99", "n_steps", "max_blocks_used"):
+        np.testing.assert_allclose(a[m], b[m], rtol=1e-9)
+    # The throughput window closes at the last completion as the client sees it.
+    np.testing.assert_allclose(a["window_s"], b["window_s"] + c, rtol=1e-12)
+    assert fastsim.LatencyModel.default().ttft_overhead_s > 0
+    assert fastsim.LatencyModel.constant(0.01).ttft_overhead_s == 0

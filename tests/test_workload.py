@@ -80,3 +80,19 @@ def test_from_trace_replays_first_rows(tmp_path):
     w = fastsim.Workload.from_trace(path, num_requests=2, arrival_rate=4.0)
     r = fastsim.sample_requests(fastsim.Scenario(workload=w), seed=0)
     assert r["prompt_len"].tolist() == [5, 8] and r["output_len"].tolist() == [7, 9]
+
+
+def test_normalized_arrivals_end_exactly_at_n_over_rate():
+    """As `vllm bench serve`: the n-th request is sent at exactly n / rate."""
+    sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=4.0, num_requests=300, normalize_arrivals=True))
+    for rep in range(5):
+        t = fastsim.sample_requests(sc, seed=rep, replication=rep)["arrival_s"].to_numpy()
+        assert t[-1] == pytest.approx(300 / 4.0, rel=1e-12)
+        assert t[0] > 0 and np.all(np.diff(t) >= 0)
+    # The scaled gaps keep the rate: over many runs the first arrival averages 1/rate.
+    big = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=4.0, num_requests=2, normalize_arrivals=True))
+    first = np.array([fastsim.sample_requests(big, seed=1, replication=r)["arrival_s"][0] for r in range(4000)])
+    # With 2 requests a_0 = 2/rate * U, U = G1 / (G1 + G2) ~ Uniform(0, 1).
+    within(first.mean(), 0.25, first.std() / np.sqrt(first.size))
+    with pytest.raises(ValueError, match="normalize_arrivals must be False when arrival_times is given"):
+        fastsim.Workload(arrival_rate=None, arrival_times=[0.0, 1.0], normalize_arrivals=True)
