@@ -40,6 +40,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 import fastsim
+from fastsim.testing import erlang_b, mg1_mean_wait
 
 STEP = 0.01
 
@@ -48,16 +49,8 @@ STEP = 0.01
 # Exact values
 
 def pollaczek_khinchine_ttft(lam, law, step=STEP):
-    """Mean TTFT of the one-seat server: E[Wq] + d with E[Wq] = lam E[S^2] / (2 (1 - rho))."""
-    rho = lam * law.mean() * step
-    return lam * law.second_moment() * step**2 / (2 * (1 - rho)) + step
-
-
-def erlang_b(c, a):
-    b = 1.0
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    return b
+    """Mean TTFT of the one-seat server: E[Wq] + d (Pollaczek-Khinchine)."""
+    return mg1_mean_wait(lam, law.mean() * step, law.second_moment() * step**2) + step
 
 
 def md1_wait_cdf(x, lam, service):

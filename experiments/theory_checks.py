@@ -15,15 +15,9 @@ import argparse
 import pandas as pd
 
 import fastsim
+from fastsim.testing import erlang_b, mg1_mean_wait
 
 STEP = 0.01
-
-
-def erlang_b(c, a):
-    b = 1.0
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    return b
 
 
 def main():
@@ -41,7 +35,7 @@ def main():
                                           warmup_requests=500),
                 latency=fastsim.LatencyModel.constant(STEP))
             res = fastsim.replicate(sc, args.replications, seed=args.seed)
-            truth = lam * law.second_moment() * STEP**2 / (2 * (1 - rho)) + STEP
+            truth = mg1_mean_wait(lam, law.mean() * STEP, law.second_moment() * STEP**2) + STEP
             ci = res.confidence_interval("ttft_mean")
             rows.append({"check": f"M/G/1 mean TTFT, rho={rho}, O~{law}", "theory": truth,
                          "estimate": res.estimate("ttft_mean"), "ci_low": ci.low, "ci_high": ci.high,

@@ -6,37 +6,41 @@ runs: arrival rate 0.5-8 req/s x gpu_memory_utilization 0.3/0.5/0.7/0.9; see
 (``EngineConfig(max_num_seqs, num_gpu_blocks=kv_cache_blocks,
 max_num_batched_tokens, block_size, max_model_len)``) under the same requests
 (rows 0..299 of the packaged ShareGPT trace, ``fastsim.sharegpt_lengths("replay")``,
-replayed in order) with the calibrated ``LatencyModel.default()``, no warm-up
-(vllm's 8 warm-up requests finish before the benchmark starts), and compares
-each measured metric with the simulator's prediction: the mean over
-replications and the 2.5-97.5 % band of the per-replication values (one
-replication = one benchmark run, so the band is where a single measured run
-should fall 95 % of the time).
+replayed in order) with no warm-up (vllm's 8 warm-up requests finish before the
+benchmark starts), and compares each measured metric with the simulator's
+prediction: the mean over replications and the 2.5-97.5 % band of the
+per-replication values (one replication = one benchmark run, so the band is
+where a single measured run should fall 95 % of the time).
 
-Four prediction variants are evaluated; none has a constant tuned to the sweep:
+Every prediction variant is one plain ``fastsim.replicate(scenario, n, seed=...,
+n_threads=1)`` call per row; its ``per_replication`` columns are the per-run
+benchmark metrics. None has a constant tuned to the sweep:
 
-* arrivals ``poisson``: ``fastsim.replicate`` with the plain ``Workload``
-  (Poisson arrivals at the rate; throughput window from the first arrival to
-  the last completion), exactly as the package models a benchmark today;
-* arrivals ``vllm``: the arrival process ``vllm bench serve`` actually uses
-  (``get_request``: Gamma(burstiness) gaps, cumulated, then *rescaled so that
-  the last request is sent exactly ``num_prompts / rate`` after the start*;
-  the benchmark duration runs from the start, before the first request, to the
-  last completion). Simulated per replication with ``fastsim.simulate_requests``
-  on the same engine, trace and latency model; metrics computed as
-  ``vllm bench serve`` computes them (``np.percentile``; TPOT =
-  (latency - TTFT) / (output_len - 1) over requests with output_len > 1);
-* each with and without the client-side TTFT overhead ``ttft_overhead_s`` of the
-  preset (``fastsim._calibration.PRESETS["a10g-qwen2.5-1.5b"]``, fitted from
-  the TPOT traces' TTFTs) added to every request's TTFT and E2E (so also to the
-  benchmark duration; TPOT is unchanged).
+* ``poisson``: the plain ``Workload`` (Poisson arrivals, first request at t = 0);
+* ``vllm``: ``Workload(normalize_arrivals=True)``, the arrival process
+  ``vllm bench serve`` uses (n exponential gaps summed and rescaled so that the
+  last request is sent at exactly ``n / rate``; the throughput window starts at
+  t = 0, before the first request);
+* each with (``+overhead``) and without the client-side ``ttft_overhead_s`` of
+  ``LatencyModel.default()`` (12.49 ms, fitted from the TPOT traces' TTFTs:
+  ``fastsim._calibration.PRESETS["a10g-qwen2.5-1.5b"]``), which the package adds
+  to TTFT, E2E and the end of the throughput window (not to TPOT/ITL); "without"
+  is ``dataclasses.replace(LatencyModel.default(), ttft_overhead_s=0.0)``;
+* ``vllm+overhead+ctx``: a sensitivity check, not a candidate model (see
+  :func:`context_sensitivity_model`).
+
+The kernel's random streams depend only on the seed, the replication index and
+the workload laws, so all rows and variants use common random numbers: rows at
+one rate share their arrival stream replication by replication, as the sweep's
+rows share vllm's seeded arrival sequence.
 
 Outputs (``experiments/output/``): ``vllm_a10g_validation.csv`` (one line per
 row x metric x variant), ``vllm_a10g_validation_summary.csv`` (the targets per
 variant), ``vllm_a10g_validation_diagnostics.csv`` (per-row mechanism
-diagnostics) and ``vllm_a10g_validation.png``.
+diagnostics) and ``vllm_a10g_validation.png`` (relative error per metric vs
+arrival rate, headline variant).
 
-Run (full, ~3 min on 2 cores)::
+Run (full: 32 rows x 5 variants x 200 replications)::
 
     NUMBA_CACHE_DIR=/tmp/nbcache python experiments/vllm_a10g_validation.py
 
@@ -57,6 +61,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import PercentFormatter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,7 +74,8 @@ OUT = ROOT / "experiments" / "output"
 PRESET = "a10g-qwen2.5-1.5b"
 NUM_REQUESTS = 300
 
-#: (simulated name, column of serving_sweep.csv, label, unit scale for printing, unit)
+#: (simulated name = replicate() per_replication column, column of serving_sweep.csv, label,
+#: unit scale for printing, unit)
 METRICS = [
     ("ttft_mean", "mean_ttft_s", "mean TTFT", 1e3, "ms"),
     ("ttft_p50", "p50_ttft_s", "p50 TTFT", 1e3, "ms"),
@@ -88,112 +94,33 @@ REL_ERROR_TARGETS = {"tpot_mean": 0.03, "request_throughput": 0.02, "ttft_mean":
 COVERAGE_METRICS = ("ttft_mean", "ttft_p99", "tpot_mean", "request_throughput")
 COVERAGE_TARGET = 0.90
 
-ARRIVALS = ("poisson", "vllm")
+#: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model).
+VARIANTS = {
+    "poisson": (False, False, False),
+    "poisson+overhead": (False, True, False),
+    "vllm": (True, False, False),
+    "vllm+overhead": (True, True, False),
+    "vllm+overhead+ctx": (True, True, True),
+}
 #: The variant the headline table, plot and docs use (chosen on the evidence, see docs/validation.md).
-HEADLINE = ("vllm", True)
+HEADLINE = "vllm+overhead"
 #: Sensitivity variant: vllm arrivals + overhead + the traces' own KV-context cost (not a fit to the sweep).
 SENSITIVITY = "vllm+overhead+ctx"
 
 
-def variant_name(arrivals: str, overhead: bool) -> str:
-    return f"{arrivals}{'+overhead' if overhead else ''}"
-
-
 # ------------------------------------------------------------------------------------------
-# Scenario of one sweep row
+# Scenarios
 
-def scenario_for(row: pd.Series) -> fastsim.Scenario:
+def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arrivals: bool) -> fastsim.Scenario:
+    """One sweep row: its server, the 300 replayed requests, no warm-up."""
     engine = fastsim.EngineConfig(
         max_num_seqs=int(row.max_num_seqs), num_gpu_blocks=int(row.kv_cache_blocks),
         max_num_batched_tokens=int(row.max_num_batched_tokens), block_size=int(row.block_size),
         max_model_len=int(row.max_model_len))
     workload = fastsim.Workload(arrival_rate=float(row.arrival_rate), num_requests=NUM_REQUESTS,
-                                lengths=fastsim.sharegpt_lengths("replay"), warmup_requests=0)
-    # The engine-only model: this script applies the client-side overhead itself
-    # (with and without it), so the preset's ttft_overhead_s is zeroed here.
-    latency = dataclasses.replace(fastsim.LatencyModel.default(), ttft_overhead_s=0.0)
+                                lengths=fastsim.sharegpt_lengths("replay"), warmup_requests=0,
+                                normalize_arrivals=normalize_arrivals)
     return fastsim.Scenario(engine=engine, workload=workload, latency=latency)
-
-
-# ------------------------------------------------------------------------------------------
-# Metrics of one simulated run, as vllm bench serve computes them
-
-def run_metrics(sim: pd.DataFrame, overhead_s: float, start_s: float) -> dict:
-    """Benchmark metrics of one simulated run (``simulate_requests`` output).
-
-    ``start_s``: the benchmark's start (its duration runs from there to the last
-    completion); ``overhead_s`` is added to every TTFT and E2E.
-    """
-    done = (sim["status"] == "completed").to_numpy()
-    ttft = sim["ttft_s"].to_numpy()[done] + overhead_s
-    e2e = sim["e2e_s"].to_numpy()[done] + overhead_s
-    out_len = sim["output_len"].to_numpy()[done]
-    multi = out_len > 1
-    tpot = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1)
-    duration = float((sim["arrival_s"].to_numpy()[done] + e2e).max() - start_s)
-    q = np.percentile(ttft, [50, 95, 99])
-    return {
-        "ttft_mean": ttft.mean(), "ttft_p50": q[0], "ttft_p95": q[1], "ttft_p99": q[2],
-        "request_throughput": done.sum() / duration,
-        "tpot_mean": tpot.mean(), "tpot_p99": np.percentile(tpot, 99),
-        "output_throughput": out_len.sum() / duration,
-    }
-
-
-def vllm_arrivals(unit_cum: np.ndarray, rate: float) -> np.ndarray:
-    """``vllm bench serve``'s send times from cumulated unit-rate gaps: rescaled so the
-    last request goes out exactly ``n / rate`` after the start (``get_request``)."""
-    n = unit_cum.size
-    return unit_cum / unit_cum[-1] * (n / rate)
-
-
-# ------------------------------------------------------------------------------------------
-# Prediction variants
-
-def predict_poisson(sc: fastsim.Scenario, n_rep: int, seed: int, overhead_s: float):
-    """``fastsim.replicate`` as is; the overhead applied exactly to the per-replication values."""
-    res = fastsim.replicate(sc, n_replications=n_rep, seed=seed, n_threads=1, progress=False)
-    per = res.per_replication
-    out = {}
-    for o, tag in ((0.0, False), (overhead_s, True)):
-        w = per["window_s"]
-        d = pd.DataFrame({m: per[m] + o for m in ("ttft_mean", "ttft_p50", "ttft_p95", "ttft_p99")})
-        d["request_throughput"] = per["n_completed"] / (w + o)
-        d["output_throughput"] = per["output_throughput"] * w / (w + o)
-        d["tpot_mean"], d["tpot_p99"] = per["tpot_mean"], per["tpot_p99"]
-        out[tag] = d[METRIC_NAMES]
-    diag = {"mean_running": float((per["batch_occupancy_mean"] * sc.engine.max_num_seqs).mean()),
-            "max_kv_utilization": float((per["max_blocks_used"] / sc.engine.num_gpu_blocks).max()),
-            "preemptions": int(per["n_preemptions"].sum())}
-    return out, diag, res
-
-
-def check_metric_definitions(sc: fastsim.Scenario, res, seed: int) -> float:
-    """Max relative difference between ``run_metrics`` (window from the first arrival) and
-    ``replicate``'s per-replication values on replication 0: the two must agree."""
-    req = fastsim.sample_requests(sc, seed=seed, replication=0)
-    sim = fastsim.simulate_requests(sc, req)
-    mine = run_metrics(sim, 0.0, start_s=float(req["arrival_s"].iloc[0]))
-    ref = res.per_replication.iloc[0]
-    return max(abs(mine[m] / ref[m] - 1.0) for m in METRIC_NAMES)
-
-
-def predict_vllm(sc: fastsim.Scenario, unit_cums: np.ndarray, overhead_s: float, *, with_plain=True):
-    """vllm bench serve's arrival process, one simulated run per row of ``unit_cums``.
-
-    Returns ``{False: per-run metrics without the overhead, True: with it}``.
-    """
-    rate = sc.workload.arrival_rate
-    lengths = sc.workload.lengths
-    base = pd.DataFrame({"prompt_len": lengths.prompt_len[:NUM_REQUESTS],
-                         "output_len": lengths.output_len[:NUM_REQUESTS]})
-    rows = {False: [], True: []}
-    for cum in unit_cums:
-        sim = fastsim.simulate_requests(sc, base.assign(arrival_s=vllm_arrivals(cum, rate)))
-        if with_plain:
-            rows[False].append(run_metrics(sim, 0.0, start_s=0.0))
-        rows[True].append(run_metrics(sim, overhead_s, start_s=0.0))
-    return {k: pd.DataFrame(v)[METRIC_NAMES] for k, v in rows.items() if v}
 
 
 def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
@@ -205,7 +132,7 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
     context token. ``ctx_per_token_s`` = the median of that over ``b >= 2``. The decode curve
     is then refitted (least squares on the per-batch median steps) after removing that cost at
     the traces' own mean context (``b`` x (~20 prompt + 24 mean generated) tokens), so the
-    context cost is not counted twice. ``prefill_per_token_s`` is kept.
+    context cost is not counted twice. ``prefill_per_token_s`` and ``ttft_overhead_s`` are kept.
     """
     from scipy.optimize import curve_fit
 
@@ -223,8 +150,75 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
     (base, scale, alpha), _ = curve_fit(curve, b, y, p0=[lm.base_s, lm.decode_scale_s, lm.decode_alpha],
                                         bounds=([1e-4, 0, 0.1], [0.1, 0.01, 4]))
-    return fastsim.LatencyModel(base_s=base, decode_scale_s=scale, decode_alpha=alpha,
-                                prefill_per_token_s=lm.prefill_per_token_s, ctx_per_token_s=c), c
+    return dataclasses.replace(lm, base_s=base, decode_scale_s=scale, decode_alpha=alpha,
+                               ctx_per_token_s=c), c
+
+
+def latency_models(with_sensitivity: bool) -> dict:
+    """Latency model of each variant."""
+    client = fastsim.LatencyModel.default()           # includes the fitted ttft_overhead_s
+    engine = dataclasses.replace(client, ttft_overhead_s=0.0)
+    out = {}
+    sens = context_sensitivity_model()[0] if with_sensitivity else None
+    for name, (_, overhead, ctx) in VARIANTS.items():
+        if ctx:
+            if sens is not None:
+                out[name] = sens
+        else:
+            out[name] = client if overhead else engine
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Cross-checks (one row, one replication): the per-run values are the benchmark's metrics
+
+def bench_metrics(sim: pd.DataFrame) -> dict:
+    """Metrics of one ``simulate_requests`` run, computed as ``vllm bench serve`` does
+    (``np.percentile``; TPOT over requests with output_len > 1; duration from the
+    start, t = 0, to the last completion as the client sees it). ``ttft_s`` and
+    ``e2e_s`` already include the model's ``ttft_overhead_s``."""
+    done = (sim["status"] == "completed").to_numpy()
+    ttft = sim["ttft_s"].to_numpy()[done]
+    e2e = sim["e2e_s"].to_numpy()[done]
+    out_len = sim["output_len"].to_numpy()[done]
+    multi = out_len > 1
+    tpot = (e2e[multi] - ttft[multi]) / (out_len[multi] - 1)
+    duration = float((sim["arrival_s"].to_numpy()[done] + e2e).max())
+    q = np.percentile(ttft, [50, 95, 99])
+    return {
+        "ttft_mean": ttft.mean(), "ttft_p50": q[0], "ttft_p95": q[1], "ttft_p99": q[2],
+        "request_throughput": done.sum() / duration,
+        "tpot_mean": tpot.mean(), "tpot_p99": np.percentile(tpot, 99),
+        "output_throughput": out_len.sum() / duration,
+    }
+
+
+def cross_check(sc: fastsim.Scenario, res: fastsim.ReplicateResult, seed: int) -> float:
+    """Max relative difference between ``simulate_requests`` on ``sample_requests``' stream of
+    replication 0 (metrics by :func:`bench_metrics`) and ``replicate``'s replication 0."""
+    req = fastsim.sample_requests(sc, seed=seed, replication=0)
+    a = req["arrival_s"].to_numpy()
+    n, rate = NUM_REQUESTS, sc.workload.arrival_rate
+    if sc.workload.normalize_arrivals:   # vllm bench serve: first send after one gap, last at exactly n / rate
+        assert a[0] > 0 and abs(a[-1] / (n / rate) - 1) < 1e-12, (a[0], a[-1])
+    else:                                # Poisson: first arrival at t = 0
+        assert a[0] == 0.0, a[0]
+    mine = bench_metrics(fastsim.simulate_requests(sc, req))
+    ref = res.per_replication.iloc[0]
+    return max(abs(mine[m] / ref[m] - 1.0) for m in METRIC_NAMES)
+
+
+def shared_streams(sweep: pd.DataFrame, lm: fastsim.LatencyModel, seed: int) -> str:
+    """Check that rows at one rate simulate the same arrival stream (replication 1)."""
+    rate, g = next(((r, g) for r, g in sweep.groupby("arrival_rate") if len(g) > 1), (None, None))
+    if g is None:
+        return "shared arrival streams: not checked (one row per rate)"
+    streams = [fastsim.sample_requests(scenario_for(r, lm, True), seed=seed, replication=1)["arrival_s"]
+               for _, r in g.iterrows()]
+    same = all(np.array_equal(streams[0], s) for s in streams[1:])
+    if not same:
+        raise RuntimeError(f"rows at rate {rate} do not share their arrival stream")
+    return f"shared arrival streams: the {len(g)} rows at {rate:g} req/s simulate identical arrivals"
 
 
 # ------------------------------------------------------------------------------------------
@@ -290,35 +284,47 @@ def print_summary(summary: pd.DataFrame) -> None:
     for var, r in summary.iterrows():
         print(f"{var:<18}" + "".join(f"{r[f'{m}_median_abs_rel_error']:>24.2%}" for m in REL_ERROR_TARGETS)
               + "".join(f"{r[f'{m}_coverage']:>24.0%}" for m in COVERAGE_METRICS))
+    others = [m for m in METRIC_NAMES if m not in REL_ERROR_TARGETS]
+    print("other metrics, median |rel. error|:")
+    for var, r in summary.iterrows():
+        print(f"{var:<18}" + ", ".join(f"{m} {r[f'{m}_median_abs_rel_error']:.2%}" for m in others))
 
 
 def plot(table: pd.DataFrame, variant: str, path: Path, title: str) -> None:
+    """Relative error predicted / measured - 1 per metric vs arrival rate, one colour per gmu;
+    the error bar is the single-run 95 % band on the same scale (band / measured - 1)."""
     t = table[table.variant == variant]
     gmus = sorted(t.gpu_memory_utilization.unique())
+    rates = sorted(t.arrival_rate.unique())
     fig, axes = plt.subplots(2, 4, figsize=(18, 8.5))
-    for ax, (name, _, label, scale, unit) in zip(axes.flat, METRICS):
+    for ax, (name, _, label, _, _) in zip(axes.flat, METRICS):
         tm = t[t.metric == name]
+        ax.axhline(0.0, color="k", lw=0.8)
         for k, g in enumerate(gmus):
             d = tm[tm.gpu_memory_utilization == g].sort_values("arrival_rate")
-            x = d.arrival_rate.to_numpy() * (1 + 0.025 * (k - (len(gmus) - 1) / 2))
+            x = d.arrival_rate.to_numpy() * 2 ** (0.06 * (k - (len(gmus) - 1) / 2))   # dodge
+            err = d.rel_error.to_numpy()
+            lo = d.pred_lo.to_numpy() / d.measured.to_numpy() - 1
+            hi = d.pred_hi.to_numpy() / d.measured.to_numpy() - 1
             c = f"C{k}"
-            ax.fill_between(x, d.pred_lo * scale, d.pred_hi * scale, color=c, alpha=0.12, lw=0)
-            ax.plot(x, d.pred_mean * scale, "-", color=c, lw=1.2,
-                    label=f"predicted, gmu {g}" if k == 0 or name == "ttft_mean" else None)
+            ax.errorbar(x, err, yerr=[err - lo, hi - err], fmt="none", ecolor=c, elinewidth=2.5,
+                        alpha=0.45, capsize=0)
+            ax.plot(x, err, "-", color=c, lw=0.8, alpha=0.6)
             inside = d.inside_band.to_numpy()
-            ax.plot(x[inside], d.measured[inside] * scale, "o", color=c, ms=5,
-                    label=f"measured, gmu {g}" if name == "ttft_mean" else None)
-            ax.plot(x[~inside], d.measured[~inside] * scale, "x", color=c, ms=8, mew=2)
+            ax.plot(x[inside], err[inside], "o", color=c, ms=5, label=f"gmu {g:g}")
+            ax.plot(x[~inside], err[~inside], "x", color=c, ms=7, mew=2,
+                    label=None if inside.any() else f"gmu {g:g}")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(t.arrival_rate.unique()), [f"{v:g}" for v in sorted(t.arrival_rate.unique())])
+        ax.set_xticks(rates, [f"{v:g}" for v in rates])
+        ax.minorticks_off()
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.grid(alpha=0.3)
         ax.set_xlabel("arrival rate (req/s)")
-        ax.set_ylabel(f"{label} ({unit})")
+        ax.set_ylabel("predicted / measured - 1")
         ax.set_title(label)
-        if name in ("request_throughput", "output_throughput"):
-            ax.set_yscale("log")
-    axes.flat[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(title + "\nlines: predicted mean; shaded: single-run 95 % band; o measured inside, "
-                 "x outside", fontsize=10)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(title + "\npoint: predicted mean / measured - 1 (o: measured inside the single-run 95 % band, "
+                 "x: outside); bar: the band on the same scale (band / measured - 1)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -326,7 +332,7 @@ def plot(table: pd.DataFrame, variant: str, path: Path, title: str) -> None:
 
 def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm, overhead_s) -> list[str]:
     """Mechanism evidence (nothing here is fitted to the sweep). Returns printable lines."""
-    head = variant_name(*HEADLINE)
+    head = HEADLINE
     lines = []
     lengths = fastsim.sharegpt_lengths("replay")
     last_out = int(lengths.output_len[NUM_REQUESTS - 1])
@@ -343,8 +349,9 @@ def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm
         ptail = NUM_REQUESTS / pv.pred_mean - NUM_REQUESTS / rate
         lines.append(f"rate {rate:4.1f}: measured throughput range over the {len(g)} gmu rows "
                      f"{(thr.max() - thr.min()) / thr.mean():.3%}; measured tail {tail.min():.2f}-{tail.max():.2f} s, "
-                     f"predicted ({head}) {ptail.mean():.2f} s; Poisson single-run band width "
-                     f"{((pb.pred_hi - pb.pred_lo) / pb.pred_mean).mean():.1%}")
+                     f"predicted ({head}) {ptail.mean():.2f} s; single-run band width: Poisson "
+                     f"{((pb.pred_hi - pb.pred_lo) / pb.pred_mean).mean():.1%}, {head} "
+                     f"{((pv.pred_hi - pv.pred_lo) / pv.pred_mean).mean():.2%}")
 
     lines.append("-- server-side run-to-run noise: rows at one rate share the arrival sequence and the "
                  "requests, no run preempted and KV is never binding (max predicted KV use below), so the "
@@ -378,7 +385,10 @@ def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm
     tt = table[table.metric == "tpot_mean"]
     for rate, g in tt[tt.variant == head].groupby("arrival_rate"):
         mr = diag[diag.arrival_rate == rate].mean_running.mean()
-        lines.append(f"rate {rate:4.1f}: mean running {mr:5.2f}; mean TPOT rel. error {g.rel_error.mean():+.2%}")
+        sens = tt[(tt.variant == SENSITIVITY) & (tt.arrival_rate == rate)]
+        extra = f"; {SENSITIVITY} {sens.rel_error.mean():+.2%}" if len(sens) else ""
+        lines.append(f"rate {rate:4.1f}: mean running {mr:5.2f}; mean TPOT rel. error {g.rel_error.mean():+.2%}"
+                     + extra)
 
     lines.append("-- TTFT at the lowest rate (server mostly idle): measured minus simulated-without-overhead, "
                  f"per statistic (a pure client constant would give the same number each time; the fitted "
@@ -392,7 +402,7 @@ def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm
         lines.append(f"{m:<9}: {(g.measured - g.pred_mean).mean() * 1e3:6.1f} ms "
                      f"(prompt-length statistic of the 300 requests: {qp[m]:.0f} tokens; predicted prefill "
                      f"cost {lm.prefill_per_token_s * qp[m] * 1e3:.1f} ms)")
-    lines.append("-- batch sizes and KV reached (Poisson replications)")
+    lines.append(f"-- batch sizes and KV reached ({head} replications)")
     for r in diag.itertuples():
         lines.append(f"rate {r.arrival_rate:4.1f} gmu {r.gpu_memory_utilization:.1f}: mean running requests "
                      f"{r.mean_running:5.2f}, max KV utilisation {r.max_kv_utilization:6.1%}, "
@@ -423,48 +433,48 @@ def main(argv=None) -> int:
     sweep = pd.read_csv(SWEEP)
     if args.quick:
         sweep = sweep[(sweep.gpu_memory_utilization == 0.3) & sweep.arrival_rate.isin([0.5, 2.0, 5.0, 8.0])]
-    overhead_s = float(PRESETS[PRESET]["ttft_overhead_s"])
     lm = fastsim.LatencyModel.default()
-    print(f"{len(sweep)} sweep rows x {n_rep} replications, seed {args.seed}; LatencyModel.default() = {lm}; "
-          f"fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms")
-    sens_lm = None
-    if not args.no_sensitivity:
-        sens_lm, c = context_sensitivity_model()
-        print(f"sensitivity variant {SENSITIVITY!r}: {sens_lm} (ctx cost {c * 1e6:.3f} us/token from the "
-              "traces' within-run drift; decode curve refitted without it)")
-
-    # Common random numbers for the vllm arrival model: replication r uses the same unit-rate
-    # exponential gaps at every row (vllm bench serve's seeded generator likewise gives every
-    # row at one rate the same arrival sequence).
-    rng = np.random.default_rng(np.random.SeedSequence([args.seed, 384]))
-    unit_cums = np.cumsum(rng.exponential(size=(n_rep, NUM_REQUESTS)), axis=1)
+    overhead_s = lm.ttft_overhead_s
+    if overhead_s != PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
+        raise RuntimeError("LatencyModel.default() does not carry the preset's fitted ttft_overhead_s")
+    models = latency_models(not args.no_sensitivity)
+    print(f"{len(sweep)} sweep rows x {len(models)} variants x {n_rep} replications, seed {args.seed}; "
+          f"LatencyModel.default() = {lm} (fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms)")
+    if SENSITIVITY in models:
+        s = models[SENSITIVITY]
+        print(f"sensitivity variant {SENSITIVITY!r}: {s} (ctx cost {s.ctx_per_token_s * 1e6:.3f} us/token from "
+              "the traces' within-run drift; decode curve refitted without it)")
 
     preds, diags = {}, []
-    max_def_diff = 0.0
-    for i, row in sweep.iterrows():
-        sc = scenario_for(row)
-        p_out, p_diag, res = predict_poisson(sc, n_rep, args.seed, overhead_s)
-        max_def_diff = max(max_def_diff, check_metric_definitions(sc, res, args.seed))
-        v_out = predict_vllm(sc, unit_cums, overhead_s)
-        for tag in (False, True):
-            preds[(i, variant_name("poisson", tag))] = p_out[tag]
-            preds[(i, variant_name("vllm", tag))] = v_out[tag]
-        if sens_lm is not None:
-            preds[(i, SENSITIVITY)] = predict_vllm(sc.replace(latency=sens_lm), unit_cums, overhead_s,
-                                                   with_plain=False)[True]
-        diags.append({"row": i, "arrival_rate": row.arrival_rate,
-                      "gpu_memory_utilization": row.gpu_memory_utilization, **p_diag})
-    sim_s = time.perf_counter() - t0
-    print(f"metric definitions: run_metrics vs replicate() per-replication values agree to "
-          f"{max_def_diff:.1e} (relative)")
-    if max_def_diff > 1e-9:
-        raise RuntimeError("the experiment's metric computation disagrees with fastsim.replicate")
+    max_check = {}
+    sim_s = 0.0
+    for n_row, (i, row) in enumerate(sweep.iterrows()):
+        for var, latency in models.items():
+            sc = scenario_for(row, latency, normalize_arrivals=VARIANTS[var][0])
+            res = fastsim.replicate(sc, n_rep, seed=args.seed, n_threads=1, progress=False)
+            sim_s += res.elapsed_s
+            preds[(i, var)] = res.per_replication[METRIC_NAMES]
+            if n_row == 0:
+                max_check[var] = cross_check(sc, res, args.seed)
+            if var == HEADLINE:
+                per = res.per_replication
+                diags.append({"row": i, "arrival_rate": row.arrival_rate,
+                              "gpu_memory_utilization": row.gpu_memory_utilization,
+                              "mean_running": float((per["batch_occupancy_mean"] * sc.engine.max_num_seqs).mean()),
+                              "max_kv_utilization": float((per["max_blocks_used"] / sc.engine.num_gpu_blocks).max()),
+                              "preemptions": int(per["n_preemptions"].sum())})
+    worst = max(max_check.values())
+    print(f"cross-check (row {sweep.index[0]}, replication 0, every variant): simulate_requests on "
+          f"sample_requests' stream, metrics computed as vllm bench serve does, agree with replicate()'s "
+          f"per-replication values to {worst:.1e} (relative)")
+    if worst > 1e-9:
+        raise RuntimeError(f"simulate_requests and replicate() disagree: {max_check}")
+    print(shared_streams(sweep, lm, args.seed))
 
     table = compare(sweep, preds)
     summary = summarise(table)
     diag = pd.DataFrame(diags)
-    head = variant_name(*HEADLINE)
-    print_table(table, head)
+    print_table(table, HEADLINE)
     print_summary(summary)
     print("\n=== diagnostics (evidence; nothing fitted to the sweep) ===")
     print("\n".join(diagnostics(sweep, table, diag, lm, overhead_s)))
@@ -472,10 +482,11 @@ def main(argv=None) -> int:
     table.to_csv(out_dir / f"vllm_a10g_validation{suffix}.csv", index=False)
     summary.to_csv(out_dir / f"vllm_a10g_validation{suffix}_summary.csv")
     diag.to_csv(out_dir / f"vllm_a10g_validation{suffix}_diagnostics.csv", index=False)
-    plot(table, head, out_dir / f"vllm_a10g_validation{suffix}.png",
-         f"fastsim vs vLLM 0.22 (A10G, Qwen2.5-1.5B): variant {head}, {n_rep} replications per row")
+    plot(table, HEADLINE, out_dir / f"vllm_a10g_validation{suffix}.png",
+         f"fastsim vs vLLM 0.22 (A10G, Qwen2.5-1.5B): relative error of the predicted mean, variant {HEADLINE}, "
+         f"{n_rep} replications per row")
     print(f"\nwrote {out_dir}/vllm_a10g_validation{suffix}[.csv, _summary.csv, _diagnostics.csv, .png]; "
-          f"simulation {sim_s:.1f} s, total {time.perf_counter() - t0:.1f} s")
+          f"replicate() {sim_s:.1f} s, total {time.perf_counter() - t0:.1f} s")
     return 0
 
 

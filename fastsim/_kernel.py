@@ -391,6 +391,38 @@ def _ceil_div(a, b):
 
 
 @njit
+def _arrival_status(p, o, ipar, in_system, reserved):
+    """What ingestion does with an arrival (``docs/engine-model.md``, in order):
+    reject it as never fitting, reject it by admission control, or queue it."""
+    bs = ipar[I_BLOCK_SIZE]
+    mml = ipar[I_MAX_MODEL_LEN]
+    if ((mml > 0 and p + o > mml)
+            or _ceil_div(p + o - 1, bs) > ipar[I_NUM_GPU_BLOCKS]
+            or (ipar[I_CHUNKED] == 0 and p + o - 1 > ipar[I_MAX_BATCHED_TOKENS])):
+        return ST_REJECTED_TOO_LONG
+    admission = ipar[I_ADMISSION]
+    if admission == 1 and in_system >= ipar[I_MAX_NUM_SEQS] + ipar[I_MAX_WAITING]:
+        return ST_REJECTED_ADMISSION
+    if admission == 2 and reserved + p + o > ipar[I_NUM_GPU_BLOCKS] * bs:
+        return ST_REJECTED_ADMISSION
+    return ST_WAITING
+
+
+@njit(inline="always")
+def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, mns, nblk):
+    """Run-level bookkeeping of one step [t, t_end) of duration d."""
+    if used > acc[A_MAX_BLOCKS]:
+        acc[A_MAX_BLOCKS] = used
+    acc[A_STEPS] += 1.0
+    acc[A_L_INT] += (n_run + n_wait) * d
+    overlap = t_end - max(t, ws)
+    if overlap > 0.0:
+        acc[A_OCC_INT] += overlap * n_run / mns
+        acc[A_QUEUE_INT] += overlap * n_wait
+        acc[A_KV_INT] += overlap * used / nblk
+
+
+@njit
 def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
               status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc):
     """Run one replication of the engine model over requests ``0..n-1``.
@@ -408,14 +440,11 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     policy = ipar[I_POLICY]
     static = ipar[I_STATIC] == 1
     admission = ipar[I_ADMISSION]
-    max_waiting = ipar[I_MAX_WAITING]
-    max_model_len = ipar[I_MAX_MODEL_LEN]
     warmup = ipar[I_WARMUP]
     has_delay = ipar[I_HAS_DELAY] == 1
     has_h = ipar[I_HAS_HORIZON] == 1
     max_delay = fpar[F_MAX_DELAY]
     horizon = fpar[F_HORIZON]
-    kv_tokens = nblk * bs
     base, dscale, dalpha, c_prefill, c_ctx = lat[0], lat[1], lat[2], lat[3], lat[4]
 
     # Queue keys: priority class or true output length; unused for fcfs.
@@ -464,20 +493,10 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         while nxt < n and arrival[nxt] <= t:
             i = nxt
             nxt += 1
-            p = prompt[i]
-            o = output[i]
-            if ((max_model_len > 0 and p + o > max_model_len)
-                    or _ceil_div(p + o - 1, bs) > nblk
-                    or (not chunked and p + o - 1 > mbt)):
-                status[i] = ST_REJECTED_TOO_LONG
-            elif admission == 1 and n_run + n_wait >= mns + max_waiting:
-                status[i] = ST_REJECTED_ADMISSION
-            elif admission == 2 and reserved + p + o > kv_tokens:
-                status[i] = ST_REJECTED_ADMISSION
-            else:
+            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait, reserved)
+            if status[i] == ST_WAITING:
                 if admission == 2:
-                    reserved += p + o
-                status[i] = ST_WAITING
+                    reserved += prompt[i] + output[i]
                 n_wait += 1
                 _q_push(q, qs, key, policy, i, False)
         # -- abandonment, observed at step start
@@ -534,16 +553,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                     if t_end >= next_a or (has_h and t_end >= horizon):
                         break
                     new_total += new_blk
-                    used = used0 + new_total
-                    if used > acc[A_MAX_BLOCKS]:
-                        acc[A_MAX_BLOCKS] = used
-                    acc[A_STEPS] += 1.0
-                    acc[A_L_INT] += (n_run + n_wait) * d
-                    overlap = t_end - max(t, ws)
-                    if overlap > 0.0:
-                        acc[A_OCC_INT] += overlap * n_run / mns
-                        acc[A_QUEUE_INT] += overlap * n_wait
-                        acc[A_KV_INT] += overlap * used / nblk
+                    _account_step(acc, t, t_end, d, n_run, n_wait, used0 + new_total, ws, mns, nblk)
                     gap = t_end - t
                     for jj in range(n_run):
                         if run[jj] >= warmup:
@@ -681,35 +691,16 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         d += c_prefill * n_pf
         d += c_ctx * n_ctx
         t_end = t + d
-        used = nblk - free
-        if used > acc[A_MAX_BLOCKS]:
-            acc[A_MAX_BLOCKS] = used
-        acc[A_STEPS] += 1.0
-        acc[A_L_INT] += (n_run + n_wait) * d
-        overlap = t_end - max(t, ws)
-        if overlap > 0.0:
-            acc[A_OCC_INT] += overlap * n_run / mns
-            acc[A_QUEUE_INT] += overlap * n_wait
-            acc[A_KV_INT] += overlap * used / nblk
+        _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, mns, nblk)
 
         # -- arrivals during the step see it before its completions
         while nxt < n and arrival[nxt] < t_end:
             i = nxt
             nxt += 1
-            p = prompt[i]
-            o = output[i]
-            if ((max_model_len > 0 and p + o > max_model_len)
-                    or _ceil_div(p + o - 1, bs) > nblk
-                    or (not chunked and p + o - 1 > mbt)):
-                status[i] = ST_REJECTED_TOO_LONG
-            elif admission == 1 and n_run + n_wait >= mns + max_waiting:
-                status[i] = ST_REJECTED_ADMISSION
-            elif admission == 2 and reserved + p + o > kv_tokens:
-                status[i] = ST_REJECTED_ADMISSION
-            else:
+            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait, reserved)
+            if status[i] == ST_WAITING:
                 if admission == 2:
-                    reserved += p + o
-                status[i] = ST_WAITING
+                    reserved += prompt[i] + output[i]
                 n_wait += 1
                 _q_push(q, qs, key, policy, i, False)
                 # in the system (waiting) since its arrival, not since t_end

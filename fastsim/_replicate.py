@@ -304,6 +304,17 @@ class ReplicateResult:
         hw = self.confidence_interval(metric).half_width
         return float(hw / abs(est)) if est != 0 else math.inf
 
+    def precision_achieved(self) -> pd.DataFrame:
+        """For a run with ``precision`` targets: target and reached relative
+        half-width of each named metric, and whether it was met."""
+        if not self.precision:
+            raise ValueError("precision_achieved() needs a result of replicate(..., precision={...})")
+        rows = {m: {"target": t, "reached": self.relative_half_width(m),
+                    "met": self.relative_half_width(m) <= t} for m, t in self.precision.items()}
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.index.name = "metric"
+        return frame
+
     def save(self, path) -> Path:
         """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix).
 
@@ -423,6 +434,13 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
             blocks.append(_run(scenario, packed, k0, k1, done, extra, backend, n_threads, batch_size, progress))
             done += extra
     data = np.concatenate(blocks)
+    if precision is not None:
+        need = _replications_needed(data, precision, done, confidence_level)
+        if need > done:
+            import warnings
+
+            warnings.warn(f"precision targets not reached with max_replications={max_replications}; "
+                          f"see ReplicateResult.precision_achieved()", RuntimeWarning, stacklevel=2)
     per_rep = pd.DataFrame(data, columns=list(K.COLUMNS))
     for c in K.COUNTS:
         if c.startswith("n_") or c in ("max_blocks_used", "blocks_used_at_end"):

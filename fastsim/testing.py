@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ._queueing import erlang_b, mg1_mean_wait  # noqa: F401  (exact references for checks)
 from ._validation import check_choice, check_float
 
 __all__ = ["compare_results", "assert_equivalent", "assert_matches_theory"]

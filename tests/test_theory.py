@@ -21,15 +21,9 @@ import pytest
 
 import fastsim
 from conftest import within
+from fastsim.testing import erlang_b, mg1_mean_wait
 
 STEP = 0.01
-
-
-def erlang_b(c, a):
-    b = 1.0
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    return b
 
 
 def mg1_scenario(rho, law, max_num_seqs=1, **engine):
@@ -48,7 +42,7 @@ def test_mg1_mean_ttft_matches_pollaczek_khinchine(rho, law):
     res = fastsim.replicate(sc, n_replications=400, seed=None)
     es, es2 = law.mean() * STEP, law.second_moment() * STEP**2
     lam = sc.workload.arrival_rate
-    truth = lam * es2 / (2 * (1 - rho)) + STEP
+    truth = mg1_mean_wait(lam, es, es2) + STEP
     row = res.summary().loc["ttft_mean"]
     within(row.estimate, truth, row.std_error)
     # TPOT of every request is exactly one step on a one-at-a-time server.
@@ -89,3 +83,17 @@ def test_littles_law_holds_on_every_run(tight_kv_result):
     in system equals the total sojourn of the accepted requests."""
     pr = tight_kv_result.per_replication
     np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9)
+
+
+def test_reference_formulas():
+    """The exact references themselves: Erlang-B against its closed form,
+    Pollaczek-Khinchine against M/M/1 (E[Wq] = rho / (mu - lambda))."""
+    import math
+
+    a, c = 2.5, 4
+    closed = (a**c / math.factorial(c)) / sum(a**k / math.factorial(k) for k in range(c + 1))
+    assert erlang_b(c, a) == pytest.approx(closed, rel=1e-12)
+    lam, mu = 3.0, 5.0
+    assert mg1_mean_wait(lam, 1 / mu, 2 / mu**2) == pytest.approx((lam / mu) / (mu - lam), rel=1e-12)
+    with pytest.raises(ValueError, match="must be < 1"):
+        mg1_mean_wait(6.0, 1 / mu, 2 / mu**2)
