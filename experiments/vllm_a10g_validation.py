@@ -309,11 +309,10 @@ def plot(table: pd.DataFrame, variant: str, path: Path, title: str) -> None:
             c = f"C{k}"
             ax.errorbar(x, err, yerr=[err - lo, hi - err], fmt="none", ecolor=c, elinewidth=2.5,
                         alpha=0.45, capsize=0)
-            ax.plot(x, err, "-", color=c, lw=0.8, alpha=0.6)
+            ax.plot(x, err, "-", color=c, lw=1.2, alpha=0.6, label=f"gmu {g:g}")
             inside = d.inside_band.to_numpy()
-            ax.plot(x[inside], err[inside], "o", color=c, ms=5, label=f"gmu {g:g}")
-            ax.plot(x[~inside], err[~inside], "x", color=c, ms=7, mew=2,
-                    label=None if inside.any() else f"gmu {g:g}")
+            ax.plot(x[inside], err[inside], "o", color=c, ms=5)
+            ax.plot(x[~inside], err[~inside], "x", color=c, ms=7, mew=2)
         ax.set_xscale("log", base=2)
         ax.set_xticks(rates, [f"{v:g}" for v in rates])
         ax.minorticks_off()
@@ -322,10 +321,14 @@ def plot(table: pd.DataFrame, variant: str, path: Path, title: str) -> None:
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_ylabel("predicted / measured - 1")
         ax.set_title(label)
-    axes.flat[0].legend(fontsize=8)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles += [plt.Line2D([], [], ls="", marker="o", color="k", ms=5),
+                plt.Line2D([], [], ls="", marker="x", color="k", ms=7, mew=2)]
+    labels += ["measured inside band", "measured outside band"]
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     fig.suptitle(title + "\npoint: predicted mean / measured - 1 (o: measured inside the single-run 95 % band, "
                  "x: outside); bar: the band on the same scale (band / measured - 1)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.035, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

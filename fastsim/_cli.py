@@ -108,8 +108,8 @@ def main(argv=None) -> int:
             print("compiling and running (the first run on a machine compiles the kernel)...",
                   file=sys.stderr)
         start = time.perf_counter()
-        result = replicate(scenario, progress=not args.no_progress and sys.stderr.isatty() or None,
-                           **kwargs)
+        progress = False if args.no_progress else (None if sys.stderr.isatty() else False)
+        result = replicate(scenario, progress=progress, **kwargs)
     except ValueError as exc:
         print(f"fastsim: error: {exc}", file=sys.stderr)
         return 2

@@ -116,7 +116,9 @@ class Workload:
         of variation is ``1 / burstiness``).
     arrival_times : array_like, optional
         Given arrival timestamps (seconds, non-decreasing, >= 0), the same in
-        every replication.
+        every replication. They are measured from the start of the run, which
+        is where the throughput window starts (without warm-up): shift a
+        trace that starts late.
     priorities, priority_probs : sequence
         Priority classes (integers; lower is served first by ``policy="priority"``)
         and their probabilities.
@@ -125,7 +127,10 @@ class Workload:
         statistics.
     horizon_s : float, optional
         Stop each run at this time; requests still in the system are
-        counted as unfinished. Arrivals after it do not happen.
+        counted as unfinished. Arrivals after it do not happen, and at most
+        ``num_requests`` arrive (``replicate`` warns if that cap binds before
+        the horizon). Throughputs and time averages then use the window up
+        to ``horizon_s``.
     normalize_arrivals : bool
         Generate arrival times as ``vllm bench serve`` does: draw
         ``num_requests`` gaps, sum them and rescale so that the last request
@@ -292,6 +297,8 @@ def _length_from_config(name, spec, base_dir):
         return Mixture(comps, spec.pop("weights", None), **spec)
     if kind == "empirical" and "path" in spec:
         path = Path(spec.pop("path"))
+        if "column" not in spec:
+            raise ValueError(f"{name}: an empirical length read from a file needs column = \"...\"")
         return Empirical.from_csv(path if path.is_absolute() or base_dir is None else base_dir / path,
                                   spec.pop("column"))
     if kind not in _LENGTH_LAWS:
@@ -336,7 +343,12 @@ def _scenario_from_dict(config, base_dir=None):
         latency = LatencyModel.constant(lat.pop("step_s"))
         if lat:
             raise ValueError(f"[latency]: step_s cannot be combined with {sorted(lat)}")
-    elif lat.pop("preset", "default") == "default" and not lat:
+    elif "preset" in lat:
+        name = lat.pop("preset")
+        if lat:
+            raise ValueError(f"[latency]: preset cannot be combined with {sorted(lat)}")
+        latency = LatencyModel.default() if name == "default" else LatencyModel.preset(name)
+    elif not lat:
         latency = LatencyModel.default()
     else:
         try:

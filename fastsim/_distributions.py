@@ -9,6 +9,7 @@ same way by every backend.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,23 +229,46 @@ def _read_csv_columns(path, columns):
 
 
 def _component_moment(kind, p0, p1, values, cdf, order):
+    """E[L^order] (order 1 or 2) of one component, exactly or to ~1e-12."""
     if kind == KIND_FIXED:
         return p0 ** order
     if kind == KIND_UNIFORM:
-        k = np.arange(int(p0), int(p1) + 1, dtype=float)
-        return float(np.mean(k ** order))
+        lo, hi = int(p0), int(p1)
+        n = hi - lo + 1
+        if order == 1:
+            return (lo + hi) / 2.0
+        # sum of k^2 over [lo, hi] from the closed form of sum_{k<=m} k^2
+        sq = (hi * (hi + 1) * (2 * hi + 1) - (lo - 1) * lo * (2 * lo - 1)) / 6.0
+        return sq / n
     if kind == KIND_EMPIRICAL:
         probs = np.diff(np.concatenate([[0.0], cdf]))
         return float(np.sum(probs * values ** order))
-    # LogNormal with ceiling: sum over the integer support, truncated where the
-    # remaining tail mass is below 1e-15.
-    from scipy import stats
+    return _ceil_lognormal_moment(p0, p1, order)
 
-    dist = stats.lognorm(s=max(p1, 1e-300), scale=p0)
-    hi = int(np.ceil(dist.ppf(1 - 1e-15))) + 1
+
+def _ceil_lognormal_moment(median, sigma, order, terms=200_000):
+    """E[ceil(X)^order] for X = median * exp(sigma Z).
+
+    Summed exactly over the integer support up to ``K`` (at most ``terms``
+    values), plus the tail beyond K from the lognormal partial moments with
+    ceil(X) ~ X + 1/2 there (relative error below ~1/K of the tail).
+    """
+    from scipy import special, stats
+
+    if sigma == 0:
+        return float(math.ceil(median)) ** order
+    dist = stats.lognorm(s=sigma, scale=median)
+    hi = int(min(np.ceil(dist.ppf(1 - 1e-15)), terms))
     k = np.arange(1, hi + 1, dtype=float)
-    probs = dist.cdf(k) - dist.cdf(k - 1)
-    return float(np.sum(probs * k ** order))
+    probs = np.diff(dist.cdf(np.concatenate([[0.0], k])))
+    head = float(np.sum(probs * k ** order))
+    mu = math.log(median)
+
+    def partial(j):  # E[X^j; X > hi]
+        return math.exp(j * mu + 0.5 * (j * sigma) ** 2) * special.ndtr((mu + j * sigma**2 - math.log(hi)) / sigma)
+
+    tail = partial(1) + 0.5 * partial(0) if order == 1 else partial(2) + partial(1) + 0.25 * partial(0)
+    return head + tail
 
 
 # ----------------------------------------------------------------------------

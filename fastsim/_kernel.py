@@ -217,7 +217,8 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab):
         return np.int64(lpar[j, 0])
     if kind == 1:  # lognormal, ceil(median * exp(sigma * Z))
         x = lpar[j, 0] * math.exp(lpar[j, 1] * _normal(state, s_val))
-        return np.int64(math.ceil(min(x, _MAX_LEN_FLOAT)))
+        # X > 0, so ceil(X) >= 1; max() only guards against exp() underflowing.
+        return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
     if kind == 2:  # integer uniform on [low, high]
         low = np.int64(lpar[j, 0])
         width = np.int64(lpar[j, 1]) - low + 1
@@ -264,7 +265,9 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
             arrival[i] = t
             n += 1
         if normalize:
-            factor = (n_cap / rate) / arrival[n_cap - 1]
+            # As vLLM, rescale only when the last delay is positive (very
+            # bursty gamma gaps can all underflow to 0: everything at t = 0).
+            factor = (n_cap / rate) / arrival[n_cap - 1] if arrival[n_cap - 1] > 0.0 else 1.0
             n = 0
             for i in range(n_cap):
                 arrival[i] = arrival[i] * factor
@@ -409,13 +412,14 @@ def _arrival_status(p, o, ipar, in_system, reserved):
 
 
 @njit(inline="always")
-def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, mns, nblk):
-    """Run-level bookkeeping of one step [t, t_end) of duration d."""
+def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
+    """Run-level bookkeeping of one step [t, t_end) of duration d; time
+    averages count its overlap with the window [ws, we]."""
     if used > acc[A_MAX_BLOCKS]:
         acc[A_MAX_BLOCKS] = used
     acc[A_STEPS] += 1.0
     acc[A_L_INT] += (n_run + n_wait) * d
-    overlap = t_end - max(t, ws)
+    overlap = min(t_end, we) - max(t, ws)
     if overlap > 0.0:
         acc[A_OCC_INT] += overlap * n_run / mns
         acc[A_QUEUE_INT] += overlap * n_wait
@@ -461,7 +465,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         key[i] = prio[i] if policy == 1 else output[i]
     q = np.empty(2 * n + 2, np.int64)
     qs = np.zeros(2, np.int64)          # (size incl. stale entries, ring head)
-    run = np.empty(mns, np.int64)       # running requests in admission order
+    run = np.empty(max(1, min(mns, n)), np.int64)   # running requests in admission order
     sched = np.zeros(n, np.int64)       # tokens scheduled for each request this step
     ever = np.zeros(n, np.bool_)        # ever scheduled (abandonment applies otherwise)
     phase = np.zeros(bs, np.int64)      # event skipping: running requests by k mod block_size
@@ -471,6 +475,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     # Measurement window start: the run's start (time 0, when a benchmark
     # client starts its clock) without warm-up, else the first measured arrival.
     ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
+    we = horizon if has_h else np.inf   # window end (else the end of the run)
     acc[A_WINDOW_START] = ws
     n_run = 0
     n_wait = 0
@@ -553,7 +558,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                     if t_end >= next_a or (has_h and t_end >= horizon):
                         break
                     new_total += new_blk
-                    _account_step(acc, t, t_end, d, n_run, n_wait, used0 + new_total, ws, mns, nblk)
+                    _account_step(acc, t, t_end, d, n_run, n_wait, used0 + new_total, ws, we, mns, nblk)
                     gap = t_end - t
                     for jj in range(n_run):
                         if run[jj] >= warmup:
@@ -691,7 +696,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         d += c_prefill * n_pf
         d += c_ctx * n_ctx
         t_end = t + d
-        _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, mns, nblk)
+        _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
 
         # -- arrivals during the step see it before its completions
         while nxt < n and arrival[nxt] < t_end:
@@ -705,7 +710,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 _q_push(q, qs, key, policy, i, False)
                 # in the system (waiting) since its arrival, not since t_end
                 acc[A_L_INT] += t_end - arrival[i]
-                part = t_end - max(arrival[i], ws)
+                part = min(t_end, we) - max(arrival[i], ws)
                 if part > 0.0:
                     acc[A_QUEUE_INT] += part
 
@@ -875,9 +880,9 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
     e2e_s = np.sort(e2e[:n_done])
     row[C_E2E_MEAN + 1] = _percentile_sorted(e2e_s, n_done, 50.0)
     row[C_E2E_MEAN + 2] = _percentile_sorted(e2e_s, n_done, 99.0)
-    # The window closes at the last completion as the client sees it (a
-    # drained run), or at the horizon.
-    window_end = end + overhead if counts[4] == 0 else end
+    # The window closes at the horizon, or else at the end of the drained run
+    # (its last completion) as the client sees it.
+    window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else end + overhead
     window = window_end - acc[A_WINDOW_START] if nm > 0 else 0.0
     if window > 0.0:
         row[C_REQ_TPUT] = n_done / window
@@ -938,9 +943,12 @@ def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     last_t = np.empty(n)
     finish_t = np.empty(n)
     npre = np.empty(n, np.int64)
+    # Gaps come only from requests that can complete, whose output fits the KV
+    # cache: cap each term so one huge (rejected) draw cannot exhaust memory.
+    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
     n_tok = 0
     for i in range(ipar[I_WARMUP], n):
-        n_tok += output[i]
+        n_tok += min(output[i], kv_tokens)
     itl = np.empty(max(n_tok, 1))
     acc = np.empty(N_ACC)
     n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
@@ -988,9 +996,10 @@ def simulate_stream(arrival, prompt, output, prio, ipar, fpar, lat):
     last_t = np.empty(n)
     finish_t = np.empty(n)
     npre = np.empty(n, np.int64)
+    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
     n_tok = 0
     for i in range(n):
-        n_tok += output[i]
+        n_tok += min(output[i], kv_tokens)
     itl = np.empty(max(n_tok, 1))
     acc = np.empty(N_ACC)
     n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,

@@ -45,14 +45,16 @@ def reference_row(res: dict, arrival, output, scenario) -> dict:
     end = res["end_s"]
     nm = n - warm
     ws = 0.0 if warm == 0 else (arrival[warm] if nm > 0 else np.inf)
-    drained = not (status == UNFINISHED).any()
-    window = (end + c if drained else end) - ws if nm > 0 else 0.0
+    horizon = w.horizon_s
+    we = horizon if horizon is not None else np.inf
+    window = ((horizon if horizon is not None else end + c) - ws) if nm > 0 else 0.0
     log = res["step_log"]
     t0, t1 = log[:, 0], log[:, 1]
-    overlap = np.clip(t1 - np.maximum(t0, ws), 0.0, None)
+    overlap = np.clip(np.minimum(t1, we) - np.maximum(t0, ws), 0.0, None)
     accepted = np.isin(status, (COMPLETED, DROPPED, UNFINISHED))
     late = accepted & (res["ingested_s"] > arrival)
-    queue_extra = np.clip(res["ingested_s"][late] - np.maximum(arrival[late], ws), 0.0, None).sum()
+    queue_extra = np.clip(np.minimum(res["ingested_s"][late], we) - np.maximum(arrival[late], ws),
+                          0.0, None).sum()
     row = {
         "ttft_mean": stat(ttft, np.mean), "ttft_p50": stat(ttft, lambda x: np.percentile(x, 50)),
         "ttft_p90": stat(ttft, lambda x: np.percentile(x, 90)),

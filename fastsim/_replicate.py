@@ -41,7 +41,8 @@ METRIC_DESCRIPTIONS = {
     "e2e_mean": "end-to-end latency (s): arrival to completion",
     "e2e_p50": "per-run median E2E latency (s)",
     "e2e_p99": "per-run 99th percentile E2E latency (s)",
-    "request_throughput": "completed requests / s over the window (first measured arrival to last completion)",
+    "request_throughput": "completed requests / s over the window (run start, or first measured arrival "
+                          "with warm-up, to the last completion or the horizon)",
     "output_throughput": "output tokens of completed requests / s over the window",
     "goodput": "completed requests meeting the scenario's SLOs / s over the window",
     "blocking_probability": "fraction of arrivals rejected (admission control or too long)",
@@ -123,7 +124,9 @@ def pack_scenario(scenario: Scenario) -> dict:
 
 
 def _seed_keys(seed):
-    """Two 64-bit keys and the entropy that reproduces them."""
+    """Two 64-bit keys, and a seed value that reproduces them when passed back
+    (the plain entropy for a root SeedSequence, else the SeedSequence itself,
+    whose spawn_key also shapes the keys)."""
     if isinstance(seed, np.random.SeedSequence):
         ss = seed
     elif isinstance(seed, np.random.Generator):
@@ -133,7 +136,8 @@ def _seed_keys(seed):
     else:
         raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
     k0, k1 = ss.generate_state(2, dtype=np.uint64)
-    return np.uint64(k0), np.uint64(k1), ss.entropy
+    plain = not ss.spawn_key and isinstance(ss.entropy, (int, np.integer))
+    return np.uint64(k0), np.uint64(k1), int(ss.entropy) if plain else ss
 
 
 @contextmanager
@@ -198,8 +202,12 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
     p = check_int_array("requests['prompt_len']", requests["prompt_len"])
     o = check_int_array("requests['output_len']", requests["output_len"])
-    c = (np.zeros(a.size, np.int64) if "priority" not in requests
-         else np.asarray(requests["priority"], dtype=np.int64))
+    c = np.zeros(a.size, np.int64)
+    if "priority" in requests:
+        pri = np.asarray(requests["priority"])
+        if pri.dtype.kind not in "iu":
+            raise ValueError(f"requests['priority'] must hold integers, got dtype {pri.dtype}")
+        c = pri.astype(np.int64)
     h = scenario.workload.horizon_s
     if h is not None:
         keep = a < h
@@ -251,19 +259,21 @@ class ReplicateResult:
         ``end_s`` and the Little's-law pair ``time_in_system_integral`` /
         ``sojourn_sum``.
     confidence_level : float
-    seed_entropy : int
-        Pass it as ``seed`` to reproduce this result exactly.
+    seed : int or numpy.random.SeedSequence
+        Pass it as ``seed`` to reproduce this result exactly (it is the
+        drawn entropy when ``seed=None`` was given).
     backend : str
     precision : dict or None
         The requested relative half-widths, if any.
     elapsed_s : float
-        Wall time of the simulation (excluding compilation on first use).
+        Wall time of the simulation (including compilation, or loading
+        compiled kernels from Numba's cache, on the first call in a process).
     """
 
     scenario: Scenario
     per_replication: pd.DataFrame
     confidence_level: float
-    seed_entropy: int
+    seed: object
     backend: str
     precision: dict | None = None
     elapsed_s: float = 0.0
@@ -355,7 +365,8 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         for m, v in precision.items():
             check_choice("precision metric", m, K.METRICS)
             check_float(f"precision[{m!r}]", v, low=0, low_open=True)
-    max_replications = check_int("max_replications", max_replications, low=n_replications)
+    if precision is not None:
+        max_replications = check_int("max_replications", max_replications, low=n_replications)
     n_threads = check_int("n_threads", n_threads, low=1, optional=True)
     if n_threads is not None:
         import numba
@@ -441,13 +452,22 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
 
             warnings.warn(f"precision targets not reached with max_replications={max_replications}; "
                           f"see ReplicateResult.precision_achieved()", RuntimeWarning, stacklevel=2)
+    w = scenario.workload
+    if w.horizon_s is not None and w.arrival_times is None:
+        exhausted = int((data[:, K.C_N_ARRIVED] >= w.num_requests).sum())
+        if exhausted:
+            import warnings
+
+            warnings.warn(f"in {exhausted} replications all num_requests={w.num_requests} arrivals came "
+                          f"before horizon_s={w.horizon_s}: arrivals stopped early; raise num_requests "
+                          f"above about arrival_rate * horizon_s", RuntimeWarning, stacklevel=2)
     per_rep = pd.DataFrame(data, columns=list(K.COLUMNS))
     for c in K.COUNTS:
         if c.startswith("n_") or c in ("max_blocks_used", "blocks_used_at_end"):
             per_rep[c] = per_rep[c].astype(np.int64)
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
-                           seed_entropy=entropy, backend=backend, precision=precision,
+                           seed=entropy, backend=backend, precision=precision,
                            elapsed_s=time.perf_counter() - start)
 
 
@@ -456,7 +476,12 @@ def _replications_needed(data, precision, done, confidence_level):
     need = done
     for metric, target in precision.items():
         x = data[:, K.COLUMNS.index(metric)]
-        est, low, high, _, n = mean_interval(x, confidence_level)
+        est, low, high, se, n = mean_interval(x, confidence_level)
+        if n == 0:
+            raise ValueError(f"precision metric {metric!r} is undefined (NaN) in every replication "
+                             f"of this scenario, so no precision can be reached")
+        if n >= 2 and se == 0:
+            continue  # the same value in every replication: nothing to estimate
         if n < 2 or not np.isfinite(low):
             return max(need, 2 * done)
         rel = (high - low) / 2.0 / abs(est) if est != 0 else math.inf

@@ -36,8 +36,17 @@ def test_different_seeds_differ_and_entropy_reproduces():
     b = fastsim.replicate(SCENARIO, 10, seed=2)
     assert not np.allclose(a.per_replication["ttft_mean"], b.per_replication["ttft_mean"])
     fresh = fastsim.replicate(SCENARIO, 10)
-    again = fastsim.replicate(SCENARIO, 10, seed=fresh.seed_entropy)
+    again = fastsim.replicate(SCENARIO, 10, seed=fresh.seed)
     pd.testing.assert_frame_equal(fresh.per_replication, again.per_replication)
+    # Spawned child sequences (the usual parallel-seeding pattern) differ from
+    # each other and from their parent, and each reproduces itself.
+    children = np.random.SeedSequence(0).spawn(2)
+    runs = [fastsim.replicate(SCENARIO, 5, seed=ch) for ch in children]
+    parent = fastsim.replicate(SCENARIO, 5, seed=0)
+    assert not runs[0].per_replication.equals(runs[1].per_replication)
+    assert not runs[0].per_replication.equals(parent.per_replication)
+    pd.testing.assert_frame_equal(runs[1].per_replication,
+                                  fastsim.replicate(SCENARIO, 5, seed=runs[1].seed).per_replication)
 
 
 def test_identical_under_numba_num_threads_env(tmp_path):

@@ -39,7 +39,7 @@ def check_equivalent(a, b, **kw):
     try:
         return assert_equivalent(a, b, **kw)
     except AssertionError as err:
-        raise AssertionError(f"seeds {a.seed_entropy} ({a.backend}) vs {b.seed_entropy} ({b.backend}):\n{err}")
+        raise AssertionError(f"seeds {a.seed} ({a.backend}) vs {b.seed} ({b.backend}):\n{err}")
 
 
 # ------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ def test_littles_law_on_every_run_of_the_grid(name):
         pr = res.per_replication
         assert (pr["sojourn_sum"] > 0).all()
         np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9,
-                                   err_msg=f"{name} ({res.backend}, seed {res.seed_entropy})")
+                                   err_msg=f"{name} ({res.backend}, seed {res.seed})")
         counts = pr[["n_completed", "n_rejected", "n_dropped", "n_unfinished"]].sum(axis=1)
         assert (counts == pr["n_arrived"]).all()
 

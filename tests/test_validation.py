@@ -89,7 +89,8 @@ def test_scenario_errors():
     ({"seed": -3}, r"seed must be None, an integer >= 0"),
     ({"precision": {"ttft_p999": 0.01}}, r"precision metric must be one of"),
     ({"precision": {"ttft_p99": 0}}, r"precision\['ttft_p99'\] must be a finite number > 0, got 0"),
-    ({"n_replications": 100, "max_replications": 10}, r"max_replications must be an integer >= 100"),
+    ({"n_replications": 100, "max_replications": 10, "precision": {"ttft_mean": 0.1}},
+     r"max_replications must be an integer >= 100"),
     ({"n_threads": 0}, r"n_threads must be an integer >= 1 or None, got 0"),
 ])
 def test_replicate_errors(kwargs, match):

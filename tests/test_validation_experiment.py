@@ -2,13 +2,18 @@
 
 Runs it as a subprocess and checks its qualitative claims on its own outputs:
 every row, metric and variant is present, bands contain the predicted means,
-the client-side TTFT overhead shifts TTFT by exactly the preset's constant and
-leaves TPOT alone, predicted TPOT grows with the arrival rate as measured TPOT
-does, and vllm bench serve's rescaled arrivals give a far narrower throughput
-band than Poisson arrivals. No numbers from one seed are pinned.
+the replicate() per-run values agree with simulate_requests on the same stream,
+the client-side TTFT overhead (LatencyModel.default()'s ttft_overhead_s) shifts
+TTFT by exactly that constant and leaves TPOT alone, predicted TPOT grows with
+the arrival rate as measured TPOT does, normalize_arrivals=True (vllm bench
+serve's rescaled arrivals) gives a far narrower throughput band than Poisson
+arrivals, and the linear context-cost sensitivity variant over-predicts TPOT
+increasingly with load. No numbers from one seed are pinned.
 """
 
-import os
+import dataclasses
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import fastsim
 from fastsim._calibration import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,8 +37,7 @@ COLUMNS = ["row", "arrival_rate", "gpu_memory_utilization", "variant", "metric",
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("validation")
-    env = dict(os.environ)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out-dir", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out-dir", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = pd.read_csv(out / "vllm_a10g_validation_quick.csv")
@@ -40,9 +45,18 @@ def quick_run(tmp_path_factory):
     return proc.stdout, table, summary, out
 
 
+@pytest.fixture(scope="module")
+def script_module():
+    spec = importlib.util.spec_from_file_location("vllm_a10g_validation", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_outputs_complete(quick_run):
     stdout, table, summary, out = quick_run
     assert (out / "vllm_a10g_validation_quick.png").stat().st_size > 0
+    assert (out / "vllm_a10g_validation_quick_diagnostics.csv").stat().st_size > 0
     assert set(COLUMNS) <= set(table.columns)
     rows = table.row.unique()
     assert len(rows) == 4
@@ -51,10 +65,19 @@ def test_outputs_complete(quick_run):
     assert len(table) == len(rows) * len(VARIANTS) * len(METRICS)
     assert set(table.variant) == set(VARIANTS) and set(table.metric) == set(METRICS)
     assert not table.duplicated(["row", "variant", "metric"]).any()
+    assert (table.n_replications == 30).all()
     assert np.isfinite(table[["measured", "pred_mean", "pred_lo", "pred_hi", "rel_error"]].to_numpy()).all()
     assert set(summary.index) == set(VARIANTS)
-    # the experiment checks its own metric code against replicate() and says so
-    assert "agree to" in stdout and "=== targets" in stdout and "=== diagnostics" in stdout
+    assert "=== targets" in stdout and "=== diagnostics" in stdout
+
+
+def test_cross_check_reported(quick_run):
+    """The script compares replicate()'s per-run values with simulate_requests on
+    sample_requests' stream (metrics computed as vllm bench serve does) and says by how much."""
+    stdout = quick_run[0]
+    m = re.search(r"per-replication values to ([0-9.e+-]+) \(relative\)", stdout)
+    assert m, stdout[:2000]
+    assert float(m.group(1)) < 1e-9
 
 
 def test_bands_and_errors_consistent(quick_run):
@@ -78,6 +101,7 @@ def _pivot(table, variant, metric):
 def test_overhead_shifts_ttft_only(quick_run):
     _, table, _, _ = quick_run
     over = PRESETS["a10g-qwen2.5-1.5b"]["ttft_overhead_s"]
+    assert fastsim.LatencyModel.default().ttft_overhead_s == over
     for arr in ("poisson", "vllm"):
         for m in ("ttft_mean", "ttft_p50", "ttft_p99"):
             a, b = _pivot(table, arr, m), _pivot(table, arr + "+overhead", m)
@@ -111,3 +135,26 @@ def test_vllm_arrivals_narrow_the_throughput_band(quick_run):
         t = _pivot(table, arr, "request_throughput")
         width[arr] = ((t.pred_hi - t.pred_lo) / t.pred_mean).to_numpy()
     assert np.all(width["vllm"] * 5 < width["poisson"])
+
+
+def test_linear_context_cost_overshoots_with_load(quick_run):
+    """The sensitivity variant's linear KV-context cost makes TPOT grow too fast with load."""
+    _, table, _, _ = quick_run
+    head, ctx = _pivot(table, "vllm+overhead", "tpot_mean"), _pivot(table, "vllm+overhead+ctx", "tpot_mean")
+    assert np.all(np.diff(ctx.rel_error.to_numpy()) > 0)
+    assert (ctx.pred_mean > head.pred_mean).all()
+    assert ctx.rel_error.iloc[-1] > abs(head.rel_error.iloc[-1])
+
+
+def test_rows_at_one_rate_share_the_arrival_stream(script_module):
+    """The scenarios the script builds for two gmu rows at one rate draw the same
+    vllm-style arrival stream (only the KV capacity differs), last arrival at n / rate."""
+    sweep = pd.read_csv(script_module.SWEEP)
+    g = sweep[sweep.arrival_rate == 2.0]
+    assert g.kv_cache_blocks.nunique() > 1
+    lm = dataclasses.replace(fastsim.LatencyModel.default(), ttft_overhead_s=0.0)
+    streams = [fastsim.sample_requests(script_module.scenario_for(r, lm, True), seed=3, replication=2)
+               for _, r in g.iloc[:2].iterrows()]
+    np.testing.assert_array_equal(streams[0].arrival_s, streams[1].arrival_s)
+    a = streams[0].arrival_s.to_numpy()
+    assert a[0] > 0 and a[-1] == pytest.approx(script_module.NUM_REQUESTS / 2.0, rel=1e-12)
