@@ -19,7 +19,7 @@ from ._validation import (check_choice, check_float, check_int, check_int_array,
                           check_probabilities)
 
 # Component kinds understood by the kernel's length sampler.
-KIND_FIXED, KIND_LOGNORMAL, KIND_UNIFORM, KIND_EMPIRICAL = 0, 1, 2, 3
+KIND_FIXED, KIND_LOGNORMAL, KIND_UNIFORM, KIND_EMPIRICAL, KIND_REPLAY = 0, 1, 2, 3, 4
 
 
 class LengthDistribution:
@@ -93,27 +93,43 @@ class Uniform(LengthDistribution):
 
 @dataclass(frozen=True, eq=False)
 class Empirical(LengthDistribution):
-    """Sample from a list of observed lengths (with optional weights)."""
+    """Observed lengths: sampled (with optional weights) or replayed in order.
+
+    Parameters
+    ----------
+    values : array_like of int
+    weights : array_like of float, optional
+        Sampling probabilities (``order="sample"`` only).
+    order : {"sample", "replay"}
+        ``"sample"``: independent draws; ``"replay"``: request ``i`` gets
+        ``values[i mod len(values)]`` in every replication. (For paired
+        prompt/output rows use :class:`LengthTrace`.)
+    """
 
     values: np.ndarray
     weights: np.ndarray | None = None
+    order: str = "sample"
 
     def __post_init__(self):
+        check_choice("order", self.order, ("sample", "replay"))
         values = check_int_array("values", self.values, low=1)
+        if self.order == "replay" and self.weights is not None:
+            raise ValueError("weights must be None when order='replay' (values are replayed in order)")
         weights = (np.full(values.size, 1.0 / values.size) if self.weights is None
                    else check_probabilities("weights", self.weights, values.size))
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "weights", weights)
 
     @classmethod
-    def from_csv(cls, path, column: str) -> "Empirical":
+    def from_csv(cls, path, column: str, order: str = "sample") -> "Empirical":
         """Read one integer column of a CSV file."""
-        return cls(_read_csv_columns(path, [column])[column])
+        return cls(_read_csv_columns(path, [column])[column], order=order)
 
     def _components(self):
         cdf = np.cumsum(self.weights)
         cdf[-1] = 1.0
-        return [(1.0, KIND_EMPIRICAL, 0.0, 0.0, self.values.astype(float), cdf)]
+        kind = KIND_REPLAY if self.order == "replay" else KIND_EMPIRICAL
+        return [(1.0, kind, 0.0, 0.0, self.values.astype(float), cdf)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +144,10 @@ class Mixture(LengthDistribution):
         if not comps:
             raise ValueError("components must be a non-empty sequence of length laws, got ()")
         comps = tuple(as_length(f"components[{j}]", c) for j, c in enumerate(comps))
+        for j, c in enumerate(comps):
+            if isinstance(c, Empirical) and c.order == "replay":
+                raise ValueError(f"components[{j}] must not replay in order inside a Mixture "
+                                 "(a mixture draws its component at random)")
         object.__setattr__(self, "components", comps)
         object.__setattr__(self, "weights", check_probabilities("weights", self.weights, len(comps)))
 
@@ -240,7 +260,8 @@ def _component_moment(kind, p0, p1, values, cdf, order):
         # sum of k^2 over [lo, hi] from the closed form of sum_{k<=m} k^2
         sq = (hi * (hi + 1) * (2 * hi + 1) - (lo - 1) * lo * (2 * lo - 1)) / 6.0
         return sq / n
-    if kind == KIND_EMPIRICAL:
+    if kind in (KIND_EMPIRICAL, KIND_REPLAY):
+        # (for a replay: the long-run average over requests)
         probs = np.diff(np.concatenate([[0.0], cdf]))
         return float(np.sum(probs * values ** order))
     return _ceil_lognormal_moment(p0, p1, order)

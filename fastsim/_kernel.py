@@ -205,8 +205,8 @@ def _search_cdf(cdf, lo, hi, u):
 
 
 @njit
-def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab):
-    """One integer length from the law stored in components [lo, hi)."""
+def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
+    """The length of request ``i`` from the law stored in components [lo, hi)."""
     j = lo
     if hi - lo > 1:
         u = _uniform(state, s_comp)
@@ -224,8 +224,10 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab):
         width = np.int64(lpar[j, 1]) - low + 1
         k = np.int64(_uniform(state, s_val) * width)
         return low + min(k, width - 1)
-    # empirical table: rows [start, start + n) of ltab hold (value, cdf)
+    # tables: rows [start, start + n) of ltab hold (value, cdf)
     start = lcomp[j, 1]
+    if kind == 4:  # replayed in order
+        return np.int64(ltab[start + i % lcomp[j, 2], 0])
     row = _search_cdf(ltab[:, 1], start, start + lcomp[j, 2], _uniform(state, s_val))
     return np.int64(ltab[row, 0])
 
@@ -280,9 +282,9 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     for i in range(n):
         if mode == 0:
             prompt[i] = _sample_length(state, S_PROMPT_COMPONENT, S_PROMPT_VALUE,
-                                       lrange[0], lrange[1], lcomp, lpar, ltab)
+                                       lrange[0], lrange[1], lcomp, lpar, ltab, i)
             output[i] = _sample_length(state, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE,
-                                       lrange[2], lrange[3], lcomp, lpar, ltab)
+                                       lrange[2], lrange[3], lcomp, lpar, ltab, i)
         else:
             if mode == 1:
                 row = i % nrows

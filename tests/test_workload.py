@@ -96,3 +96,15 @@ def test_normalized_arrivals_end_exactly_at_n_over_rate():
     within(first.mean(), 0.25, first.std() / np.sqrt(first.size))
     with pytest.raises(ValueError, match="normalize_arrivals must be False when arrival_times is given"):
         fastsim.Workload(arrival_rate=None, arrival_times=[0.0, 1.0], normalize_arrivals=True)
+
+
+def test_empirical_replay_in_order():
+    values = [7, 3, 9]
+    sc = fastsim.Scenario(workload=fastsim.Workload(num_requests=7, prompt_len=fastsim.Empirical(values, order="replay"),
+                                                    output_len=fastsim.Uniform(1, 5)))
+    for rep in range(3):
+        assert fastsim.sample_requests(sc, seed=rep, replication=rep)["prompt_len"].tolist() == [7, 3, 9, 7, 3, 9, 7]
+    with pytest.raises(ValueError, match="weights must be None when order='replay'"):
+        fastsim.Empirical(values, weights=[0.2, 0.3, 0.5], order="replay")
+    with pytest.raises(ValueError, match=r"components\[0\] must not replay in order inside a Mixture"):
+        fastsim.Mixture([fastsim.Empirical(values, order="replay"), fastsim.Fixed(3)], [0.5, 0.5])
