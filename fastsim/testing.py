@@ -236,12 +236,16 @@ def compare_results(result_a, result_b, metrics=None, alpha: float = 0.001, *, t
         else:
             row["status"] = "tested"
             row["std_error"] = math.sqrt(x.var(ddof=1) / x.size + y.var(ddof=1) / y.size)
-            if "welch" in tests:
-                row["p_welch"] = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
-            if "ks" in tests:
-                with warnings.catch_warnings():
-                    # Ties make the exact p-value fail; the asymptotic one is fine here.
-                    warnings.filterwarnings("ignore", "ks_2samp: Exact calculation unsuccessful")
+            with warnings.catch_warnings():
+                # Ties make the exact KS p-value fail (the asymptotic one is fine
+                # here), and metrics equal up to rounding in every replication
+                # (e.g. TPOT on a one-seat server) make scipy warn about
+                # cancellation: both harmless.
+                warnings.filterwarnings("ignore", "ks_2samp: Exact calculation unsuccessful")
+                warnings.filterwarnings("ignore", "Precision loss occurred in moment calculation")
+                if "welch" in tests:
+                    row["p_welch"] = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+                if "ks" in tests:
                     row["p_ks"] = float(stats.ks_2samp(x, y).pvalue)
         rows.append(row)
     table = pd.DataFrame(rows).set_index("metric")
