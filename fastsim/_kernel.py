@@ -927,6 +927,33 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
 # Drivers
 
 @njit
+def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
+    """Simulate requests ``0..n-1`` and reduce them into ``row``; return the
+    per-request results (status, first-token time, finish time, preemptions, tokens)."""
+    status = np.empty(n, np.int8)
+    k = np.empty(n, np.int64)
+    g = np.empty(n, np.int64)
+    blocks = np.empty(n, np.int64)
+    first_t = np.empty(n)
+    last_t = np.empty(n)
+    finish_t = np.empty(n)
+    npre = np.empty(n, np.int64)
+    # Gaps come only from measured requests that can complete, whose output
+    # fits the KV cache: cap each term so one huge (rejected) draw cannot
+    # exhaust memory.
+    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
+    n_tok = 0
+    for i in range(ipar[I_WARMUP], n):
+        n_tok += min(output[i], kv_tokens)
+    itl = np.empty(max(n_tok, 1))
+    acc = np.empty(N_ACC)
+    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
+                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
+    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+    return status, first_t, finish_t, npre, g
+
+
+@njit
 def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
                      trace, prio_val, prio_cdf, row):
     cap = ipar[I_NUM_REQUESTS]
@@ -937,25 +964,7 @@ def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     prio = np.empty(cap, np.int64)
     n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                        trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
-    status = np.empty(n, np.int8)
-    k = np.empty(n, np.int64)
-    g = np.empty(n, np.int64)
-    blocks = np.empty(n, np.int64)
-    first_t = np.empty(n)
-    last_t = np.empty(n)
-    finish_t = np.empty(n)
-    npre = np.empty(n, np.int64)
-    # Gaps come only from requests that can complete, whose output fits the KV
-    # cache: cap each term so one huge (rejected) draw cannot exhaust memory.
-    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
-    n_tok = 0
-    for i in range(ipar[I_WARMUP], n):
-        n_tok += min(output[i], kv_tokens)
-    itl = np.empty(max(n_tok, 1))
-    acc = np.empty(N_ACC)
-    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
-    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+    _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row)
 
 
 @pnjit
@@ -989,23 +998,7 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
 @njit
 def simulate_stream(arrival, prompt, output, prio, ipar, fpar, lat):
     """Simulate one given request stream; return per-request results and the metrics row."""
-    n = arrival.size
-    status = np.empty(n, np.int8)
-    k = np.empty(n, np.int64)
-    g = np.empty(n, np.int64)
-    blocks = np.empty(n, np.int64)
-    first_t = np.empty(n)
-    last_t = np.empty(n)
-    finish_t = np.empty(n)
-    npre = np.empty(n, np.int64)
-    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
-    n_tok = 0
-    for i in range(n):
-        n_tok += min(output[i], kv_tokens)
-    itl = np.empty(max(n_tok, 1))
-    acc = np.empty(N_ACC)
-    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
     row = np.empty(N_COLUMNS)
-    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+    status, first_t, finish_t, npre, g = _run_stream(arrival.size, arrival, prompt, output, prio,
+                                                     ipar, fpar, lat, row)
     return status, first_t, finish_t, npre, g, row

@@ -216,28 +216,27 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._reference import simulate_reference
 
         res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h)
-        status = np.asarray(res["status"])
-        names = np.array(["completed", "rejected_too_long", "rejected_admission", "dropped", "unfinished"])
+        status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
     else:
         packed = pack_scenario(scenario)
         st, first, finish, npre, ntok, _ = K.simulate_stream(a, p, o, c, packed["ipar"], packed["fpar"],
                                                              packed["lat"])
-        names = _STATUS_NAMES_KERNEL
         status = np.asarray(st) - K.ST_COMPLETED
     c0 = scenario.latency.ttft_overhead_s
     return pd.DataFrame({
         "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
-        "status": pd.Categorical(names[status], categories=_STATUS_NAMES_KERNEL),
+        "status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
         "first_token_s": first, "finish_s": finish,
         "ttft_s": first - a + c0,
-        "e2e_s": np.where(names[status] == "completed", finish - a + c0, np.nan),
+        "e2e_s": np.where(status == 0, finish - a + c0, np.nan),
         "num_preemptions": npre, "num_tokens": ntok,
     })
 
 
-_STATUS_NAMES_KERNEL = np.array(["completed", "rejected_too_long", "rejected_admission", "dropped", "unfinished"])
+#: Final request states, indexed by the code both backends report (kernel codes offset by ST_COMPLETED).
+_STATUS_NAMES = np.array(["completed", "rejected_too_long", "rejected_admission", "dropped", "unfinished"])
 
 
 # ------------------------------------------------------------------------------
