@@ -954,8 +954,9 @@ def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
 
 
 @njit
-def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
-                     trace, prio_val, prio_cdf, row):
+def _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
+                  prio_val, prio_cdf):
+    """Allocate and draw the request stream of replication ``rep``; return it and its length."""
     cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
     arrival = np.empty(cap)
@@ -964,6 +965,14 @@ def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     prio = np.empty(cap, np.int64)
     n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                        trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
+    return arrival, prompt, output, prio, n
+
+
+@njit
+def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
+                     trace, prio_val, prio_cdf, row):
+    arrival, prompt, output, prio, n = _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar,
+                                                     ltab, lrange, trace, prio_val, prio_cdf)
     _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row)
 
 
@@ -984,14 +993,8 @@ def run_replications(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
 def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
                   prio_val, prio_cdf):
     """The request stream of replication ``rep`` (arrival, prompt, output, priority)."""
-    cap = ipar[I_NUM_REQUESTS]
-    state = np.empty(N_STREAMS, np.uint64)
-    arrival = np.empty(cap)
-    prompt = np.empty(cap, np.int64)
-    output = np.empty(cap, np.int64)
-    prio = np.empty(cap, np.int64)
-    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                       trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
+    arrival, prompt, output, prio, n = _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar,
+                                                     ltab, lrange, trace, prio_val, prio_cdf)
     return arrival[:n].copy(), prompt[:n].copy(), output[:n].copy(), prio[:n].copy()
 
 
