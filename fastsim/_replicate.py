@@ -422,8 +422,11 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     >>> import fastsim
     >>> sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=2.0, num_requests=200))
     >>> res = fastsim.replicate(sc, n_replications=50, seed=1)
-    >>> res.summary().loc["ttft_mean", "estimate"] > 0
+    >>> ci = res.confidence_interval("ttft_mean")
+    >>> bool(ci.low < res.estimate("ttft_mean") < ci.high)
     True
+    >>> int(res.per_replication["n_arrived"].sum())   # nothing is lost
+    10000
     """
     n_replications, confidence_level, max_replications, n_threads, batch_size = _replicate_iv(
         scenario, n_replications, backend, confidence_level, precision, max_replications, n_threads,
