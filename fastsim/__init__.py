@@ -21,12 +21,14 @@ from ._latency import LatencyModel
 from ._replicate import (METRIC_DESCRIPTIONS, ReplicateResult, replicate, sample_requests,
                          simulate_requests)
 from ._stats import ConfidenceInterval
+from ._sweep import SweepResult, sweep
+from ._compare import CompareResult, compare
 from . import testing  # noqa: E402  (fastsim.testing.assert_equivalent, ...)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
-    "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario",
-    "Uniform", "Workload", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "testing",
+    "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
+    "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult",
+    "Uniform", "Workload", "compare", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing",
 ]

@@ -1,0 +1,403 @@
+"""`sweep`: :func:`~fastsim.replicate` over a grid of scenario changes, as one tidy table."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import _kernel as K
+from ._config import Scenario
+from ._parallel import check_n_jobs, run_parallel
+from ._replicate import replicate
+from ._stats import check_confidence_level, summary_frame
+from ._validation import check_choice, check_int
+
+__all__ = ["SweepResult", "sweep", "sweep_points", "point_seeds"]
+
+#: Columns of :attr:`SweepResult.frame` after the parameter columns.
+STAT_COLUMNS = ("metric", "estimate", "ci_low", "ci_high", "std_error", "n")
+
+_SECTIONS = ("engine", "workload", "latency")
+
+
+# ------------------------------------------------------------------------------
+# Points and seeds
+
+def _check_key(scenario: Scenario, key, where: str) -> str:
+    """``key`` if ``scenario.replace(**{key: ...})`` can set it, else a ValueError naming it."""
+    top = [f.name for f in dataclasses.fields(Scenario)]
+    if not isinstance(key, str):
+        raise ValueError(f"{where} {key!r} must be a string such as 'engine.max_num_seqs'")
+    head, dot, rest = key.partition(".")
+    if not dot:
+        if key not in top:
+            raise ValueError(f"{where} {key!r} is not a scenario parameter; use one of "
+                             f"{', '.join(top)}, or a dotted name such as 'engine.max_num_seqs'")
+        return key
+    if head not in _SECTIONS:
+        raise ValueError(f"{where} {key!r}: unknown scenario section {head!r}; use engine, workload or "
+                         f"latency (e.g. 'workload.arrival_rate')")
+    names = [f.name for f in dataclasses.fields(type(getattr(scenario, head)))]
+    if rest not in names:
+        raise ValueError(f"{where} {key!r} is not a scenario parameter; {head} parameters are "
+                         f"{', '.join(names)}")
+    return key
+
+
+def _grid_points(scenario: Scenario, grid) -> list[dict]:
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError(f"grid must be a non-empty dict {{parameter: list of values}}, got {grid!r}")
+    axes = []
+    for key, values in grid.items():
+        _check_key(scenario, key, "grid key")
+        if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+            raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got {values!r}")
+        values = list(values)
+        if not values:
+            raise ValueError(f"grid[{key!r}] must be a non-empty list of values, got an empty one")
+        axes.append(values)
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
+
+
+def _explicit_points(scenario: Scenario, points) -> list[dict]:
+    if isinstance(points, dict) or not hasattr(points, "__iter__"):
+        raise ValueError(f"points must be a non-empty list of dicts {{parameter: value}}, got {points!r}")
+    points = list(points)
+    if not points:
+        raise ValueError("points must be a non-empty list of dicts {parameter: value}, got an empty one")
+    for i, point in enumerate(points):
+        if not isinstance(point, dict):
+            raise ValueError(f"points[{i}] must be a dict {{parameter: value}}, got {point!r}")
+        for key in point:
+            _check_key(scenario, key, f"points[{i}] key")
+    return [dict(p) for p in points]
+
+
+def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict], list[Scenario]]:
+    """The changes and the scenario of every point of a sweep, validated.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        The base scenario.
+    grid : dict, optional
+        ``{parameter: values}``; the points are the cartesian product in the
+        dict's order (the last parameter varies fastest).
+    points : list of dict, optional
+        An explicit list of ``{parameter: value}`` changes instead of ``grid``.
+
+    Returns
+    -------
+    changes : list of dict
+    scenarios : list of Scenario
+        ``scenario.replace(**changes[i])`` for every point.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad parameter name, or the point and the bad value.
+    """
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    if (grid is None) == (points is None):
+        raise ValueError("give exactly one of grid (a dict of value lists) and points (a list of dicts)")
+    changes = _grid_points(scenario, grid) if grid is not None else _explicit_points(scenario, points)
+    scenarios = []
+    for i, change in enumerate(changes):
+        try:
+            scenarios.append(scenario.replace(**change))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"sweep point {i} {change!r}: {exc}") from exc
+    return changes, scenarios
+
+
+def _root_seed(seed) -> np.random.SeedSequence:
+    if isinstance(seed, np.random.SeedSequence):
+        return seed
+    if isinstance(seed, np.random.Generator):
+        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        return np.random.SeedSequence(None if seed is None else int(seed))
+    raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
+
+
+def point_seeds(seed, n_points: int) -> list[np.random.SeedSequence]:
+    """The seed of each sweep point: child ``i`` of ``SeedSequence(seed)``.
+
+    For an integer ``seed`` this is ``numpy.random.SeedSequence(seed).spawn(n_points)[i]``,
+    i.e. ``SeedSequence(seed, spawn_key=(i,))``. For a ``SeedSequence`` it is
+    that sequence's spawn key extended by ``(i,)``, whatever children it has
+    spawned before (so the same object always gives the same sweep). Point
+    ``i``'s seed depends only on ``seed`` and ``i``: not on ``n_jobs``, the
+    cache or the other points.
+    """
+    root = _root_seed(seed)
+    n_points = check_int("n_points", n_points, low=0)
+    return [np.random.SeedSequence(root.entropy, spawn_key=tuple(root.spawn_key) + (i,),
+                                   pool_size=root.pool_size) for i in range(n_points)]
+
+
+def _resolve(scenario: Scenario, key: str):
+    obj = scenario
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ------------------------------------------------------------------------------
+# One point (module level: runs in worker processes and is cached by joblib.Memory)
+
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """Hash of fastsim's source: part of the cache key, so that cached points
+    are recomputed after the simulator changes."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _run_point(scenario, n_replications, seed, code_fingerprint):
+    """``replicate`` one point (``code_fingerprint`` only keys the cache)."""
+    return replicate(scenario, n_replications, seed=seed, progress=False)
+
+
+# ------------------------------------------------------------------------------
+# Result
+
+@dataclass
+class SweepResult:
+    """Result of :func:`sweep`.
+
+    Attributes
+    ----------
+    frame : pandas.DataFrame
+        Tidy: one row per (point, metric). Columns ``point`` (the point's
+        index), one column per swept parameter (named as in the grid, e.g.
+        ``workload.arrival_rate``, holding the value it was set to; with
+        explicit ``points`` a parameter a point does not set shows the base
+        scenario's value), then ``metric``, ``estimate``, ``ci_low``,
+        ``ci_high``, ``std_error`` and ``n`` as in
+        :meth:`ReplicateResult.summary`.
+    points : list of dict
+        The changes of each point (``scenario.replace(**points[i])``).
+    results : list of ReplicateResult
+        Each point's full result (``results[i].per_replication``,
+        ``results[i].scenario``, ``results[i].seed`` = the point's child seed).
+    seed : int or numpy.random.SeedSequence
+        Pass it as ``seed`` to reproduce the sweep (the drawn entropy when
+        ``seed=None`` was given).
+    confidence_level : float
+    cached : list of bool
+        Whether each point was loaded from ``cache_dir`` rather than simulated.
+    elapsed_s : float
+        Wall time of the sweep.
+    """
+
+    frame: pd.DataFrame
+    points: list
+    results: list
+    seed: object
+    confidence_level: float
+    cached: list
+    elapsed_s: float = 0.0
+
+    @property
+    def n_points(self) -> int:
+        return len(self.points)
+
+    @property
+    def parameters(self) -> list[str]:
+        """The swept parameter names (the frame's parameter columns)."""
+        return [c for c in self.frame.columns if c != "point" and c not in STAT_COLUMNS]
+
+    def to_frame(self) -> pd.DataFrame:
+        """A copy of :attr:`frame`."""
+        return self.frame.copy()
+
+    def save(self, path) -> Path:
+        """Write :attr:`frame` to ``.csv``, ``.json`` or ``.parquet`` (by suffix).
+
+        Parameter values that are not plain numbers, strings or booleans
+        (e.g. a ``LogNormal`` length law) are written as their ``repr``.
+        """
+        path = Path(path)
+        frame = self.frame.copy()
+        for col in self.parameters:
+            if frame[col].dtype == object:
+                plain = frame[col].map(lambda v: v is None or isinstance(v, (str, bool, int, float,
+                                                                              np.integer, np.floating)))
+                if not plain.all():
+                    frame[col] = frame[col].map(repr)
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            frame.to_csv(path, index=False)
+        elif suffix == ".json":
+            frame.to_json(path, orient="records", indent=2)
+        elif suffix == ".parquet":
+            frame.to_parquet(path, index=False)
+        else:
+            raise ValueError(f"path must end in .csv, .json or .parquet, got {str(path)!r}")
+        return path
+
+    def __repr__(self):
+        return (f"SweepResult(n_points={self.n_points}, parameters={self.parameters}, "
+                f"confidence_level={self.confidence_level})")
+
+
+# ------------------------------------------------------------------------------
+# sweep
+
+def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, metrics, cache_dir):
+    n_replications = check_int("n_replications", n_replications, low=2)
+    n_jobs = check_n_jobs(n_jobs)
+    confidence_level = check_confidence_level(confidence_level)
+    if metrics is None:
+        metrics = tuple(K.METRICS)
+    else:
+        if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
+            raise ValueError(f"metrics must be a list of metric names, got {metrics!r}")
+        metrics = tuple(metrics)
+        if not metrics:
+            raise ValueError("metrics must be a non-empty list of metric names")
+        for m in metrics:
+            check_choice("metric", m, K.METRICS)
+    if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
+        import joblib
+
+        if not isinstance(cache_dir, joblib.Memory):
+            raise ValueError(f"cache_dir must be a path or a joblib.Memory, got {cache_dir!r}")
+    changes, scenarios = sweep_points(scenario, grid, points)
+    return changes, scenarios, n_replications, n_jobs, confidence_level, metrics
+
+
+def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 1000, *, seed=None,
+          n_jobs: int = 1, confidence_level: float = 0.95, points: list | None = None,
+          metrics=None, cache_dir=None, progress: bool | None = None) -> SweepResult:
+    """Run :func:`~fastsim.replicate` at every point of a parameter grid.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        The base scenario; each point is ``scenario.replace(**point)``.
+    grid : dict
+        ``{parameter: list of values}`` with :meth:`Scenario.replace` names:
+        dotted for fields of a section (``"workload.arrival_rate"``,
+        ``"engine.max_num_seqs"``, ``"latency.base_s"``) or top-level
+        (``"ttft_slo_s"``, ``"engine"``). The points are the cartesian
+        product, in the dict's order with the last parameter varying fastest.
+    n_replications : int
+        Replications per point.
+    seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
+        Point ``i`` is run with ``replicate(..., seed=child_i)``, where
+        ``child_i = numpy.random.SeedSequence(seed).spawn(n_points)[i]``
+        (see :func:`point_seeds`): independent streams per point, and results
+        that do not depend on ``n_jobs``, on the cache or on which points ran
+        before. (For common random numbers across scenarios, use
+        :func:`~fastsim.compare`.)
+    n_jobs : int
+        Worker processes (-1: all cores); each runs Numba with
+        ``cores // n_jobs`` threads (:mod:`fastsim._parallel`). Does not
+        change the results.
+    confidence_level : float
+        Level of the intervals.
+    points : list of dict, optional
+        An explicit list of ``{parameter: value}`` points instead of ``grid``.
+    metrics : list of str, optional
+        Metrics in the frame (default: all of :data:`~fastsim.METRIC_DESCRIPTIONS`).
+    cache_dir : str, pathlib.Path or joblib.Memory, optional
+        Cache each finished point on disk (``joblib.Memory``), keyed by the
+        point's scenario, ``n_replications``, its seed and a hash of fastsim's
+        source code. Re-running an interrupted sweep with the same arguments
+        loads the finished points and simulates only the rest. (A point's seed
+        depends on its index, so a grid with values added or reordered is a
+        new sweep; points that keep their index and seed are reused.)
+    progress : bool, optional
+        A progress bar over points (default: when points x replications x
+        requests >= 5 million).
+
+    Returns
+    -------
+    SweepResult
+        ``.frame``: one row per (point, metric) with the parameters as columns.
+
+    Raises
+    ------
+    ValueError
+        For a bad argument, an unknown parameter name or a value the scenario
+        rejects (naming it), before any simulation runs.
+
+    Examples
+    --------
+    >>> import fastsim
+    >>> sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=2.0, num_requests=100))
+    >>> res = fastsim.sweep(sc, {"workload.arrival_rate": [1.0, 2.0], "engine.max_num_seqs": [8, 16]},
+    ...             n_replications=20, seed=0, metrics=["ttft_mean", "goodput"])
+    >>> res.frame.shape
+    (8, 9)
+    >>> list(res.frame.columns[:3])
+    ['point', 'workload.arrival_rate', 'engine.max_num_seqs']
+    """
+    start = time.perf_counter()
+    changes, scenarios, n_replications, n_jobs, confidence_level, metrics = _sweep_iv(
+        scenario, grid, points, n_replications, n_jobs, confidence_level, metrics, cache_dir)
+    n_points = len(scenarios)
+    root = _root_seed(seed)
+    seeds = point_seeds(root, n_points)
+    fingerprint = _code_fingerprint()
+    tasks = [(sc, n_replications, s, fingerprint) for sc, s in zip(scenarios, seeds)]
+
+    func = _run_point
+    results: list = [None] * n_points
+    cached = [False] * n_points
+    if cache_dir is not None:
+        import joblib
+
+        memory = cache_dir if isinstance(cache_dir, joblib.Memory) else joblib.Memory(str(cache_dir), verbose=0)
+        func = memory.cache(_run_point)
+        for i, task in enumerate(tasks):
+            if func.check_call_in_cache(*task):
+                results[i] = func(*task)
+                cached[i] = True
+    todo = [i for i in range(n_points) if not cached[i]]
+    if progress is None:
+        work = len(todo) * n_replications * max(sc.workload.num_requests for sc in scenarios)
+        progress = len(todo) > 1 and work >= 5_000_000
+    for i, res in zip(todo, run_parallel(func, [tasks[i] for i in todo], n_jobs, progress=bool(progress),
+                                         desc="sweep points")):
+        results[i] = res
+    # The confidence level only shapes the summaries, so it is not part of the cache key.
+    results = [dataclasses.replace(r, confidence_level=confidence_level) for r in results]
+
+    frame = _tidy_frame(scenario, changes, results, metrics, confidence_level)
+    plain = not root.spawn_key and isinstance(root.entropy, (int, np.integer))
+    return SweepResult(frame=frame, points=changes, results=results,
+                       seed=int(root.entropy) if plain else root, confidence_level=confidence_level,
+                       cached=cached, elapsed_s=time.perf_counter() - start)
+
+
+def _tidy_frame(base, changes, results, metrics, confidence_level) -> pd.DataFrame:
+    params = list(dict.fromkeys(k for change in changes for k in change))
+    blocks = []
+    for i, (change, res) in enumerate(zip(changes, results)):
+        summary = summary_frame(res.per_replication, metrics, confidence_level).reset_index()
+        block = {"point": np.full(len(summary), i)}
+        for key in params:
+            value = change[key] if key in change else _resolve(base, key)
+            block[key] = [value] * len(summary)
+        for col in STAT_COLUMNS:
+            block[col] = summary[col].to_numpy()
+        blocks.append(pd.DataFrame(block))
+    frame = pd.concat(blocks, ignore_index=True)
+    frame["n"] = frame["n"].astype(np.int64)
+    return frame
