@@ -8,7 +8,7 @@ Measured: 282/300 = 94.0%, Clopper-Pearson [90.7, 96.4], 217 s on 2 cores.
 import sys, time, numpy as np
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import fastsim
-from ci_coverage import one_seat, clopper_pearson, md1_wait_quantile, STEP
+from ci_coverage import one_seat, clopper_pearson, STEP
 law = fastsim.Fixed(10); lam = 0.8 / (10 * STEP)
 sc = one_seat(lam, law, 8000, 800)
 K, N = 300, int(sys.argv[1])

@@ -15,7 +15,7 @@ from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
 from ._replicate import _seed_keys, pack_scenario, replicate
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval
-from ._validation import check_bool, check_choice, check_int
+from ._validation import check_bool, check_choice, check_int, check_metric_names
 
 __all__ = ["CompareResult", "compare", "paired_difference", "same_workload"]
 
@@ -188,16 +188,7 @@ def _compare_iv(scenarios, n_replications, baseline, confidence_level, metrics, 
     baseline = names[0] if baseline is None else check_choice("baseline", baseline, names)
     n_replications = check_int("n_replications", n_replications, low=2)
     confidence_level = check_confidence_level(confidence_level)
-    if metrics is None:
-        metrics = tuple(K.METRICS)
-    else:
-        if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
-            raise ValueError(f"metrics must be a list of metric names, got {metrics!r}")
-        metrics = tuple(metrics)
-        if not metrics:
-            raise ValueError("metrics must be a non-empty list of metric names")
-        for m in metrics:
-            check_choice("metric", m, K.METRICS)
+    metrics = check_metric_names(metrics, K.METRICS)
     allow_different_workloads = check_bool("allow_different_workloads", allow_different_workloads)
     n_jobs = check_n_jobs(n_jobs)
     if not allow_different_workloads:

@@ -18,7 +18,7 @@ from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
 from ._replicate import replicate
 from ._stats import check_confidence_level, summary_frame
-from ._validation import check_choice, check_int
+from ._validation import check_int, check_metric_names
 
 __all__ = ["SweepResult", "sweep", "sweep_points", "point_seeds"]
 
@@ -262,16 +262,7 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
     n_replications = check_int("n_replications", n_replications, low=2)
     n_jobs = check_n_jobs(n_jobs)
     confidence_level = check_confidence_level(confidence_level)
-    if metrics is None:
-        metrics = tuple(K.METRICS)
-    else:
-        if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
-            raise ValueError(f"metrics must be a list of metric names, got {metrics!r}")
-        metrics = tuple(metrics)
-        if not metrics:
-            raise ValueError("metrics must be a non-empty list of metric names")
-        for m in metrics:
-            check_choice("metric", m, K.METRICS)
+    metrics = check_metric_names(metrics, K.METRICS)
     if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
         import joblib
 

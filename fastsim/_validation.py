@@ -109,3 +109,17 @@ def check_int_array(name: str, values, *, low: int = 1) -> np.ndarray:
     if np.any(arr < low):
         raise ValueError(f"{name} must contain integers >= {low}, got {int(arr.min())}")
     return arr
+
+
+def check_metric_names(metrics, allowed):
+    """``None`` (all of ``allowed``) or a non-empty list of names from ``allowed``; a tuple."""
+    if metrics is None:
+        return tuple(allowed)
+    if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
+        raise ValueError(f"metrics must be a list of metric names, got {metrics!r}")
+    metrics = tuple(metrics)
+    if not metrics:
+        raise ValueError("metrics must be a non-empty list of metric names")
+    for m in metrics:
+        check_choice("metric", m, allowed)
+    return metrics

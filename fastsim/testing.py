@@ -48,7 +48,7 @@ from scipy import stats
 from ._queueing import erlang_b, mg1_mean_wait  # noqa: F401  (exact references for checks)
 from ._validation import check_choice, check_float
 
-__all__ = ["compare_results", "assert_equivalent", "assert_matches_theory"]
+__all__ = ["compare_results", "assert_equivalent", "assert_matches_theory", "erlang_b", "mg1_mean_wait"]
 
 TESTS = ("welch", "ks")
 CORRECTIONS = ("holm", "bonferroni", "none")

@@ -9,16 +9,10 @@ point and can be compared with ``==``.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-try:  # the package may not be installed in the virtualenv
-    import fastsim._reference  # noqa: F401
-except ImportError:  # pragma: no cover
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fastsim._config import EngineConfig
 from fastsim._latency import LatencyModel
