@@ -23,12 +23,14 @@ from ._replicate import (METRIC_DESCRIPTIONS, ReplicateResult, replicate, sample
 from ._stats import ConfidenceInterval
 from ._sweep import SweepResult, sweep
 from ._compare import CompareResult, compare
+from ._capacity import CapacityResult, capacity
+from ._plot import plot_sweep
 from . import testing  # noqa: E402  (fastsim.testing.assert_equivalent, ...)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
+    "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
     "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult",
-    "Uniform", "Workload", "compare", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing",
+    "Uniform", "Workload", "capacity", "compare", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``fastsim demo`` and ``fastsim run CONFIG.toml``."""
+"""Command line: ``fastsim demo``, ``fastsim run CONFIG.toml``, ``fastsim sweep`` and ``fastsim plot``."""
 
 from __future__ import annotations
 
@@ -34,7 +34,141 @@ def _parser():
     demo = sub.add_parser("demo", help="simulate the built-in example (A10G server, ShareGPT load)")
     demo.add_argument("--show-config", action="store_true", help="print the example's TOML and exit")
     common(demo)
+
+    sw = sub.add_parser("sweep", help="simulate the scenario of a TOML file over a grid of parameter values")
+    sw.add_argument("config", type=Path, help="TOML with [engine], [workload], [latency], [slo], [run]")
+    sw.add_argument("--grid", action="append", default=[], metavar="PARAM=V1,V2,...",
+                    help="a swept parameter and its values, e.g. workload.arrival_rate=1,2,4 "
+                         "(repeat for a cartesian product; values parsed as int, float, bool or string)")
+    sw.add_argument("--replications", type=int, help="replications per point (overrides [run])")
+    sw.add_argument("--seed", type=int, help="random seed (overrides [run])")
+    sw.add_argument("--jobs", type=int, default=1, help="worker processes (-1: all cores)")
+    sw.add_argument("--out", type=Path, help="write the tidy table here (.parquet, .csv or .json)")
+    sw.add_argument("--cache-dir", type=Path, help="cache finished points here (resume an interrupted sweep)")
+    sw.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    pl = sub.add_parser("plot", help="plot a metric of a saved sweep table against a parameter")
+    pl.add_argument("table", type=Path, help="a table written by `fastsim sweep --out` (.parquet, .csv, .json)")
+    pl.add_argument("--x", required=True, help="parameter on the x axis, e.g. workload.arrival_rate")
+    pl.add_argument("--y", required=True, help="metric on the y axis, e.g. ttft_p99")
+    pl.add_argument("--hue", help="parameter with one line per value, e.g. engine.max_num_seqs")
+    pl.add_argument("--errorbars", action="store_true", help="error bars instead of shaded bands")
+    pl.add_argument("--logy", action="store_true", help="logarithmic y axis")
+    pl.add_argument("--out", type=Path, default=Path("plot.png"), help="image file (default plot.png)")
     return p
+
+
+def parse_value(text: str):
+    """A grid value from the command line: int, float, bool (true/false) or string."""
+    t = text.strip()
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    if t.lower() in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_grid(items) -> dict:
+    """``["workload.arrival_rate=1,2,4", ...]`` -> ``{"workload.arrival_rate": [1, 2, 4], ...}``."""
+    grid = {}
+    if not items:
+        raise ValueError("give at least one --grid PARAM=V1,V2,... (e.g. --grid workload.arrival_rate=1,2,4)")
+    for item in items:
+        key, eq, values = item.partition("=")
+        key = key.strip()
+        if not eq or not key or not values.strip():
+            raise ValueError(f"--grid must look like PARAM=V1,V2,... (e.g. workload.arrival_rate=1,2,4), "
+                             f"got {item!r}")
+        if key in grid:
+            raise ValueError(f"--grid parameter {key!r} given twice")
+        parts = [v for v in values.split(",")]
+        if any(not v.strip() for v in parts):
+            raise ValueError(f"--grid {key}: empty value in {values!r}")
+        grid[key] = [parse_value(v) for v in parts]
+    return grid
+
+
+def _read_table(path: Path):
+    import pandas as pd
+
+    if not path.is_file():
+        raise ValueError(f"table must be an existing file, got {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pd.read_parquet(path)
+    if suffix == ".csv":
+        return pd.read_csv(path)
+    if suffix == ".json":
+        return pd.read_json(path, orient="records")
+    raise ValueError(f"table must end in .parquet, .csv or .json, got {str(path)!r}")
+
+
+def _sweep_main(args) -> int:
+    try:
+        scenario, run = _load(args.config)
+        grid = parse_grid(args.grid)
+        if args.out is not None and args.out.suffix.lower() not in (".csv", ".json", ".parquet"):
+            raise ValueError(f"--out must end in .csv, .json or .parquet, got {str(args.out)!r}")
+        n = args.replications if args.replications is not None else run.get("n_replications", 1000)
+        seed = args.seed if args.seed is not None else run.get("seed")
+        from ._sweep import sweep
+
+        progress = False if args.no_progress else (None if sys.stderr.isatty() else False)
+        result = sweep(scenario, grid, n_replications=n, seed=seed, n_jobs=args.jobs,
+                       confidence_level=run.get("confidence_level", 0.95), cache_dir=args.cache_dir,
+                       progress=progress)
+    except ValueError as exc:
+        print(f"fastsim: error: {exc}", file=sys.stderr)
+        return 2
+    frame = result.frame
+    level = int(round(result.confidence_level * 100))
+    shown = frame[frame["metric"].isin(["ttft_p99", "tpot_mean", "request_throughput", "goodput"])]
+    print(f"{scenario.name or 'scenario'}: {result.n_points} points x {n} replications x "
+          f"{scenario.workload.num_requests} requests, seed {result.seed}, {result.elapsed_s:.1f} s "
+          f"({sum(result.cached)} points from the cache)")
+    print(f"estimates with {level}% confidence intervals (all metrics: --out FILE)")
+    params = result.parameters
+    for point, rows in shown.groupby("point", sort=True):
+        head = ", ".join(f"{p.split('.')[-1]}={rows[p].iloc[0]}" for p in params)
+        cells = []
+        for _, row in rows.iterrows():
+            unit, scale = _unit(row.metric)
+            cells.append(f"{row.metric} {row.estimate * scale:.4g} [{row.ci_low * scale:.4g}, "
+                         f"{row.ci_high * scale:.4g}] {unit}".rstrip())
+        print(f"  {head}: " + "; ".join(cells))
+    if args.out is not None:
+        result.save(args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _plot_main(args) -> int:
+    try:
+        if args.out.suffix.lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
+            raise ValueError(f"--out must end in .png, .pdf, .svg or .jpg, got {str(args.out)!r}")
+        frame = _read_table(args.table)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from ._plot import plot_sweep
+
+        ax = plot_sweep(frame, args.x, args.y, hue=args.hue, band=not args.errorbars, logy=args.logy)
+    except ValueError as exc:
+        print(f"fastsim: error: {exc}", file=sys.stderr)
+        return 2
+    fig = ax.figure
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    plt.close(fig)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
 
 
 def _load(path: Path):
@@ -85,6 +219,10 @@ def _unit(metric):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "sweep":
+        return _sweep_main(args)
+    if args.command == "plot":
+        return _plot_main(args)
     if args.command == "demo" and args.show_config:
         print(EXAMPLE.read_text())
         return 0

@@ -136,9 +136,16 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
                 if bar is not None:
                     bar.update(1)
         else:
-            n_threads = threads_per_worker(n_workers)
-            call = _WorkerCall(func, n_threads, filters)
             backend, _ = joblib.parallel.get_active_backend()
+            local = isinstance(backend, (joblib.parallel.LokyBackend, joblib.parallel.ThreadingBackend,
+                                         joblib.parallel.MultiprocessingBackend))
+            if not local:
+                # A remote backend (e.g. dask.distributed): the workers are not
+                # this machine's cores, so neither cap their number by them nor
+                # split this machine's cores between them.
+                n_workers = len(tasks) if n_jobs == -1 else min(n_jobs, len(tasks))
+            n_threads = threads_per_worker(n_workers) if local else None
+            call = _WorkerCall(func, n_threads, filters)
             config = {}
             if (isinstance(backend, joblib.parallel.LokyBackend)
                     and getattr(backend, "inner_max_num_threads", None) is None):
