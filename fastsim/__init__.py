@@ -25,12 +25,12 @@ from ._sweep import SweepResult, sweep
 from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
 from ._plot import plot_sweep
-from . import testing  # noqa: E402  (fastsim.testing.assert_equivalent, ...)
+from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
     "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult",
-    "Uniform", "Workload", "capacity", "compare", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing",
+    "Uniform", "Workload", "capacity", "compare", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing", "analytical",
 ]

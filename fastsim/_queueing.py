@@ -1,6 +1,6 @@
 """Exact queueing formulas used as ground truth by the tests and experiments.
 
-(The analytical *models* of a whole server are a separate, planned module;
+(The analytical models of a whole server are in :mod:`fastsim.analytical`;
 these are the textbook results that the simulator reduces to in special cases.)
 """
 
