@@ -8,6 +8,9 @@ import time
 import tomllib
 from pathlib import Path
 
+from ._io import check_table_path, read_table
+from ._replicate import metric_unit
+
 EXAMPLE = Path(__file__).parent / "examples" / "a10g_sharegpt.toml"
 RUN_KEYS = {"n_replications", "seed", "confidence_level", "precision", "max_replications", "n_threads"}
 
@@ -93,32 +96,22 @@ def parse_grid(items) -> dict:
     return grid
 
 
-def _read_table(path: Path):
-    import pandas as pd
-
-    if not path.is_file():
-        raise ValueError(f"table must be an existing file, got {str(path)!r}")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return pd.read_parquet(path)
-    if suffix == ".csv":
-        return pd.read_csv(path)
-    if suffix == ".json":
-        return pd.read_json(path, orient="records")
-    raise ValueError(f"table must end in .parquet, .csv or .json, got {str(path)!r}")
+def _progress(args):
+    """A progress bar only on an interactive terminal, never with --no-progress."""
+    return False if args.no_progress else (None if sys.stderr.isatty() else False)
 
 
 def _sweep_main(args) -> int:
     try:
         scenario, run = _load(args.config)
         grid = parse_grid(args.grid)
-        if args.out is not None and args.out.suffix.lower() not in (".csv", ".json", ".parquet"):
-            raise ValueError(f"--out must end in .csv, .json or .parquet, got {str(args.out)!r}")
+        if args.out is not None:
+            check_table_path(args.out, "--out")
         n = args.replications if args.replications is not None else run.get("n_replications", 1000)
         seed = args.seed if args.seed is not None else run.get("seed")
         from ._sweep import sweep
 
-        progress = False if args.no_progress else (None if sys.stderr.isatty() else False)
+        progress = _progress(args)
         result = sweep(scenario, grid, n_replications=n, seed=seed, n_jobs=args.jobs,
                        confidence_level=run.get("confidence_level", 0.95), cache_dir=args.cache_dir,
                        progress=progress)
@@ -137,7 +130,7 @@ def _sweep_main(args) -> int:
         head = ", ".join(f"{p.split('.')[-1]}={rows[p].iloc[0]}" for p in params)
         cells = []
         for _, row in rows.iterrows():
-            unit, scale = _unit(row.metric)
+            unit, scale = metric_unit(row.metric)
             cells.append(f"{row.metric} {row.estimate * scale:.4g} [{row.ci_low * scale:.4g}, "
                          f"{row.ci_high * scale:.4g}] {unit}".rstrip())
         print(f"  {head}: " + "; ".join(cells))
@@ -151,7 +144,7 @@ def _plot_main(args) -> int:
     try:
         if args.out.suffix.lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
             raise ValueError(f"--out must end in .png, .pdf, .svg or .jpg, got {str(args.out)!r}")
-        frame = _read_table(args.table)
+        frame = read_table(args.table)
         import matplotlib
 
         matplotlib.use("Agg")
@@ -199,22 +192,12 @@ def format_table(summary, scenario=None, result=None) -> str:
                      f"({scenario.workload.warmup_requests} warm-up), {result.elapsed_s:.1f} s")
         lines.append(f"{'metric':<26}{'estimate':>13}   {level}% confidence interval")
     for name, row in summary.iterrows():
-        unit, scale = _unit(name)
+        unit, scale = metric_unit(name)
         est, lo, hi = row.estimate * scale, row.ci_low * scale, row.ci_high * scale
         lines.append(f"{name:<26}{est:>13.4g}   [{lo:.4g}, {hi:.4g}] {unit}")
     lines.append("Each estimate is the mean over replications of a per-run value (one run = one "
                  "benchmark of num_requests requests); percentiles are per-run percentiles.")
     return "\n".join(lines)
-
-
-def _unit(metric):
-    if metric.startswith(("ttft", "tpot", "itl", "e2e")):
-        return "ms", 1000.0
-    if metric in ("request_throughput", "goodput"):
-        return "req/s", 1.0
-    if metric == "output_throughput":
-        return "tok/s", 1.0
-    return "", 1.0
 
 
 def main(argv=None) -> int:
@@ -238,15 +221,15 @@ def main(argv=None) -> int:
                           ("backend", "backend")):
             if getattr(args, flag) is not None:
                 kwargs[key] = getattr(args, flag)
-        if args.out is not None and args.out.suffix.lower() not in (".csv", ".json", ".parquet"):
-            raise ValueError(f"--out must end in .csv, .json or .parquet, got {str(args.out)!r}")
+        if args.out is not None:
+            check_table_path(args.out, "--out")
         from ._replicate import replicate
 
         if args.format == "table" and not args.no_progress:
             print("compiling and running (the first run on a machine compiles the kernel)...",
                   file=sys.stderr)
         start = time.perf_counter()
-        progress = False if args.no_progress else (None if sys.stderr.isatty() else False)
+        progress = _progress(args)
         result = replicate(scenario, progress=progress, **kwargs)
     except ValueError as exc:
         print(f"fastsim: error: {exc}", file=sys.stderr)

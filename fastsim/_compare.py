@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ._io import save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
@@ -157,17 +158,7 @@ class CompareResult:
 
     def save(self, path) -> Path:
         """Write :attr:`frame` to ``.csv``, ``.json`` or ``.parquet`` (by suffix)."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix == ".csv":
-            self.frame.to_csv(path, index=False)
-        elif suffix == ".json":
-            self.frame.to_json(path, orient="records", indent=2)
-        elif suffix == ".parquet":
-            self.frame.to_parquet(path, index=False)
-        else:
-            raise ValueError(f"path must end in .csv, .json or .parquet, got {str(path)!r}")
-        return path
+        return save_table(self.frame, path)
 
     def __repr__(self):
         others = [s for s in self.results if s != self.baseline]

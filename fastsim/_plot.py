@@ -5,19 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ._replicate import metric_unit
+
 __all__ = ["plot_sweep", "axis_label"]
-
-
-def _unit(metric):
-    # Same units as the CLI's table (fastsim._cli._unit).
-    from ._cli import _unit as unit
-
-    return unit(metric)
 
 
 def axis_label(metric: str) -> str:
     """``metric`` with its unit, e.g. ``ttft_p99 (ms)``."""
-    unit, _ = _unit(metric)
+    unit, _ = metric_unit(metric)
     return f"{metric} ({unit})" if unit else metric
 
 
@@ -84,7 +79,7 @@ def plot_sweep(frame: pd.DataFrame, x: str, y: str, hue: str | None = None, ax=N
         import matplotlib.pyplot as plt
 
         _, ax = plt.subplots(figsize=(6.4, 4.2))
-    _, scale = _unit(y)
+    _, scale = metric_unit(y)
     groups = [(None, data)] if hue is None else list(data.groupby(hue, sort=True))
     for value, part in groups:
         part = part.sort_values(x)

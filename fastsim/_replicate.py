@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ._io import save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
@@ -52,6 +53,17 @@ METRIC_DESCRIPTIONS = {
     "queue_depth_mean": "time-average number of waiting requests",
     "kv_utilization_mean": "time-average allocated KV blocks / num_gpu_blocks",
 }
+
+
+def metric_unit(metric: str):
+    """Display unit of a metric and the factor from its SI value: ``("ms", 1000.0)``."""
+    if metric.startswith(("ttft", "tpot", "itl", "e2e")):
+        return "ms", 1000.0
+    if metric in ("request_throughput", "goodput"):
+        return "req/s", 1.0
+    if metric == "output_throughput":
+        return "tok/s", 1.0
+    return "", 1.0
 
 
 # ------------------------------------------------------------------------------
@@ -123,21 +135,29 @@ def pack_scenario(scenario: Scenario) -> dict:
                 prio_val=prio_val, prio_cdf=prio_cdf)
 
 
-def _seed_keys(seed):
-    """Two 64-bit keys, and a seed value that reproduces them when passed back
-    (the plain entropy for a root SeedSequence, else the SeedSequence itself,
-    whose spawn_key also shapes the keys)."""
+def as_seed_sequence(seed) -> np.random.SeedSequence:
+    """The one reading of a ``seed`` argument (None, int >= 0, SeedSequence or Generator)."""
     if isinstance(seed, np.random.SeedSequence):
-        ss = seed
-    elif isinstance(seed, np.random.Generator):
-        ss = np.random.SeedSequence(int(seed.integers(0, 2**63)))
-    elif seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
-        ss = np.random.SeedSequence(None if seed is None else int(seed))
-    else:
-        raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
-    k0, k1 = ss.generate_state(2, dtype=np.uint64)
+        return seed
+    if isinstance(seed, np.random.Generator):
+        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        return np.random.SeedSequence(None if seed is None else int(seed))
+    raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
+
+
+def reproducible_seed(ss: np.random.SeedSequence):
+    """A value that gives back ``ss`` when passed as ``seed``: the plain entropy
+    for a root sequence, else the sequence itself (its spawn_key matters)."""
     plain = not ss.spawn_key and isinstance(ss.entropy, (int, np.integer))
-    return np.uint64(k0), np.uint64(k1), int(ss.entropy) if plain else ss
+    return int(ss.entropy) if plain else ss
+
+
+def _seed_keys(seed):
+    """Two 64-bit keys, and a seed value that reproduces them when passed back."""
+    ss = as_seed_sequence(seed)
+    k0, k1 = ss.generate_state(2, dtype=np.uint64)
+    return np.uint64(k0), np.uint64(k1), reproducible_seed(ss)
 
 
 @contextmanager
@@ -330,18 +350,7 @@ class ReplicateResult:
         ``*.per_replication.parquet``-style full data: use
         ``result.per_replication.to_parquet(...)``.
         """
-        path = Path(path)
-        frame = self.summary()
-        suffix = path.suffix.lower()
-        if suffix == ".csv":
-            frame.to_csv(path)
-        elif suffix == ".json":
-            frame.reset_index().to_json(path, orient="records", indent=2)
-        elif suffix == ".parquet":
-            frame.to_parquet(path)
-        else:
-            raise ValueError(f"path must end in .csv, .json or .parquet, got {str(path)!r}")
-        return path
+        return save_table(self.summary(), path)
 
     def __repr__(self):
         return (f"ReplicateResult(n_replications={self.n_replications}, backend={self.backend!r}, "

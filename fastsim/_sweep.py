@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ._io import check_table_path, save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
-from ._replicate import replicate
+from ._replicate import as_seed_sequence, replicate, reproducible_seed
 from ._stats import check_confidence_level, summary_frame
 from ._validation import check_int, check_metric_names
 
@@ -120,16 +121,6 @@ def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict]
     return changes, scenarios
 
 
-def _root_seed(seed) -> np.random.SeedSequence:
-    if isinstance(seed, np.random.SeedSequence):
-        return seed
-    if isinstance(seed, np.random.Generator):
-        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
-    if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
-        return np.random.SeedSequence(None if seed is None else int(seed))
-    raise ValueError(f"seed must be None, an integer >= 0, a numpy SeedSequence or Generator, got {seed!r}")
-
-
 def point_seeds(seed, n_points: int) -> list[np.random.SeedSequence]:
     """The seed of each sweep point: child ``i`` of ``SeedSequence(seed)``.
 
@@ -140,7 +131,7 @@ def point_seeds(seed, n_points: int) -> list[np.random.SeedSequence]:
     ``i``'s seed depends only on ``seed`` and ``i``: not on ``n_jobs``, the
     cache or the other points.
     """
-    root = _root_seed(seed)
+    root = as_seed_sequence(seed)
     n_points = check_int("n_points", n_points, low=0)
     return [np.random.SeedSequence(root.entropy, spawn_key=tuple(root.spawn_key) + (i,),
                                    pool_size=root.pool_size) for i in range(n_points)]
@@ -231,7 +222,7 @@ class SweepResult:
         Parameter values that are not plain numbers, strings or booleans
         (e.g. a ``LogNormal`` length law) are written as their ``repr``.
         """
-        path = Path(path)
+        check_table_path(path)
         frame = self.frame.copy()
         for col in self.parameters:
             if frame[col].dtype == object:
@@ -239,16 +230,7 @@ class SweepResult:
                                                                               np.integer, np.floating)))
                 if not plain.all():
                     frame[col] = frame[col].map(repr)
-        suffix = path.suffix.lower()
-        if suffix == ".csv":
-            frame.to_csv(path, index=False)
-        elif suffix == ".json":
-            frame.to_json(path, orient="records", indent=2)
-        elif suffix == ".parquet":
-            frame.to_parquet(path, index=False)
-        else:
-            raise ValueError(f"path must end in .csv, .json or .parquet, got {str(path)!r}")
-        return path
+        return save_table(frame, path)
 
     def __repr__(self):
         return (f"SweepResult(n_points={self.n_points}, parameters={self.parameters}, "
@@ -343,7 +325,7 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
     changes, scenarios, n_replications, n_jobs, confidence_level, metrics = _sweep_iv(
         scenario, grid, points, n_replications, n_jobs, confidence_level, metrics, cache_dir)
     n_points = len(scenarios)
-    root = _root_seed(seed)
+    root = as_seed_sequence(seed)
     seeds = point_seeds(root, n_points)
     fingerprint = _code_fingerprint()
     tasks = [(sc, n_replications, s, fingerprint) for sc, s in zip(scenarios, seeds)]
@@ -371,9 +353,8 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
     results = [dataclasses.replace(r, confidence_level=confidence_level) for r in results]
 
     frame = _tidy_frame(scenario, changes, results, metrics, confidence_level)
-    plain = not root.spawn_key and isinstance(root.entropy, (int, np.integer))
     return SweepResult(frame=frame, points=changes, results=results,
-                       seed=int(root.entropy) if plain else root, confidence_level=confidence_level,
+                       seed=reproducible_seed(root), confidence_level=confidence_level,
                        cached=cached, elapsed_s=time.perf_counter() - start)
 
 

@@ -1,0 +1,45 @@
+"""Reading and writing result tables (.csv, .json, .parquet), in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TABLE_SUFFIXES = (".csv", ".json", ".parquet")
+
+
+def check_table_path(path, name: str = "path") -> Path:
+    """``path`` as a Path if its suffix is a table format, else a ValueError naming ``name``."""
+    path = Path(path)
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise ValueError(f"{name} must end in .csv, .json or .parquet, got {str(path)!r}")
+    return path
+
+
+def save_table(frame, path, name: str = "path") -> Path:
+    """Write a DataFrame by suffix; a named index becomes the first column."""
+    path = check_table_path(path, name)
+    if frame.index.name is not None:
+        frame = frame.reset_index()
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".json":
+        frame.to_json(path, orient="records", indent=2)
+    else:
+        frame.to_parquet(path, index=False)
+    return path
+
+
+def read_table(path, name: str = "table"):
+    """Read a table written by :func:`save_table` (or any csv/json/parquet table)."""
+    import pandas as pd
+
+    path = check_table_path(path, name)
+    if not path.is_file():
+        raise ValueError(f"{name} must be an existing file, got {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pd.read_parquet(path)
+    if suffix == ".csv":
+        return pd.read_csv(path)
+    return pd.read_json(path, orient="records")
