@@ -137,6 +137,16 @@ class Workload:
         arrives at exactly ``num_requests / arrival_rate`` (the first arrives
         after one scaled gap). By default the first request arrives at time
         0 and the gaps are not rescaled.
+    users, requests_per_user, user_rate : optional
+        A multi-user arrival process (open: users do not wait for replies) instead of a renewal
+        process; build it with :meth:`multi_user`. ``users`` is the number of
+        users (an int, or an inclusive ``(low, high)`` range drawn uniformly
+        per replication); each user sends a Poisson(``requests_per_user``)
+        number of requests separated by exponential gaps of rate
+        ``user_rate`` (1/s), the first one gap after time 0; the users'
+        streams are merged. ``num_requests`` is then the per-replication
+        buffer: ``users_high * m`` where ``m`` is the Poisson quantile of
+        probability ``1 - 1e-15`` (a user's count is truncated there).
     """
 
     arrival_rate: float | None = 1.0
@@ -151,9 +161,18 @@ class Workload:
     warmup_requests: int = 0
     horizon_s: float | None = None
     normalize_arrivals: bool = False
+    users: object = None
+    requests_per_user: float | None = None
+    user_rate: float | None = None
 
     def __post_init__(self):
         s = object.__setattr__
+        if self.users is not None:
+            self._check_multi_user()
+        elif self.requests_per_user is not None or self.user_rate is not None:
+            raise ValueError("requests_per_user and user_rate need users (use Workload.multi_user), "
+                             f"got users=None, requests_per_user={self.requests_per_user!r}, "
+                             f"user_rate={self.user_rate!r}")
         if self.arrival_times is not None:
             t = np.asarray(self.arrival_times, dtype=float)
             if t.ndim != 1 or t.size == 0:
@@ -169,7 +188,7 @@ class Workload:
                 raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
                                  f"got {self.num_requests!r}")
             s(self, "num_requests", int(t.size))
-        else:
+        elif self.users is None:
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1))
         s(self, "burstiness", check_float("burstiness", self.burstiness, low=0, low_open=True))
@@ -190,6 +209,77 @@ class Workload:
         s(self, "normalize_arrivals", check_bool("normalize_arrivals", self.normalize_arrivals))
         if self.normalize_arrivals and self.arrival_times is not None:
             raise ValueError("normalize_arrivals must be False when arrival_times is given, got True")
+
+    def _check_multi_user(self):
+        s = object.__setattr__
+        u = self.users
+        if isinstance(u, (tuple, list)):
+            if len(u) != 2:
+                raise ValueError(f"users must be an integer >= 1 or a (low, high) pair, got {u!r}")
+            lo = check_int("users[0]", u[0], low=1)
+            hi = check_int("users[1]", u[1], low=lo)
+        else:
+            lo = hi = check_int("users", u, low=1)
+        s(self, "users", (lo, hi))
+        m = check_float("requests_per_user", self.requests_per_user, low=0, low_open=True, high=1000.0)
+        s(self, "requests_per_user", m)
+        s(self, "user_rate", check_float("user_rate", self.user_rate, low=0, low_open=True))
+        for name in ("arrival_times",):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} must be None with a multi-user workload, got {getattr(self, name)!r}")
+        if self.arrival_rate is not None and self.arrival_rate != 1.0:
+            raise ValueError(f"arrival_rate must be None with a multi-user workload (the rate follows from "
+                             f"users, requests_per_user and user_rate), got {self.arrival_rate!r}")
+        if self.burstiness != 1.0 or self.normalize_arrivals:
+            raise ValueError("burstiness and normalize_arrivals apply to renewal arrivals, not to a "
+                             "multi-user workload")
+        s(self, "arrival_rate", None)
+        cap = hi * self.user_request_cap
+        if self.num_requests not in (1000, cap):
+            raise ValueError(f"num_requests must be left out with a multi-user workload (it is set to the "
+                             f"buffer users_high * per-user cap = {cap}), got {self.num_requests!r}")
+        s(self, "num_requests", int(cap))
+
+    @property
+    def user_request_cap(self) -> int:
+        """Per-user request cap of a multi-user workload: the Poisson quantile of 1 - 1e-15."""
+        from scipy.stats import poisson
+
+        return int(max(1, poisson.isf(1e-15, self.requests_per_user)))
+
+    @classmethod
+    def multi_user(cls, users, requests_per_user: float, user_rate: float, **kwargs) -> "Workload":
+        """A multi-user workload: each user sends a Poisson number of requests.
+
+        Parameters
+        ----------
+        users : int or (int, int)
+            Number of users, or an inclusive range drawn uniformly per replication.
+        requests_per_user : float
+            Mean (Poisson) number of requests per user, in (0, 1000].
+        user_rate : float
+            Rate (1/s) of a user's exponential gaps between requests; the first
+            request comes one gap after time 0.
+        **kwargs
+            Other :class:`Workload` fields (``prompt_len``, ``output_len``,
+            ``priorities``, ``priority_probs``, ``warmup_requests``, ``horizon_s``, ...).
+
+        Examples
+        --------
+        >>> w = Workload.multi_user((12, 16), requests_per_user=10, user_rate=0.2,
+        ...                         prompt_len=LogNormal(256, 0.5), output_len=128)
+        >>> w.users, w.mean_arrivals
+        ((12, 16), 140.0)
+        """
+        return cls(users=users, requests_per_user=requests_per_user, user_rate=user_rate,
+                   arrival_rate=kwargs.pop("arrival_rate", None), **kwargs)
+
+    @property
+    def mean_arrivals(self) -> float:
+        """Expected arrivals per replication (before any horizon)."""
+        if self.users is not None:
+            return 0.5 * (self.users[0] + self.users[1]) * self.requests_per_user
+        return float(self.num_requests)
 
     @classmethod
     def from_trace(cls, path, *, num_requests: int | None = None, arrival_rate: float = 1.0,
@@ -215,6 +305,9 @@ class Workload:
     def _arrival_spec(self) -> _ArrivalSpec:
         if self.arrival_times is not None:
             return _ArrivalSpec(kind=1, times=self.arrival_times)
+        if self.users is not None:
+            return _ArrivalSpec(kind=2, rate=self.user_rate, users=self.users,
+                                requests_per_user=self.requests_per_user, user_cap=self.user_request_cap)
         return _ArrivalSpec(kind=0, rate=self.arrival_rate, burstiness=self.burstiness)
 
 

@@ -299,7 +299,10 @@ def _ceil_lognormal_moment(median, sigma, order, terms=200_000):
 class _ArrivalSpec:
     """Arrival process as the kernel sees it (built by `Workload`)."""
 
-    kind: int  # 0 = renewal (gamma gaps; shape 1 is Poisson), 1 = given times
+    kind: int  # 0 = renewal (gamma gaps; shape 1 is Poisson), 1 = given times, 2 = multi-user
     rate: float = 0.0
+    users: tuple = (0, 0)
+    requests_per_user: float = 0.0
+    user_cap: int = 0
     burstiness: float = 1.0
     times: np.ndarray = field(default_factory=lambda: np.zeros(0))

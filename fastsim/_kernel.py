@@ -50,7 +50,10 @@ I_NUM_REQUESTS = 15   # arrivals to generate (buffer capacity with a horizon)
 I_HAS_TTFT_SLO = 16
 I_HAS_TPOT_SLO = 17
 I_NORMALIZE_ARRIVALS = 18  # 1: rescale as `vllm bench serve` (last arrival at N / rate)
-N_IPAR = 19
+I_USERS_LO = 19       # multi-user arrivals (I_ARRIVAL_KIND 2): user count range
+I_USERS_HI = 20
+I_USER_CAP = 21       # per-user request cap (Poisson quantile of 1 - 1e-15)
+N_IPAR = 22
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
 F_RATE = 0
@@ -60,7 +63,8 @@ F_HORIZON = 3
 F_TTFT_SLO = 4
 F_TPOT_SLO = 5
 F_TTFT_OVERHEAD = 6   # client-side offset of observed first-token and completion times
-N_FPAR = 7
+F_USER_REQUESTS = 7   # multi-user arrivals: mean requests per user (F_RATE is the per-user rate)
+N_FPAR = 8
 
 POLICY_CODES = {"fcfs": 0, "priority": 1, "sjf": 2}
 ADMISSION_CODES = {"none": 0, "queue_limit": 1, "kv_reservation": 2}
@@ -83,7 +87,8 @@ S_OUTPUT_COMPONENT = 3
 S_OUTPUT_VALUE = 4
 S_PRIORITY = 5
 S_TRACE_ROW = 6
-N_STREAMS = 7
+S_USERS = 7           # multi-user arrivals: user count and per-user request counts
+N_STREAMS = 8
 
 # --- per-replication output row -------------------------------------------------
 METRICS = (
@@ -233,6 +238,52 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
 
 
 @njit
+def _poisson(state, s, mean, cap):
+    """Poisson(mean) by sequential inversion (one uniform), truncated at ``cap``."""
+    # Split large means so that exp(-mean) cannot underflow (a sum of
+    # independent Poissons is Poisson).
+    total = 0
+    left = mean
+    while left > 0.0:
+        m = min(left, 500.0)
+        left -= m
+        u = _uniform(state, s)
+        p = math.exp(-m)
+        c = p
+        k = 0
+        while u > c and k < cap:
+            k += 1
+            p *= m / k
+            c += p
+        total += k
+    return min(total, cap)
+
+
+@njit
+def _multi_user_arrivals(ipar, fpar, state, arrival):
+    """Merged arrival times of a multi-user workload; return their count."""
+    lo = ipar[I_USERS_LO]
+    width = ipar[I_USERS_HI] - lo + 1
+    users = lo + min(np.int64(_uniform(state, S_USERS) * width), width - 1)
+    rate = fpar[F_RATE]
+    n = 0
+    for _u in range(users):
+        m = _poisson(state, S_USERS, fpar[F_USER_REQUESTS], ipar[I_USER_CAP])
+        t = 0.0
+        for _j in range(m):
+            t += -math.log(_uniform(state, S_ARRIVAL)) / rate
+            arrival[n] = t
+            n += 1
+    arrival[:n] = np.sort(arrival[:n])
+    if ipar[I_HAS_HORIZON] == 1:
+        m = 0
+        while m < n and arrival[m] < fpar[F_HORIZON]:
+            m += 1
+        n = m
+    return n
+
+
+@njit
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, state, arrival, prompt, output, prio):
     """Fill the request arrays of replication ``rep``; return the arrival count."""
@@ -247,6 +298,8 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
                 break
             arrival[i] = arr_times[i]
             n += 1
+    elif ipar[I_ARRIVAL_KIND] == 2:
+        n = _multi_user_arrivals(ipar, fpar, state, arrival)
     else:
         rate = fpar[F_RATE]
         shape = fpar[F_BURSTINESS]

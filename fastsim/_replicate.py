@@ -101,6 +101,10 @@ def pack_scenario(scenario: Scenario) -> dict:
     ipar[K.I_ARRIVAL_KIND] = arr.kind
     fpar[K.F_RATE] = arr.rate
     fpar[K.F_BURSTINESS] = arr.burstiness
+    if arr.kind == 2:
+        ipar[K.I_USERS_LO], ipar[K.I_USERS_HI] = arr.users
+        ipar[K.I_USER_CAP] = arr.user_cap
+        fpar[K.F_USER_REQUESTS] = arr.requests_per_user
     arr_times = np.ascontiguousarray(arr.times, dtype=np.float64)
 
     comps, tab_rows = [], []
@@ -464,7 +468,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
             warnings.warn(f"precision targets not reached with max_replications={max_replications}; "
                           f"see ReplicateResult.precision_achieved()", RuntimeWarning, stacklevel=2)
     w = scenario.workload
-    if w.horizon_s is not None and w.arrival_times is None:
+    if w.horizon_s is not None and w.arrival_times is None and w.users is None:
         exhausted = int((data[:, K.C_N_ARRIVED] >= w.num_requests).sum())
         if exhausted:
             import warnings

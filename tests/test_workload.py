@@ -108,3 +108,67 @@ def test_empirical_replay_in_order():
         fastsim.Empirical(values, weights=[0.2, 0.3, 0.5], order="replay")
     with pytest.raises(ValueError, match=r"components\[0\] must not replay in order inside a Mixture"):
         fastsim.Mixture([fastsim.Empirical(values, order="replay"), fastsim.Fixed(3)], [0.5, 0.5])
+
+
+# --- multi-user arrivals (Workload.multi_user) --------------------------------
+
+def multi_user_counts(users, m, rate, reps=4000, **kw):
+    sc = fastsim.Scenario(workload=fastsim.Workload.multi_user(users, requests_per_user=m, user_rate=rate,
+                                                               prompt_len=8, output_len=2, **kw),
+                          engine=fastsim.EngineConfig(max_num_seqs=64))
+    res = fastsim.replicate(sc, n_replications=reps, seed=None, progress=False)
+    return res.per_replication["n_arrived"].to_numpy().astype(float)
+
+
+def test_multi_user_request_count_is_compound_poisson():
+    # U ~ uniform{12..16} users, each Poisson(10) requests:
+    # E[N] = E[U] m, Var[N] = E[U] m + m^2 Var[U].
+    n = multi_user_counts((12, 16), 10.0, 0.5)
+    users = np.arange(12, 17)
+    mean, var = users.mean() * 10.0, users.mean() * 10.0 + 100.0 * users.var()
+    within(n.mean(), mean, np.sqrt(var / n.size))
+    # the sample variance of n iid draws has standard error about var * sqrt(2 / n) (near-normal counts)
+    within(n.var(ddof=1), var, var * np.sqrt(2.5 / n.size))
+
+
+def test_single_user_stream_is_a_poisson_process_of_given_rate():
+    # One user, Poisson(m) requests at exponential gaps: given N = k the last
+    # arrival is Gamma(k, rate); E[T_N] = m / rate.
+    sc = fastsim.Scenario(workload=fastsim.Workload.multi_user(1, requests_per_user=30.0, user_rate=2.0,
+                                                               prompt_len=8, output_len=2))
+    last, gaps = [], []
+    for r in range(400):
+        a = fastsim.sample_requests(sc, seed=3, replication=r)["arrival_s"].to_numpy()
+        assert np.all(np.diff(a) >= 0)
+        if a.size:
+            last.append(a[-1])
+            gaps.append(np.diff(np.concatenate([[0.0], a])))
+    gaps = np.concatenate(gaps)
+    within(gaps.mean(), 0.5, 0.5 / np.sqrt(gaps.size))          # Exp(2) gaps: mean = sd = 0.5
+    assert stats.kstest(gaps, "expon", args=(0, 0.5)).pvalue > 1e-6
+
+
+def test_multi_user_horizon_truncates_arrivals():
+    sc = fastsim.Scenario(workload=fastsim.Workload.multi_user(8, requests_per_user=20, user_rate=1.0,
+                                                               prompt_len=8, output_len=2, horizon_s=5.0))
+    a = fastsim.sample_requests(sc, seed=0, replication=0)["arrival_s"].to_numpy()
+    assert a.size > 0 and a.max() < 5.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(users=0, requests_per_user=1, user_rate=1), "users must be an integer >= 1, got 0"),
+    (dict(users=(5, 3), requests_per_user=1, user_rate=1), "users[1] must be an integer >= 5, got 3"),
+    (dict(users=4, requests_per_user=0, user_rate=1), "requests_per_user must be"),
+    (dict(users=4, requests_per_user=2, user_rate=-1), "user_rate must be"),
+    (dict(users=4, requests_per_user=2, user_rate=1, arrival_rate=3.0), "arrival_rate must be None"),
+    (dict(users=4, requests_per_user=2, user_rate=1, num_requests=7), "num_requests must be left out"),
+])
+def test_multi_user_validation(kwargs, message):
+    users = kwargs.pop("users")
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        fastsim.Workload.multi_user(users, **kwargs)
+
+
+def test_requests_per_user_needs_users():
+    with pytest.raises(ValueError, match="need users"):
+        fastsim.Workload(requests_per_user=3)
