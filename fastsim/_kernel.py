@@ -482,14 +482,145 @@ def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
 
 
 @njit
+def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved,
+                          status, q, qs, key, acc, ws, we):
+    """Ingest the arrivals during a step ending at ``t_end``: they see it
+    before its completions. Return the updated (next arrival, waiting, reserved)."""
+    while nxt < n and arrival[nxt] < t_end:
+        i = nxt
+        nxt += 1
+        status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait, reserved)
+        if status[i] == ST_WAITING:
+            if ipar[I_ADMISSION] == 2:
+                reserved += prompt[i] + output[i]
+            n_wait += 1
+            _q_push(q, qs, key, ipar[I_POLICY], i, False)
+            # in the system (waiting) since its arrival, not since t_end
+            acc[A_L_INT] += t_end - arrival[i]
+            part = min(t_end, we) - max(arrival[i], ws)
+            if part > 0.0:
+                acc[A_QUEUE_INT] += part
+    return nxt, n_wait, reserved
+
+
+@njit
+def _compact_run(run, rl, status):
+    """Drop requests that are no longer running from ``run[:rl]``, keeping the order."""
+    m = 0
+    for j in range(rl):
+        r = run[j]
+        if status[r] == ST_RUNNING:
+            run[m] = r
+            m += 1
+    return m
+
+
+@njit
+def _rebuild(run, n_run, oth):
+    for j in range(n_run):
+        oth[j] = run[j]
+    return n_run
+
+
+@njit(inline="always")
+def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output, dstate):
+    """Make running request ``r`` (which emitted a token at the end of the last
+    step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder."""
+    n_d = dstate[0]
+    dmem[n_d] = r
+    dpos[r] = n_d
+    dstate[0] = n_d + 1
+    koff[r] = kk - S
+    goff[r] = gg - S
+    ph[(kk - S) % bs] += 1
+    dstate[1] += kk - S
+    if r >= warmup:
+        dstate[2] += 1
+    # completion heap keyed by the fast-step count at which g reaches output
+    _heap2_push(hk, hr, hs, S + output[r] - gg, r)
+
+
+@njit(inline="always")
+def _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate):
+    n_d = dstate[0] - 1
+    pos = dpos[r]
+    last = dmem[n_d]
+    dmem[pos] = last
+    dpos[last] = pos
+    dpos[r] = -1
+    dstate[0] = n_d
+    ph[koff[r] % bs] -= 1
+    dstate[1] -= koff[r]
+    if r >= warmup:
+        dstate[2] -= 1
+
+
+@njit
+def _heap2_push(hk, hr, hs, key, r):
+    pos = hs[0]
+    hs[0] = pos + 1
+    while pos > 0:
+        parent = (pos - 1) // 2
+        if hk[parent] <= key:
+            break
+        hk[pos] = hk[parent]
+        hr[pos] = hr[parent]
+        pos = parent
+    hk[pos] = key
+    hr[pos] = r
+
+
+@njit
+def _heap2_pop(hk, hr, hs):
+    top = hr[0]
+    last = hs[0] - 1
+    hs[0] = last
+    if last > 0:
+        key = hk[last]
+        r = hr[last]
+        pos = 0
+        while True:
+            c = 2 * pos + 1
+            if c >= last:
+                break
+            if c + 1 < last and hk[c + 1] < hk[c]:
+                c += 1
+            if hk[c] >= key:
+                break
+            hk[pos] = hk[c]
+            hr[pos] = hr[c]
+            pos = c
+        hk[pos] = key
+        hr[pos] = r
+    return top
+
+
+@njit
 def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-              status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc):
+              status, k, g, blocks, first_t, last_t, finish_t, npre, itl_v, itl_w, acc):
     """Run one replication of the engine model over requests ``0..n-1``.
 
     Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
-    ``npre``, ``g``), the inter-token gaps of measured requests into ``itl``
-    (count in ``acc[A_N_ITL]``) and the run-level accumulators ``acc``.
+    ``npre``, ``g``), the inter-token gaps of measured requests as weighted
+    samples (``itl_v`` values, ``itl_w`` multiplicities; their count in
+    ``acc[A_N_ITL]``) and the run-level accumulators ``acc``.
     Semantics: ``docs/engine-model.md``.
+
+    Two paths compute the same steps. A *fast step* applies when every
+    running request can be scheduled in full (their token needs fit the
+    budget and their new KV blocks fit the free blocks), so that the order of
+    the running batch and preemption play no role. Then requests that are
+    plainly decoding (they emitted a token at the end of the previous step)
+    are handled in aggregate, O(1) per step: their computed and generated
+    tokens are ``koff + S`` and ``goff + S`` with ``S`` the number of fast
+    steps so far, the blocks they need this step are counted by a histogram
+    of ``koff mod block_size``, their completions come from a heap keyed by
+    the step at which they finish, and their inter-token gaps (all equal to
+    the step duration) are one weighted sample. Any other step is a *slow
+    step*: the lazy decoders are materialised and the step is scheduled
+    request by request in admission order (preemption included). Both paths
+    add the same terms in the same order, so times are bit-identical to the
+    reference simulator (tests/test_reference_agreement.py).
     """
     mns = ipar[I_MAX_NUM_SEQS]
     mbt = ipar[I_MAX_BATCHED_TOKENS]
@@ -518,12 +649,27 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         last_t[i] = np.nan
         finish_t[i] = np.nan
         key[i] = prio[i] if policy == 1 else output[i]
+    cap = max(1, min(mns, n))
     q = np.empty(2 * n + 2, np.int64)
     qs = np.zeros(2, np.int64)          # (size incl. stale entries, ring head)
-    run = np.empty(max(1, min(mns, n)), np.int64)   # running requests in admission order
+    run = np.empty(2 * cap, np.int64)   # running requests in admission order (+ completed, until compacted)
     sched = np.zeros(n, np.int64)       # tokens scheduled for each request this step
     ever = np.zeros(n, np.bool_)        # ever scheduled (abandonment applies otherwise)
-    phase = np.zeros(bs, np.int64)      # event skipping: running requests by k mod block_size
+    # lazy decoders (fast steps)
+    dmem = np.empty(cap, np.int64)
+    dpos = np.full(n, -1, np.int64)
+    koff = np.empty(n, np.int64)
+    goff = np.empty(n, np.int64)
+    ph = np.zeros(bs, np.int64)
+    hk = np.empty(cap, np.int64)
+    hr = np.empty(cap, np.int64)
+    hs = np.zeros(1, np.int64)
+    dstate = np.zeros(3, np.int64)      # (count, sum of koff, measured count)
+    oth = np.empty(cap, np.int64)       # the other running requests (unordered)
+    # decode term of the step time by batch size: the same expression as below, computed once
+    dec_cost = np.zeros(cap + 1)
+    for b in range(2, cap + 1):
+        dec_cost[b] = dscale * (b - 1.0) ** dalpha
     for j in range(acc.size):
         acc[j] = 0.0
 
@@ -532,7 +678,10 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
     we = horizon if has_h else np.inf   # window end (else the end of the run)
     acc[A_WINDOW_START] = ws
-    n_run = 0
+    n_run = 0       # running requests (lazy decoders + others)
+    rl = 0          # length of `run`, completed entries included
+    n_oth = 0
+    S = 0           # fast steps so far
     n_wait = 0
     free = nblk
     reserved = 0
@@ -573,65 +722,178 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         if n_run == 0 and n_wait == 0:
             continue
 
-        # -- event skipping: while every running request is decoding and
-        # nothing else can change (no admission, no arrival, no completion, no
-        # shortage of blocks), advance a stretch of steps without the
-        # per-request scheduling work. The steps, their durations and every
-        # token time are exactly those of the step-by-step path below (the
-        # same additions in the same order); tests/test_reference_agreement.py
-        # holds both to the reference simulator bit for bit.
-        if not static and n_run > 0 and (n_wait == 0 or (n_run == mns and not has_delay)):
-            rem = np.int64(1) << 62
-            ctx0 = 0
-            for jj in range(n_run):
-                r = run[jj]
-                if g[r] == 0 or k[r] != prompt[r] + g[r] - 1:
-                    rem = 0
+        n_d = dstate[0]
+        # -- can every running request be scheduled in full? (fast step)
+        fast = False
+        if not static:
+            need_tok = n_d
+            need_blk = ph[(-S) % bs]   # lazy decoders whose k is a multiple of block_size
+            for jj in range(n_oth):
+                r = oth[jj]
+                s = prompt[r] + g[r] - k[r]
+                need_tok += s
+                need_blk += _ceil_div(k[r] + s, bs) - blocks[r]
+            fast = need_tok <= mbt and need_blk <= free
+
+        if fast:
+            budget = mbt - n_d
+            free -= ph[(-S) % bs]
+            n_dec = n_d
+            n_pf = 0
+            n_ctx = dstate[1] + n_d * (S + 1)
+            for jj in range(n_oth):
+                r = oth[jj]
+                s = prompt[r] + g[r] - k[r]
+                nb = _ceil_div(k[r] + s, bs) - blocks[r]
+                blocks[r] += nb
+                free -= nb
+                sched[r] = s
+                budget -= s
+            # admission of waiting requests, as in the slow step
+            while n_wait > 0 and budget > 0 and n_run < mns:
+                w = _q_peek(q, qs, key, policy, status)
+                need = prompt[w] + g[w]
+                if chunked:
+                    s = min(need, budget)
+                elif need > budget:
                     break
-                if output[r] - g[r] < rem:
-                    rem = output[r] - g[r]
-                ctx0 += k[r] + 1
-            if rem >= 3:
-                for jj in range(bs):
-                    phase[jj] = 0
-                for jj in range(n_run):
-                    phase[k[run[jj]] % bs] += 1
+                else:
+                    s = need
+                nb = _ceil_div(s, bs)
+                if nb > free:
+                    break
+                _q_pop(q, qs, key, policy)
+                n_wait -= 1
+                status[w] = ST_RUNNING
+                ever[w] = True
+                blocks[w] = nb
+                free -= nb
+                sched[w] = s
+                budget -= s
+                if rl == run.size:
+                    rl = _compact_run(run, rl, status)
+                run[rl] = w
+                rl += 1
+                oth[n_oth] = w
+                n_oth += 1
+                n_run += 1
+            for jj in range(n_oth):
+                r = oth[jj]
+                s = sched[r]
+                if s == 1 and g[r] >= 1 and k[r] == prompt[r] + g[r] - 1:
+                    n_dec += 1
+                else:
+                    n_pf += s
+                n_ctx += k[r] + s
+            d = base
+            if n_dec > 1:
+                d += dec_cost[n_dec]
+            d += c_prefill * n_pf
+            d += c_ctx * n_ctx
+            t_end = t + d
+            _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
+            nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run,
+                                                          n_wait, reserved, status, q, qs, key, acc, ws, we)
+            # -- apply: lazy decoders emit one token each
+            if dstate[2] > 0:
+                itl_v[n_itl] = t_end - t
+                itl_w[n_itl] = dstate[2]
+                n_itl += 1
+            S += 1
+            while hs[0] > 0 and hk[0] == S:
+                r = _heap2_pop(hk, hr, hs)
+                _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate)
+                k[r] = koff[r] + S
+                g[r] = output[r]
+                free += _ceil_div(k[r], bs)
+                blocks[r] = 0
+                if admission == 2:
+                    reserved -= prompt[r] + output[r]
+                status[r] = ST_COMPLETED
+                finish_t[r] = t_end
+                last_t[r] = t_end
+                n_run -= 1
+            m = 0
+            for jj in range(n_oth):
+                r = oth[jj]
+                s = sched[r]
+                sched[r] = 0
+                k[r] += s
+                emitted = False
+                if k[r] == prompt[r] + g[r]:
+                    g[r] += 1
+                    emitted = True
+                    if g[r] == 1:
+                        first_t[r] = t_end
+                    elif r >= warmup:
+                        itl_v[n_itl] = t_end - last_t[r]
+                        itl_w[n_itl] = 1
+                        n_itl += 1
+                    last_t[r] = t_end
+                if g[r] == output[r]:
+                    status[r] = ST_COMPLETED
+                    finish_t[r] = t_end
+                    free += blocks[r]
+                    blocks[r] = 0
+                    if admission == 2:
+                        reserved -= prompt[r] + output[r]
+                    n_run -= 1
+                elif emitted:
+                    _d_add(r, k[r], g[r], S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output, dstate)
+                else:
+                    oth[m] = r
+                    m += 1
+            n_oth = m
+            t = t_end
+            # -- event skipping: while every running request is a lazy decoder
+            # and nothing else can happen (no arrival during the step, no
+            # admission, no abandonment, no completion, enough free blocks),
+            # run the next steps without the per-step scheduling work. Same
+            # steps, same terms in the same order as a fast step.
+            if n_oth == 0 and n_run > 0 and (n_wait == 0 or (n_run == mns and not has_delay)):
+                n_d = dstate[0]
+                nm_d = dstate[2]
                 next_a = arrival[nxt] if nxt < n else np.inf
-                used0 = nblk - free
-                skipped = 0
-                new_total = 0
-                while skipped < rem - 1:
-                    new_blk = phase[(bs - (skipped % bs)) % bs]
-                    if new_total + new_blk > free:
+                dec = dec_cost[n_d] if n_d > 1 else 0.0
+                while not (has_h and t >= horizon):
+                    if hs[0] > 0 and hk[0] == S + 1:
+                        break
+                    nb = ph[(-S) % bs]
+                    if nb > free:
                         break
                     d = base
-                    if n_run > 1:
-                        d += dscale * (n_run - 1.0) ** dalpha
+                    if n_d > 1:
+                        d += dec
                     d += c_prefill * 0
-                    d += c_ctx * (ctx0 + n_run * skipped)
+                    d += c_ctx * (dstate[1] + n_d * (S + 1))
                     t_end = t + d
-                    if t_end >= next_a or (has_h and t_end >= horizon):
+                    if t_end > next_a:
                         break
-                    new_total += new_blk
-                    _account_step(acc, t, t_end, d, n_run, n_wait, used0 + new_total, ws, we, mns, nblk)
-                    gap = t_end - t
-                    for jj in range(n_run):
-                        if run[jj] >= warmup:
-                            itl[n_itl] = gap
-                            n_itl += 1
+                    free -= nb
+                    _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
+                    if nm_d > 0:
+                        itl_v[n_itl] = t_end - t
+                        itl_w[n_itl] = nm_d
+                        n_itl += 1
+                    S += 1
                     t = t_end
-                    skipped += 1
-                if skipped > 0:
-                    for jj in range(n_run):
-                        r = run[jj]
-                        k[r] += skipped
-                        g[r] += skipped
-                        blocks[r] = _ceil_div(k[r], bs)
-                        last_t[r] = t
-                    free -= new_total
-                    continue
+            continue
 
-        # -- schedule one step
+        # -- slow step: materialise the lazy decoders, schedule in admission order
+        for jj in range(n_d):
+            r = dmem[jj]
+            k[r] = koff[r] + S
+            g[r] = goff[r] + S
+            blocks[r] = _ceil_div(k[r], bs)
+            last_t[r] = t
+            dpos[r] = -1
+        dstate[0] = 0
+        dstate[1] = 0
+        dstate[2] = 0
+        hs[0] = 0
+        for jj in range(bs):
+            ph[jj] = 0
+        rl = _compact_run(run, rl, status)
         budget = mbt
         preempted = False
         if static and n_run == 0:
@@ -726,6 +988,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 budget -= s
                 run[n_run] = w
                 n_run += 1
+        rl = n_run
 
         # -- step duration from the batch composition
         n_dec = 0
@@ -742,33 +1005,20 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 n_pf += s
             n_ctx += k[r] + s
         if n_dec + n_pf == 0:
-            continue   # only preemptions happened; nothing ran
+            # only preemptions happened; nothing ran
+            n_oth = _rebuild(run, n_run, oth)
+            continue
         # Same operation order as LatencyModel.step_time, so that the kernel
         # and the reference agree to the last bit.
         d = base
         if n_dec > 1:
-            d += dscale * (n_dec - 1.0) ** dalpha
+            d += dec_cost[n_dec]
         d += c_prefill * n_pf
         d += c_ctx * n_ctx
         t_end = t + d
         _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
-
-        # -- arrivals during the step see it before its completions
-        while nxt < n and arrival[nxt] < t_end:
-            i = nxt
-            nxt += 1
-            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait, reserved)
-            if status[i] == ST_WAITING:
-                if admission == 2:
-                    reserved += prompt[i] + output[i]
-                n_wait += 1
-                _q_push(q, qs, key, policy, i, False)
-                # in the system (waiting) since its arrival, not since t_end
-                acc[A_L_INT] += t_end - arrival[i]
-                part = min(t_end, we) - max(arrival[i], ws)
-                if part > 0.0:
-                    acc[A_QUEUE_INT] += part
-
+        nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run,
+                                                      n_wait, reserved, status, q, qs, key, acc, ws, we)
         # -- apply the step: token emission and completion
         for jj in range(n_run):
             r = run[jj]
@@ -784,7 +1034,8 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 if g[r] == 1:
                     first_t[r] = t_end
                 elif r >= warmup:
-                    itl[n_itl] = t_end - last_t[r]
+                    itl_v[n_itl] = t_end - last_t[r]
+                    itl_w[n_itl] = 1
                     n_itl += 1
                 last_t[r] = t_end
             if g[r] == output[r] and not static:
@@ -801,6 +1052,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                     status[r] = ST_COMPLETED
                     finish_t[r] = t_end
         m = 0
+        n_oth = 0
         for jj in range(n_run):
             r = run[jj]
             if status[r] == ST_COMPLETED:
@@ -811,10 +1063,23 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
             else:
                 run[m] = r
                 m += 1
+                # decoders that emitted at t_end become lazy; the rest are "others"
+                if not static and last_t[r] == t_end and k[r] == prompt[r] + g[r] - 1:
+                    _d_add(r, k[r], g[r], S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output,
+                           dstate)
+                else:
+                    oth[n_oth] = r
+                    n_oth += 1
         n_run = m
+        rl = m
         t = t_end
 
-    # -- end of run: whatever is still in the system is unfinished
+    # -- end of run: materialise lazy decoders; whatever is in the system is unfinished
+    for jj in range(dstate[0]):
+        r = dmem[jj]
+        k[r] = koff[r] + S
+        g[r] = goff[r] + S
+        blocks[r] = _ceil_div(k[r], bs)
     for i in range(n):
         if status[i] == ST_WAITING or status[i] == ST_RUNNING:
             status[i] = ST_UNFINISHED
@@ -840,6 +1105,53 @@ def _percentile_sorted(x, m, q):
 
 
 @njit
+def _weighted_at(v, cw, order, j):
+    """Element ``j`` (0-based) of the sorted sample in which value
+    ``v[order[e]]`` occurs ``cw[e] - cw[e - 1]`` times."""
+    lo = 0
+    hi = cw.size - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cw[mid] > j:
+            hi = mid
+        else:
+            lo = mid + 1
+    return v[order[lo]]
+
+
+@njit
+def _weighted_stats(v, w, m, row, c):
+    """Mean, p50 and p99 into ``row[c:c + 3]`` of the sample in which each
+    ``v[e]`` occurs ``w[e]`` times: the values numpy gives on the expanded
+    sample (percentiles by linear interpolation), from ``m`` entries."""
+    total = 0
+    s = 0.0
+    for e in range(m):
+        total += w[e]
+        s += v[e] * w[e]
+    if total == 0:
+        row[c] = np.nan
+        row[c + 1] = np.nan
+        row[c + 2] = np.nan
+        return
+    row[c] = s / total
+    order = np.argsort(v[:m])
+    cw = np.empty(m, np.int64)
+    acc = 0
+    for e in range(m):
+        acc += w[order[e]]
+        cw[e] = acc
+    for jq in range(2):
+        q = 50.0 if jq == 0 else 99.0
+        pos = q / 100.0 * (total - 1)
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, total - 1)
+        x_lo = _weighted_at(v, cw, order, lo)
+        x_hi = _weighted_at(v, cw, order, hi)
+        row[c + 1 + jq] = x_lo + (x_hi - x_lo) * (pos - lo)
+
+
+@njit
 def _mean(x, m):
     if m == 0:
         return np.nan
@@ -850,7 +1162,7 @@ def _mean(x, m):
 
 
 @njit
-def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row):
+def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl_v, itl_w, n_itl, acc, row):
     """Per-replication metrics of the measured requests (``docs/engine-model.md``)."""
     warmup = ipar[I_WARMUP]
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
@@ -927,10 +1239,7 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
     tpot_s = np.sort(tpot[:n_tpot])
     row[C_TPOT_MEAN + 1] = _percentile_sorted(tpot_s, n_tpot, 50.0)
     row[C_TPOT_MEAN + 2] = _percentile_sorted(tpot_s, n_tpot, 99.0)
-    row[C_ITL_MEAN] = _mean(itl, n_itl)
-    itl_s = np.sort(itl[:n_itl])
-    row[C_ITL_MEAN + 1] = _percentile_sorted(itl_s, n_itl, 50.0)
-    row[C_ITL_MEAN + 2] = _percentile_sorted(itl_s, n_itl, 99.0)
+    _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN)
     row[C_E2E_MEAN] = _mean(e2e, n_done)
     e2e_s = np.sort(e2e[:n_done])
     row[C_E2E_MEAN + 1] = _percentile_sorted(e2e_s, n_done, 50.0)
@@ -993,16 +1302,18 @@ def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
     npre = np.empty(n, np.int64)
     # Gaps come only from measured requests that can complete, whose output
     # fits the KV cache: cap each term so one huge (rejected) draw cannot
-    # exhaust memory.
+    # exhaust memory. (Gaps are stored as weighted samples, one per step for
+    # the lazy decoders, so far fewer entries are used.)
     kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
     n_tok = 0
     for i in range(ipar[I_WARMUP], n):
         n_tok += min(output[i], kv_tokens)
-    itl = np.empty(max(n_tok, 1))
+    itl_v = np.empty(max(n_tok, 1))
+    itl_w = np.empty(max(n_tok, 1), np.int64)
     acc = np.empty(N_ACC)
     n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl, acc)
-    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl, n_itl, acc, row)
+                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl_v, itl_w, acc)
+    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl_v, itl_w, n_itl, acc, row)
     return status, first_t, finish_t, npre, g
 
 
