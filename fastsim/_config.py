@@ -54,6 +54,27 @@ class EngineConfig:
         abandons.
     max_model_len : int, optional
         Longest prompt + output a request may have; longer ones are rejected.
+    preemption_mode : {"recompute", "swap"}
+        How a preempted request gives up its KV blocks: dropped and recomputed
+        later (vLLM V1), or moved to a CPU swap space and resumed before any
+        new prefill (vLLM V0; falls back to recompute when the swap space is
+        full). Transfers cost ``LatencyModel.swap_s_per_block``.
+    swap_space_blocks : int
+        CPU swap space in KV blocks (only with ``preemption_mode="swap"``).
+    priority_preemption : bool
+        With ``policy="priority"`` or ``"sjf"``: preempt a running, strictly
+        less urgent request as soon as the head of the waiting queue cannot
+        be scheduled (no seat or no KV blocks), not only when KV runs out.
+    priority_aging_s : float, optional
+        Aging for ``policy="priority"`` or ``"sjf"``: every this-many seconds
+        since its arrival make a request one priority class (sjf: one token
+        of predicted length) more urgent.
+    enable_prefix_caching : bool
+        Share the cached full KV blocks of a prefix group's shared prefix
+        across requests (vLLM's automatic prefix caching); freed blocks stay
+        cached until evicted (LRU).
+
+    See ``docs/engine-model.md`` for the exact semantics of every option.
     """
 
     max_num_seqs: int = 256
@@ -67,6 +88,11 @@ class EngineConfig:
     max_waiting: int | None = None
     max_queue_delay_s: float | None = None
     max_model_len: int | None = None
+    preemption_mode: str = "recompute"
+    swap_space_blocks: int = 0
+    priority_preemption: bool = False
+    priority_aging_s: float | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self):
         s = object.__setattr__
@@ -89,6 +115,40 @@ class EngineConfig:
         s(self, "max_queue_delay_s", check_float("max_queue_delay_s", self.max_queue_delay_s,
                                                  low=0, low_open=True, optional=True))
         s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, optional=True))
+        self._check_scheduler_features()
+
+    def _check_scheduler_features(self):
+        """Swap preemption, active priority preemption, aging and prefix caching
+        (``docs/engine-model.md``, "Option combinations")."""
+        s = object.__setattr__
+        check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
+        s(self, "swap_space_blocks", check_int("swap_space_blocks", self.swap_space_blocks, low=0))
+        s(self, "priority_preemption", check_bool("priority_preemption", self.priority_preemption))
+        s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
+                                                low=0, low_open=True, optional=True))
+        s(self, "enable_prefix_caching", check_bool("enable_prefix_caching", self.enable_prefix_caching))
+        swap = self.preemption_mode == "swap"
+        if not swap and self.swap_space_blocks != 0:
+            raise ValueError(f"swap_space_blocks is only used with preemption_mode='swap', got "
+                             f"swap_space_blocks={self.swap_space_blocks} with preemption_mode='recompute'")
+        if self.policy == "fcfs":
+            for name in ("priority_preemption", "priority_aging_s"):
+                value = getattr(self, name)
+                if value not in (False, None):
+                    raise ValueError(f"{name} requires policy='priority' or 'sjf', got {name}={value!r} "
+                                     f"with policy='fcfs'")
+        if self.scheduler == "static":
+            for name, on in (("preemption_mode", swap), ("priority_preemption", self.priority_preemption),
+                             ("enable_prefix_caching", self.enable_prefix_caching)):
+                if on:
+                    raise ValueError(f"{name}={getattr(self, name)!r} requires scheduler='continuous' "
+                                     f"(static batching never preempts or shares blocks), got "
+                                     f"scheduler='static'")
+        if swap:
+            for name in ("priority_preemption", "enable_prefix_caching"):
+                if getattr(self, name):
+                    raise ValueError(f"preemption_mode='swap' cannot be combined with {name}=True "
+                                     f"(not modelled); use preemption_mode='recompute' or {name}=False")
 
     @property
     def kv_capacity_tokens(self) -> int:

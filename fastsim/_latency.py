@@ -14,7 +14,8 @@ class LatencyModel:
     """Duration of one engine step as a function of the batch it runs.
 
     ``step_s = base_s + decode_scale_s * max(n_decode - 1, 0) ** decode_alpha
-    + prefill_per_token_s * n_prefill_tokens + ctx_per_token_s * n_context_tokens``
+    + prefill_per_token_s * n_prefill_tokens + ctx_per_token_s * n_context_tokens
+    + swap_s_per_block * n_swap_blocks`` (added in this order)
 
     Parameters
     ----------
@@ -34,6 +35,10 @@ class LatencyModel:
         them*: it shifts TTFT, E2E and the end of the throughput window, but
         not the engine's steps, TPOT or ITL. 0 for a pure engine model; the
         A10G preset carries the value fitted from the traces' TTFTs.
+    swap_s_per_block : float
+        Time to move one KV block between GPU and CPU swap space (either
+        direction, over PCIe), added to the step in which the transfer happens
+        (``EngineConfig(preemption_mode="swap")``). 0 by default.
 
     See ``docs/engine-model.md`` for how the batch quantities are counted.
     """
@@ -44,11 +49,13 @@ class LatencyModel:
     prefill_per_token_s: float = 0.0
     ctx_per_token_s: float = 0.0
     ttft_overhead_s: float = 0.0
+    swap_s_per_block: float = 0.0
     calibration: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "base_s", check_float("base_s", self.base_s, low=0, low_open=True))
-        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s", "ttft_overhead_s"):
+        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s", "ttft_overhead_s",
+                     "swap_s_per_block"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
         object.__setattr__(self, "decode_alpha",
                            check_float("decode_alpha", self.decode_alpha, low=0, low_open=True))
@@ -107,9 +114,10 @@ class LatencyModel:
 
     @property
     def is_constant(self) -> bool:
-        return self.decode_scale_s == 0 and self.prefill_per_token_s == 0 and self.ctx_per_token_s == 0
+        return (self.decode_scale_s == 0 and self.prefill_per_token_s == 0 and self.ctx_per_token_s == 0
+                and self.swap_s_per_block == 0)
 
-    def step_time(self, num_decode, num_prefill_tokens=0, num_context_tokens=0):
+    def step_time(self, num_decode, num_prefill_tokens=0, num_context_tokens=0, num_swap_blocks=0):
         """Evaluate the model (vectorised over array arguments).
 
         Parameters
@@ -120,6 +128,8 @@ class LatencyModel:
             Prompt (or recompute) tokens in the step.
         num_context_tokens : array_like of int
             KV tokens touched by the step.
+        num_swap_blocks : array_like of int
+            KV blocks swapped out or in by the step.
 
         Returns
         -------
@@ -129,11 +139,17 @@ class LatencyModel:
         nd = np.asarray(num_decode, dtype=float)
         npf = np.asarray(num_prefill_tokens, dtype=float)
         nc = np.asarray(num_context_tokens, dtype=float)
+        nsw = np.asarray(num_swap_blocks, dtype=float)
+        # Left to right in this order (docs/engine-model.md): the swap term last,
+        # so that a step without transfers has exactly the duration without swap.
         out = (self.base_s + self.decode_scale_s * np.maximum(nd - 1.0, 0.0) ** self.decode_alpha
-               + self.prefill_per_token_s * npf + self.ctx_per_token_s * nc)
+               + self.prefill_per_token_s * npf + self.ctx_per_token_s * nc
+               + self.swap_s_per_block * nsw)
         return out[()] if out.ndim == 0 else out
 
     def _params(self) -> np.ndarray:
-        """The parameters in the order the kernel reads them."""
+        """The parameters in the order the kernel reads them (``swap_s_per_block``
+        last, at index 5)."""
         return np.array([self.base_s, self.decode_scale_s, self.decode_alpha,
-                         self.prefill_per_token_s, self.ctx_per_token_s], dtype=np.float64)
+                         self.prefill_per_token_s, self.ctx_per_token_s, self.swap_s_per_block],
+                        dtype=np.float64)

@@ -7,8 +7,12 @@ configuration (:class:`EngineConfig`) and the latency model
 (:class:`LatencyModel`).
 
 It is written for clarity, not speed: one object per request, plain lists for
-the running batch and the waiting queue, one iteration of the main loop per
-engine step. Comments quote the rules of ``docs/engine-model.md`` ("spec")
+the running batch and the waiting and swapped queues, a dict for the prefix
+cache, one iteration of the main loop per engine step. It implements every
+option of the spec, including those the kernel may not have yet (swap
+preemption, active priority preemption and aging, SJF keys, prefix caching),
+and asserts the conservation of KV blocks and swap space after every
+scheduling pass. Comments quote the rules of ``docs/engine-model.md`` ("spec")
 that each piece of code implements. Where the spec is ambiguous, the most
 literal reading is implemented and the choice is marked ``SPEC-QUESTION:``.
 """
@@ -16,6 +20,7 @@ literal reading is implemented and the choice is marked ``SPEC-QUESTION:``.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,9 +51,18 @@ class _Request:
     P: int            # prompt length P_i
     O: int            # output length O_i
     prio: int         # priority c_i (lower is more urgent)
+    sjf_key: int = 0  # q_i, the SJF key (O_i unless predicted)
+    group: int = -1   # prefix group G_i (-1: none)
+    prefix_len: int = 0   # L_i, tokens of the group's shared prefix at the start of the prompt
+    qkey: object = 0  # queue key e_i (spec, "Waiting-queue order"); the arrival index for fcfs
     k: int = 0        # tokens computed (held in the KV cache)
     g: int = 0        # output tokens generated (emitted)
-    blocks: int = 0   # KV blocks currently allocated to it
+    private: int = 0  # KV blocks allocated to it alone (all its blocks without prefix caching)
+    swap_blocks: int = 0      # m: blocks it holds in the CPU swap space while swapped
+    swapped_since: float = math.nan
+    num_swaps: int = 0
+    swapped_s: float = 0.0
+    cached_tokens: int = 0    # h * block_size at its first admission
     reserved_tokens: int = 0   # admission="kv_reservation" reservation held
     ever_scheduled: bool = False
     num_preemptions: int = 0
@@ -61,6 +75,13 @@ class _Request:
 
     def __post_init__(self):
         self.gaps: list[float] = []  # inter-token gaps, in order
+        # Prefix-cache entries (group, j) it references, by j (always ascending).
+        self.entries: list[int] = []
+
+    @property
+    def blocks(self) -> int:
+        """Its KV blocks: referenced cache entries plus private blocks."""
+        return len(self.entries) + self.private
 
     def emit(self, when: float) -> None:
         """Spec: "the request emits one token (g += 1)" at the end of the step."""
@@ -75,23 +96,24 @@ class _Request:
 
 
 class _WaitingQueue:
-    """The waiting queue, kept in policy order (head = element 0).
+    """The waiting (or swapped) queue, kept in order (head = element 0).
 
     Spec, "Waiting-queue order":
     * fcfs: arrival order; a preempted request goes to the *front*;
-    * priority: ascending c_i, ties by arrival index;
-    * sjf: ascending O_i, ties by arrival index;
+    * priority and sjf: ascending (e_i, i), e_i the queue key (c_i, or q_i
+      for sjf, plus a_i / A with aging);
     for priority and sjf a preempted request re-enters with its own key.
+    The swapped queue is ordered by (e_i, i) for every policy (e_i = i for
+    fcfs): pass policy="keyed".
     """
 
     def __init__(self, policy: str):
         self.policy = policy
         self.items: list[_Request] = []
 
-    def _key(self, r: _Request):
-        if self.policy == "priority":
-            return (r.prio, r.idx)
-        return (r.O, r.idx)  # sjf
+    @staticmethod
+    def _key(r: _Request):
+        return (r.qkey, r.idx)
 
     def _add_sorted(self, r: _Request) -> None:
         self.items.append(r)
@@ -140,31 +162,144 @@ class _Reference:
         self.t = 0.0                          # the clock (start of the current step)
         self.running: list[_Request] = []     # in admission order
         self.waiting = _WaitingQueue(engine.policy)
-        self.blocks_used = 0
+        self.swapped = _WaitingQueue("keyed")  # spec: ordered by (e_i, i)
+        self.swap = engine.preemption_mode == "swap"
+        self.caching = engine.enable_prefix_caching
+        self.private_used = 0                 # private blocks of all requests
+        # Prefix cache: (group, j) -> reference count; the evictable entries (count 0)
+        # in LRU order (head = evicted first).
+        self.cache: dict[tuple[int, int], int] = {}
+        self.evictable: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self.swap_used = 0                    # blocks held in CPU swap space
+        self.pending_swap_blocks = 0          # transfers not yet charged to a step
         self.reserved_tokens = 0              # sum of kv_reservation reservations held
         self.num_steps = 0
         self.max_blocks_used = 0
-        # (t, t + d, running, waiting, blocks used) of every step with a duration
-        self.step_log: list[tuple[float, float, int, int, int]] = []
+        self.max_blocks_resident = 0          # allocated + evictable (<= num_gpu_blocks)
+        self.max_swap_used = 0
+        self.total_swap_transfers = 0         # blocks moved out + in
+        self.priority_preemptions = 0         # phase-0 preemptions
+        # (t, t + d, running, waiting incl. swapped, allocated blocks, swapped requests,
+        #  swap blocks used, evictable cached blocks) of every step with a duration
+        self.step_log: list[tuple] = []
 
     # ------------------------------------------------------------------ blocks
     def blocks_for(self, tokens: int) -> int:
         """Spec, "KV cache": a request with k + s tokens holds ceil((k + s) / block_size) blocks."""
         return -(-tokens // self.e.block_size)
 
+    @property
+    def blocks_used(self) -> int:
+        """Allocated blocks: private ones plus referenced cache entries (each counted once)."""
+        return self.private_used + len(self.cache) - len(self.evictable)
+
+    def plain_free(self) -> int:
+        """Blocks holding nothing (spec: free + private + entries = num_gpu_blocks)."""
+        return self.e.num_gpu_blocks - self.private_used - len(self.cache)
+
     def free_blocks(self) -> int:
-        return self.e.num_gpu_blocks - self.blocks_used
+        """Spec: "enough free blocks" means at most free + evictable."""
+        return self.plain_free() + len(self.evictable)
+
+    def take_block(self) -> None:
+        """Spec, "Taking a block": a free block if any, else evict the LRU evictable entry."""
+        if self.plain_free() == 0:
+            victim, _ = self.evictable.popitem(last=False)
+            del self.cache[victim]
+        assert self.plain_free() > 0
 
     def allocate_to(self, r: _Request, total_tokens: int) -> None:
         """Grow r's allocation to cover total_tokens tokens (caller checked it fits)."""
         new = self.blocks_for(total_tokens) - r.blocks
         assert 0 <= new <= self.free_blocks()
-        r.blocks += new
-        self.blocks_used += new
+        for _ in range(new):
+            self.take_block()
+            r.private += 1
+            self.private_used += 1
+
+    def shrink_to(self, r: _Request, total_tokens: int) -> None:
+        """Return the private blocks beyond total_tokens (a victim's unexecuted tokens)."""
+        extra = r.blocks - self.blocks_for(total_tokens)
+        assert 0 <= extra <= r.private
+        r.private -= extra
+        self.private_used -= extra
 
     def free_all_blocks(self, r: _Request) -> None:
-        self.blocks_used -= r.blocks
-        r.blocks = 0
+        """Spec, "Release": private blocks become free; entry counts drop in
+        descending j, an entry reaching 0 joins the tail of the evictable list."""
+        self.private_used -= r.private
+        r.private = 0
+        for j in reversed(r.entries):
+            key = (r.group, j)
+            self.cache[key] -= 1
+            if self.cache[key] == 0:
+                self.evictable[key] = None
+        r.entries = []
+
+    # ----------------------------------------------------------- prefix cache
+    def full_prefix_blocks(self, r: _Request) -> int:
+        """f_i = floor(L_i / bs): the prefix blocks r can share (0 without caching)."""
+        if not self.caching or r.group < 0:
+            return 0
+        return r.prefix_len // self.e.block_size
+
+    def lookup(self, w: _Request) -> int:
+        """Spec, "Lookup": the longest run of cached entries (G_w, 0..h-1), h <= f_w."""
+        f = self.full_prefix_blocks(w)
+        h = 0
+        while h < f and (w.group, h) in self.cache:
+            h += 1
+        return h
+
+    def capacity_for(self, w: _Request, h: int) -> int:
+        """Spec: free + evictable - (evictable entries among w's h hits)."""
+        return self.free_blocks() - sum((w.group, j) in self.evictable for j in range(h))
+
+    def claim_hits(self, w: _Request, h: int) -> None:
+        """Admission references the h hit entries and starts w at k = h * bs."""
+        assert w.k == 0 and w.blocks == 0
+        for j in range(h):
+            key = (w.group, j)
+            self.cache[key] += 1
+            self.evictable.pop(key, None)
+            w.entries.append(j)
+        w.k = h * self.e.block_size
+
+    def register(self, r: _Request, k0: int) -> None:
+        """Spec, "Registration": r's computed tokens grew from k0 to r.k; each of its
+        blocks j with floor(k0/bs) <= j < min(floor(k/bs), f) becomes the entry
+        (G, j) if the cache has none (else it stays a private duplicate)."""
+        bs = self.e.block_size
+        for j in range(k0 // bs, min(r.k // bs, self.full_prefix_blocks(r))):
+            key = (r.group, j)
+            if key in self.cache:
+                continue
+            assert r.private > 0
+            self.cache[key] = 1
+            r.entries.append(j)
+            r.private -= 1
+            self.private_used -= 1
+
+    def check_invariants(self) -> None:
+        """Conservation of blocks and swap space (asserted at every step)."""
+        e = self.e
+        assert 0 <= self.private_used and self.plain_free() >= 0
+        assert self.private_used + len(self.cache) <= e.num_gpu_blocks
+        assert self.private_used == sum(r.private for r in self.running)
+        refs: dict[tuple[int, int], int] = {}
+        for r in self.running:
+            assert r.blocks >= self.blocks_for(r.k)
+            for j in r.entries:
+                refs[(r.group, j)] = refs.get((r.group, j), 0) + 1
+        assert all(self.cache[key] == refs.get(key, 0) for key in self.cache)
+        assert set(refs) <= set(self.cache)
+        assert set(self.evictable) == {key for key, c in self.cache.items() if c == 0}
+        for r in self.waiting:
+            assert r.blocks == 0 and r.k == 0 and r.swap_blocks == 0
+        assert 0 <= self.swap_used <= e.swap_space_blocks
+        assert self.swap_used == sum(r.swap_blocks for r in self.swapped)
+        for r in self.swapped:
+            assert r.blocks == 0 and r.swap_blocks == self.blocks_for(r.k) > 0
 
     # -------------------------------------------------------- arrivals & exits
     def ingest_until(self, time: float, inclusive: bool) -> None:
@@ -190,8 +325,9 @@ class _Reference:
             return
         # 2. Admission control (reason admission).
         if e.admission == "queue_limit":
-            # "reject if running + waiting >= max_num_seqs + max_waiting at that instant"
-            if len(self.running) + len(self.waiting) >= e.max_num_seqs + e.max_waiting:
+            # "reject if running + waiting >= max_num_seqs + max_waiting at that instant
+            # (swapped requests count as waiting)"
+            if len(self.running) + len(self.waiting) + len(self.swapped) >= e.max_num_seqs + e.max_waiting:
                 r.status = REJECTED_ADMISSION
                 return
         elif e.admission == "kv_reservation":
@@ -237,11 +373,44 @@ class _Reference:
 
     # -------------------------------------------------------------- scheduling
     def victim(self) -> _Request:
-        """Spec, step 1: fcfs and sjf preempt the last of the running list;
-        priority preempts the running request with the largest (c, arrival index)."""
-        if self.e.policy == "priority":
-            return max(self.running, key=lambda r: (r.prio, r.idx))
+        """Spec, "the victim": fcfs, and sjf without priority_preemption, preempt the
+        last of the running list; priority, and sjf with priority_preemption, the
+        running request with the largest (e, arrival index)."""
+        e = self.e
+        if e.policy == "priority" or (e.policy == "sjf" and e.priority_preemption):
+            return max(self.running, key=lambda r: (r.qkey, r.idx))
         return self.running[-1]
+
+    def first_chunk(self, w: _Request, h: int, B: int) -> int:
+        """need = P + g - h * bs; the chunk s a budget B gives it (chunked prefill),
+        or the whole need (chunked prefill off; the caller checks need <= B)."""
+        need = w.P + w.g - h * self.e.block_size
+        return min(need, B) if self.e.enable_chunked_prefill else need
+
+    def could_schedule(self, w: _Request) -> bool:
+        """Spec, phase 0: a seat, and ceil(c / bs) blocks of the free capacity for w,
+        c its first chunk with the whole budget."""
+        if len(self.running) >= self.e.max_num_seqs:
+            return False
+        h = self.lookup(w)
+        c = self.first_chunk(w, h, self.e.max_num_batched_tokens)
+        return self.blocks_for(c) <= self.capacity_for(w, h)
+
+    def priority_preempt(self) -> None:
+        """Spec, phase 0 (active priority preemption): while the waiting head w cannot
+        be scheduled and the victim v has a strictly larger key, preempt v."""
+        if not self.e.priority_preemption or len(self.waiting) == 0:
+            return
+        w = self.waiting.head()
+        while self.running:
+            v = self.victim()
+            if not v.qkey > w.qkey:
+                break             # "equal keys never preempt each other"
+            if self.could_schedule(w):
+                break
+            self.preempt(v)       # nothing is scheduled yet: nothing to refund
+            self.priority_preemptions += 1
+            assert self.waiting.head() is w
 
     def schedule_continuous(self) -> dict:
         """One step of the continuous-batching scheduler. Returns {request: s}."""
@@ -249,6 +418,9 @@ class _Reference:
         B = e.max_num_batched_tokens
         scheduled: dict[_Request, int] = {}   # insertion-ordered
         preempted_this_step = False
+
+        # 0. Active priority preemption.
+        self.priority_preempt()
 
         # 1. Running requests, in the order they were admitted.
         i = 0
@@ -262,12 +434,13 @@ class _Reference:
             while self.blocks_for(r.k + s) - r.blocks > self.free_blocks():
                 v = self.victim()
                 v_index = self.running.index(v)
-                self.preempt(v)
-                preempted_this_step = True
                 if v in scheduled:
                     # "If the victim had already been scheduled earlier in this step,
-                    # its tokens are returned to the budget."
+                    # its tokens (and the blocks allocated for them) are returned first."
                     B += scheduled.pop(v)
+                    self.shrink_to(v, v.k)
+                self.preempt(v)
+                preempted_this_step = True
                 if v is r:
                     r_was_victim = True
                     break
@@ -281,37 +454,84 @@ class _Reference:
             B -= s
             i += 1
 
-        # 2. Waiting requests, only if nothing was preempted in this step.
-        if not preempted_this_step:
-            while len(self.waiting) > 0 and B > 0 and len(self.running) < e.max_num_seqs:
-                w = self.waiting.head()
-                assert w.k == 0 and w.blocks == 0
-                need = w.P + w.g
+        # 2. Swapped requests, only if nothing was preempted in phase 1.
+        if self.swap and not preempted_this_step:
+            while len(self.swapped) > 0 and B > 0 and len(self.running) < e.max_num_seqs:
+                w = self.swapped.head()
+                need = w.P + w.g - w.k
+                assert need >= 1 and w.blocks == 0
                 if e.enable_chunked_prefill:
                     s = min(need, B)
                 else:
                     s = need
                     if need > B:
-                        break     # "if need > B stop admitting in this step"
-                if self.blocks_for(s) > self.free_blocks():
-                    break         # "if ceil(s / block_size) blocks are not free, stop admitting"
-                # "otherwise admit w (append to running), allocate, schedule s, B -= s."
+                        break
+                if self.blocks_for(w.k + s) > self.free_blocks():
+                    break         # "if ceil((k_w + s) / bs) blocks are not free, stop"
+                # swap w in: swap_used -= m_w, m_w blocks transferred, append to running,
+                # allocate, schedule s.
+                self.swapped.pop_head()
+                self.swap_used -= w.swap_blocks
+                self.pending_swap_blocks += w.swap_blocks
+                self.total_swap_transfers += w.swap_blocks
+                w.swap_blocks = 0
+                w.swapped_s += self.t - w.swapped_since
+                w.swapped_since = math.nan
+                self.running.append(w)
+                self.allocate_to(w, w.k + s)
+                scheduled[w] = s
+                B -= s
+
+        # 3. Waiting requests, only if nothing was preempted in phase 1 and the
+        # swapped queue is empty.
+        if not preempted_this_step and len(self.swapped) == 0:
+            while len(self.waiting) > 0 and B > 0 and len(self.running) < e.max_num_seqs:
+                w = self.waiting.head()
+                assert w.k == 0 and w.blocks == 0
+                h = self.lookup(w)          # 0 without prefix caching
+                s = self.first_chunk(w, h, B)
+                if s > B:
+                    break     # chunked prefill off: "if need > B stop admitting in this step"
+                if self.blocks_for(s) > self.capacity_for(w, h):
+                    break     # "if ceil(s / bs) exceeds the free capacity for w, stop admitting"
+                # "otherwise admit w (append to running), reference its h hit entries
+                # (k_w := h * bs), allocate ceil(s / bs) new blocks, schedule s, B -= s."
                 self.waiting.pop_head()
                 self.running.append(w)
+                if not w.ever_scheduled:
+                    w.cached_tokens = h * e.block_size   # at its first admission
                 w.ever_scheduled = True
-                self.allocate_to(w, s)
+                self.claim_hits(w, h)
+                self.allocate_to(w, w.k + s)
                 scheduled[w] = s
                 B -= s
         return scheduled
 
     def preempt(self, v: _Request) -> None:
-        """Spec: "Preemption is by recompute: the victim frees all its blocks, k := 0
-        (its generated tokens g are kept ...), and it returns to the waiting queue
-        (front for fcfs)"."""
+        """Spec, phase 1: by swap if preemption_mode="swap" and m = ceil(k_v / bs) fits
+        the swap space (GPU blocks freed, swap_used += m, k kept, to the swapped
+        queue, m blocks transferred); otherwise by recompute: "the victim releases
+        all its blocks, k := 0 (its generated tokens g are kept ...), and it returns
+        to the waiting queue (front for fcfs)". The caller has already returned
+        the victim's tokens scheduled in this step."""
         self.running.remove(v)
+        v.num_preemptions += 1
+        m = self.blocks_for(v.k)
+        assert v.blocks == m
+        if self.swap and m <= self.e.swap_space_blocks - self.swap_used:
+            assert not v.entries      # swap is not combined with prefix caching
+            self.free_all_blocks(v)
+            self.swap_used += m
+            self.max_swap_used = max(self.max_swap_used, self.swap_used)
+            self.pending_swap_blocks += m
+            self.total_swap_transfers += m
+            v.swap_blocks = m
+            v.num_swaps += 1
+            v.swapped_since = self.t
+            self.swapped.add_arrival(v)
+            return
         self.free_all_blocks(v)
         v.k = 0
-        v.num_preemptions += 1
         self.waiting.add_preempted(v)
 
     def schedule_static(self) -> dict:
@@ -387,7 +607,7 @@ class _Reference:
         while True:
             # ---- step start at time t (all arrivals with a_i <= t are ingested)
             self.abandon()
-            if not self.running and len(self.waiting) == 0:
+            if not self.running and len(self.waiting) == 0 and len(self.swapped) == 0:
                 # "when the engine is idle (nothing running or waiting), time jumps to
                 # the next arrival and the step starts at that instant"
                 if self.next_arrival >= len(self.arrivals):
@@ -402,8 +622,10 @@ class _Reference:
                 continue          # a new step start (ingestion, then abandonment)
 
             scheduled = self.schedule_static() if static else self.schedule_continuous()
+            self.check_invariants()
             if not scheduled:
                 # "If nothing is scheduled the step has no duration and the loop continues"
+                # (its swap transfers, if any, are charged to the next step).
                 continue
 
             # ---- step duration (spec, "Step duration (latency model)")
@@ -419,21 +641,32 @@ class _Reference:
                 else:
                     n_prefill_tokens += s
                 n_context_tokens += r.k + s
-            d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens))
+            # ... + swap_s_per_block * n_swap_blocks, added last.
+            d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
+                                             self.pending_swap_blocks))
+            self.pending_swap_blocks = 0
             self.num_steps += 1
             self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
+            self.max_blocks_resident = max(self.max_blocks_resident, self.blocks_used + len(self.evictable))
             t_end = self.t + d
-            self.step_log.append((self.t, t_end, len(self.running), len(self.waiting), self.blocks_used))
+            self.step_log.append((self.t, t_end, len(self.running), len(self.waiting) + len(self.swapped),
+                                  self.blocks_used, len(self.swapped), self.swap_used, len(self.evictable)))
 
             # ---- at t + d: arrivals with a_i < t + d are ingested before the
             # step's completions are applied ...
             self.ingest_until(t_end, inclusive=False)
-            # ... then the step is applied: "every scheduled request adds s to k,
-            # emits a token if k = P + g, and completes if g = O".
+            # ... then the step is applied, in the order of the running list: "each
+            # adds s to k; with prefix caching it registers its newly computed full
+            # prefix blocks; it emits a token if k = P + g; and it completes if g = O".
+            # (scheduled holds the running list's order: phase 1 in running order,
+            # then the requests appended to it by phases 2 and 3.)
+            assert list(scheduled) == [r for r in self.running if r in scheduled]
             for r, s in scheduled.items():
                 if static and r.g == r.O:
                     continue      # padding: no KV growth, no token
+                k0 = r.k
                 r.k += s
+                self.register(r, k0)
                 if r.k == r.P + r.g:
                     r.emit(t_end)
                     if r.g == r.O and not static:
@@ -452,16 +685,43 @@ class _Reference:
             # "Horizon: the run stops at the first step boundary t >= H"
             if self.horizon is not None and self.t >= self.horizon:
                 break
-        # Requests still running or waiting are unfinished.
+        # Requests still running, waiting or swapped are unfinished.
+        self.check_invariants()
         for r in self.running:
             r.status = UNFINISHED
         for r in self.waiting:
             r.status = UNFINISHED
+        for r in self.swapped:
+            r.status = UNFINISHED
+            r.swapped_s += self.t - r.swapped_since   # "to that stop"
         return self.t
 
 
+def _int_array(name: str, values, n: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{name} must be a 1-d integer array of length {n} (one per request), "
+                         f"got shape {arr.shape} and dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def queue_key(policy: str, index: int, arrival: float, priority: int, sjf_key: int,
+              aging_s: float | None):
+    """The static queue key e_i (spec, "Waiting-queue order"): c_i (priority) or
+    q_i (sjf), plus a_i / A with aging, in double precision: a_i / A first, then
+    added to the integer converted to double. fcfs: the arrival index (the
+    swapped queue's order)."""
+    if policy == "fcfs":
+        return index
+    base = priority if policy == "priority" else sjf_key
+    if aging_s is None:
+        return base
+    return float(base) + arrival / aging_s
+
+
 def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: EngineConfig,
-                       latency: LatencyModel, horizon_s: float | None = None) -> dict:
+                       latency: LatencyModel, horizon_s: float | None = None, *,
+                       sjf_key=None, prefix_group=None, prefix_len=None) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -486,6 +746,14 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
     horizon_s : float, optional
         Stop at the first step boundary ``t >= horizon_s``; arrivals at or
         after it do not happen. ``None`` runs until every request has left.
+    sjf_key : array_like of int, shape (n,), optional
+        The SJF keys ``q_i`` (``policy="sjf"`` orders by them: predicted
+        output lengths). Default: ``output_len``.
+    prefix_group, prefix_len : array_like of int, shape (n,), optional
+        Prefix group ``G_i`` (-1: none) and the length ``L_i`` of the group's
+        shared prefix at the start of the prompt (``0 <= L_i < P_i``, 0 when
+        ``G_i = -1``); used with ``engine.enable_prefix_caching``. Both or
+        neither. Default: no groups.
 
     Returns
     -------
@@ -511,8 +779,21 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         ``ingested_s`` : float64
             When the request was ingested (its arrival, or the end of the
             step during which it arrived); nan if it never arrived.
-        ``step_log`` : float64 array, shape (num_steps, 5)
-            Per step: start, end, running, waiting, allocated blocks.
+        ``num_swaps`` : int64
+            Preemptions by swap (counted in ``num_preemptions`` too).
+        ``swapped_s`` : float64
+            Total time in the swapped queue (to the stop for a request still
+            swapped then).
+        ``cached_tokens`` : int64
+            Prefix-cache hit tokens at its first admission (0 if none or never
+            admitted).
+        ``prefix_queried`` : bool
+            Whether it belongs to a prefix group, caching is on, and it was
+            admitted at least once (the requests ``prefix_hit_rate`` covers).
+        ``step_log`` : float64 array, shape (num_steps, 8)
+            Per step: start, end, running, waiting (swapped included),
+            allocated blocks, swapped requests, swap blocks used, evictable
+            cached blocks.
 
         Run-level scalars:
 
@@ -527,6 +808,21 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
             Largest number of KV blocks allocated during a step.
         ``blocks_used_at_end`` : int
         ``total_preemptions`` : int
+        ``total_priority_preemptions`` : int
+            Preemptions by phase 0 (active priority preemption).
+        ``total_swaps`` : int
+        ``swap_blocks_transferred`` : int
+            Blocks moved to and from swap space (what the step times charge).
+        ``max_swap_blocks_used``, ``swap_blocks_used_at_end`` : int
+        ``max_blocks_resident`` : int
+            Largest allocated + evictable cached blocks during a step.
+        ``cached_blocks_at_end``, ``evictable_blocks_at_end`` : int
+            Prefix-cache entries (all, and those no request references).
+        ``prefix_hit_tokens``, ``prefix_query_tokens`` : int
+            Sums of ``cached_tokens`` and of prompt lengths over the requests
+            with ``prefix_queried``.
+        ``prefix_hit_rate`` : float
+            Their ratio (nan if no request queried the cache).
 
     Raises
     ------
@@ -550,13 +846,38 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         raise ValueError("prompt_len and output_len must be >= 1")
     if horizon_s is not None:
         horizon_s = float(horizon_s)
+    n = a.size
+    q = o.copy() if sjf_key is None else _int_array("sjf_key", sjf_key, n)
+    if (prefix_group is None) != (prefix_len is None):
+        raise ValueError("prefix_group and prefix_len must be given together (or neither)")
+    if prefix_group is None:
+        grp, plen = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+    else:
+        grp = _int_array("prefix_group", prefix_group, n)
+        plen = _int_array("prefix_len", prefix_len, n)
+        if np.any(grp < -1):
+            raise ValueError(f"prefix_group must be >= -1 (-1: no group), got {int(grp.min())}")
+        if np.any(plen < 0) or np.any(plen >= p):
+            i = int(np.flatnonzero((plen < 0) | (plen >= p))[0])
+            raise ValueError(f"prefix_len must satisfy 0 <= prefix_len < prompt_len, got "
+                             f"prefix_len={int(plen[i])} with prompt_len={int(p[i])} (request {i})")
+        if np.any((grp == -1) & (plen != 0)):
+            i = int(np.flatnonzero((grp == -1) & (plen != 0))[0])
+            raise ValueError(f"prefix_len must be 0 for a request without a prefix group, got "
+                             f"prefix_len={int(plen[i])} with prefix_group=-1 (request {i})")
 
-    requests = [_Request(idx=i, arrival=float(a[i]), P=int(p[i]), O=int(o[i]), prio=int(c[i]))
-                for i in range(a.size)]
+    requests = [_Request(idx=i, arrival=float(a[i]), P=int(p[i]), O=int(o[i]), prio=int(c[i]),
+                         sjf_key=int(q[i]), group=int(grp[i]), prefix_len=int(plen[i]),
+                         qkey=queue_key(engine.policy, i, float(a[i]), int(c[i]), int(q[i]),
+                                        engine.priority_aging_s))
+                for i in range(n)]
     sim = _Reference(requests, engine, latency, horizon_s)
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)
+    queried = [r.group >= 0 and engine.enable_prefix_caching and r.ever_scheduled for r in requests]
+    hit_tokens = sum(r.cached_tokens for r, qd in zip(requests, queried) if qd)
+    query_tokens = sum(r.P for r, qd in zip(requests, queried) if qd)
     return {
         "status": np.array([r.status for r in requests], dtype=np.int8),
         "first_token_s": np.array([r.first_token for r in requests], dtype=np.float64),
@@ -566,12 +887,27 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         "itl_max_s": np.array([r.itl_max for r in requests], dtype=np.float64),
         "itl_gaps_s": [np.array(r.gaps, dtype=np.float64) for r in requests],
         "ingested_s": np.array([r.ingested for r in requests], dtype=np.float64),
-        "step_log": np.array(sim.step_log, dtype=np.float64).reshape(-1, 5),
+        "num_swaps": np.array([r.num_swaps for r in requests], dtype=np.int64),
+        "swapped_s": np.array([r.swapped_s for r in requests], dtype=np.float64),
+        "cached_tokens": np.array([r.cached_tokens for r in requests], dtype=np.int64),
+        "prefix_queried": np.array(queried, dtype=bool),
+        "step_log": np.array(sim.step_log, dtype=np.float64).reshape(-1, 8),
         "end_s": float(end_s),
         "num_steps": int(sim.num_steps),
         "max_blocks_used": int(sim.max_blocks_used),
         "blocks_used_at_end": int(sim.blocks_used),
         "total_preemptions": int(sum(r.num_preemptions for r in requests)),
+        "total_priority_preemptions": int(sim.priority_preemptions),
+        "total_swaps": int(sum(r.num_swaps for r in requests)),
+        "swap_blocks_transferred": int(sim.total_swap_transfers),
+        "max_swap_blocks_used": int(sim.max_swap_used),
+        "swap_blocks_used_at_end": int(sim.swap_used),
+        "max_blocks_resident": int(sim.max_blocks_resident),
+        "cached_blocks_at_end": len(sim.cache),
+        "evictable_blocks_at_end": len(sim.evictable),
+        "prefix_hit_tokens": int(hit_tokens),
+        "prefix_query_tokens": int(query_tokens),
+        "prefix_hit_rate": hit_tokens / query_tokens if query_tokens else math.nan,
     }
 
 

@@ -15,7 +15,7 @@ from ._reference import (COMPLETED, DROPPED, REJECTED_ADMISSION, REJECTED_TOO_LO
                          simulate_reference)
 
 
-def reference_row(res: dict, arrival, output, scenario) -> dict:
+def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
     """The per-replication metrics (``docs/engine-model.md``, "Metrics") of one reference run."""
     e, w = scenario.engine, scenario.workload
     n = arrival.size
@@ -83,6 +83,16 @@ def reference_row(res: dict, arrival, output, scenario) -> dict:
         drop_probability=(st_m == DROPPED).mean() if nm else np.nan,
         preemptions_per_request=pre[meas].sum() / nm if nm else np.nan,
     )
+    # Issue-10 metrics (docs/engine-model.md); not columns of the kernel's row
+    # (K.COLUMNS) until the kernel implements the options, so ignored there.
+    swaps = res["num_swaps"]
+    queried = res["prefix_queried"] & meas
+    query = prompt[queried].sum() if prompt is not None and queried.any() else 0
+    row.update(
+        swaps_per_request=swaps[meas].sum() / nm if nm else np.nan,
+        prefix_hit_rate=res["cached_tokens"][queried].sum() / query if query else np.nan,
+        n_swaps=swaps.sum(),
+    )
     finish = np.where(status == UNFINISHED, end, res["finish_s"])
     sojourn = np.where(accepted, finish - arrival, 0.0)
     in_system = (log[:, 1] - log[:, 0]) * (log[:, 2] + log[:, 3])
@@ -115,5 +125,5 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
                                       p["prio_cdf"])
         res = simulate_reference(a, pr, o, c, scenario.engine, scenario.latency,
                                  horizon_s=scenario.workload.horizon_s)
-        row = reference_row(res, a, o, scenario)
+        row = reference_row(res, a, o, scenario, prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

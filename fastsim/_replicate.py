@@ -15,7 +15,7 @@ from ._io import save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
-from ._validation import check_choice, check_float, check_int
+from ._validation import check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "reference")
 
@@ -236,10 +236,20 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     if h is not None:
         keep = a < h
         a, p, o, c = a[keep], p[keep], o[keep], c[keep]
+    extra = {}
+    for col in ("sjf_key", "prefix_group", "prefix_len"):
+        if col in requests:
+            x = np.asarray(requests[col])
+            extra[col] = x[keep] if h is not None else x
+    if extra and backend == "numba":
+        raise NotImplementedError(f"requests columns {sorted(extra)} are not implemented by the numba backend "
+                                  f"yet; use backend='reference'")
+    if backend == "numba":
+        check_kernel_supports(scenario.engine)
     if backend == "reference":
         from ._reference import simulate_reference
 
-        res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h)
+        res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h, **extra)
         status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
@@ -370,6 +380,8 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
     check_choice("backend", backend, BACKENDS)
+    if backend == "numba":
+        check_kernel_supports(scenario.engine)
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
         if not isinstance(precision, dict) or not precision:

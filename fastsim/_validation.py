@@ -123,3 +123,27 @@ def check_metric_names(metrics, allowed):
     for m in metrics:
         check_choice("metric", m, allowed)
     return metrics
+
+
+#: Scheduler options of ``docs/engine-model.md`` that the Numba kernel does not
+#: implement yet, with their "off" values (issue 10: the reference simulator,
+#: ``backend="reference"``, implements them all). Remove an entry when the
+#: kernel implements that option.
+KERNEL_PENDING_OPTIONS = {
+    "preemption_mode": "recompute",
+    "priority_preemption": False,
+    "priority_aging_s": None,
+    "enable_prefix_caching": False,
+}
+
+
+def check_kernel_supports(engine) -> None:
+    """Raise ``NotImplementedError`` naming the first option of ``engine`` (an
+    ``EngineConfig``) that is on but not implemented by the Numba kernel yet
+    (:data:`KERNEL_PENDING_OPTIONS`). The reference backend supports them."""
+    for name, off in KERNEL_PENDING_OPTIONS.items():
+        value = getattr(engine, name, off)
+        if value != off:
+            raise NotImplementedError(
+                f"{name}={value!r} is not implemented by the numba backend yet "
+                f"(allowed there: {name}={off!r}); use backend='reference'")
