@@ -69,3 +69,24 @@ class Compile:
 
         subprocess.run([sys.executable, "-c", "import fastsim; from benchmarks.common import warm_up; warm_up()"],
                        check=True)
+
+
+class SimPyRatio:
+    """fastsim (one thread) vs a plain SimPy simulator of the same model, side by side."""
+
+    timeout = 600
+
+    def setup(self):
+        warm_up()
+
+    def track_ratio_vs_simpy(self):
+        from .simpy_model import simpy_run
+
+        start = time.perf_counter()
+        simpy_run(5000, 0, fastsim.LatencyModel.default())
+        simpy_rate = 5000 / (time.perf_counter() - start)
+        start = time.perf_counter()
+        fastsim.replicate(reference_workload(1000), n_replications=500, seed=1, n_threads=1, progress=False)
+        return 500 * 1000 / (time.perf_counter() - start) / simpy_rate
+
+    track_ratio_vs_simpy.unit = "x"
