@@ -14,7 +14,7 @@ The engine model is specified in ``docs/engine-model.md``. Start with
     print(result.summary())
 """
 
-from ._config import EngineConfig, Scenario, Workload
+from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario, Workload
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
                              Uniform, sharegpt_lengths)
 from ._latency import LatencyModel
@@ -30,7 +30,9 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig", "Fixed", "LatencyModel", "LengthDistribution",
-    "LengthTrace", "LogNormal", "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult",
-    "Uniform", "Workload", "capacity", "compare", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests", "sweep", "testing", "analytical",
+    "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig",
+    "Fixed", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal", "LogNormalPredictor",
+    "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
+    "capacity", "compare", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths", "simulate_requests",
+    "sweep", "testing", "analytical",
 ]

@@ -24,6 +24,61 @@ ADMISSIONS = ("none", "queue_limit", "kv_reservation")
 
 
 @dataclass(frozen=True)
+class LogNormalPredictor:
+    """An output-length predictor with a lognormal error, for ``policy="sjf"``.
+
+    The SJF key of request ``i`` (the length the scheduler believes it has)
+    is ``ceil(O_i * exp(sigma * Z_i))`` with ``O_i`` its true output length
+    and ``Z_i`` standard normal, drawn per replication from a random stream
+    of its own (so the rest of the request stream does not change).
+    ``sigma=0`` gives the true lengths.
+
+    Parameters
+    ----------
+    sigma : float
+        Standard deviation of ``log(predicted / true)`` (before rounding up), >= 0.
+    """
+
+    sigma: float = 0.5
+
+    def __post_init__(self):
+        object.__setattr__(self, "sigma", check_float("LogNormalPredictor.sigma", self.sigma, low=0))
+
+
+@dataclass(frozen=True)
+class BucketPredictor:
+    """A length-bucket classifier, for ``policy="sjf"``.
+
+    The output lengths are split into buckets ``[1, e_1), [e_1, e_2), ...,
+    [e_{B-1}, inf)`` by ``edges = (e_1, ..., e_{B-1})``. The classifier
+    names the request's true bucket with probability ``accuracy``, else one
+    of the ``B - 1`` other buckets uniformly at random (drawn per
+    replication from a random stream of its own); the SJF key is the lower
+    edge of the named bucket (1 for the first).
+
+    Parameters
+    ----------
+    edges : sequence of int
+        Strictly increasing bucket edges, each >= 2.
+    accuracy : float
+        Probability of naming the right bucket, in [0, 1].
+    """
+
+    edges: tuple = (64, 256)
+    accuracy: float = 0.8
+
+    def __post_init__(self):
+        e = np.asarray(self.edges)
+        if (e.ndim != 1 or e.size == 0 or e.dtype.kind not in "iu" or np.any(e < 2)
+                or np.any(np.diff(e) <= 0)):
+            raise ValueError(f"BucketPredictor.edges must be a non-empty, strictly increasing sequence of "
+                             f"integers >= 2, got {self.edges!r}")
+        object.__setattr__(self, "edges", tuple(int(x) for x in e))
+        object.__setattr__(self, "accuracy", check_float("BucketPredictor.accuracy", self.accuracy,
+                                                         low=0, high=1))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """One vLLM-like server (vLLM's parameter names).
 
@@ -73,6 +128,9 @@ class EngineConfig:
         Share the cached full KV blocks of a prefix group's shared prefix
         across requests (vLLM's automatic prefix caching); freed blocks stay
         cached until evicted (LRU).
+    length_predictor : LogNormalPredictor or BucketPredictor, optional
+        With ``policy="sjf"``: order by predicted output lengths (the SJF
+        keys ``q_i``) instead of the true ones (``None``).
 
     See ``docs/engine-model.md`` for the exact semantics of every option.
     """
@@ -93,6 +151,7 @@ class EngineConfig:
     priority_preemption: bool = False
     priority_aging_s: float | None = None
     enable_prefix_caching: bool = False
+    length_predictor: LogNormalPredictor | BucketPredictor | None = None
 
     def __post_init__(self):
         s = object.__setattr__
@@ -127,6 +186,14 @@ class EngineConfig:
         s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
                                                 low=0, low_open=True, optional=True))
         s(self, "enable_prefix_caching", check_bool("enable_prefix_caching", self.enable_prefix_caching))
+        lp = self.length_predictor
+        if lp is not None:
+            if not isinstance(lp, (LogNormalPredictor, BucketPredictor)):
+                raise ValueError(f"length_predictor must be None, a fastsim.LogNormalPredictor or a "
+                                 f"fastsim.BucketPredictor, got {lp!r}")
+            if self.policy != "sjf":
+                raise ValueError(f"length_predictor requires policy='sjf' (the SJF keys are only used "
+                                 f"there), got length_predictor={lp!r} with policy={self.policy!r}")
         swap = self.preemption_mode == "swap"
         if not swap and self.swap_space_blocks != 0:
             raise ValueError(f"swap_space_blocks is only used with preemption_mode='swap', got "
@@ -207,6 +274,19 @@ class Workload:
         streams are merged. ``num_requests`` is then the per-replication
         buffer: ``users_high * m`` where ``m`` is the Poisson quantile of
         probability ``1 - 1e-15`` (a user's count is truncated there).
+    prefix_groups : int
+        Number of prefix groups (shared system prompts or conversations;
+        ``docs/engine-model.md``, "Requests"); 0 (the default): none. With
+        groups, every request belongs to group ``g`` in ``0 .. G-1`` with
+        probability proportional to ``(g + 1) ** -prefix_popularity`` (Zipf),
+        and its prompt starts with ``min(L, prompt_len - 1)`` tokens of the
+        group's shared prefix, ``L`` drawn from ``prefix_len``. Used by
+        ``EngineConfig(enable_prefix_caching=True)``.
+    prefix_len : int or LengthDistribution, optional
+        Length of the shared prefix at the start of a grouped request's
+        prompt (required with ``prefix_groups``).
+    prefix_popularity : float
+        Zipf exponent of the group popularity (>= 0; 0: uniform).
     """
 
     arrival_rate: float | None = 1.0
@@ -224,9 +304,13 @@ class Workload:
     users: object = None
     requests_per_user: float | None = None
     user_rate: float | None = None
+    prefix_groups: int = 0
+    prefix_len: object = None
+    prefix_popularity: float = 0.0
 
     def __post_init__(self):
         s = object.__setattr__
+        self._check_prefix_groups()
         if self.users is not None:
             self._check_multi_user()
         elif self.requests_per_user is not None or self.user_rate is not None:
@@ -269,6 +353,27 @@ class Workload:
         s(self, "normalize_arrivals", check_bool("normalize_arrivals", self.normalize_arrivals))
         if self.normalize_arrivals and self.arrival_times is not None:
             raise ValueError("normalize_arrivals must be False when arrival_times is given, got True")
+
+    def _check_prefix_groups(self):
+        s = object.__setattr__
+        g = check_int("prefix_groups", self.prefix_groups, low=0)
+        s(self, "prefix_groups", g)
+        if g == 0:
+            if self.prefix_len is not None or self.prefix_popularity != 0.0:
+                raise ValueError(f"prefix_len and prefix_popularity need prefix_groups >= 1, got "
+                                 f"prefix_groups=0, prefix_len={self.prefix_len!r}, "
+                                 f"prefix_popularity={self.prefix_popularity!r}")
+            return
+        if self.prefix_len is None:
+            raise ValueError(f"prefix_len (an int or a length distribution) is required with "
+                             f"prefix_groups={g}, got None")
+        s(self, "prefix_len", as_length("prefix_len", self.prefix_len))
+        s(self, "prefix_popularity", check_float("prefix_popularity", self.prefix_popularity, low=0))
+
+    def prefix_group_probs(self) -> np.ndarray:
+        """Probabilities of the prefix groups ``0 .. prefix_groups - 1`` (Zipf)."""
+        w = np.arange(1, self.prefix_groups + 1, dtype=float) ** -self.prefix_popularity
+        return w / w.sum()
 
     def _check_multi_user(self):
         s = object.__setattr__
@@ -468,8 +573,17 @@ def _scenario_from_dict(config, base_dir=None):
     unknown = set(config) - known
     if unknown:
         raise ValueError(f"unknown configuration table(s) {sorted(unknown)}; allowed: {sorted(known)}")
+    eng = dict(config.get("engine", {}))
+    if isinstance(eng.get("length_predictor"), dict):
+        # [engine] length_predictor = {sigma = 0.5} or {edges = [64, 256], accuracy = 0.8}
+        spec = eng["length_predictor"]
+        try:
+            eng["length_predictor"] = (BucketPredictor(**spec) if "edges" in spec
+                                       else LogNormalPredictor(**spec))
+        except TypeError as exc:
+            raise ValueError(f"[engine] length_predictor: {exc}") from None
     try:
-        engine = EngineConfig(**config.get("engine", {}))
+        engine = EngineConfig(**eng)
     except TypeError as exc:
         raise ValueError(f"[engine]: {exc}") from None
     wl = dict(config.get("workload", {}))
@@ -484,7 +598,7 @@ def _scenario_from_dict(config, base_dir=None):
         from ._distributions import sharegpt_lengths
 
         wl["lengths"] = sharegpt_lengths(wl.pop("sharegpt_order", "sample"))
-    for key in ("prompt_len", "output_len"):
+    for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
             wl[key] = _length_from_config(key, wl[key], base_dir)
     try:
@@ -516,4 +630,5 @@ def _scenario_from_dict(config, base_dir=None):
                     tpot_slo_s=slo.get("tpot_s"), name=config.get("name"))
 
 
-__all__ = ["EngineConfig", "Workload", "Scenario", "LengthDistribution", "Uniform"]
+__all__ = ["BucketPredictor", "EngineConfig", "LogNormalPredictor", "Workload", "Scenario", "LengthDistribution",
+           "Uniform"]

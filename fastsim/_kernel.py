@@ -15,7 +15,9 @@ Randomness is counter-based: replication ``r`` of a run keyed by
 lengths, output lengths, ...). A replication's workload therefore depends only
 on the seed, its index and the workload laws: never on the thread that runs
 it, on how replications are chunked, or on the engine settings (common random
-numbers across engine configurations come for free).
+numbers across engine configurations come for free). The one engine-side
+draw, the SJF key of a ``length_predictor``, has a stream of its own, so it
+leaves every other column unchanged.
 
 Memory is bounded by (threads x requests per replication): each replication
 allocates its own request arrays and reduces them to one row of metrics.
@@ -53,7 +55,14 @@ I_NORMALIZE_ARRIVALS = 18  # 1: rescale as `vllm bench serve` (last arrival at N
 I_USERS_LO = 19       # multi-user arrivals (I_ARRIVAL_KIND 2): user count range
 I_USERS_HI = 20
 I_USER_CAP = 21       # per-user request cap (Poisson quantile of 1 - 1e-15)
-N_IPAR = 22
+I_PREDICTOR = 22      # SJF key: 0 the true output length, 1 lognormal prediction error, 2 buckets
+I_PRIO_PREEMPT = 23   # 1: active priority preemption (phase 0)
+I_HAS_AGING = 24      # 1: queue keys c_i + a_i / A (F_AGING = A)
+I_SWAP = 25           # 1: preemption_mode="swap"
+I_SWAP_BLOCKS = 26    # swap_space_blocks
+I_PREFIX = 27         # 1: the workload has prefix groups (laws at lrange[4:8])
+I_CACHING = 28        # 1: enable_prefix_caching
+N_IPAR = 29
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
 F_RATE = 0
@@ -64,7 +73,10 @@ F_TTFT_SLO = 4
 F_TPOT_SLO = 5
 F_TTFT_OVERHEAD = 6   # client-side offset of observed first-token and completion times
 F_USER_REQUESTS = 7   # multi-user arrivals: mean requests per user (F_RATE is the per-user rate)
-N_FPAR = 8
+F_PRED_SIGMA = 8      # lognormal length predictor: sigma of the log error
+F_AGING = 9           # priority_aging_s
+F_PRED_ACCURACY = 10  # bucket length predictor: probability of the right bucket
+N_FPAR = 11
 
 POLICY_CODES = {"fcfs": 0, "priority": 1, "sjf": 2}
 ADMISSION_CODES = {"none": 0, "queue_limit": 1, "kv_reservation": 2}
@@ -78,6 +90,7 @@ ST_REJECTED_TOO_LONG = 4
 ST_REJECTED_ADMISSION = 5
 ST_DROPPED = 6
 ST_UNFINISHED = 7
+ST_SWAPPED = 8        # preempted by swap (in the swapped queue); internal
 
 # --- random stream purposes ----------------------------------------------------
 S_ARRIVAL = 0
@@ -88,7 +101,10 @@ S_OUTPUT_VALUE = 4
 S_PRIORITY = 5
 S_TRACE_ROW = 6
 S_USERS = 7           # multi-user arrivals: user count and per-user request counts
-N_STREAMS = 8
+S_PREDICT = 8         # SJF key prediction errors (a stream of its own: the other draws do not change)
+S_PREFIX_GROUP = 9    # prefix group of each request
+S_PREFIX_LEN = 10     # prefix length of each request
+N_STREAMS = 11
 
 # --- per-replication output row -------------------------------------------------
 METRICS = (
@@ -97,13 +113,13 @@ METRICS = (
     "itl_mean", "itl_p50", "itl_p99",
     "e2e_mean", "e2e_p50", "e2e_p99",
     "request_throughput", "output_throughput", "goodput",
-    "blocking_probability", "drop_probability", "preemptions_per_request",
-    "batch_occupancy_mean", "queue_depth_mean", "kv_utilization_mean",
+    "blocking_probability", "drop_probability", "preemptions_per_request", "swaps_per_request",
+    "prefix_hit_rate", "batch_occupancy_mean", "queue_depth_mean", "kv_utilization_mean",
 )
 COUNTS = (
     "n_arrived", "n_completed", "n_rejected", "n_rejected_too_long", "n_rejected_admission",
-    "n_dropped", "n_unfinished", "n_preemptions", "n_measured", "n_steps",
-    "max_blocks_used", "blocks_used_at_end", "window_s", "end_s",
+    "n_dropped", "n_unfinished", "n_preemptions", "n_swaps", "n_measured", "n_steps",
+    "max_blocks_used", "blocks_used_at_end", "max_swap_blocks_used", "window_s", "end_s",
     "time_in_system_integral", "sojourn_sum",
 )
 COLUMNS = METRICS + COUNTS
@@ -119,6 +135,8 @@ C_GOODPUT = _COL["goodput"]
 C_BLOCKING = _COL["blocking_probability"]
 C_DROP = _COL["drop_probability"]
 C_PREEMPT = _COL["preemptions_per_request"]
+C_SWAPS = _COL["swaps_per_request"]
+C_HIT = _COL["prefix_hit_rate"]
 C_OCC = _COL["batch_occupancy_mean"]
 C_QUEUE = _COL["queue_depth_mean"]
 C_KV = _COL["kv_utilization_mean"]
@@ -135,7 +153,10 @@ A_STEPS = 6
 A_MAX_BLOCKS = 7
 A_BLOCKS_END = 8
 A_N_ITL = 9
-N_ACC = 10
+A_HIT_TOK = 10      # prefix caching: cached tokens of measured requests that queried the cache
+A_QUERY_TOK = 11    # ... and their prompt tokens
+A_MAX_SWAP = 12     # most blocks held in CPU swap space
+N_ACC = 13
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _TWO53 = 1.0 / 9007199254740992.0
@@ -285,8 +306,14 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
 
 @njit
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                   trace, prio_val, prio_cdf, state, arrival, prompt, output, prio):
-    """Fill the request arrays of replication ``rep``; return the arrival count."""
+                   trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
+    """Fill the request arrays of replication ``rep``; return the arrival count.
+
+    ``sjfk`` gets the SJF keys q_i: the true output length, or with a
+    lognormal length predictor ceil(O_i * exp(sigma * Z_i)), Z_i standard
+    normal from the dedicated stream S_PREDICT (so the other columns do not
+    depend on the predictor). ``pgrp`` and ``plen`` get the prefix group
+    (-1: none) and the prefix length min(L, P_i - 1) (streams of their own)."""
     _seed_streams(key0, key1, rep, state)
     n_cap = ipar[I_NUM_REQUESTS]
     has_h = ipar[I_HAS_HORIZON] == 1
@@ -349,6 +376,31 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
             prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
         else:
             prio[i] = prio_val[0]
+        if ipar[I_PREDICTOR] == 1:
+            x = output[i] * math.exp(fpar[F_PRED_SIGMA] * _normal(state, S_PREDICT))
+            sjfk[i] = max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
+        elif ipar[I_PREDICTOR] == 2:
+            # bucket classifier: buckets [e_b, e_{b+1}) with e_0 = 1 (pred_edges =
+            # e_0 .. e_{B-1}); right with probability F_PRED_ACCURACY, else a
+            # uniformly drawn other bucket; the key is its lower edge
+            nb = pred_edges.size
+            b = 0
+            while b + 1 < nb and output[i] >= pred_edges[b + 1]:
+                b += 1
+            if nb > 1 and _uniform(state, S_PREDICT) >= fpar[F_PRED_ACCURACY]:
+                o = min(np.int64(_uniform(state, S_PREDICT) * (nb - 1)), nb - 2)
+                b = o + 1 if o >= b else o
+            sjfk[i] = np.int64(pred_edges[b])
+        else:
+            sjfk[i] = output[i]
+        if ipar[I_PREFIX] == 1:
+            pgrp[i] = _sample_length(state, S_PREFIX_GROUP, S_PREFIX_GROUP, lrange[6], lrange[7],
+                                     lcomp, lpar, ltab, i)
+            ln = _sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lrange[4], lrange[5], lcomp, lpar, ltab, i)
+            plen[i] = min(ln, prompt[i] - 1)
+        else:
+            pgrp[i] = -1
+            plen[i] = 0
     return n
 
 
@@ -595,9 +647,127 @@ def _heap2_pop(hk, hr, hs):
     return top
 
 
+# ==============================================================================
+# Prefix cache (docs/engine-model.md, "Prefix caching"). Entry (G, j) has the
+# id G * jmax + j; cnt[e] is its reference count (-1: not cached). The
+# evictable entries (count 0) form a doubly linked LRU list (lprev, lnext;
+# cst = [head, tail, evictable count, cached count]). Request i may use the
+# entries j < f_i; held[hoff[i] + j] says whether it references (G_i, j).
+
 @njit
-def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-              status, k, g, blocks, first_t, last_t, finish_t, npre, itl_v, itl_w, acc):
+def _lru_append(e, cst, lprev, lnext):
+    lprev[e] = cst[1]
+    lnext[e] = -1
+    if cst[1] >= 0:
+        lnext[cst[1]] = e
+    else:
+        cst[0] = e
+    cst[1] = e
+    cst[2] += 1
+
+
+@njit
+def _lru_remove(e, cst, lprev, lnext):
+    p = lprev[e]
+    q = lnext[e]
+    if p >= 0:
+        lnext[p] = q
+    else:
+        cst[0] = q
+    if q >= 0:
+        lprev[q] = p
+    else:
+        cst[1] = p
+    cst[2] -= 1
+
+
+@njit
+def _take_blocks(nb, free, cst, cnt, lprev, lnext):
+    """Take ``nb`` blocks for private use: free ones first, then evict the
+    head of the evictable list. Return the new number of free blocks."""
+    while free < nb:
+        e = cst[0]
+        _lru_remove(e, cst, lprev, lnext)
+        cnt[e] = -1
+        cst[3] -= 1
+        free += 1
+    return free - nb
+
+
+@njit
+def _release_blocks(r, free, private, nent, grp, fpre, held, hoff, jmax, cst, cnt, lprev, lnext):
+    """Spec, "Release": r's private blocks become free; the counts of the
+    entries it references drop in descending j (a count reaching 0 joins the
+    tail of the evictable list). Return the new number of free blocks."""
+    free += private[r]
+    private[r] = 0
+    if nent[r] > 0:
+        base = grp[r] * jmax
+        for j in range(fpre[r] - 1, -1, -1):
+            if held[hoff[r] + j]:
+                held[hoff[r] + j] = False
+                e = base + j
+                cnt[e] -= 1
+                if cnt[e] == 0:
+                    _lru_append(e, cst, lprev, lnext)
+        nent[r] = 0
+    return free
+
+
+@njit
+def _lookup(w, grp, fpre, jmax, cnt):
+    """Spec, "Lookup": the longest run of cached entries (G_w, 0 .. h-1), h <= f_w."""
+    h = 0
+    if fpre[w] > 0:
+        base = grp[w] * jmax
+        while h < fpre[w] and cnt[base + h] >= 0:
+            h += 1
+    return h
+
+
+@njit
+def _evictable_hits(w, h, grp, jmax, cnt):
+    """How many of w's h hit entries are evictable (not free capacity for w)."""
+    m = 0
+    base = grp[w] * jmax
+    for j in range(h):
+        if cnt[base + j] == 0:
+            m += 1
+    return m
+
+
+@njit
+def _claim_hits(w, h, grp, held, hoff, jmax, nent, cst, cnt, lprev, lnext):
+    base = grp[w] * jmax
+    for j in range(h):
+        e = base + j
+        if cnt[e] == 0:
+            _lru_remove(e, cst, lprev, lnext)
+        cnt[e] += 1
+        held[hoff[w] + j] = True
+    nent[w] = h
+
+
+@njit
+def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cnt):
+    """Spec, "Registration": r's blocks j in [k0 // bs, min(k1 // bs, f_r))
+    become entries (count 1) unless the cache already holds (G_r, j)."""
+    hi = min(k1 // bs, fpre[r])
+    base = grp[r] * jmax
+    for j in range(k0 // bs, hi):
+        e = base + j
+        if cnt[e] >= 0:
+            continue
+        cnt[e] = 1
+        cst[3] += 1
+        held[hoff[r] + j] = True
+        nent[r] += 1
+        private[r] -= 1
+
+
+@njit
+def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
+              status, k, g, blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w, acc):
     """Run one replication of the engine model over requests ``0..n-1``.
 
     Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
@@ -621,6 +791,15 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     request by request in admission order (preemption included). Both paths
     add the same terms in the same order, so times are bit-identical to the
     reference simulator (tests/test_reference_agreement.py).
+
+    The options of issue 10 that act on scheduling are implemented in the
+    slow step only, and force it (correctness first): active priority
+    preemption while a request waits (phase 0), and swap preemption while a
+    request is swapped out (phase 2, pending transfer time), and prefix
+    caching (every step; ``blocks`` then counts a request's private blocks
+    plus the cache entries it references, ``free`` the blocks holding
+    nothing). ``nswap`` and ``swapped_s`` get each request's preemptions by
+    swap and its time in the swapped queue, ``ctok`` its cached tokens.
     """
     mns = ipar[I_MAX_NUM_SEQS]
     mbt = ipar[I_MAX_BATCHED_TOKENS]
@@ -636,19 +815,35 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     max_delay = fpar[F_MAX_DELAY]
     horizon = fpar[F_HORIZON]
     base, dscale, dalpha, c_prefill, c_ctx = lat[0], lat[1], lat[2], lat[3], lat[4]
+    prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+    has_aging = ipar[I_HAS_AGING] == 1
+    aging = fpar[F_AGING]
+    # The victim of a preemption: the largest (key, index) for priority, and
+    # for sjf with active priority preemption; else the last admitted.
+    keyed_victim = policy == 1 or (policy == 2 and prio_preempt)
+    swap = ipar[I_SWAP] == 1
+    swap_cap = ipar[I_SWAP_BLOCKS]
+    c_swap = lat[5]
 
-    # Queue keys: priority class or true output length; unused for fcfs.
-    key = np.empty(n, np.int64)
+    # Queue keys e_i (docs/engine-model.md, "Waiting-queue order"): the
+    # priority class c_i or the SJF key q_i; unused for fcfs. Doubles, so
+    # that integer keys and aged keys share one heap (integers are exact).
+    key = np.empty(n, np.float64)
     for i in range(n):
         status[i] = ST_PENDING
         k[i] = 0
         g[i] = 0
         blocks[i] = 0
         npre[i] = 0
+        nswap[i] = 0
+        swapped_s[i] = 0.0
         first_t[i] = np.nan
         last_t[i] = np.nan
         finish_t[i] = np.nan
-        key[i] = prio[i] if policy == 1 else output[i]
+        key[i] = float(prio[i]) if policy == 1 else float(sjfk[i])
+        if has_aging:
+            # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
+            key[i] = key[i] + arrival[i] / aging
     cap = max(1, min(mns, n))
     q = np.empty(2 * n + 2, np.int64)
     qs = np.zeros(2, np.int64)          # (size incl. stale entries, ring head)
@@ -672,6 +867,34 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         dec_cost[b] = dscale * (b - 1.0) ** dalpha
     for j in range(acc.size):
         acc[j] = 0.0
+    # swapped queue (preemption_mode="swap"): a heap ordered by (e_i, i), by i for fcfs
+    skey = key if policy != 0 else np.arange(n).astype(np.float64)
+    sq = np.empty(n + 1, np.int64)
+    sqs = np.zeros(1, np.int64)
+    n_sw = 0            # swapped requests
+    swap_used = 0       # blocks they hold in CPU swap space
+    pending_swap = 0    # blocks moved since the last step with a duration (charged to the next one)
+    swapped_since = np.empty(n)
+    # prefix cache
+    caching = ipar[I_CACHING] == 1
+    fpre = np.zeros(n, np.int64)        # f_i: the prefix blocks request i can share
+    hoff = np.zeros(n + 1, np.int64)
+    ngrp = 0
+    jmax = 0
+    for i in range(n):
+        ctok[i] = 0
+        if caching and pgrp[i] >= 0:
+            fpre[i] = plen[i] // bs
+            ngrp = max(ngrp, pgrp[i] + 1)
+            jmax = max(jmax, fpre[i])
+        hoff[i + 1] = hoff[i] + fpre[i]
+    cnt = np.full(max(ngrp * jmax, 1), -1, np.int64)
+    lprev = np.empty(cnt.size, np.int64)
+    lnext = np.empty(cnt.size, np.int64)
+    cst = np.array([-1, -1, 0, 0], np.int64)
+    held = np.zeros(max(hoff[n], 1), np.bool_)
+    private = np.zeros(n, np.int64)
+    nent = np.zeros(n, np.int64)
 
     # Measurement window start: the run's start (time 0, when a benchmark
     # client starts its clock) without warm-up, else the first measured arrival.
@@ -691,7 +914,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
     t = 0.0
 
     while True:
-        if n_run == 0 and n_wait == 0:
+        if n_run == 0 and n_wait == 0 and n_sw == 0:
             if nxt >= n:
                 break
             if arrival[nxt] > t:
@@ -702,7 +925,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         while nxt < n and arrival[nxt] <= t:
             i = nxt
             nxt += 1
-            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait, reserved)
+            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait + n_sw, reserved)
             if status[i] == ST_WAITING:
                 if admission == 2:
                     reserved += prompt[i] + output[i]
@@ -719,7 +942,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                     n_wait -= 1
                     if admission == 2:
                         reserved -= prompt[i] + output[i]
-        if n_run == 0 and n_wait == 0:
+        if n_run == 0 and n_wait == 0 and n_sw == 0:
             continue
 
         n_d = dstate[0]
@@ -734,6 +957,16 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 need_tok += s
                 need_blk += _ceil_div(k[r] + s, bs) - blocks[r]
             fast = need_tok <= mbt and need_blk <= free
+            # Correctness first: with active priority preemption and a waiting
+            # request, phase 0 may preempt, so the step is always a slow one.
+            if prio_preempt and n_wait > 0:
+                fast = False
+            # Likewise with a swapped request (phase 2) or transfers to charge.
+            if n_sw > 0 or pending_swap > 0:
+                fast = False
+            # And always with prefix caching (shared blocks, registration, LRU).
+            if caching:
+                fast = False
 
         if fast:
             budget = mbt - n_d
@@ -850,7 +1083,9 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
             # admission, no abandonment, no completion, enough free blocks),
             # run the next steps without the per-step scheduling work. Same
             # steps, same terms in the same order as a fast step.
-            if n_oth == 0 and n_run > 0 and (n_wait == 0 or (n_run == mns and not has_delay)):
+            # (Not with active priority preemption and a waiting request: phase 0.)
+            if n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
+                                                                           and not prio_preempt)):
                 n_d = dstate[0]
                 nm_d = dstate[2]
                 next_a = arrival[nxt] if nxt < n else np.inf
@@ -916,6 +1151,46 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 if not chunked:
                     budget -= prompt[w]
             budget = mbt
+        if prio_preempt and n_wait > 0:
+            # Phase 0, active priority preemption: while the waiting head w
+            # could not be scheduled (a seat and the blocks of its first chunk)
+            # and the victim's key is strictly larger than w's, preempt the
+            # victim by recompute (nothing is scheduled yet: nothing to refund).
+            w = _q_peek(q, qs, key, policy, status)
+            while n_run > 0:
+                vpos = n_run - 1
+                for jj in range(n_run - 1):
+                    a_ = run[jj]
+                    b_ = run[vpos]
+                    if key[a_] > key[b_] or (key[a_] == key[b_] and a_ > b_):
+                        vpos = jj
+                v = run[vpos]
+                if not key[v] > key[w]:
+                    break
+                # could w be scheduled? (re-evaluated, lookup included, after each preemption)
+                h_w = 0
+                cap_w = free
+                if caching:
+                    h_w = _lookup(w, pgrp, fpre, jmax, cnt)
+                    cap_w = free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt)
+                need_w = prompt[w] + g[w] - h_w * bs
+                c_w = min(need_w, mbt) if chunked else need_w
+                if n_run < mns and _ceil_div(c_w, bs) <= cap_w:
+                    break
+                if caching:
+                    free = _release_blocks(v, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
+                                           lprev, lnext)
+                else:
+                    free += blocks[v]
+                blocks[v] = 0
+                k[v] = 0
+                npre[v] += 1
+                status[v] = ST_WAITING
+                for jj in range(vpos, n_run - 1):
+                    run[jj] = run[jj + 1]
+                n_run -= 1
+                n_wait += 1
+                _q_push(q, qs, key, policy, v, True)
         kk = 0
         while kk < n_run and budget > 0:
             r = run[kk]
@@ -928,31 +1203,49 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
             s = min(need, budget)
             new_blk = _ceil_div(k[r] + s, bs) - blocks[r]
             self_preempted = False
-            while new_blk > free:
+            while new_blk > free + cst[2]:   # free + evictable (0 without caching)
                 # Preempt by recompute: fcfs/sjf the last admitted, priority
-                # the largest (priority, arrival index).
+                # (and sjf with priority preemption) the largest (key, arrival index).
                 vpos = n_run - 1
-                if policy == 1:
+                if keyed_victim:
                     for jj in range(n_run - 1):
                         a_ = run[jj]
                         b_ = run[vpos]
-                        if prio[a_] > prio[b_] or (prio[a_] == prio[b_] and a_ > b_):
+                        if key[a_] > key[b_] or (key[a_] == key[b_] and a_ > b_):
                             vpos = jj
                 v = run[vpos]
                 if vpos < kk:
                     budget += sched[v]
                     kk -= 1
                 sched[v] = 0
-                free += blocks[v]
+                if caching:
+                    # its refunded tokens' blocks are private: release them all
+                    free = _release_blocks(v, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
+                                           lprev, lnext)
+                else:
+                    free += blocks[v]
                 blocks[v] = 0
-                k[v] = 0
                 npre[v] += 1
-                status[v] = ST_WAITING
+                m_v = _ceil_div(k[v], bs)
+                if swap and m_v <= swap_cap - swap_used:
+                    # by swap: k and g kept, m_v blocks moved out (charged to a step)
+                    swap_used += m_v
+                    if swap_used > acc[A_MAX_SWAP]:
+                        acc[A_MAX_SWAP] = swap_used
+                    pending_swap += m_v
+                    nswap[v] += 1
+                    swapped_since[v] = t
+                    status[v] = ST_SWAPPED
+                    _heap_push(sq, sqs, skey, v)
+                    n_sw += 1
+                else:
+                    k[v] = 0
+                    status[v] = ST_WAITING
+                    n_wait += 1
+                    _q_push(q, qs, key, policy, v, True)
                 for jj in range(vpos, n_run - 1):
                     run[jj] = run[jj + 1]
                 n_run -= 1
-                n_wait += 1
-                _q_push(q, qs, key, policy, v, True)
                 preempted = True
                 if v == r:
                     self_preempted = True
@@ -961,14 +1254,46 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 break
             if new_blk > 0:
                 blocks[r] += new_blk
-                free -= new_blk
+                if caching:
+                    free = _take_blocks(new_blk, free, cst, cnt, lprev, lnext)
+                    private[r] += new_blk
+                else:
+                    free -= new_blk
             sched[r] = s
             budget -= s
             kk += 1
-        if not static and not preempted:
+        if swap and not preempted:
+            # Phase 2: resume swapped requests (head first) before any new prefill.
+            while n_sw > 0 and budget > 0 and n_run < mns:
+                w = sq[0]
+                need = prompt[w] + g[w] - k[w]
+                if chunked:
+                    s = min(need, budget)
+                elif need > budget:
+                    break
+                else:
+                    s = need
+                nb = _ceil_div(k[w] + s, bs)
+                if nb > free:
+                    break
+                _heap_pop(sq, sqs, skey)
+                n_sw -= 1
+                m_w = _ceil_div(k[w], bs)
+                swap_used -= m_w
+                pending_swap += m_w
+                swapped_s[w] += t - swapped_since[w]
+                status[w] = ST_RUNNING
+                blocks[w] = nb
+                free -= nb
+                sched[w] = s
+                budget -= s
+                run[n_run] = w
+                n_run += 1
+        if not static and not preempted and n_sw == 0:
             while n_wait > 0 and budget > 0 and n_run < mns:
                 w = _q_peek(q, qs, key, policy, status)
-                need = prompt[w] + g[w]
+                h_w = _lookup(w, pgrp, fpre, jmax, cnt) if caching else 0
+                need = prompt[w] + g[w] - h_w * bs
                 if chunked:
                     s = min(need, budget)
                 elif need > budget:
@@ -976,14 +1301,26 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 else:
                     s = need
                 nb = _ceil_div(s, bs)
-                if nb > free:
+                if caching:
+                    if nb > free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt):
+                        break
+                elif nb > free:
                     break
                 _q_pop(q, qs, key, policy)
                 n_wait -= 1
                 status[w] = ST_RUNNING
+                if caching:
+                    if not ever[w]:
+                        ctok[w] = h_w * bs       # at its first admission
+                    _claim_hits(w, h_w, pgrp, held, hoff, jmax, nent, cst, cnt, lprev, lnext)
+                    k[w] = h_w * bs
+                    free = _take_blocks(nb, free, cst, cnt, lprev, lnext)
+                    private[w] = nb
+                    blocks[w] = h_w + nb
+                else:
+                    blocks[w] = nb
+                    free -= nb
                 ever[w] = True
-                blocks[w] = nb
-                free -= nb
                 sched[w] = s
                 budget -= s
                 run[n_run] = w
@@ -1015,10 +1352,14 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
             d += dec_cost[n_dec]
         d += c_prefill * n_pf
         d += c_ctx * n_ctx
+        if pending_swap > 0:
+            d += c_swap * pending_swap   # the swap term last (docs/engine-model.md)
+            pending_swap = 0
         t_end = t + d
-        _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
-        nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run,
-                                                      n_wait, reserved, status, q, qs, key, acc, ws, we)
+        _account_step(acc, t, t_end, d, n_run, n_wait + n_sw, nblk - free - cst[2], ws, we, mns, nblk)
+        nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar,
+                                                      n_run + n_sw, n_wait, reserved, status, q, qs, key,
+                                                      acc, ws, we)
         # -- apply the step: token emission and completion
         for jj in range(n_run):
             r = run[jj]
@@ -1029,6 +1370,8 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
             if static and g[r] == output[r]:
                 continue
             k[r] += s
+            if caching and fpre[r] > 0:
+                _register(r, k[r] - s, k[r], bs, pgrp, fpre, held, hoff, jmax, private, nent, cst, cnt)
             if k[r] == prompt[r] + g[r]:
                 g[r] += 1
                 if g[r] == 1:
@@ -1056,7 +1399,11 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         for jj in range(n_run):
             r = run[jj]
             if status[r] == ST_COMPLETED:
-                free += blocks[r]
+                if caching:
+                    free = _release_blocks(r, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
+                                           lprev, lnext)
+                else:
+                    free += blocks[r]
                 blocks[r] = 0
                 if admission == 2:
                     reserved -= prompt[r] + output[r]
@@ -1064,7 +1411,7 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
                 run[m] = r
                 m += 1
                 # decoders that emitted at t_end become lazy; the rest are "others"
-                if not static and last_t[r] == t_end and k[r] == prompt[r] + g[r] - 1:
+                if not static and not caching and last_t[r] == t_end and k[r] == prompt[r] + g[r] - 1:
                     _d_add(r, k[r], g[r], S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output,
                            dstate)
                 else:
@@ -1081,10 +1428,18 @@ def _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
         g[r] = goff[r] + S
         blocks[r] = _ceil_div(k[r], bs)
     for i in range(n):
-        if status[i] == ST_WAITING or status[i] == ST_RUNNING:
+        if status[i] == ST_SWAPPED:
+            swapped_s[i] += t - swapped_since[i]   # to the stop
+        if status[i] == ST_WAITING or status[i] == ST_RUNNING or status[i] == ST_SWAPPED:
             status[i] = ST_UNFINISHED
     acc[A_END] = t
-    acc[A_BLOCKS_END] = nblk - free
+    acc[A_BLOCKS_END] = nblk - free - cst[2]
+    # prefix hit rate: measured requests of a group that were admitted at least once
+    if caching:
+        for i in range(warmup, n):
+            if pgrp[i] >= 0 and ever[i]:
+                acc[A_HIT_TOK] += ctok[i]
+                acc[A_QUERY_TOK] += prompt[i]
     acc[A_N_ITL] = n_itl
     return n_itl
 
@@ -1162,7 +1517,8 @@ def _mean(x, m):
 
 
 @njit
-def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl_v, itl_w, n_itl, acc, row):
+def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nswap, itl_v, itl_w, n_itl, acc,
+            row):
     """Per-replication metrics of the measured requests (``docs/engine-model.md``)."""
     warmup = ipar[I_WARMUP]
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
@@ -1181,6 +1537,7 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
     n_rej_meas = 0
     n_drop_meas = 0
     pre_meas = 0
+    swap_meas = 0
     counts = np.zeros(8, np.int64)  # completed, too_long, admission, dropped, unfinished, preempt
     for i in range(n):
         st = status[i]
@@ -1195,9 +1552,11 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
         elif st == ST_UNFINISHED:
             counts[4] += 1
         counts[5] += npre[i]
+        counts[6] += nswap[i]
         if i < warmup:
             continue
         pre_meas += npre[i]
+        swap_meas += nswap[i]
         if st == ST_REJECTED_TOO_LONG or st == ST_REJECTED_ADMISSION:
             n_rej_meas += 1
         elif st == ST_DROPPED:
@@ -1262,10 +1621,13 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
         row[C_BLOCKING] = n_rej_meas / nm
         row[C_DROP] = n_drop_meas / nm
         row[C_PREEMPT] = pre_meas / nm
+        row[C_SWAPS] = swap_meas / nm
     else:
         row[C_BLOCKING] = np.nan
         row[C_DROP] = np.nan
         row[C_PREEMPT] = np.nan
+        row[C_SWAPS] = np.nan
+    row[C_HIT] = acc[A_HIT_TOK] / acc[A_QUERY_TOK] if acc[A_QUERY_TOK] > 0 else np.nan
     c0 = C_N_ARRIVED
     row[c0 + 0] = n
     row[c0 + 1] = counts[0]
@@ -1275,23 +1637,26 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl
     row[c0 + 5] = counts[3]
     row[c0 + 6] = counts[4]
     row[c0 + 7] = counts[5]
-    row[c0 + 8] = nm
-    row[c0 + 9] = acc[A_STEPS]
-    row[c0 + 10] = acc[A_MAX_BLOCKS]
-    row[c0 + 11] = acc[A_BLOCKS_END]
-    row[c0 + 12] = window
-    row[c0 + 13] = end
-    row[c0 + 14] = acc[A_L_INT]
-    row[c0 + 15] = sojourn
+    row[c0 + 8] = counts[6]
+    row[c0 + 9] = nm
+    row[c0 + 10] = acc[A_STEPS]
+    row[c0 + 11] = acc[A_MAX_BLOCKS]
+    row[c0 + 12] = acc[A_BLOCKS_END]
+    row[c0 + 13] = acc[A_MAX_SWAP]
+    row[c0 + 14] = window
+    row[c0 + 15] = end
+    row[c0 + 16] = acc[A_L_INT]
+    row[c0 + 17] = sojourn
 
 
 # ==============================================================================
 # Drivers
 
 @njit
-def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
+def _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row):
     """Simulate requests ``0..n-1`` and reduce them into ``row``; return the
-    per-request results (status, first-token time, finish time, preemptions, tokens)."""
+    per-request results (status, first-token time, finish time, preemptions, tokens,
+    preemptions by swap, time swapped, cached tokens)."""
     status = np.empty(n, np.int8)
     k = np.empty(n, np.int64)
     g = np.empty(n, np.int64)
@@ -1300,6 +1665,9 @@ def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
     last_t = np.empty(n)
     finish_t = np.empty(n)
     npre = np.empty(n, np.int64)
+    nswap = np.empty(n, np.int64)
+    swapped_s = np.empty(n)
+    ctok = np.empty(n, np.int64)
     # Gaps come only from measured requests that can complete, whose output
     # fits the KV cache: cap each term so one huge (rejected) draw cannot
     # exhaust memory. (Gaps are stored as weighted samples, one per step for
@@ -1311,15 +1679,17 @@ def _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row):
     itl_v = np.empty(max(n_tok, 1))
     itl_w = np.empty(max(n_tok, 1), np.int64)
     acc = np.empty(N_ACC)
-    n_itl = _simulate(n, arrival, prompt, output, prio, ipar, fpar, lat,
-                      status, k, g, blocks, first_t, last_t, finish_t, npre, itl_v, itl_w, acc)
-    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, itl_v, itl_w, n_itl, acc, row)
-    return status, first_t, finish_t, npre, g
+    n_itl = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
+                      status, k, g, blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w,
+                      acc)
+    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nswap, itl_v, itl_w, n_itl, acc,
+            row)
+    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok
 
 
 @njit
 def _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
-                  prio_val, prio_cdf):
+                  prio_val, prio_cdf, pred_edges):
     """Allocate and draw the request stream of replication ``rep``; return it and its length."""
     cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
@@ -1327,22 +1697,26 @@ def _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
     prompt = np.empty(cap, np.int64)
     output = np.empty(cap, np.int64)
     prio = np.empty(cap, np.int64)
-    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                       trace, prio_val, prio_cdf, state, arrival, prompt, output, prio)
-    return arrival, prompt, output, prio, n
+    sjfk = np.empty(cap, np.int64)
+    pgrp = np.empty(cap, np.int64)
+    plen = np.empty(cap, np.int64)
+    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
+                       prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+    return arrival, prompt, output, prio, sjfk, pgrp, plen, n
 
 
 @njit
 def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
-                     trace, prio_val, prio_cdf, row):
-    arrival, prompt, output, prio, n = _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar,
-                                                     ltab, lrange, trace, prio_val, prio_cdf)
-    _run_stream(n, arrival, prompt, output, prio, ipar, fpar, lat, row)
+                     trace, prio_val, prio_cdf, pred_edges, row):
+    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
+        rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
+        pred_edges)
+    _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row)
 
 
 @pnjit
 def run_replications(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
-                     lrange, trace, prio_val, prio_cdf, out):
+                     lrange, trace, prio_val, prio_cdf, pred_edges, out):
     """Simulate replications ``rep0 .. rep0 + nrep - 1`` into ``out[nrep, N_COLUMNS]``.
 
     Replications are independent and keyed by their global index, so the
@@ -1350,22 +1724,25 @@ def run_replications(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
     """
     for j in prange(nrep):
         _one_replication(rep0 + j, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
-                         lrange, trace, prio_val, prio_cdf, out[j])
+                         lrange, trace, prio_val, prio_cdf, pred_edges, out[j])
 
 
 @njit
 def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
-                  prio_val, prio_cdf):
-    """The request stream of replication ``rep`` (arrival, prompt, output, priority)."""
-    arrival, prompt, output, prio, n = _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar,
-                                                     ltab, lrange, trace, prio_val, prio_cdf)
-    return arrival[:n].copy(), prompt[:n].copy(), output[:n].copy(), prio[:n].copy()
+                  prio_val, prio_cdf, pred_edges):
+    """The request stream of replication ``rep`` (arrival, prompt, output, priority, SJF key,
+    prefix group, prefix length)."""
+    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
+        rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
+        pred_edges)
+    return (arrival[:n].copy(), prompt[:n].copy(), output[:n].copy(), prio[:n].copy(), sjfk[:n].copy(),
+            pgrp[:n].copy(), plen[:n].copy())
 
 
 @njit
-def simulate_stream(arrival, prompt, output, prio, ipar, fpar, lat):
+def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
     """Simulate one given request stream; return per-request results and the metrics row."""
     row = np.empty(N_COLUMNS)
-    status, first_t, finish_t, npre, g = _run_stream(arrival.size, arrival, prompt, output, prio,
-                                                     ipar, fpar, lat, row)
-    return status, first_t, finish_t, npre, g, row
+    status, first_t, finish_t, npre, g, nswap, swapped_s, ctok = _run_stream(
+        arrival.size, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row)
+    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, row

@@ -83,8 +83,7 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
         drop_probability=(st_m == DROPPED).mean() if nm else np.nan,
         preemptions_per_request=pre[meas].sum() / nm if nm else np.nan,
     )
-    # Issue-10 metrics (docs/engine-model.md); not columns of the kernel's row
-    # (K.COLUMNS) until the kernel implements the options, so ignored there.
+    # Issue-10 metrics (docs/engine-model.md), columns of the kernel's row too.
     swaps = res["num_swaps"]
     queried = res["prefix_queried"] & meas
     query = prompt[queried].sum() if prompt is not None and queried.any() else 0
@@ -104,6 +103,7 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
         n_dropped=(status == DROPPED).sum(), n_unfinished=(status == UNFINISHED).sum(),
         n_preemptions=pre.sum(), n_measured=nm, n_steps=res["num_steps"],
         max_blocks_used=res["max_blocks_used"], blocks_used_at_end=res["blocks_used_at_end"],
+        max_swap_blocks_used=res["max_swap_blocks_used"],
         window_s=window, end_s=end,
         time_in_system_integral=in_system.sum() + (res["ingested_s"][late] - arrival[late]).sum(),
         sojourn_sum=sojourn.sum(),
@@ -120,10 +120,12 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
 
         rows = tqdm(rows, desc="reference replications", unit="rep", leave=False)
     for j in rows:
-        a, pr, o, c = K.draw_workload(rep0 + j, k0, k1, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
-                                      p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                                      p["prio_cdf"])
+        a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
+                                                    p["lcomp"], p["lpar"], p["ltab"], p["lrange"],
+                                                    p["trace"], p["prio_val"], p["prio_cdf"],
+                                                    p["pred_edges"])
         res = simulate_reference(a, pr, o, c, scenario.engine, scenario.latency,
-                                 horizon_s=scenario.workload.horizon_s)
+                                 horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
+                                 prefix_len=plen)
         row = reference_row(res, a, o, scenario, prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

@@ -13,7 +13,8 @@ import pandas as pd
 
 from ._io import save_table
 from . import _kernel as K
-from ._config import Scenario
+from ._config import BucketPredictor, Scenario
+from ._distributions import KIND_EMPIRICAL
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
 from ._validation import check_choice, check_float, check_int, check_kernel_supports
 
@@ -49,6 +50,9 @@ METRIC_DESCRIPTIONS = {
     "blocking_probability": "fraction of arrivals rejected (admission control or too long)",
     "drop_probability": "fraction of arrivals that abandoned (max_queue_delay_s)",
     "preemptions_per_request": "preemptions / arrivals",
+    "swaps_per_request": "preemptions by swap (preemption_mode='swap') / arrivals",
+    "prefix_hit_rate": "prefix-cache hit tokens / prompt tokens of grouped requests admitted at least once "
+                       "(enable_prefix_caching; nan without)",
     "batch_occupancy_mean": "time-average of running requests / max_num_seqs",
     "queue_depth_mean": "time-average number of waiting requests",
     "kv_utilization_mean": "time-average allocated KV blocks / num_gpu_blocks",
@@ -96,6 +100,20 @@ def pack_scenario(scenario: Scenario) -> dict:
     fpar[K.F_TPOT_SLO] = scenario.tpot_slo_s or 0.0
     fpar[K.F_TTFT_OVERHEAD] = scenario.latency.ttft_overhead_s
     ipar[K.I_NORMALIZE_ARRIVALS] = int(w.normalize_arrivals)
+    pred_edges = np.ones(1, np.int64)
+    if isinstance(e.length_predictor, BucketPredictor):
+        ipar[K.I_PREDICTOR] = 2
+        fpar[K.F_PRED_ACCURACY] = e.length_predictor.accuracy
+        pred_edges = np.array((1,) + e.length_predictor.edges, np.int64)
+    elif e.length_predictor is not None:
+        ipar[K.I_PREDICTOR] = 1
+        fpar[K.F_PRED_SIGMA] = e.length_predictor.sigma
+    ipar[K.I_PRIO_PREEMPT] = int(e.priority_preemption)
+    ipar[K.I_SWAP] = int(e.preemption_mode == "swap")
+    ipar[K.I_SWAP_BLOCKS] = e.swap_space_blocks
+    if e.priority_aging_s is not None:
+        ipar[K.I_HAS_AGING] = 1
+        fpar[K.F_AGING] = e.priority_aging_s
 
     arr = w._arrival_spec()
     ipar[K.I_ARRIVAL_KIND] = arr.kind
@@ -108,7 +126,9 @@ def pack_scenario(scenario: Scenario) -> dict:
     arr_times = np.ascontiguousarray(arr.times, dtype=np.float64)
 
     comps, tab_rows = [], []
-    lrange = np.zeros(4, np.int64)
+    # lrange: [lo, hi) component rows of the prompt, output and prefix length
+    # laws, then of the prefix group law (empty ranges: no prefix groups)
+    lrange = np.zeros(8, np.int64)
     trace = np.zeros((1, 2), np.int64)
     if w.lengths is not None:
         ipar[K.I_TRACE_MODE] = 1 if w.lengths.order == "replay" else 2
@@ -128,6 +148,27 @@ def pack_scenario(scenario: Scenario) -> dict:
                 tab_rows.extend(zip(values, cdf))
             comps.append((kind, start, 0 if values is None else len(values), p0, p1, cum))
         lrange[2 * j + 1] = len(comps)
+    if w.prefix_groups > 0:
+        ipar[K.I_PREFIX] = 1
+        lrange[4] = len(comps)
+        cum = 0.0
+        parts = w.prefix_len._components()
+        for m, (weight, kind, p0, p1, values, cdf) in enumerate(parts):
+            cum = 1.0 if m == len(parts) - 1 else cum + weight
+            start = len(tab_rows)
+            if values is not None:
+                tab_rows.extend(zip(values, cdf))
+            comps.append((kind, start, 0 if values is None else len(values), p0, p1, cum))
+        lrange[5] = len(comps)
+        # the group: a sampled table of the values 0 .. G-1 with Zipf probabilities
+        lrange[6] = len(comps)
+        gcdf = np.cumsum(w.prefix_group_probs())
+        gcdf[-1] = 1.0
+        start = len(tab_rows)
+        tab_rows.extend(zip(np.arange(w.prefix_groups, dtype=float), gcdf))
+        comps.append((KIND_EMPIRICAL, start, w.prefix_groups, 0.0, 0.0, 1.0))
+        lrange[7] = len(comps)
+    ipar[K.I_CACHING] = int(e.enable_prefix_caching)
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
@@ -136,7 +177,7 @@ def pack_scenario(scenario: Scenario) -> dict:
     prio_cdf[-1] = 1.0
     return dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
                 lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
-                prio_val=prio_val, prio_cdf=prio_cdf)
+                prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
 
 
 def as_seed_sequence(seed) -> np.random.SeedSequence:
@@ -185,15 +226,25 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     Returns
     -------
     pandas.DataFrame
-        Columns ``arrival_s``, ``prompt_len``, ``output_len``, ``priority``.
+        Columns ``arrival_s``, ``prompt_len``, ``output_len``, ``priority``,
+        ``sjf_key`` (the predicted output lengths that ``policy="sjf"``
+        orders by) when the engine has a ``length_predictor``, and
+        ``prefix_group`` and ``prefix_len`` when the workload has
+        ``prefix_groups``.
     """
     replication = check_int("replication", replication, low=0)
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
-    a, pr, o, c = K.draw_workload(replication, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
-                                  p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"],
-                                  p["prio_val"], p["prio_cdf"])
-    return pd.DataFrame({"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c})
+    a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
+                                                p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"],
+                                                p["prio_val"], p["prio_cdf"], p["pred_edges"])
+    cols = {"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c}
+    if scenario.engine.length_predictor is not None:
+        cols["sjf_key"] = q
+    if scenario.workload.prefix_groups > 0:
+        cols["prefix_group"] = grp
+        cols["prefix_len"] = plen
+    return pd.DataFrame(cols)
 
 
 def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba") -> pd.DataFrame:
@@ -206,7 +257,9 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         except ``warmup_requests`` and ``horizon_s``).
     requests : pandas.DataFrame
         Columns ``arrival_s``, ``prompt_len``, ``output_len`` and optionally
-        ``priority`` (e.g. from :func:`sample_requests`).
+        ``priority`` and ``sjf_key`` (the SJF keys; default: the output
+        lengths) (e.g. from :func:`sample_requests`). With a
+        ``length_predictor`` the ``sjf_key`` column is required.
     backend : {"numba", "reference"}
 
     Returns
@@ -216,7 +269,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         rejected_admission, dropped, unfinished), ``first_token_s``,
         ``finish_s`` (absolute engine times), ``ttft_s``, ``e2e_s`` (as the
         client sees them: including ``latency.ttft_overhead_s``),
-        ``num_preemptions`` and ``num_tokens``.
+        ``num_preemptions``, ``num_tokens``, ``num_swaps`` (preemptions by
+        swap, counted in ``num_preemptions`` too) and ``swapped_s`` (time in
+        the swapped queue) and ``cached_tokens`` (prefix-cache hit tokens at
+        its first admission).
     """
     check_choice("backend", backend, BACKENDS)
     a = np.ascontiguousarray(requests["arrival_s"], dtype=np.float64)
@@ -241,9 +297,30 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         if col in requests:
             x = np.asarray(requests[col])
             extra[col] = x[keep] if h is not None else x
-    if extra and backend == "numba":
-        raise NotImplementedError(f"requests columns {sorted(extra)} are not implemented by the numba backend "
-                                  f"yet; use backend='reference'")
+    if scenario.engine.length_predictor is not None and "sjf_key" not in extra:
+        raise ValueError("requests must have an 'sjf_key' column (the predicted output lengths) when "
+                         f"engine.length_predictor is set (got length_predictor="
+                         f"{scenario.engine.length_predictor!r}); sample_requests draws it")
+    if "sjf_key" in extra:
+        q = np.asarray(extra["sjf_key"])
+        if q.dtype.kind not in "iu":
+            raise ValueError(f"requests['sjf_key'] must hold integers, got dtype {q.dtype}")
+        extra["sjf_key"] = q.astype(np.int64)
+    if ("prefix_group" in extra) != ("prefix_len" in extra):
+        raise ValueError("requests must have both 'prefix_group' and 'prefix_len' columns, or neither")
+    if "prefix_group" in extra:
+        grp, plen = np.asarray(extra["prefix_group"]), np.asarray(extra["prefix_len"])
+        for name, x in (("prefix_group", grp), ("prefix_len", plen)):
+            if x.dtype.kind not in "iu":
+                raise ValueError(f"requests['{name}'] must hold integers, got dtype {x.dtype}")
+        grp, plen = grp.astype(np.int64), plen.astype(np.int64)
+        bad = (grp < -1) | (plen < 0) | (plen >= p) | ((grp == -1) & (plen != 0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"requests row {i}: prefix_group must be >= -1 and 0 <= prefix_len < prompt_len "
+                             f"(prefix_len 0 without a group), got prefix_group={int(grp[i])}, "
+                             f"prefix_len={int(plen[i])}, prompt_len={int(p[i])}")
+        extra["prefix_group"], extra["prefix_len"] = grp, plen
     if backend == "numba":
         check_kernel_supports(scenario.engine)
     if backend == "reference":
@@ -253,10 +330,15 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
+        nswap, swapped = np.asarray(res["num_swaps"]), np.asarray(res["swapped_s"])
+        ctok = np.asarray(res["cached_tokens"])
     else:
         packed = pack_scenario(scenario)
-        st, first, finish, npre, ntok, _ = K.simulate_stream(a, p, o, c, packed["ipar"], packed["fpar"],
-                                                             packed["lat"])
+        q = np.ascontiguousarray(extra.get("sjf_key", o), dtype=np.int64)
+        grp = np.ascontiguousarray(extra.get("prefix_group", np.full(a.size, -1)), dtype=np.int64)
+        plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
+        st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
+            a, p, o, c, q, grp, plen, packed["ipar"], packed["fpar"], packed["lat"])
         status = np.asarray(st) - K.ST_COMPLETED
     c0 = scenario.latency.ttft_overhead_s
     return pd.DataFrame({
@@ -265,7 +347,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         "first_token_s": first, "finish_s": finish,
         "ttft_s": first - a + c0,
         "e2e_s": np.where(status == 0, finish - a + c0, np.nan),
-        "num_preemptions": npre, "num_tokens": ntok,
+        "num_preemptions": npre, "num_tokens": ntok, "num_swaps": nswap, "swapped_s": swapped,
+        "cached_tokens": ctok,
     })
 
 
@@ -287,8 +370,9 @@ class ReplicateResult:
         One row per replication: every metric in :data:`METRIC_DESCRIPTIONS`
         and the counts ``n_arrived``, ``n_completed``, ``n_rejected``
         (``n_rejected_too_long`` + ``n_rejected_admission``), ``n_dropped``,
-        ``n_unfinished`` (``n_arrived`` is always their sum), ``n_preemptions``,
-        ``n_steps``, ``max_blocks_used``, ``blocks_used_at_end``, ``window_s``,
+        ``n_unfinished`` (``n_arrived`` is always their sum), ``n_preemptions``, ``n_swaps``,
+        ``n_steps``, ``max_blocks_used``, ``blocks_used_at_end``, ``max_swap_blocks_used``
+        (CPU swap space, at most ``swap_space_blocks``), ``window_s``,
         ``end_s`` and the Little's-law pair ``time_in_system_integral`` /
         ``sojourn_sum``.
     confidence_level : float
@@ -490,7 +574,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
                           f"above about arrival_rate * horizon_s", RuntimeWarning, stacklevel=2)
     per_rep = pd.DataFrame(data, columns=list(K.COLUMNS))
     for c in K.COUNTS:
-        if c.startswith("n_") or c in ("max_blocks_used", "blocks_used_at_end"):
+        if c.startswith("n_") or c in ("max_blocks_used", "blocks_used_at_end", "max_swap_blocks_used"):
             per_rep[c] = per_rep[c].astype(np.int64)
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
@@ -540,7 +624,7 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
             hi = min(nrep, lo + batch_size)
             K.run_replications(rep0 + lo, hi - lo, k0, k1, p["ipar"], p["fpar"], p["lat"], p["arr_times"],
                                p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                               p["prio_cdf"], out[lo:hi])
+                               p["prio_cdf"], p["pred_edges"], out[lo:hi])
             if bar is not None:
                 bar.update(hi - lo)
     if bar is not None:

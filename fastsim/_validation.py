@@ -130,10 +130,6 @@ def check_metric_names(metrics, allowed):
 #: ``backend="reference"``, implements them all). Remove an entry when the
 #: kernel implements that option.
 KERNEL_PENDING_OPTIONS = {
-    "preemption_mode": "recompute",
-    "priority_preemption": False,
-    "priority_aging_s": None,
-    "enable_prefix_caching": False,
 }
 
 
