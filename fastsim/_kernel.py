@@ -1460,25 +1460,55 @@ def _percentile_sorted(x, m, q):
 
 
 @njit
-def _weighted_at(v, cw, order, j):
-    """Element ``j`` (0-based) of the sorted sample in which value
-    ``v[order[e]]`` occurs ``cw[e] - cw[e - 1]`` times."""
+def _weighted_select(v, w, m, j):
+    """The value at 0-based rank ``j`` of the sorted sample in which each
+    ``v[e]`` occurs ``w[e]`` times (``e < m``), by three-way quickselect
+    (expected O(m); reorders ``v[:m]`` and ``w[:m]`` together). Also returns
+    the total weight of the entries <= that value."""
     lo = 0
-    hi = cw.size - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if cw[mid] > j:
-            hi = mid
+    hi = m
+    below = 0   # weight of the entries known to be smaller than all of [lo, hi)
+    while True:
+        a = v[lo]
+        b = v[(lo + hi - 1) // 2]
+        c = v[hi - 1]
+        pivot = max(min(a, b), min(max(a, b), c))   # median of three
+        i = lo
+        lt = lo
+        gt = hi
+        w_lt = 0
+        w_eq = 0
+        while i < gt:
+            x = v[i]
+            if x < pivot:
+                v[i], v[lt] = v[lt], x
+                w[i], w[lt] = w[lt], w[i]
+                w_lt += w[lt]
+                lt += 1
+                i += 1
+            elif x > pivot:
+                gt -= 1
+                v[i], v[gt] = v[gt], x
+                w[i], w[gt] = w[gt], w[i]
+            else:
+                w_eq += w[i]
+                i += 1
+        if j < w_lt:
+            hi = lt
+        elif j < w_lt + w_eq:
+            return pivot, below + w_lt + w_eq
         else:
-            lo = mid + 1
-    return v[order[lo]]
+            j -= w_lt + w_eq
+            below += w_lt + w_eq
+            lo = gt
 
 
 @njit
 def _weighted_stats(v, w, m, row, c):
     """Mean, p50 and p99 into ``row[c:c + 3]`` of the sample in which each
     ``v[e]`` occurs ``w[e]`` times: the values numpy gives on the expanded
-    sample (percentiles by linear interpolation), from ``m`` entries."""
+    sample (percentiles by linear interpolation), from ``m`` entries, by
+    selection rather than sorting. Reorders ``v[:m]`` and ``w[:m]``."""
     total = 0
     s = 0.0
     for e in range(m):
@@ -1490,19 +1520,18 @@ def _weighted_stats(v, w, m, row, c):
         row[c + 2] = np.nan
         return
     row[c] = s / total
-    order = np.argsort(v[:m])
-    cw = np.empty(m, np.int64)
-    acc = 0
-    for e in range(m):
-        acc += w[order[e]]
-        cw[e] = acc
     for jq in range(2):
         q = 50.0 if jq == 0 else 99.0
         pos = q / 100.0 * (total - 1)
         lo = int(math.floor(pos))
-        hi = min(lo + 1, total - 1)
-        x_lo = _weighted_at(v, cw, order, lo)
-        x_hi = _weighted_at(v, cw, order, hi)
+        x_lo, upto = _weighted_select(v, w, m, lo)
+        x_hi = x_lo
+        if lo + 1 < total and lo + 1 >= upto:
+            # the next rank holds the smallest value above x_lo
+            x_hi = np.inf
+            for e in range(m):
+                if x_lo < v[e] < x_hi:
+                    x_hi = v[e]
         row[c + 1 + jq] = x_lo + (x_hi - x_lo) * (pos - lo)
 
 
