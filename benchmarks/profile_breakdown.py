@@ -27,19 +27,20 @@ from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
 
 
 @pnjit
-def draw_only(nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, out):
+def draw_only(nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
+              out):
     for j in prange(nrep):
-        arrival, prompt, output, prio, n = K._new_workload(j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab,
-                                                           lrange, trace, prio_val, prio_cdf)
+        arrival, prompt, output, prio, sjfk, pgrp, plen, n = K._new_workload(
+            j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
         out[j] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
 
 
 @pnjit
 def draw_and_simulate(nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-                      out):
+                      pred_edges, out):
     for j in prange(nrep):
-        arrival, prompt, output, prio, n = K._new_workload(j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab,
-                                                           lrange, trace, prio_val, prio_cdf)
+        arrival, prompt, output, prio, sjfk, pgrp, plen, n = K._new_workload(
+            j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
         status = np.empty(n, np.int8)
         kk = np.empty(n, np.int64)
         g = np.empty(n, np.int64)
@@ -48,14 +49,17 @@ def draw_and_simulate(nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrang
         last_t = np.empty(n)
         finish_t = np.empty(n)
         npre = np.empty(n, np.int64)
+        nswap = np.empty(n, np.int64)
+        swapped_s = np.empty(n)
+        ctok = np.empty(n, np.int64)
         cap = 0
         for i in range(n):
             cap += output[i]
         itl_v = np.empty(cap)
         itl_w = np.empty(cap, np.int64)
         acc = np.empty(K.N_ACC)
-        out[j] = K._simulate(n, arrival, prompt, output, prio, ipar, fpar, lat, status, kk, g, blocks, first_t,
-                             last_t, finish_t, npre, itl_v, itl_w, acc)
+        out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, status, kk, g,
+                             blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w, acc)
 
 
 def timed(fn, *args):
@@ -77,7 +81,7 @@ def main():
         sc = factory(args.requests)
         p = pack_scenario(sc)
         tabs = (p["arr_times"], p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                p["prio_cdf"])
+                p["prio_cdf"], p["pred_edges"])
         out = np.empty(nrep)
         t_draw = timed(draw_only, nrep, p["ipar"], p["fpar"], *tabs, out)
         t_sim = timed(draw_and_simulate, nrep, p["ipar"], p["fpar"], p["lat"], *tabs, out)
