@@ -1447,6 +1447,16 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 # ==============================================================================
 # Reduction of one replication to its metrics row
 
+@njit(inline="always")
+def _lerp(a, b, t):
+    """numpy's percentile interpolation, operation for operation (it
+    interpolates from the upper neighbour when t >= 0.5)."""
+    diff = b - a
+    if t >= 0.5:
+        return b - diff * (1.0 - t)
+    return a + diff * t
+
+
 @njit
 def _percentile_sorted(x, m, q):
     """Linear-interpolation percentile (numpy's default) of sorted x[:m]."""
@@ -1456,7 +1466,7 @@ def _percentile_sorted(x, m, q):
     lo = int(math.floor(pos))
     hi = min(lo + 1, m - 1)
     frac = pos - lo
-    return x[lo] + (x[hi] - x[lo]) * frac
+    return _lerp(x[lo], x[hi], frac)
 
 
 @njit
@@ -1532,7 +1542,7 @@ def _weighted_stats(v, w, m, row, c):
             for e in range(m):
                 if x_lo < v[e] < x_hi:
                     x_hi = v[e]
-        row[c + 1 + jq] = x_lo + (x_hi - x_lo) * (pos - lo)
+        row[c + 1 + jq] = _lerp(x_lo, x_hi, pos - lo)
 
 
 @njit
