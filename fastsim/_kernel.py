@@ -1458,18 +1458,6 @@ def _lerp(a, b, t):
 
 
 @njit
-def _percentile_sorted(x, m, q):
-    """Linear-interpolation percentile (numpy's default) of sorted x[:m]."""
-    if m == 0:
-        return np.nan
-    pos = q / 100.0 * (m - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, m - 1)
-    frac = pos - lo
-    return _lerp(x[lo], x[hi], frac)
-
-
-@njit
 def _weighted_select(v, w, m, j):
     """The value at 0-based rank ``j`` of the sorted sample in which each
     ``v[e]`` occurs ``w[e]`` times (``e < m``), by three-way quickselect
@@ -1530,19 +1518,34 @@ def _weighted_stats(v, w, m, row, c):
         row[c + 2] = np.nan
         return
     row[c] = s / total
-    for jq in range(2):
-        q = 50.0 if jq == 0 else 99.0
-        pos = q / 100.0 * (total - 1)
-        lo = int(math.floor(pos))
-        x_lo, upto = _weighted_select(v, w, m, lo)
-        x_hi = x_lo
-        if lo + 1 < total and lo + 1 >= upto:
-            # the next rank holds the smallest value above x_lo
-            x_hi = np.inf
-            for e in range(m):
-                if x_lo < v[e] < x_hi:
-                    x_hi = v[e]
-        row[c + 1 + jq] = _lerp(x_lo, x_hi, pos - lo)
+    row[c + 1] = _weighted_percentile(v, w, m, total, 50.0)
+    row[c + 2] = _weighted_percentile(v, w, m, total, 99.0)
+
+
+@njit
+def _weighted_percentile(v, w, m, total, q):
+    """numpy's percentile ``q`` of the expanded sample (total weight ``total``
+    > 0), by selection; reorders ``v[:m]`` and ``w[:m]``."""
+    pos = q / 100.0 * (total - 1)
+    lo = int(math.floor(pos))
+    x_lo, upto = _weighted_select(v, w, m, lo)
+    x_hi = x_lo
+    if lo + 1 < total and lo + 1 >= upto:
+        # the next rank holds the smallest value above x_lo
+        x_hi = np.inf
+        for e in range(m):
+            if x_lo < v[e] < x_hi:
+                x_hi = v[e]
+    return _lerp(x_lo, x_hi, pos - lo)
+
+
+@njit
+def _percentile_unsorted(x, m, q, ones):
+    """numpy's percentile ``q`` of ``x[:m]`` (nan if m == 0), by selection
+    rather than sorting; reorders ``x[:m]``. ``ones``: m or more ones."""
+    if m == 0:
+        return np.nan
+    return _weighted_percentile(x, ones, m, m, q)
 
 
 @njit
@@ -1628,20 +1631,17 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
             sojourn += end - arrival[i]
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
-    ttft_s = np.sort(ttft[:n_done])
-    row[C_TTFT_MEAN + 1] = _percentile_sorted(ttft_s, n_done, 50.0)
-    row[C_TTFT_MEAN + 2] = _percentile_sorted(ttft_s, n_done, 90.0)
-    row[C_TTFT_MEAN + 3] = _percentile_sorted(ttft_s, n_done, 95.0)
-    row[C_TTFT_MEAN + 4] = _percentile_sorted(ttft_s, n_done, 99.0)
+    # percentiles by selection (each reorders its array; the means come first)
+    ones = np.ones(max(nm, 1), np.int64)
+    for jq in range(4):
+        row[C_TTFT_MEAN + 1 + jq] = _percentile_unsorted(ttft, n_done, (50.0, 90.0, 95.0, 99.0)[jq], ones)
     row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
-    tpot_s = np.sort(tpot[:n_tpot])
-    row[C_TPOT_MEAN + 1] = _percentile_sorted(tpot_s, n_tpot, 50.0)
-    row[C_TPOT_MEAN + 2] = _percentile_sorted(tpot_s, n_tpot, 99.0)
+    row[C_TPOT_MEAN + 1] = _percentile_unsorted(tpot, n_tpot, 50.0, ones)
+    row[C_TPOT_MEAN + 2] = _percentile_unsorted(tpot, n_tpot, 99.0, ones)
     _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN)
     row[C_E2E_MEAN] = _mean(e2e, n_done)
-    e2e_s = np.sort(e2e[:n_done])
-    row[C_E2E_MEAN + 1] = _percentile_sorted(e2e_s, n_done, 50.0)
-    row[C_E2E_MEAN + 2] = _percentile_sorted(e2e_s, n_done, 99.0)
+    row[C_E2E_MEAN + 1] = _percentile_unsorted(e2e, n_done, 50.0, ones)
+    row[C_E2E_MEAN + 2] = _percentile_unsorted(e2e, n_done, 99.0, ones)
     # The window closes at the horizon, or else at the end of the drained run
     # (its last completion) as the client sees it.
     window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else end + overhead

@@ -29,3 +29,15 @@ def test_empty_weighted_sample_gives_nan():
     row = np.zeros(3)
     _weighted_stats(np.zeros(2), np.zeros(2, np.int64), 2, row, 0)
     assert np.isnan(row).all()
+
+
+def test_unweighted_percentiles_by_selection_equal_numpy():
+    from fastsim._kernel import _percentile_unsorted
+
+    rng = np.random.default_rng()
+    for _ in range(300):
+        m = int(rng.integers(1, 200))
+        x = rng.integers(0, 5, m) * 0.5 if m % 2 else rng.random(m)
+        for q in (50.0, 90.0, 95.0, 99.0):
+            assert _percentile_unsorted(x.copy(), m, q, np.ones(m, np.int64)) == np.percentile(x, q)
+    assert np.isnan(_percentile_unsorted(np.zeros(3), 0, 50.0, np.ones(3, np.int64)))
