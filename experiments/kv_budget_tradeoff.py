@@ -34,28 +34,23 @@ the full mode copies the figure to ``docs/img/exp_kv_budget_tradeoff.png``.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import time
-import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
+sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
+from _common import fmt, paired_diff_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "kv_budget_tradeoff"
-LEVEL = 0.95
 MAX_NUM_SEQS = 8
 BLOCK = 16
 METRICS = ["blocking_probability", "ttft_mean", "ttft_p50", "ttft_p99", "goodput", "request_throughput",
@@ -65,18 +60,6 @@ DELTA_METRICS = ["blocking_probability", "ttft_p99", "goodput"]
 FULL = dict(rates=[1, 2, 3, 4, 5, 6, 8], budgets=[1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768],
             requests=2000, warmup=200, replications=150)
 QUICK = dict(rates=[2, 8], budgets=[1024, 4096, 32768], requests=500, warmup=50, replications=80)
-
-
-def mean_ci(x, level=LEVEL):
-    """Mean of the finite values with a Student-t interval: (estimate, low, high, n)."""
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    n = x.size
-    est = float(x.mean()) if n else np.nan
-    if n < 2:
-        return est, np.nan, np.nan, n
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / np.sqrt(n)
-    return est, est - half, est + half, n
 
 
 def scenario(rate: float, budget_tokens: int, cfg: dict) -> fastsim.Scenario:
@@ -105,7 +88,7 @@ def run(cfg: dict, seed: int) -> pd.DataFrame:
                                  ci_low=r.ci_low, ci_high=r.ci_high, n=int(r.n)))
             if prev is not None:
                 for m in DELTA_METRICS:
-                    est, lo, hi, n = mean_ci(per[m].to_numpy() - prev[m].to_numpy())
+                    est, lo, hi, n = paired_diff_ci(per[m], prev[m])
                     rows.append(dict(arrival_rate=rate, kv_budget_tokens=b, metric=f"delta_{m}", estimate=est,
                                      ci_low=lo, ci_high=hi, n=n))
             prev = per
@@ -115,7 +98,7 @@ def run(cfg: dict, seed: int) -> pd.DataFrame:
         for b in cfg["budgets"]:
             if b == best:
                 continue
-            est, lo, hi, n = mean_ci(gp[best] - gp[b])
+            est, lo, hi, n = paired_diff_ci(gp[best], gp[b])
             rows.append(dict(arrival_rate=rate, kv_budget_tokens=b, metric="goodput_best_minus_this",
                              estimate=est, ci_low=lo, ci_high=hi, n=n))
     return pd.DataFrame(rows)
@@ -126,11 +109,6 @@ def get(table, rate, budget, metric) -> pd.Series:
     if len(t) != 1:
         raise KeyError((rate, budget, metric, len(t)))
     return t.iloc[0]
-
-
-def fmt(row, scale=1.0, digits=3) -> str:
-    return (f"{row.estimate * scale:.{digits}g} [{row.ci_low * scale:.{digits}g}, "
-            f"{row.ci_high * scale:.{digits}g}]")
 
 
 def goodput_optimum(table: pd.DataFrame, rate: float) -> dict:
@@ -218,40 +196,18 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     axes.flat[2].set_title("star: goodput-optimal budget (black edge: above both ends, paired CI)", fontsize=9)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small run (seconds) for the test suite")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "output" / NAME)
-    return ap.parse_args(argv)
+def title(cfg: dict, mode: str, seed: int) -> str:
+    return (f"KV budget vs blocking and tail latency (kv_reservation, max_num_seqs={MAX_NUM_SEQS}, "
+            f"A10G model; {mode}: {cfg['replications']} replications x {cfg['requests']} requests, "
+            f"{cfg['warmup']} warm-up, seed {seed}); bands and bars: 95% CIs")
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    table = run(cfg, args.seed)
-    elapsed = time.perf_counter() - start
-    csv, png = args.out / f"{NAME}.csv", args.out / f"{NAME}.png"
-    table.to_csv(csv, index=False)
-    mode = "quick" if args.quick else "full"
-    plot(table, png, f"KV budget vs blocking and tail latency (kv_reservation, max_num_seqs={MAX_NUM_SEQS}, "
-                     f"A10G model; {mode}: {cfg['replications']} replications x {cfg['requests']} requests, "
-                     f"{cfg['warmup']} warm-up, seed {args.seed}); bands and bars: 95% CIs")
-    if not args.quick:
-        shutil.copyfile(png, ROOT / "docs" / "img" / f"exp_{NAME}.png")
-    lines = findings(table)
-    print(f"{NAME} ({mode}, seed {args.seed}): {len(table)} rows in {elapsed:.1f} s -> {csv}")
-    for line in lines:
-        print("\n".join(textwrap.wrap(line, 160, initial_indent="  ", subsequent_indent="    ")))
-    return {"table": table, "findings": lines, "csv": csv, "png": png, "elapsed_s": elapsed}
+    return run_experiment(NAME, __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot, findings=findings,
+                          title=title)
 
 
 if __name__ == "__main__":

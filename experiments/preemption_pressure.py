@@ -44,11 +44,7 @@ the full mode copies the figure to ``docs/img/exp_preemption_pressure.png``.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import matplotlib
@@ -57,15 +53,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
+sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
+from _common import fmt, mean_ci, paired_diff_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "preemption_pressure"
-LEVEL = 0.95
 ENGINE = fastsim.EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16,
                               num_gpu_blocks=6822, max_model_len=2048)
 BASE_BLOCKS = ENGINE.num_gpu_blocks
@@ -78,18 +74,6 @@ DIFF_METRICS = ["preemptions_per_request", "ttft_mean", "ttft_p99", "tpot_mean",
 FULL = dict(rates=[2, 4, 8], blocks=[6822, 2048, 1024, 768, 512, 384, 320, 256, 192, 160, 128],
             requests=1000, replications=150, detail_replications=30)
 QUICK = dict(rates=[4], blocks=[6822, 320, 192], requests=300, replications=30, detail_replications=8)
-
-
-def mean_ci(x, level=LEVEL):
-    """Mean of the finite values with a Student-t interval: (estimate, low, high, n)."""
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    n = x.size
-    est = float(x.mean()) if n else np.nan
-    if n < 2:
-        return est, np.nan, np.nan, n
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / np.sqrt(n)
-    return est, est - half, est + half, n
 
 
 def scenario(rate: float, n: int) -> fastsim.Scenario:
@@ -144,13 +128,13 @@ def run(cfg: dict, seed: int) -> pd.DataFrame:
                                  "ci_high": s.ci_high, "n": int(s.n)})
                 per = r.per_replication
                 for m in DIFF_METRICS:
-                    est, lo, hi, n = mean_ci(per[m].to_numpy() - ref[m].to_numpy())
+                    est, lo, hi, n = paired_diff_ci(per[m], ref[m])
                     rows.append({**cfgrow, "metric": f"diff_{m}", "estimate": est, "ci_low": lo,
                                  "ci_high": hi, "n": n})
             paged = res.results[f"paged_{b}"].per_replication
             cons = res.results[f"conservative_{b}"].per_replication
             for m in DIFF_METRICS:
-                est, lo, hi, n = mean_ci(paged[m].to_numpy() - cons[m].to_numpy())
+                est, lo, hi, n = paired_diff_ci(paged[m], cons[m])
                 rows.append(dict(arrival_rate=rate, num_gpu_blocks=b, server="paged-conservative",
                                  max_num_seqs=ENGINE.max_num_seqs, metric=f"diff_vs_conservative_{m}",
                                  estimate=est, ci_low=lo, ci_high=hi, n=n))
@@ -170,11 +154,6 @@ def get(table, rate, blocks, metric, server="paged") -> pd.Series:
     if len(t) != 1:
         raise KeyError((rate, blocks, metric, server, len(t)))
     return t.iloc[0]
-
-
-def fmt(row, scale=1.0, digits=3) -> str:
-    return (f"{row.estimate * scale:.{digits}g} [{row.ci_low * scale:.{digits}g}, "
-            f"{row.ci_high * scale:.{digits}g}]")
 
 
 def onset(table, rate) -> int | None:
@@ -252,40 +231,18 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small run (seconds) for the test suite")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "output" / NAME)
-    return ap.parse_args(argv)
+def title(cfg: dict, mode: str, seed: int) -> str:
+    return (f"Preemption under memory pressure: A10G server (max_num_seqs=64), ShareGPT, "
+            f"shrinking KV cache ({mode}: {cfg['replications']} replications x {cfg['requests']} "
+            f"requests, seed {seed}); bands: 95% CIs")
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    table = run(cfg, args.seed)
-    elapsed = time.perf_counter() - start
-    csv, png = args.out / f"{NAME}.csv", args.out / f"{NAME}.png"
-    table.to_csv(csv, index=False)
-    mode = "quick" if args.quick else "full"
-    plot(table, png, f"Preemption under memory pressure: A10G server (max_num_seqs=64), ShareGPT, "
-                     f"shrinking KV cache ({mode}: {cfg['replications']} replications x {cfg['requests']} "
-                     f"requests, seed {args.seed}); bands: 95% CIs")
-    if not args.quick:
-        shutil.copyfile(png, ROOT / "docs" / "img" / f"exp_{NAME}.png")
-    lines = findings(table)
-    print(f"{NAME} ({mode}, seed {args.seed}): {len(table)} rows in {elapsed:.1f} s -> {csv}")
-    for line in lines:
-        print("\n".join(textwrap.wrap(line, 160, initial_indent="  ", subsequent_indent="    ")))
-    return {"table": table, "findings": lines, "csv": csv, "png": png, "elapsed_s": elapsed}
+    return run_experiment(NAME, __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot, findings=findings,
+                          title=title)
 
 
 if __name__ == "__main__":

@@ -67,12 +67,8 @@ and ``scheduling_policies.png``; the full mode copies the figure to
 
 from __future__ import annotations
 
-import argparse
-import math
-import shutil
 import sys
-import textwrap
-import time
+import math
 from pathlib import Path
 
 import matplotlib
@@ -81,15 +77,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
+sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
+from _common import fmt, mean_ci, paired_diff_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "scheduling_policies"
-LEVEL = 0.95
 SIGMA = 0.5
 BAND_EDGES = (500, 5000)
 BANDS = ("<500", "500-5000", ">5000")
@@ -108,18 +104,6 @@ RUN_METRICS = ("makespan_s", "preemptions_per_request", "n_requests")
 FULL = dict(servers=["seqs64", "seqs16"], scenarios=["low", "medium", "high"],
             replications={"low": 100, "medium": 100, "high": 25})
 QUICK = dict(servers=["seqs16"], scenarios=["medium"], replications={"medium": 30})
-
-
-def mean_ci(x, level=LEVEL):
-    """Mean of the finite values with a Student-t interval: (estimate, low, high, n)."""
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    n = x.size
-    est = float(x.mean()) if n else np.nan
-    if n < 2:
-        return est, np.nan, np.nan, n
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / np.sqrt(n)
-    return est, est - half, est + half, n
 
 
 def length_mix(weights, means, sigma=SIGMA) -> fastsim.Mixture:
@@ -201,8 +185,7 @@ def run(cfg: dict, seed: int) -> pd.DataFrame:
                 for band, m in cols:
                     if m == "n_requests":
                         continue
-                    d = per[p][(band, m)].to_numpy(float) - per["fcfs"][(band, m)].to_numpy(float)
-                    est, lo, hi, n = mean_ci(d)
+                    est, lo, hi, n = paired_diff_ci(per[p][(band, m)], per["fcfs"][(band, m)])
                     rows.append(dict(server=server, scenario=name, policy=f"{p}-fcfs", band=band, metric=m,
                                      estimate=est, ci_low=lo, ci_high=hi, n=n))
     return pd.DataFrame(rows)
@@ -214,11 +197,6 @@ def get(table, server, scenario_, policy, band, metric) -> pd.Series:
     if len(t) != 1:
         raise KeyError((server, scenario_, policy, band, metric, len(t)))
     return t.iloc[0]
-
-
-def fmt(row, scale=1.0, digits=3) -> str:
-    return (f"{row.estimate * scale:.{digits}g} [{row.ci_low * scale:.{digits}g}, "
-            f"{row.ci_high * scale:.{digits}g}]")
 
 
 def verdict(row) -> str:
@@ -286,41 +264,19 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
             ax.grid(alpha=0.3, axis="y", which="both")
             if i == 0 and j == 0:
                 ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, title, top=0.97, dpi=90)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="the medium scenario on the 16-sequence server, 30 replications (test suite)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "output" / NAME)
-    return ap.parse_args(argv)
+def title(cfg: dict, mode: str, seed: int) -> str:
+    reps = ", ".join(f"{k} {v}" for k, v in cfg["replications"].items())
+    return (f"FCFS vs priority (by length class) vs SJF, multi-user workloads, A10G model, "
+            f"38,421 KV blocks ({mode}: replications {reps}; seed {seed}); error bars: 95% CIs")
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    table = run(cfg, args.seed)
-    elapsed = time.perf_counter() - start
-    csv, png = args.out / f"{NAME}.csv", args.out / f"{NAME}.png"
-    table.to_csv(csv, index=False)
-    mode = "quick" if args.quick else "full"
-    reps = ", ".join(f"{k} {v}" for k, v in cfg["replications"].items())
-    plot(table, png, f"FCFS vs priority (by length class) vs SJF, multi-user workloads, A10G model, "
-                     f"38,421 KV blocks ({mode}: replications {reps}; seed {args.seed}); error bars: 95% CIs")
-    if not args.quick:
-        shutil.copyfile(png, ROOT / "docs" / "img" / f"exp_{NAME}.png")
-    lines = findings(table)
-    print(f"{NAME} ({mode}, seed {args.seed}): {len(table)} rows in {elapsed:.1f} s -> {csv}", flush=True)
-    for line in lines:
-        print("\n".join(textwrap.wrap(line, 160, initial_indent="  ", subsequent_indent="      ")), flush=True)
-    return {"table": table, "findings": lines, "csv": csv, "png": png, "elapsed_s": elapsed}
+    return run_experiment(NAME, __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot, findings=findings,
+                          title=title, wrap_indent="      ",
+                          quick_help="the medium scenario on the 16-sequence server, 30 replications (test suite)")
 
 
 if __name__ == "__main__":

@@ -46,10 +46,7 @@ the full mode copies the figure to ``docs/img/exp_static_vs_continuous.png``.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import matplotlib
@@ -58,15 +55,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
+sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
+from _common import fmt, mean_ci, ratio_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "static_vs_continuous"
-LEVEL = 0.95
 ENGINE = fastsim.EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16,
                               num_gpu_blocks=6822, max_model_len=2048)
 #: Sequences whose max_model_len reservation fits the KV cache (HF-style static server).
@@ -84,34 +81,6 @@ FULL = dict(rates=[0.5, 1, 2, 4, 6, 8, 12, 16, 24], requests=1000, replications=
 QUICK = dict(rates=[1, 24], requests=300, replications=30,
              seqs=[64], offline_requests=300, offline_replications=20,
              offline_workloads=["spread", "fixed_300"])
-
-
-# ------------------------------------------------------------------------------------------
-# Statistics
-
-def mean_ci(x, level=LEVEL):
-    """Mean of the finite values with a Student-t interval: (estimate, low, high, n)."""
-    x = np.asarray(x, float)
-    x = x[np.isfinite(x)]
-    n = x.size
-    est = float(x.mean()) if n else np.nan
-    if n < 2:
-        return est, np.nan, np.nan, n
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / np.sqrt(n)
-    return est, est - half, est + half, n
-
-
-def ratio_ci(a, b, level=LEVEL):
-    """mean(a) / mean(b) for paired replications, delta-method interval: (estimate, low, high, n)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    ok = np.isfinite(a) & np.isfinite(b)
-    a, b = a[ok], b[ok]
-    n = a.size
-    r = a.mean() / b.mean()
-    resid = a - r * b
-    se = resid.std(ddof=1) / (np.sqrt(n) * abs(b.mean()))
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * se
-    return float(r), float(r - half), float(r + half), n
 
 
 # ------------------------------------------------------------------------------------------
@@ -201,11 +170,6 @@ def get(table, **sel) -> pd.Series:
     if len(t) != 1:
         raise KeyError(f"{sel}: {len(t)} rows")
     return t.iloc[0]
-
-
-def fmt(row, scale=1.0, digits=3) -> str:
-    return (f"{row.estimate * scale:.{digits}g} [{row.ci_low * scale:.{digits}g}, "
-            f"{row.ci_high * scale:.{digits}g}]")
 
 
 def findings(table: pd.DataFrame) -> list[str]:
@@ -340,43 +304,20 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_title("TTFT p50 (circles) / p99 (squares); static dashed", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6, ncol=2)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, title, top=0.97)
 
 
 # ------------------------------------------------------------------------------------------
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small run (seconds) for the test suite")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "output" / NAME)
-    return ap.parse_args(argv)
+def title(cfg: dict, mode: str, seed: int) -> str:
+    return (f"Static vs continuous batching, A10G / Qwen2.5-1.5B model ({mode}: "
+            f"{cfg['replications']} x {cfg['requests']} requests per load point, seed {seed}); "
+            f"bands: 95% CIs")
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    table = run(cfg, args.seed)
-    elapsed = time.perf_counter() - start
-    csv = args.out / f"{NAME}.csv"
-    png = args.out / f"{NAME}.png"
-    table.to_csv(csv, index=False)
-    mode = "quick" if args.quick else "full"
-    plot(table, png, f"Static vs continuous batching, A10G / Qwen2.5-1.5B model ({mode}: "
-                     f"{cfg['replications']} x {cfg['requests']} requests per load point, seed {args.seed}); "
-                     f"bands: 95% CIs")
-    if not args.quick:
-        shutil.copyfile(png, ROOT / "docs" / "img" / f"exp_{NAME}.png")
-    lines = findings(table)
-    print(f"{NAME} ({mode}, seed {args.seed}): {len(table)} rows in {elapsed:.1f} s -> {csv}", flush=True)
-    for line in lines:
-        print("  " + line, flush=True)
-    return {"table": table, "findings": lines, "csv": csv, "png": png, "elapsed_s": elapsed}
+    return run_experiment(NAME, __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot, findings=findings,
+                          title=title, wrap_indent=None)
 
 
 if __name__ == "__main__":
