@@ -41,25 +41,8 @@ def draw_and_simulate(nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrang
     for j in prange(nrep):
         arrival, prompt, output, prio, sjfk, pgrp, plen, n = K._new_workload(
             j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
-        status = np.empty(n, np.int8)
-        kk = np.empty(n, np.int64)
-        g = np.empty(n, np.int64)
-        blocks = np.empty(n, np.int64)
-        first_t = np.empty(n)
-        last_t = np.empty(n)
-        finish_t = np.empty(n)
-        npre = np.empty(n, np.int64)
-        nswap = np.empty(n, np.int64)
-        swapped_s = np.empty(n)
-        ctok = np.empty(n, np.int64)
-        cap = 0
-        for i in range(n):
-            cap += output[i]
-        itl_v = np.empty(cap)
-        itl_w = np.empty(cap, np.int64)
-        acc = np.empty(K.N_ACC)
-        out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, status, kk, g,
-                             blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w, acc)
+        res = K._simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
+        out[j] = res[10]   # the gap-sample count: keeps the work observable
 
 
 def timed(fn, *args):

@@ -555,6 +555,25 @@ def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n
     return nxt, n_wait, reserved
 
 
+@njit(inline="always")
+def _first_chunk(need, budget, chunked):
+    """Tokens an admitted request gets this step: its need, cut to the budget
+    with chunked prefill; -1 if it does not fit (no chunking)."""
+    if chunked:
+        return min(need, budget)
+    return need if need <= budget else -1
+
+
+@njit(inline="always")
+def _start_running(w, nb, q, qs, key, policy, status, ever, blocks):
+    """Move the waiting head ``w`` to running with ``nb`` blocks (the caller
+    updates its counts of waiting requests and free blocks)."""
+    _q_pop(q, qs, key, policy)
+    status[w] = ST_RUNNING
+    ever[w] = True
+    blocks[w] = nb
+
+
 @njit
 def _compact_run(run, rl, status):
     """Drop requests that are no longer running from ``run[:rl]``, keeping the order."""
@@ -985,21 +1004,14 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             # admission of waiting requests, as in the slow step
             while n_wait > 0 and budget > 0 and n_run < mns:
                 w = _q_peek(q, qs, key, policy, status)
-                need = prompt[w] + g[w]
-                if chunked:
-                    s = min(need, budget)
-                elif need > budget:
+                s = _first_chunk(prompt[w] + g[w], budget, chunked)
+                if s < 0:
                     break
-                else:
-                    s = need
                 nb = _ceil_div(s, bs)
                 if nb > free:
                     break
-                _q_pop(q, qs, key, policy)
+                _start_running(w, nb, q, qs, key, policy, status, ever, blocks)
                 n_wait -= 1
-                status[w] = ST_RUNNING
-                ever[w] = True
-                blocks[w] = nb
                 free -= nb
                 sched[w] = s
                 budget -= s
@@ -1140,11 +1152,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     break
                 if not chunked and prompt[w] > budget:
                     break
-                _q_pop(q, qs, key, policy)
+                _start_running(w, need_blk, q, qs, key, policy, status, ever, blocks)
                 n_wait -= 1
-                status[w] = ST_RUNNING
-                ever[w] = True
-                blocks[w] = need_blk
                 free -= need_blk
                 run[n_run] = w
                 n_run += 1
@@ -1293,13 +1302,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             while n_wait > 0 and budget > 0 and n_run < mns:
                 w = _q_peek(q, qs, key, policy, status)
                 h_w = _lookup(w, pgrp, fpre, jmax, cnt) if caching else 0
-                need = prompt[w] + g[w] - h_w * bs
-                if chunked:
-                    s = min(need, budget)
-                elif need > budget:
+                s = _first_chunk(prompt[w] + g[w] - h_w * bs, budget, chunked)
+                if s < 0:
                     break
-                else:
-                    s = need
                 nb = _ceil_div(s, bs)
                 if caching:
                     if nb > free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt):
@@ -1692,10 +1697,9 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
 # Drivers
 
 @njit
-def _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row):
-    """Simulate requests ``0..n-1`` and reduce them into ``row``; return the
-    per-request results (status, first-token time, finish time, preemptions, tokens,
-    preemptions by swap, time swapped, cached tokens)."""
+def _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
+    """Allocate the per-request state of requests ``0..n-1`` and simulate them;
+    return the per-request arrays, the weighted gap samples and the accumulators."""
     status = np.empty(n, np.int8)
     k = np.empty(n, np.int64)
     g = np.empty(n, np.int64)
@@ -1721,6 +1725,16 @@ def _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, 
     n_itl = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
                       status, k, g, blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w,
                       acc)
+    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, itl_v, itl_w, n_itl, acc
+
+
+@njit
+def _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row):
+    """Simulate requests ``0..n-1`` and reduce them into ``row``; return the
+    per-request results (status, first-token time, finish time, preemptions, tokens,
+    preemptions by swap, time swapped, cached tokens)."""
+    status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, itl_v, itl_w, n_itl, acc = _simulate_new(
+        n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
     _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nswap, itl_v, itl_w, n_itl, acc,
             row)
     return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok

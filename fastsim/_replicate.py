@@ -130,14 +130,17 @@ def pack_scenario(scenario: Scenario) -> dict:
     # laws, then of the prefix group law (empty ranges: no prefix groups)
     lrange = np.zeros(8, np.int64)
     trace = np.zeros((1, 2), np.int64)
+    laws = []   # (slot in lrange / 2, law): prompt 0, output 1, prefix length 2
     if w.lengths is not None:
         ipar[K.I_TRACE_MODE] = 1 if w.lengths.order == "replay" else 2
         trace = np.ascontiguousarray(np.column_stack([w.lengths.prompt_len, w.lengths.output_len]))
-        laws = ()
         comps.append((0, 0, 0, 1.0, 0.0, 1.0))  # a placeholder row: the kernel reads the trace
     else:
-        laws = (w.prompt_len, w.output_len)
-    for j, law in enumerate(laws):
+        laws += [(0, w.prompt_len), (1, w.output_len)]
+    if w.prefix_groups > 0:
+        ipar[K.I_PREFIX] = 1
+        laws.append((2, w.prefix_len))
+    for j, law in laws:
         lrange[2 * j] = len(comps)
         cum = 0.0
         parts = law._components()
@@ -149,17 +152,6 @@ def pack_scenario(scenario: Scenario) -> dict:
             comps.append((kind, start, 0 if values is None else len(values), p0, p1, cum))
         lrange[2 * j + 1] = len(comps)
     if w.prefix_groups > 0:
-        ipar[K.I_PREFIX] = 1
-        lrange[4] = len(comps)
-        cum = 0.0
-        parts = w.prefix_len._components()
-        for m, (weight, kind, p0, p1, values, cdf) in enumerate(parts):
-            cum = 1.0 if m == len(parts) - 1 else cum + weight
-            start = len(tab_rows)
-            if values is not None:
-                tab_rows.extend(zip(values, cdf))
-            comps.append((kind, start, 0 if values is None else len(values), p0, p1, cum))
-        lrange[5] = len(comps)
         # the group: a sampled table of the values 0 .. G-1 with Zipf probabilities
         lrange[6] = len(comps)
         gcdf = np.cumsum(w.prefix_group_probs())
