@@ -19,8 +19,11 @@ numbers across engine configurations come for free). The one engine-side
 draw, the SJF key of a ``length_predictor``, has a stream of its own, so it
 leaves every other column unchanged.
 
-Memory is bounded by (threads x requests per replication): each replication
-allocates its own request arrays and reduces them to one row of metrics.
+Memory is bounded by (threads x requests per replication): the engine
+allocates nothing (its state is carved out of a workspace, see `_ws_need`);
+each CPU thread reuses one workspace for its replications and reduces each
+replication to one row of metrics. The same functions run as CUDA device
+functions (``fastsim/_cuda.py``), one GPU thread per replication.
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import prange
-
-from ._numba_options import njit, pnjit
+from ._numba_options import njit
 
 # --- layout of the integer parameter vector ``ipar`` -------------------------
 I_MAX_NUM_SEQS = 0
@@ -166,7 +167,7 @@ _MAX_LEN_FLOAT = 2.0 ** 40  # longer draws are rejected as too long anyway
 # ==============================================================================
 # Counter-based random numbers (SplitMix64 streams)
 
-@njit(inline="always")
+@njit
 def _mix64(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -181,7 +182,7 @@ def _seed_streams(key0, key1, rep, state):
         state[s] = _mix64(base + np.uint64(s + 1) * np.uint64(0xD1B54A32D192ED03))
 
 
-@njit(inline="always")
+@njit
 def _uniform(state, s):
     """A double in (0, 1) from stream ``s`` (never 0 or 1, so logs are safe)."""
     state[s] = state[s] + _GOLDEN
@@ -281,6 +282,34 @@ def _poisson(state, s, mean, cap):
 
 
 @njit
+def _heapsort(x, n):
+    """Sort ``x[:n]`` in place (no allocation, so that GPU threads can use it too)."""
+    for start in range(n // 2 - 1, -1, -1):
+        _sift_down(x, start, n)
+    for end in range(n - 1, 0, -1):
+        tmp = x[0]
+        x[0] = x[end]
+        x[end] = tmp
+        _sift_down(x, 0, end)
+
+
+@njit
+def _sift_down(x, pos, end):
+    while True:
+        c = 2 * pos + 1
+        if c >= end:
+            return
+        if c + 1 < end and x[c + 1] > x[c]:
+            c += 1
+        if x[c] <= x[pos]:
+            return
+        tmp = x[c]
+        x[c] = x[pos]
+        x[pos] = tmp
+        pos = c
+
+
+@njit
 def _multi_user_arrivals(ipar, fpar, state, arrival):
     """Merged arrival times of a multi-user workload; return their count."""
     lo = ipar[I_USERS_LO]
@@ -295,7 +324,7 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
             t += -math.log(_uniform(state, S_ARRIVAL)) / rate
             arrival[n] = t
             n += 1
-    arrival[:n] = np.sort(arrival[:n])
+    _heapsort(arrival, n)
     if ipar[I_HAS_HORIZON] == 1:
         m = 0
         while m < n and arrival[m] < fpar[F_HORIZON]:
@@ -408,7 +437,7 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
 # Waiting queue: a ring-buffer deque (fcfs) or a binary heap (priority, sjf),
 # both with lazy deletion of requests that abandoned.
 
-@njit(inline="always")
+@njit
 def _before(a, b, key):
     """Heap order: smaller key first, ties by arrival index."""
     return key[a] < key[b] or (key[a] == key[b] and a < b)
@@ -495,7 +524,7 @@ def _q_pop(q, qs, key, policy):
 # ==============================================================================
 # The engine
 
-@njit(inline="always")
+@njit
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
@@ -518,7 +547,7 @@ def _arrival_status(p, o, ipar, in_system, reserved):
     return ST_WAITING
 
 
-@njit(inline="always")
+@njit
 def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
     """Run-level bookkeeping of one step [t, t_end) of duration d; time
     averages count its overlap with the window [ws, we]."""
@@ -555,7 +584,7 @@ def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n
     return nxt, n_wait, reserved
 
 
-@njit(inline="always")
+@njit
 def _first_chunk(need, budget, chunked):
     """Tokens an admitted request gets this step: its need, cut to the budget
     with chunked prefill; -1 if it does not fit (no chunking)."""
@@ -564,13 +593,13 @@ def _first_chunk(need, budget, chunked):
     return need if need <= budget else -1
 
 
-@njit(inline="always")
+@njit
 def _start_running(w, nb, q, qs, key, policy, status, ever, blocks):
     """Move the waiting head ``w`` to running with ``nb`` blocks (the caller
     updates its counts of waiting requests and free blocks)."""
     _q_pop(q, qs, key, policy)
     status[w] = ST_RUNNING
-    ever[w] = True
+    ever[w] = 1
     blocks[w] = nb
 
 
@@ -593,7 +622,7 @@ def _rebuild(run, n_run, oth):
     return n_run
 
 
-@njit(inline="always")
+@njit
 def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output, dstate):
     """Make running request ``r`` (which emitted a token at the end of the last
     step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder."""
@@ -611,7 +640,7 @@ def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, out
     _heap2_push(hk, hr, hs, S + output[r] - gg, r)
 
 
-@njit(inline="always")
+@njit
 def _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate):
     n_d = dstate[0] - 1
     pos = dpos[r]
@@ -724,7 +753,7 @@ def _release_blocks(r, free, private, nent, grp, fpre, held, hoff, jmax, cst, cn
         base = grp[r] * jmax
         for j in range(fpre[r] - 1, -1, -1):
             if held[hoff[r] + j]:
-                held[hoff[r] + j] = False
+                held[hoff[r] + j] = 0
                 e = base + j
                 cnt[e] -= 1
                 if cnt[e] == 0:
@@ -763,7 +792,7 @@ def _claim_hits(w, h, grp, held, hoff, jmax, nent, cst, cnt, lprev, lnext):
         if cnt[e] == 0:
             _lru_remove(e, cst, lprev, lnext)
         cnt[e] += 1
-        held[hoff[w] + j] = True
+        held[hoff[w] + j] = 1
     nent[w] = h
 
 
@@ -779,14 +808,65 @@ def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cn
             continue
         cnt[e] = 1
         cst[3] += 1
-        held[hoff[r] + j] = True
+        held[hoff[r] + j] = 1
         nent[r] += 1
         private[r] -= 1
 
 
+# ==============================================================================
+# Workspace. A replication's whole state lives in two flat arrays, ``wi``
+# (int64) and ``wf`` (float64), carved into views by `_simulate`, so that the
+# engine allocates nothing: a CPU thread reuses one workspace for all its
+# replications, and a GPU thread gets its slice of one device allocation.
+# Layout (n requests): wi = status, k, g, blocks, npre, nswap, ctok (7n), a
+# reduction scratch (n), the inter-token gap weights (nitl), then the engine's
+# internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
+# accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
+# internal state. `_ws_need` is the one statement of the sizes.
+
 @njit
-def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
-              status, k, g, blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w, acc):
+def _ws_dims(n, output, pgrp, plen, ipar):
+    """Data-dependent sizes: (seats, prefix-cache entries, prefix references, gap samples)."""
+    bs = ipar[I_BLOCK_SIZE]
+    cap = max(1, min(ipar[I_MAX_NUM_SEQS], n))
+    # Gaps come only from measured requests that can complete, whose output
+    # fits the KV cache: cap each term so one huge (rejected) draw cannot
+    # exhaust memory. (Gaps are stored as weighted samples, one per step for
+    # the lazy decoders, so far fewer entries are used.)
+    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * bs
+    n_tok = 0
+    for i in range(ipar[I_WARMUP], n):
+        n_tok += min(output[i], kv_tokens)
+    ngrp = 0
+    jmax = 0
+    nheld = 0
+    if ipar[I_CACHING] == 1:
+        for i in range(n):
+            if pgrp[i] >= 0:
+                f = plen[i] // bs
+                ngrp = max(ngrp, pgrp[i] + 1)
+                jmax = max(jmax, f)
+                nheld += f
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1)
+
+
+@njit
+def _ws_need(n, output, pgrp, plen, ipar):
+    """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
+    cap, ncnt, nheld, nitl = _ws_dims(n, output, pgrp, plen, ipar)
+    bs = ipar[I_BLOCK_SIZE]
+    # q, qs, run, sched, ever, dmem, dpos, koff, goff, ph, hk, hr, hs, dstate,
+    # oth, sq, sqs, fpre, hoff, cnt, lprev, lnext, cst, held, private, nent
+    internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
+                + cap + (n + 1) + 1 + n + (n + 1) + 3 * ncnt + 4 + nheld + n + n)
+    need_i = 8 * n + nitl + internal
+    # key, dec_cost, skey, swapped_since
+    need_f = 7 * n + N_ACC + nitl + n + (cap + 1) + n + n
+    return need_i, need_f
+
+
+@njit
+def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf):
     """Run one replication of the engine model over requests ``0..n-1``.
 
     Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
@@ -844,10 +924,98 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     swap_cap = ipar[I_SWAP_BLOCKS]
     c_swap = lat[5]
 
+    # Carve the state out of the workspace (layout: _ws_need, which also checks the sizes).
+    cap, ncnt, nheld, nitl = _ws_dims(n, output, pgrp, plen, ipar)
+    need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
+    if need_i > wi.size or need_f > wf.size:
+        return -1
+    status = wi[0:n]
+    k = wi[n:2 * n]
+    g = wi[2 * n:3 * n]
+    blocks = wi[3 * n:4 * n]
+    npre = wi[4 * n:5 * n]
+    nswap = wi[5 * n:6 * n]
+    ctok = wi[6 * n:7 * n]
+    itl_w = wi[8 * n:8 * n + nitl]
+    o = 8 * n + nitl
+    q = wi[o:o + 2 * n + 2]
+    o += 2 * n + 2
+    qs = wi[o:o + 2]                    # (size incl. stale entries, ring head)
+    o += 2
+    run = wi[o:o + 2 * cap]             # running requests in admission order (+ completed, until compacted)
+    o += 2 * cap
+    sched = wi[o:o + n]                 # tokens scheduled for each request this step
+    o += n
+    ever = wi[o:o + n]                  # 1: ever scheduled (abandonment applies otherwise)
+    o += n
+    # lazy decoders (fast steps)
+    dmem = wi[o:o + cap]
+    o += cap
+    dpos = wi[o:o + n]
+    o += n
+    koff = wi[o:o + n]
+    o += n
+    goff = wi[o:o + n]
+    o += n
+    ph = wi[o:o + bs]
+    o += bs
+    hk = wi[o:o + cap]
+    o += cap
+    hr = wi[o:o + cap]
+    o += cap
+    hs = wi[o:o + 1]
+    o += 1
+    dstate = wi[o:o + 3]                # (count, sum of koff, measured count)
+    o += 3
+    oth = wi[o:o + cap]                 # the other running requests (unordered)
+    o += cap
+    sq = wi[o:o + n + 1]                # swapped queue (preemption_mode="swap")
+    o += n + 1
+    sqs = wi[o:o + 1]
+    o += 1
+    fpre = wi[o:o + n]                  # prefix cache: f_i, the prefix blocks request i can share
+    o += n
+    hoff = wi[o:o + n + 1]
+    o += n + 1
+    cnt = wi[o:o + ncnt]
+    o += ncnt
+    lprev = wi[o:o + ncnt]
+    o += ncnt
+    lnext = wi[o:o + ncnt]
+    o += ncnt
+    cst = wi[o:o + 4]
+    o += 4
+    held = wi[o:o + nheld]
+    o += nheld
+    private = wi[o:o + n]
+    o += n
+    nent = wi[o:o + n]
+    first_t = wf[0:n]
+    last_t = wf[n:2 * n]
+    finish_t = wf[2 * n:3 * n]
+    swapped_s = wf[3 * n:4 * n]
+    acc = wf[4 * n:4 * n + N_ACC]
+    o = 7 * n + N_ACC
+    itl_v = wf[o:o + nitl]
+    o += nitl
+    key = wf[o:o + n]
+    o += n
+    dec_cost = wf[o:o + cap + 1]
+    o += cap + 1
+    skey = wf[o:o + n]
+    o += n
+    swapped_since = wf[o:o + n]
+
     # Queue keys e_i (docs/engine-model.md, "Waiting-queue order"): the
     # priority class c_i or the SJF key q_i; unused for fcfs. Doubles, so
     # that integer keys and aged keys share one heap (integers are exact).
-    key = np.empty(n, np.float64)
+    # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
+    caching = ipar[I_CACHING] == 1
+    jmax = 0
+    for i in range(n):
+        if caching and pgrp[i] >= 0:
+            jmax = max(jmax, plen[i] // bs)
+    hoff[0] = 0
     for i in range(n):
         status[i] = ST_PENDING
         k[i] = 0
@@ -855,6 +1023,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         blocks[i] = 0
         npre[i] = 0
         nswap[i] = 0
+        ctok[i] = 0
         swapped_s[i] = 0.0
         first_t[i] = np.nan
         last_t[i] = np.nan
@@ -863,57 +1032,40 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         if has_aging:
             # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
             key[i] = key[i] + arrival[i] / aging
-    cap = max(1, min(mns, n))
-    q = np.empty(2 * n + 2, np.int64)
-    qs = np.zeros(2, np.int64)          # (size incl. stale entries, ring head)
-    run = np.empty(2 * cap, np.int64)   # running requests in admission order (+ completed, until compacted)
-    sched = np.zeros(n, np.int64)       # tokens scheduled for each request this step
-    ever = np.zeros(n, np.bool_)        # ever scheduled (abandonment applies otherwise)
-    # lazy decoders (fast steps)
-    dmem = np.empty(cap, np.int64)
-    dpos = np.full(n, -1, np.int64)
-    koff = np.empty(n, np.int64)
-    goff = np.empty(n, np.int64)
-    ph = np.zeros(bs, np.int64)
-    hk = np.empty(cap, np.int64)
-    hr = np.empty(cap, np.int64)
-    hs = np.zeros(1, np.int64)
-    dstate = np.zeros(3, np.int64)      # (count, sum of koff, measured count)
-    oth = np.empty(cap, np.int64)       # the other running requests (unordered)
+        skey[i] = key[i] if policy != 0 else float(i)
+        sched[i] = 0
+        ever[i] = 0
+        dpos[i] = -1
+        fpre[i] = plen[i] // bs if caching and pgrp[i] >= 0 else 0
+        hoff[i + 1] = hoff[i] + fpre[i]
+        private[i] = 0
+        nent[i] = 0
+    for j in range(bs):
+        ph[j] = 0
+    qs[0] = 0
+    qs[1] = 0
+    hs[0] = 0
+    sqs[0] = 0
+    for j in range(3):
+        dstate[j] = 0
+    for j in range(ncnt):
+        cnt[j] = -1
+    for j in range(nheld):
+        held[j] = 0
+    cst[0] = -1
+    cst[1] = -1
+    cst[2] = 0
+    cst[3] = 0
     # decode term of the step time by batch size: the same expression as below, computed once
-    dec_cost = np.zeros(cap + 1)
+    dec_cost[0] = 0.0
+    dec_cost[1] = 0.0
     for b in range(2, cap + 1):
         dec_cost[b] = dscale * (b - 1.0) ** dalpha
-    for j in range(acc.size):
+    for j in range(N_ACC):
         acc[j] = 0.0
-    # swapped queue (preemption_mode="swap"): a heap ordered by (e_i, i), by i for fcfs
-    skey = key if policy != 0 else np.arange(n).astype(np.float64)
-    sq = np.empty(n + 1, np.int64)
-    sqs = np.zeros(1, np.int64)
     n_sw = 0            # swapped requests
     swap_used = 0       # blocks they hold in CPU swap space
     pending_swap = 0    # blocks moved since the last step with a duration (charged to the next one)
-    swapped_since = np.empty(n)
-    # prefix cache
-    caching = ipar[I_CACHING] == 1
-    fpre = np.zeros(n, np.int64)        # f_i: the prefix blocks request i can share
-    hoff = np.zeros(n + 1, np.int64)
-    ngrp = 0
-    jmax = 0
-    for i in range(n):
-        ctok[i] = 0
-        if caching and pgrp[i] >= 0:
-            fpre[i] = plen[i] // bs
-            ngrp = max(ngrp, pgrp[i] + 1)
-            jmax = max(jmax, fpre[i])
-        hoff[i + 1] = hoff[i] + fpre[i]
-    cnt = np.full(max(ngrp * jmax, 1), -1, np.int64)
-    lprev = np.empty(cnt.size, np.int64)
-    lnext = np.empty(cnt.size, np.int64)
-    cst = np.array([-1, -1, 0, 0], np.int64)
-    held = np.zeros(max(hoff[n], 1), np.bool_)
-    private = np.zeros(n, np.int64)
-    nent = np.zeros(n, np.int64)
 
     # Measurement window start: the run's start (time 0, when a benchmark
     # client starts its clock) without warm-up, else the first measured arrival.
@@ -1325,7 +1477,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 else:
                     blocks[w] = nb
                     free -= nb
-                ever[w] = True
+                ever[w] = 1
                 sched[w] = s
                 budget -= s
                 run[n_run] = w
@@ -1452,7 +1604,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 # ==============================================================================
 # Reduction of one replication to its metrics row
 
-@njit(inline="always")
+@njit
 def _lerp(a, b, t):
     """numpy's percentile interpolation, operation for operation (it
     interpolates from the upper neighbour when t >= 0.5)."""
@@ -1564,9 +1716,23 @@ def _mean(x, m):
 
 
 @njit
-def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nswap, itl_v, itl_w, n_itl, acc,
-            row):
-    """Per-replication metrics of the measured requests (``docs/engine-model.md``)."""
+def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
+    """Per-replication metrics of the measured requests (``docs/engine-model.md``)
+    from the workspace ``wi``/``wf`` that `_simulate` filled."""
+    status = wi[0:n]
+    npre = wi[4 * n:5 * n]
+    nswap = wi[5 * n:6 * n]
+    ones = wi[7 * n:8 * n]
+    first_t = wf[0:n]
+    finish_t = wf[2 * n:3 * n]
+    acc = wf[4 * n:4 * n + N_ACC]
+    o = 4 * n + N_ACC
+    ttft = wf[o:o + n]
+    e2e = wf[o + n:o + 2 * n]
+    tpot = wf[o + 2 * n:o + 3 * n]
+    n_itl = np.int64(acc[A_N_ITL])
+    itl_w = wi[8 * n:8 * n + n_itl]
+    itl_v = wf[7 * n + N_ACC:7 * n + N_ACC + n_itl]
     warmup = ipar[I_WARMUP]
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
     has_tpot = ipar[I_HAS_TPOT_SLO] == 1
@@ -1574,9 +1740,6 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
     tpot_slo = fpar[F_TPOT_SLO]
     overhead = fpar[F_TTFT_OVERHEAD]
     nm = max(n - warmup, 0)
-    ttft = np.empty(nm)
-    e2e = np.empty(nm)
-    tpot = np.empty(nm)
     n_done = 0
     n_tpot = 0
     n_good = 0
@@ -1585,21 +1748,28 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
     n_drop_meas = 0
     pre_meas = 0
     swap_meas = 0
-    counts = np.zeros(8, np.int64)  # completed, too_long, admission, dropped, unfinished, preempt
+    c_done = 0
+    c_long = 0
+    c_adm = 0
+    c_drop = 0
+    c_unf = 0
+    c_pre = 0
+    c_swap = 0
     for i in range(n):
+        ones[i] = 1
         st = status[i]
         if st == ST_COMPLETED:
-            counts[0] += 1
+            c_done += 1
         elif st == ST_REJECTED_TOO_LONG:
-            counts[1] += 1
+            c_long += 1
         elif st == ST_REJECTED_ADMISSION:
-            counts[2] += 1
+            c_adm += 1
         elif st == ST_DROPPED:
-            counts[3] += 1
+            c_drop += 1
         elif st == ST_UNFINISHED:
-            counts[4] += 1
-        counts[5] += npre[i]
-        counts[6] += nswap[i]
+            c_unf += 1
+        c_pre += npre[i]
+        c_swap += nswap[i]
         if i < warmup:
             continue
         pre_meas += npre[i]
@@ -1637,9 +1807,10 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
-    ones = np.ones(max(nm, 1), np.int64)
-    for jq in range(4):
-        row[C_TTFT_MEAN + 1 + jq] = _percentile_unsorted(ttft, n_done, (50.0, 90.0, 95.0, 99.0)[jq], ones)
+    row[C_TTFT_MEAN + 1] = _percentile_unsorted(ttft, n_done, 50.0, ones)
+    row[C_TTFT_MEAN + 2] = _percentile_unsorted(ttft, n_done, 90.0, ones)
+    row[C_TTFT_MEAN + 3] = _percentile_unsorted(ttft, n_done, 95.0, ones)
+    row[C_TTFT_MEAN + 4] = _percentile_unsorted(ttft, n_done, 99.0, ones)
     row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
     row[C_TPOT_MEAN + 1] = _percentile_unsorted(tpot, n_tpot, 50.0, ones)
     row[C_TPOT_MEAN + 2] = _percentile_unsorted(tpot, n_tpot, 99.0, ones)
@@ -1659,8 +1830,12 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
         row[C_QUEUE] = acc[A_QUEUE_INT] / window
         row[C_KV] = acc[A_KV_INT] / window
     else:
-        for c in (C_REQ_TPUT, C_OUT_TPUT, C_GOODPUT, C_OCC, C_QUEUE, C_KV):
-            row[c] = np.nan
+        row[C_REQ_TPUT] = np.nan
+        row[C_OUT_TPUT] = np.nan
+        row[C_GOODPUT] = np.nan
+        row[C_OCC] = np.nan
+        row[C_QUEUE] = np.nan
+        row[C_KV] = np.nan
     if nm > 0:
         row[C_BLOCKING] = n_rej_meas / nm
         row[C_DROP] = n_drop_meas / nm
@@ -1674,14 +1849,14 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
     row[C_HIT] = acc[A_HIT_TOK] / acc[A_QUERY_TOK] if acc[A_QUERY_TOK] > 0 else np.nan
     c0 = C_N_ARRIVED
     row[c0 + 0] = n
-    row[c0 + 1] = counts[0]
-    row[c0 + 2] = counts[1] + counts[2]
-    row[c0 + 3] = counts[1]
-    row[c0 + 4] = counts[2]
-    row[c0 + 5] = counts[3]
-    row[c0 + 6] = counts[4]
-    row[c0 + 7] = counts[5]
-    row[c0 + 8] = counts[6]
+    row[c0 + 1] = c_done
+    row[c0 + 2] = c_long + c_adm
+    row[c0 + 3] = c_long
+    row[c0 + 4] = c_adm
+    row[c0 + 5] = c_drop
+    row[c0 + 6] = c_unf
+    row[c0 + 7] = c_pre
+    row[c0 + 8] = c_swap
     row[c0 + 9] = nm
     row[c0 + 10] = acc[A_STEPS]
     row[c0 + 11] = acc[A_MAX_BLOCKS]
@@ -1694,50 +1869,17 @@ def _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nsw
 
 
 # ==============================================================================
-# Drivers
+# CPU drivers (the only functions here that allocate)
 
 @njit
 def _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
-    """Allocate the per-request state of requests ``0..n-1`` and simulate them;
-    return the per-request arrays, the weighted gap samples and the accumulators."""
-    status = np.empty(n, np.int8)
-    k = np.empty(n, np.int64)
-    g = np.empty(n, np.int64)
-    blocks = np.empty(n, np.int64)
-    first_t = np.empty(n)
-    last_t = np.empty(n)
-    finish_t = np.empty(n)
-    npre = np.empty(n, np.int64)
-    nswap = np.empty(n, np.int64)
-    swapped_s = np.empty(n)
-    ctok = np.empty(n, np.int64)
-    # Gaps come only from measured requests that can complete, whose output
-    # fits the KV cache: cap each term so one huge (rejected) draw cannot
-    # exhaust memory. (Gaps are stored as weighted samples, one per step for
-    # the lazy decoders, so far fewer entries are used.)
-    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE]
-    n_tok = 0
-    for i in range(ipar[I_WARMUP], n):
-        n_tok += min(output[i], kv_tokens)
-    itl_v = np.empty(max(n_tok, 1))
-    itl_w = np.empty(max(n_tok, 1), np.int64)
-    acc = np.empty(N_ACC)
-    n_itl = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
-                      status, k, g, blocks, first_t, last_t, finish_t, npre, nswap, swapped_s, ctok, itl_v, itl_w,
-                      acc)
-    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, itl_v, itl_w, n_itl, acc
-
-
-@njit
-def _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row):
-    """Simulate requests ``0..n-1`` and reduce them into ``row``; return the
-    per-request results (status, first-token time, finish time, preemptions, tokens,
-    preemptions by swap, time swapped, cached tokens)."""
-    status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, itl_v, itl_w, n_itl, acc = _simulate_new(
-        n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
-    _reduce(n, arrival, output, ipar, fpar, status, first_t, finish_t, npre, nswap, itl_v, itl_w, n_itl, acc,
-            row)
-    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok
+    """Allocate a workspace for requests ``0..n-1`` and simulate them into it;
+    return the workspace ``(wi, wf)`` (layout: `_ws_need`)."""
+    need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
+    wi = np.empty(need_i, np.int64)
+    wf = np.empty(need_f)
+    _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
+    return wi, wf
 
 
 @njit
@@ -1759,25 +1901,34 @@ def _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
 
 
 @njit
-def _one_replication(rep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange,
-                     trace, prio_val, prio_cdf, pred_edges, row):
-    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
-        rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-        pred_edges)
-    _run_stream(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row)
-
-
-@pnjit
-def run_replications(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
-                     lrange, trace, prio_val, prio_cdf, pred_edges, out):
+def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
+              lrange, trace, prio_val, prio_cdf, pred_edges, out):
     """Simulate replications ``rep0 .. rep0 + nrep - 1`` into ``out[nrep, N_COLUMNS]``.
 
-    Replications are independent and keyed by their global index, so the
-    result does not depend on the thread count or on how a run is chunked.
+    One thread's work (the Python layer runs chunks on a thread pool; the
+    kernels release the GIL). The request arrays and the workspace are
+    allocated once and reused, grown when a replication needs more.
+    Replications are keyed by their global index, so results do not depend
+    on the thread count or on how a run is chunked.
     """
-    for j in prange(nrep):
-        _one_replication(rep0 + j, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
-                         lrange, trace, prio_val, prio_cdf, pred_edges, out[j])
+    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
+        rep0, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
+        pred_edges)
+    state = np.empty(N_STREAMS, np.uint64)
+    wi = np.empty(1, np.int64)
+    wf = np.empty(1)
+    for j in range(nrep):
+        if j > 0:
+            n = _draw_workload(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
+                               prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk,
+                               pgrp, plen)
+        need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
+        if need_i > wi.size:
+            wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
+        if need_f > wf.size:
+            wf = np.empty(max(need_f, wf.size + wf.size // 2))
+        _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
+        _reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
 
 
 @njit
@@ -1794,8 +1945,12 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
 
 @njit
 def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
-    """Simulate one given request stream; return per-request results and the metrics row."""
+    """Simulate one given request stream; return per-request results (status,
+    first-token time, finish time, preemptions, tokens, preemptions by swap,
+    time swapped, cached tokens) and the metrics row."""
+    n = arrival.size
+    wi, wf = _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
     row = np.empty(N_COLUMNS)
-    status, first_t, finish_t, npre, g, nswap, swapped_s, ctok = _run_stream(
-        arrival.size, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, row)
-    return status, first_t, finish_t, npre, g, nswap, swapped_s, ctok, row
+    _reduce(n, arrival, output, ipar, fpar, wi, wf, row)
+    return (wi[0:n].copy(), wf[0:n].copy(), wf[2 * n:3 * n].copy(), wi[4 * n:5 * n].copy(),
+            wi[2 * n:3 * n].copy(), wi[5 * n:6 * n].copy(), wf[3 * n:4 * n].copy(), wi[6 * n:7 * n].copy(), row)

@@ -22,7 +22,3 @@ def njit(*args, **kwargs):
         return numba.njit(**options)(args[0])
     return numba.njit(*args, **options)
 
-
-def pnjit(func):
-    """``njit`` with ``parallel=True`` for the replication drivers."""
-    return numba.njit(parallel=True, **NUMBA_OPTIONS)(func)

@@ -5,8 +5,9 @@ Every multi-scenario entry point (:func:`fastsim._sweep.sweep`,
 so every worker gets the same treatment (the habit of scikit-learn's
 ``utils/parallel.py``):
 
-* **Thread budget.** Each replication batch is itself parallel (Numba
-  ``prange``), so ``workers x Numba threads`` must not exceed the available
+* **Thread budget.** Each replication batch is itself parallel (a thread
+  pool of ``numba.get_num_threads()`` threads running the nogil kernel), so
+  ``workers x Numba threads`` must not exceed the available
   cores. Each worker gets ``cores // workers`` Numba threads (at least 1),
   set with ``numba.set_num_threads`` around every task; loky workers are also
   started with ``NUMBA_NUM_THREADS`` (and the BLAS/OpenMP variables) at that

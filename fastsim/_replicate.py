@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ._distributions import KIND_EMPIRICAL
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
 from ._validation import check_choice, check_float, check_int, check_kernel_supports
 
-BACKENDS = ("numba", "reference")
+BACKENDS = ("numba", "cuda", "reference")
 
 #: What each estimate means. Every metric is first computed per replication
 #: (one run of ``num_requests`` arrivals, like one ``vllm bench serve`` run)
@@ -199,6 +200,7 @@ def _seed_keys(seed):
 
 @contextmanager
 def _numba_threads(n_threads):
+    """Set Numba's thread count (the CPU kernel's default thread count) for a block."""
     import numba
 
     if n_threads is None:
@@ -210,6 +212,16 @@ def _numba_threads(n_threads):
         yield
     finally:
         numba.set_num_threads(old)
+
+
+def _thread_count(n_threads):
+    """Threads for the CPU kernel: ``n_threads``, else Numba's setting (which
+    :func:`fastsim._parallel.run_parallel` sets per worker)."""
+    if n_threads is not None:
+        return n_threads
+    import numba
+
+    return numba.get_num_threads()
 
 
 def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.DataFrame:
@@ -266,7 +278,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         the swapped queue) and ``cached_tokens`` (prefix-cache hit tokens at
         its first admission).
     """
-    check_choice("backend", backend, BACKENDS)
+    check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
     a = np.ascontiguousarray(requests["arrival_s"], dtype=np.float64)
     if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or np.any(np.diff(a) < 0) or np.any(a < 0):
         raise ValueError("requests['arrival_s'] must be finite, >= 0 and non-decreasing")
@@ -313,8 +325,12 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
                              f"(prefix_len 0 without a group), got prefix_group={int(grp[i])}, "
                              f"prefix_len={int(plen[i])}, prompt_len={int(p[i])}")
         extra["prefix_group"], extra["prefix_len"] = grp, plen
-    if backend == "numba":
+    if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
+    if backend == "cuda":
+        from ._cuda import check_cuda_available
+
+        check_cuda_available()
     if backend == "reference":
         from ._reference import simulate_reference
 
@@ -450,13 +466,22 @@ class ReplicateResult:
 # ------------------------------------------------------------------------------
 # replicate
 
+def _check_backend(backend):
+    """Raise unless ``backend`` is known and (for ``"cuda"``) usable here."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "cuda":
+        from ._cuda import check_cuda_available
+
+        check_cuda_available()
+
+
 def _replicate_iv(scenario, n_replications, backend, confidence_level, precision, max_replications,
                   n_threads, batch_size):
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
-    check_choice("backend", backend, BACKENDS)
-    if backend == "numba":
+    _check_backend(backend)
+    if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
@@ -496,8 +521,13 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
         on the seed and ``r``, so results are identical whatever the thread
         count or ``batch_size``, and a run with more replications extends one
         with fewer.
-    backend : {"numba", "reference"}
-        The compiled kernel, or the slow reference simulator (for checks).
+    backend : {"numba", "cuda", "reference"}
+        The compiled CPU kernel; the same kernel on an NVIDIA GPU, one GPU
+        thread per replication (needs ``pip install 'fastsim[gpu]'`` and a
+        GPU; see ``fastsim/_cuda.py``); or the slow reference simulator (for
+        checks). ``"cuda"`` gives the CPU kernel's results to floating-point
+        tolerance (the GPU fuses multiply-adds and has its own ``exp``/``log``;
+        under Numba's CUDA simulator they are bit-identical).
     confidence_level : float
         Level of the intervals in :meth:`ReplicateResult.summary`.
     precision : dict, optional
@@ -601,6 +631,10 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
 
         run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=progress)
         return out
+    if backend == "cuda":
+        from ._cuda import run_replications_cuda
+
+        return run_replications_cuda(packed, k0, k1, rep0, nrep, out, chunk=batch_size)
     work = nrep * scenario.workload.num_requests
     show = progress if progress is not None else work >= 5_000_000
     if batch_size is None:
@@ -611,14 +645,30 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
 
         bar = tqdm(total=nrep, desc="replications", unit="rep", leave=False)
     p = packed
-    with _numba_threads(n_threads):
-        for lo in range(0, nrep, batch_size):
-            hi = min(nrep, lo + batch_size)
-            K.run_replications(rep0 + lo, hi - lo, k0, k1, p["ipar"], p["fpar"], p["lat"], p["arr_times"],
-                               p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                               p["prio_cdf"], p["pred_edges"], out[lo:hi])
+    args = (k0, k1, p["ipar"], p["fpar"], p["lat"], p["arr_times"], p["lcomp"], p["lpar"], p["ltab"],
+            p["lrange"], p["trace"], p["prio_val"], p["prio_cdf"], p["pred_edges"])
+    threads = _thread_count(n_threads)
+    # Chunks of at most batch_size replications, and at least 4 per thread
+    # (balance: replications differ in cost). Each chunk writes its own rows.
+    size = min(batch_size, max(1, -(-nrep // (4 * threads))))
+    chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
+
+    def work(chunk):
+        lo, hi = chunk
+        K.run_chunk(rep0 + lo, hi - lo, *args, out[lo:hi])
+        return hi - lo
+
+    if threads == 1 or len(chunks) == 1:
+        done = map(work, chunks)
+        for m in done:
             if bar is not None:
-                bar.update(hi - lo)
+                bar.update(m)
+    else:
+        # The kernel releases the GIL (nogil), so Python threads run it in parallel.
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for m in pool.map(work, chunks):
+                if bar is not None:
+                    bar.update(m)
     if bar is not None:
         bar.close()
     return out
