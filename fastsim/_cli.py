@@ -24,7 +24,7 @@ def _parser():
         sp.add_argument("--seed", type=int, help="random seed (overrides [run])")
         sp.add_argument("--confidence-level", type=float, help="e.g. 0.95 (overrides [run])")
         sp.add_argument("--threads", type=int, help="Numba threads")
-        sp.add_argument("--backend", choices=["numba", "reference"], default=None)
+        sp.add_argument("--backend", choices=["numba", "cuda", "reference"], default=None)
         sp.add_argument("--format", choices=["table", "json", "csv"], default="table")
         sp.add_argument("--out", type=Path, help="also write the summary here (.csv, .json or .parquet)")
         sp.add_argument("--per-replication", type=Path,

@@ -14,7 +14,7 @@ from ._io import save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
-from ._replicate import _seed_keys, pack_scenario, replicate
+from ._replicate import _check_backend, _seed_keys, pack_scenario, replicate
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval
 from ._validation import check_bool, check_choice, check_int, check_metric_names
 
@@ -192,13 +192,14 @@ def _compare_iv(scenarios, n_replications, baseline, confidence_level, metrics, 
     return baseline, n_replications, confidence_level, metrics, n_jobs
 
 
-def _run_scenario(scenario, n_replications, seed, confidence_level):
-    return replicate(scenario, n_replications, seed=seed, confidence_level=confidence_level, progress=False)
+def _run_scenario(scenario, n_replications, seed, confidence_level, backend="numba"):
+    return replicate(scenario, n_replications, seed=seed, confidence_level=confidence_level, backend=backend,
+                     progress=False)
 
 
 def compare(scenarios: dict, n_replications: int = 1000, *, seed=None, baseline: str | None = None,
             confidence_level: float = 0.95, metrics=None, allow_different_workloads: bool = False,
-            n_jobs: int = 1, progress: bool | None = None) -> CompareResult:
+            n_jobs: int = 1, progress: bool | None = None, backend: str = "numba") -> CompareResult:
     """Compare scenarios on common random numbers: paired differences with intervals.
 
     Every scenario is run with the same ``seed``, so replication ``r`` of every
@@ -234,6 +235,8 @@ def compare(scenarios: dict, n_replications: int = 1000, *, seed=None, baseline:
     progress : bool, optional
         A progress bar over scenarios (default: when the total work is
         >= 5 million request-replications).
+    backend : {"numba", "cuda", "reference"}
+        Passed to :func:`~fastsim.replicate`.
 
     Returns
     -------
@@ -259,12 +262,13 @@ def compare(scenarios: dict, n_replications: int = 1000, *, seed=None, baseline:
     start = time.perf_counter()
     baseline, n_replications, confidence_level, metrics, n_jobs = _compare_iv(
         scenarios, n_replications, baseline, confidence_level, metrics, allow_different_workloads, n_jobs)
+    _check_backend(backend)
     _, _, seed_value = _seed_keys(seed)   # one seed for all (a Generator or None is drawn once)
     names = list(scenarios)
     if progress is None:
         progress = (len(names) * n_replications * max(s.workload.num_requests for s in scenarios.values())
                     >= 5_000_000)
-    runs = run_parallel(_run_scenario, [(scenarios[n], n_replications, seed_value, confidence_level)
+    runs = run_parallel(_run_scenario, [(scenarios[n], n_replications, seed_value, confidence_level, backend)
                                         for n in names], n_jobs, progress=bool(progress), desc="scenarios")
     results = dict(zip(names, runs))
     base = results[baseline].per_replication

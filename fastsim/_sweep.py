@@ -17,7 +17,7 @@ from ._io import check_table_path, save_table
 from . import _kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
-from ._replicate import as_seed_sequence, replicate, reproducible_seed
+from ._replicate import _check_backend, as_seed_sequence, replicate, reproducible_seed
 from ._stats import check_confidence_level, summary_frame
 from ._validation import check_int, check_metric_names
 
@@ -158,9 +158,9 @@ def _code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _run_point(scenario, n_replications, seed, code_fingerprint):
+def _run_point(scenario, n_replications, seed, code_fingerprint, backend="numba"):
     """``replicate`` one point (``code_fingerprint`` only keys the cache)."""
-    return replicate(scenario, n_replications, seed=seed, progress=False)
+    return replicate(scenario, n_replications, seed=seed, backend=backend, progress=False)
 
 
 # ------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
 
 def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 1000, *, seed=None,
           n_jobs: int = 1, confidence_level: float = 0.95, points: list | None = None,
-          metrics=None, cache_dir=None, progress: bool | None = None) -> SweepResult:
+          metrics=None, cache_dir=None, progress: bool | None = None, backend: str = "numba") -> SweepResult:
     """Run :func:`~fastsim.replicate` at every point of a parameter grid.
 
     Parameters
@@ -298,6 +298,9 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
     progress : bool, optional
         A progress bar over points (default: when points x replications x
         requests >= 5 million).
+    backend : {"numba", "cuda", "reference"}
+        Passed to :func:`~fastsim.replicate` (with ``"cuda"``, keep
+        ``n_jobs=1``: the points then share the GPU one after another).
 
     Returns
     -------
@@ -328,7 +331,8 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
     root = as_seed_sequence(seed)
     seeds = point_seeds(root, n_points)
     fingerprint = _code_fingerprint()
-    tasks = [(sc, n_replications, s, fingerprint) for sc, s in zip(scenarios, seeds)]
+    _check_backend(backend)
+    tasks = [(sc, n_replications, s, fingerprint, backend) for sc, s in zip(scenarios, seeds)]
 
     func = _run_point
     results: list = [None] * n_points

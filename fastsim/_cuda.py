@@ -1,0 +1,296 @@
+"""GPU backend: the CPU kernel's own functions, compiled as CUDA device functions.
+
+One source of truth. Every engine function of ``fastsim/_kernel.py`` is
+written without allocation (the replication state is carved out of a flat
+workspace, see ``_kernel._ws_need``), so the same Python source compiles with
+``numba.njit`` for the CPU and with ``numba.cuda.jit(device=True)`` here. The
+CUDA copies are built by re-binding each function's code to a namespace in
+which its callees are the CUDA versions; only the two ``__global__`` entry
+points below are GPU-specific, and they are a few lines each.
+
+Execution, per chunk of replications (one GPU thread per replication):
+
+1. ``_draw_kernel`` draws each replication's request stream into device
+   arrays (the same counter-based streams as the CPU: replication ``r``
+   depends only on the seed and ``r``) and reports the workspace it needs;
+2. the host turns those sizes into offsets (a prefix sum) and allocates one
+   flat workspace, in groups that fit a memory budget;
+3. ``_simulate_kernel`` simulates and reduces each replication into its row
+   of metrics; only the ``(replications, columns)`` table comes back.
+
+Arrays are CuPy arrays (numba-cuda takes them through the CUDA Array
+Interface). Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, no GPU
+needed) the same code runs on NumPy arrays: that is how CI tests it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import types
+import warnings
+
+import numpy as np
+
+from . import _kernel as K
+
+__all__ = ["cuda_unavailable_reason", "check_cuda_available", "compile_ptx", "run_replications_cuda"]
+
+#: Functions of ``_kernel`` that allocate (CPU drivers): never compiled for the GPU.
+_CPU_ONLY = frozenset({"_simulate_new", "_new_workload", "run_chunk", "draw_workload", "simulate_stream"})
+
+#: Threads per block. Replications are independent and divergent; small blocks
+#: keep a block's threads from waiting long on its slowest replication.
+THREADS_PER_BLOCK = 64
+
+#: Default device-memory budget (bytes) for one group's request arrays and workspaces.
+DEFAULT_MEMORY_BUDGET = 2 * 1024 ** 3
+
+
+def _simulator() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why ``backend="cuda"`` cannot run here (``None`` when it can).
+
+    Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) only numba's
+    CUDA target is needed; otherwise numba-cuda, CuPy and a usable GPU
+    (``cupy.cuda.is_available()``; ``import cupy`` alone succeeds without one).
+    """
+    try:
+        from numba import cuda  # noqa: F401
+    except Exception as exc:  # numba-cuda missing or broken
+        return (f"numba's CUDA target could not be imported ({exc}); install the GPU extra: "
+                f"pip install 'fastsim[gpu]'")
+    if _simulator():
+        return None
+    try:
+        import cupy
+    except Exception as exc:
+        return f"CuPy could not be imported ({exc}); install the GPU extra: pip install 'fastsim[gpu]'"
+    try:
+        ok = bool(cupy.cuda.is_available())
+    except Exception as exc:  # driver or runtime errors
+        return f"cupy.cuda.is_available() failed ({exc})"
+    if not ok:
+        return ("no usable NVIDIA GPU: cupy.cuda.is_available() is False (no device, or no CUDA 12 "
+                "driver); use backend='numba', or NUMBA_ENABLE_CUDASIM=1 to run the CUDA code on the "
+                "CPU simulator")
+    return None
+
+
+def check_cuda_available() -> None:
+    """Raise ``RuntimeError`` saying what is missing when ``backend="cuda"`` cannot run."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend='cuda' is not available: {reason}")
+
+
+# ------------------------------------------------------------------------------
+# The two entry points (each thread: one replication). `cuda`, `_draw_workload`,
+# `_ws_need`, `_simulate` and `_reduce` resolve in the namespace built by
+# `_build`, where they are the CUDA device functions.
+
+def _draw_kernel(rep0, nrep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
+                 prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen,
+                 nreq, need):
+    j = cuda.grid(1)  # noqa: F821
+    if j < nrep:
+        n = _draw_workload(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab,  # noqa: F821
+                           lrange, trace, prio_val, prio_cdf, pred_edges, state[j], arrival[j], prompt[j],
+                           output[j], prio[j], sjfk[j], pgrp[j], plen[j])
+        nreq[j] = n
+        ni, nf = _ws_need(n, output[j], pgrp[j], plen[j], ipar)  # noqa: F821
+        need[j, 0] = ni
+        need[j, 1] = nf
+
+
+def _simulate_kernel(j0, nrep, ipar, fpar, lat, arrival, prompt, output, prio, sjfk, pgrp, plen, nreq,
+                     off_i, off_f, wi, wf, out):
+    t = cuda.grid(1)  # noqa: F821
+    if t < nrep:
+        j = j0 + t
+        n = nreq[j]
+        wij = wi[off_i[t]:off_i[t + 1]]
+        wfj = wf[off_f[t]:off_f[t + 1]]
+        _simulate(n, arrival[j], prompt[j], output[j], prio[j], sjfk[j], pgrp[j], plen[j],  # noqa: F821
+                  ipar, fpar, lat, wij, wfj)
+        _reduce(n, arrival[j], output[j], ipar, fpar, wij, wfj, out[j])  # noqa: F821
+
+
+def _rebind(func, namespace):
+    """``func`` with its global names looked up in ``namespace``."""
+    return types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
+
+
+def _namespace():
+    """A copy of ``_kernel``'s globals in which every engine function is its
+    CUDA device-function version (compiled on first use)."""
+    from numba import cuda
+    from numba.core.registry import CPUDispatcher
+
+    ns = dict(vars(K))
+    for name, obj in vars(K).items():
+        if isinstance(obj, CPUDispatcher) and name not in _CPU_ONLY:
+            ns[name] = cuda.jit(device=True)(_rebind(obj.py_func, ns))
+    ns["cuda"] = cuda
+    return ns
+
+
+@functools.lru_cache(maxsize=None)
+def _build():
+    """The two CUDA kernels (compiled on first launch)."""
+    from numba import cuda
+
+    ns = _namespace()
+    return cuda.jit(_rebind(_draw_kernel, ns)), cuda.jit(_rebind(_simulate_kernel, ns))
+
+
+def compile_ptx(cc=(9, 0)):
+    """PTX of both kernels for compute capability ``cc``; needs numba-cuda and
+    NVVM but no GPU (a check that the GPU code compiles, e.g. in CI).
+
+    Returns ``{"_draw_kernel": ptx, "_simulate_kernel": ptx}``.
+    """
+    from numba import cuda
+    from numba.cuda import types as t
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Target:
+        compute_capability = tuple(cc)
+
+    # Device functions ask the current device for its compute capability;
+    # with no GPU, answer for the requested target (only while compiling).
+    saved = dispatcher.get_current_device
+    dispatcher.get_current_device = _Target
+    try:
+        ns = _namespace()
+        i1, f1 = t.int64[::1], t.float64[::1]
+        i2, f2, u2 = t.int64[:, ::1], t.float64[:, ::1], t.uint64[:, ::1]
+        tables = (i1, f1, f1, i2, f2, f2, i1, i2, i1, f1, i1)   # ipar ... pred_edges (pack_scenario)
+        draw_sig = (t.int64, t.int64, t.uint64, t.uint64) + tables + (u2, f2) + (i2,) * 6 + (i1, i2)
+        sim_sig = (t.int64, t.int64, i1, f1, f1, f2) + (i2,) * 6 + (i1, i1, i1, i1, f1, f2)
+        out = {}
+        for func, sig in ((_draw_kernel, draw_sig), (_simulate_kernel, sim_sig)):
+            out[func.__name__] = cuda.compile_ptx(_rebind(func, ns), sig, cc=tuple(cc))[0]
+        return out
+    finally:
+        dispatcher.get_current_device = saved
+
+
+# ------------------------------------------------------------------------------
+# Host side
+
+class _Arrays:
+    """CuPy on a GPU; NumPy through Numba's device arrays under the simulator."""
+
+    def __init__(self):
+        self.sim = _simulator()
+        if not self.sim:
+            import cupy
+
+            self.xp = cupy
+        else:
+            self.xp = np
+
+    def to_device(self, a):
+        if self.sim:
+            from numba import cuda
+
+            return cuda.to_device(np.ascontiguousarray(a))
+        return self.xp.asarray(np.ascontiguousarray(a))
+
+    def empty(self, shape, dtype):
+        if self.sim:
+            from numba import cuda
+
+            return cuda.device_array(shape, dtype=dtype)
+        return self.xp.empty(shape, dtype=dtype)
+
+    def to_host(self, a):
+        if self.sim:
+            return a.copy_to_host()
+        return self.xp.asnumpy(a)
+
+    def synchronize(self):
+        if not self.sim:
+            self.xp.cuda.runtime.deviceSynchronize()
+
+
+def _groups(need_i, need_f, bytes_fixed, budget):
+    """Split replications ``0..m-1`` into consecutive groups whose workspaces
+    (plus ``bytes_fixed`` per replication) fit ``budget`` bytes (>= 1 each)."""
+    per = 8 * (need_i + need_f) + bytes_fixed
+    groups = []
+    lo = 0
+    total = 0
+    for j in range(per.size):
+        if j > lo and total + per[j] > budget:
+            groups.append((lo, j))
+            lo = j
+            total = 0
+        total += per[j]
+    groups.append((lo, per.size))
+    return groups
+
+
+def run_replications_cuda(packed, k0, k1, rep0, nrep, out, *, chunk=None, memory_budget=None,
+                          threads_per_block=THREADS_PER_BLOCK):
+    """Simulate replications ``rep0 .. rep0 + nrep - 1`` on the GPU into ``out``.
+
+    ``chunk`` replications are drawn at a time (default: what the request
+    arrays of ``memory_budget`` bytes allow); their workspaces are then
+    simulated in groups that fit ``memory_budget``. Neither changes results:
+    each replication is keyed by its global index and writes its own row.
+    """
+    check_cuda_available()
+    draw, simulate = _build()
+    mem = _Arrays()
+    with contextlib.ExitStack() as stack:
+        if mem.sim:
+            # Simulated, the uint64 random-number arithmetic is NumPy scalar
+            # arithmetic, which warns when it wraps around (as intended).
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_budget, threads_per_block)
+    return out
+
+
+def _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_budget, threads_per_block):
+    budget = int(memory_budget or DEFAULT_MEMORY_BUDGET)
+    p = packed
+    ipar = p["ipar"]
+    cap = max(int(ipar[K.I_NUM_REQUESTS]), 1)
+    # request arrays: 1 float + 6 int64 columns per request, plus the stream states
+    bytes_req = 8 * (7 * cap + K.N_STREAMS) + 16
+    if chunk is None:
+        chunk = max(1, min(nrep, budget // (2 * bytes_req)))
+    tables = [mem.to_device(p[name]) for name in ("ipar", "fpar", "arr_times", "lcomp", "lpar", "ltab",
+                                                  "lrange", "trace", "prio_val", "prio_cdf", "pred_edges")]
+    d_ipar, d_fpar = tables[0], tables[1]
+    d_lat = mem.to_device(p["lat"])
+    tpb = int(threads_per_block)
+    for lo in range(0, nrep, chunk):
+        m = min(chunk, nrep - lo)
+        state = mem.empty((m, K.N_STREAMS), np.uint64)
+        arrival = mem.empty((m, cap), np.float64)
+        cols = [mem.empty((m, cap), np.int64) for _ in range(6)]   # prompt, output, prio, sjfk, pgrp, plen
+        nreq = mem.empty(m, np.int64)
+        need = mem.empty((m, 2), np.int64)
+        blocks = -(-m // tpb)
+        draw[blocks, tpb](np.int64(rep0 + lo), np.int64(m), k0, k1, *tables, state, arrival, *cols, nreq, need)
+        need_h = mem.to_host(need)
+        d_out = mem.empty((m, K.N_COLUMNS), np.float64)
+        for g0, g1 in _groups(need_h[:, 0], need_h[:, 1], 0, max(budget - m * bytes_req, 1)):
+            off_i = np.concatenate(([0], np.cumsum(need_h[g0:g1, 0]))).astype(np.int64)
+            off_f = np.concatenate(([0], np.cumsum(need_h[g0:g1, 1]))).astype(np.int64)
+            wi = mem.empty(int(off_i[-1]), np.int64)
+            wf = mem.empty(int(off_f[-1]), np.float64)
+            simulate[-(-(g1 - g0) // tpb), tpb](np.int64(g0), np.int64(g1 - g0), d_ipar, d_fpar, d_lat, arrival,
+                                                *cols, nreq, mem.to_device(off_i), mem.to_device(off_f), wi, wf,
+                                                d_out)
+            del wi, wf
+        out[lo:lo + m] = mem.to_host(d_out)
+    mem.synchronize()
