@@ -84,7 +84,7 @@ def test_scenario_errors():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"n_replications": 1}, r"n_replications must be an integer >= 2, got 1"),
-    ({"backend": "gpu"}, r"backend must be one of 'numba', 'reference', got 'gpu'"),
+    ({"backend": "gpu"}, r"backend must be one of 'numba', 'cuda', 'reference', got 'gpu'"),
     ({"confidence_level": 1.0}, r"confidence_level must be a finite number > 0 and < 1, got 1.0"),
     ({"seed": -3}, r"seed must be None, an integer >= 0"),
     ({"precision": {"ttft_p999": 0.01}}, r"precision metric must be one of"),

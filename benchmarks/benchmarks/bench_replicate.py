@@ -8,20 +8,31 @@ from .common import reference_workload, sharegpt_80pct, warm_up
 
 
 class Replicate:
-    params = ([100, 1000], [200, 1000])
-    param_names = ["n_replications", "num_requests"]
+    """By backend: ``cuda`` is skipped (NotImplementedError in setup) without a usable GPU."""
+    params = (["numba", "cuda"], [100, 1000, 10000], [200, 1000])
+    param_names = ["backend", "n_replications", "num_requests"]
     timeout = 300
 
-    def setup(self, n_replications, num_requests):
+    def setup(self, backend, n_replications, num_requests):
+        if backend == "cuda":
+            from fastsim._cuda import cuda_unavailable_reason
+
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                raise NotImplementedError(reason)
+        elif n_replications * num_requests > 10 ** 6:
+            raise NotImplementedError("large sizes are timed on the GPU only (see throughput.py for the CPU)")
         warm_up()
         self.scenario = reference_workload(num_requests)
+        # compile (GPU: the kernels' first launch) outside the timing
+        fastsim.replicate(self.scenario, n_replications=2, seed=1, backend=backend, progress=False)
 
-    def time_replicate(self, n_replications, num_requests):
-        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, progress=False)
+    def time_replicate(self, backend, n_replications, num_requests):
+        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, backend=backend, progress=False)
 
-    def track_requests_per_second(self, n_replications, num_requests):
+    def track_requests_per_second(self, backend, n_replications, num_requests):
         start = time.perf_counter()
-        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, progress=False)
+        fastsim.replicate(self.scenario, n_replications=n_replications, seed=1, backend=backend, progress=False)
         return n_replications * num_requests / (time.perf_counter() - start)
 
     track_requests_per_second.unit = "requests/s"

@@ -1,0 +1,83 @@
+"""The engine's workspace layout (``_kernel._ws_need``) is exact.
+
+`_simulate` carves its whole state out of two flat arrays whose sizes
+`_ws_need` states. Run as plain Python (``py_func``), NumPy raises IndexError
+on any access past a workspace of exactly that size, so these runs prove the
+carving stays inside it; a smaller workspace is refused (-1) before any
+write; and a workspace reused dirty from a larger replication gives the same
+results as a fresh one (everything is initialised).
+"""
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import _kernel as K
+from fastsim._replicate import pack_scenario
+
+CASES = {
+    "plain": fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=3, num_gpu_blocks=20),
+                              workload=fastsim.Workload(arrival_rate=5.0, num_requests=12, prompt_len=30,
+                                                        output_len=fastsim.Uniform(2, 20))),
+    "cache-swap-priority": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=3, num_gpu_blocks=12, policy="priority",
+                                    preemption_mode="swap", swap_space_blocks=6),
+        workload=fastsim.Workload(arrival_rate=8.0, num_requests=12, prompt_len=fastsim.Uniform(20, 60),
+                                  output_len=fastsim.Uniform(2, 30), priorities=(0, 1), priority_probs=(0.5, 0.5),
+                                  warmup_requests=2)),
+    "prefix-cache": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=3, num_gpu_blocks=16, enable_prefix_caching=True),
+        workload=fastsim.Workload(arrival_rate=8.0, num_requests=12, prompt_len=fastsim.Uniform(40, 80),
+                                  output_len=fastsim.Uniform(2, 20), prefix_groups=2, prefix_len=33)),
+}
+
+
+def stream(sc, rep=0):
+    p = pack_scenario(sc)
+    a, pr, o, c, q, grp, plen = K.draw_workload(rep, 1, 2, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
+                                                p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
+                                                p["prio_cdf"], p["pred_edges"])
+    return (a.size, a, pr, o, c, q, grp, plen), p
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
+    args, p = stream(CASES[name])
+    n, a, pr, o, c, q, grp, plen = args
+    ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
+    wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
+    n_itl = K._simulate.py_func(*args, p["ipar"], p["fpar"], p["lat"], wi, wf)   # IndexError if it overflows
+    assert n_itl >= 0
+    row = np.empty(K.N_COLUMNS)
+    K._reduce.py_func(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
+    # ... and gives the compiled kernel's per-request results and metrics
+    st, first, finish, npre, ntok, nswap, swapped, ctok, row_c = K.simulate_stream(
+        a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])
+    assert np.array_equal(wi[:n], st) and np.array_equal(wf[:n], first, equal_nan=True)
+    assert np.array_equal(row, row_c, equal_nan=True)
+    assert (st == K.ST_COMPLETED).sum() > 0
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_short_workspace_is_refused_before_any_write(name):
+    args, p = stream(CASES[name])
+    n, a, pr, o, c, q, grp, plen = args
+    ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
+    for wi, wf in ((np.full(ni - 1, 7, np.int64), np.zeros(nf)), (np.full(ni, 7, np.int64), np.zeros(nf - 1))):
+        assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf) == -1
+        assert (wi == 7).all() and (wf == 0).all()
+
+
+def test_a_dirty_reused_workspace_gives_the_fresh_results():
+    sc = CASES["cache-swap-priority"]
+    (n, a, pr, o, c, q, grp, plen), p = stream(sc, rep=3)
+    big = sc.replace(**{"workload.num_requests": 40})
+    (n2, *rest), _ = stream(big, rep=5)
+    ni, nf = K._ws_need(n2, rest[2], rest[5], rest[6], p["ipar"])
+    wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
+    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf)        # leaves state behind
+    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
+    row = np.empty(K.N_COLUMNS)
+    K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
+    *_, row_fresh = K.simulate_stream(a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])
+    assert np.array_equal(row, row_fresh, equal_nan=True)
