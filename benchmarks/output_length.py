@@ -1,0 +1,53 @@
+"""Cost per request as a function of output length (a script, not a test).
+
+    python benchmarks/output_length.py [--replications 200] [--requests 1000] [--threads 1]
+
+The issue-7 workload with the output median scaled by 1/4 ... 16x and the
+arrival rate scaled by the inverse (so the offered decode load stays the
+same) and the KV budget scaled with the lengths. Event skipping should make
+the cost per *request* nearly flat, although the engine steps per request
+grow in proportion to the output length.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import fastsim  # noqa: E402
+
+
+def scenario(scale, num_requests):
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=int(1024 * max(1.0, scale)),
+                                    admission="kv_reservation"),
+        workload=fastsim.Workload(arrival_rate=4.0 / scale, num_requests=num_requests,
+                                  prompt_len=fastsim.LogNormal(256, 0.55),
+                                  output_len=fastsim.LogNormal(128 * scale, 0.70)),
+        latency=fastsim.LatencyModel.default())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replications", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    fastsim.replicate(scenario(1.0, 20), n_replications=2, seed=0)   # compile / load
+    print("output median | steps/request | requests/s | us/request | ns/step")
+    for scale in (0.25, 1.0, 4.0, 16.0):
+        sc = scenario(scale, args.requests)
+        t = time.perf_counter()
+        res = fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=args.threads,
+                                progress=False)
+        dt = time.perf_counter() - t
+        reqs = args.replications * args.requests
+        steps = res.per_replication["n_steps"].sum()
+        print(f"{128 * scale:>13,.0f} | {steps / reqs:>13,.1f} | {reqs / dt:>10,.0f} | {dt / reqs * 1e6:>10.2f} | "
+              f"{dt / steps * 1e9:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()
