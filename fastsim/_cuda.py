@@ -263,10 +263,12 @@ def _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_bud
     p = packed
     ipar = p["ipar"]
     cap = max(int(ipar[K.I_NUM_REQUESTS]), 1)
-    # request arrays: 1 float + 6 int64 columns per request, plus the stream states
-    bytes_req = 8 * (7 * cap + K.N_STREAMS) + 16
-    if chunk is None:
-        chunk = max(1, min(nrep, budget // (2 * bytes_req)))
+    # per replication: request arrays (1 float + 6 int64 columns per request),
+    # stream states, count, needs and the metrics row
+    bytes_req = 8 * (7 * cap + K.N_STREAMS + 3 + K.N_COLUMNS)
+    # at most half the budget for the request arrays (a user's chunk is capped too)
+    cap_chunk = max(1, budget // (2 * bytes_req))
+    chunk = max(1, min(nrep, cap_chunk if chunk is None else min(int(chunk), cap_chunk)))
     tables = [mem.to_device(p[name]) for name in ("ipar", "fpar", "arr_times", "lcomp", "lpar", "ltab",
                                                   "lrange", "trace", "prio_val", "prio_cdf", "pred_edges")]
     d_ipar, d_fpar = tables[0], tables[1]

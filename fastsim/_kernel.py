@@ -1952,5 +1952,5 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     wi, wf = _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
     row = np.empty(N_COLUMNS)
     _reduce(n, arrival, output, ipar, fpar, wi, wf, row)
-    return (wi[0:n].copy(), wf[0:n].copy(), wf[2 * n:3 * n].copy(), wi[4 * n:5 * n].copy(),
+    return (wi[0:n].astype(np.int8), wf[0:n].copy(), wf[2 * n:3 * n].copy(), wi[4 * n:5 * n].copy(),
             wi[2 * n:3 * n].copy(), wi[5 * n:6 * n].copy(), wf[3 * n:4 * n].copy(), wi[6 * n:7 * n].copy(), row)

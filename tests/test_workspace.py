@@ -68,8 +68,9 @@ def test_a_short_workspace_is_refused_before_any_write(name):
         assert (wi == 7).all() and (wf == 0).all()
 
 
-def test_a_dirty_reused_workspace_gives_the_fresh_results():
-    sc = CASES["cache-swap-priority"]
+@pytest.mark.parametrize("name", ["cache-swap-priority", "prefix-cache"])
+def test_a_dirty_reused_workspace_gives_the_fresh_results(name):
+    sc = CASES[name]
     (n, a, pr, o, c, q, grp, plen), p = stream(sc, rep=3)
     big = sc.replace(**{"workload.num_requests": 40})
     (n2, *rest), _ = stream(big, rep=5)
