@@ -866,6 +866,19 @@ def _ws_need(n, output, pgrp, plen, ipar):
 
 
 @njit
+def _gap_add(itl_v, itl_w, n_itl, x, w):
+    """Record ``w`` inter-token gaps of value ``x``; return the new entry count.
+    A gap equal to the last entry's value adds to its multiplicity (steps of
+    one batch composition repeat their duration: 3-10x fewer entries)."""
+    if n_itl > 0 and itl_v[n_itl - 1] == x:
+        itl_w[n_itl - 1] += w
+        return n_itl
+    itl_v[n_itl] = x
+    itl_w[n_itl] = w
+    return n_itl + 1
+
+
+@njit
 def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf):
     """Run one replication of the engine model over requests ``0..n-1``.
 
@@ -1076,6 +1089,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     rl = 0          # length of `run`, completed entries included
     n_oth = 0
     S = 0           # fast steps so far
+    sph = 0         # (-S) mod block_size, kept incrementally (no integer division per step)
     n_wait = 0
     free = nblk
     reserved = 0
@@ -1121,7 +1135,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         fast = False
         if not static:
             need_tok = n_d
-            need_blk = ph[(-S) % bs]   # lazy decoders whose k is a multiple of block_size
+            need_blk = ph[sph]   # lazy decoders whose k is a multiple of block_size
             for jj in range(n_oth):
                 r = oth[jj]
                 s = prompt[r] + g[r] - k[r]
@@ -1141,7 +1155,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 
         if fast:
             budget = mbt - n_d
-            free -= ph[(-S) % bs]
+            free -= ph[sph]
             n_dec = n_d
             n_pf = 0
             n_ctx = dstate[1] + n_d * (S + 1)
@@ -1193,10 +1207,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                                                           n_wait, reserved, status, q, qs, key, acc, ws, we)
             # -- apply: lazy decoders emit one token each
             if dstate[2] > 0:
-                itl_v[n_itl] = t_end - t
-                itl_w[n_itl] = dstate[2]
-                n_itl += 1
+                n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, dstate[2])
             S += 1
+            sph = sph - 1 if sph > 0 else bs - 1
             while hs[0] > 0 and hk[0] == S:
                 r = _heap2_pop(hk, hr, hs)
                 _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate)
@@ -1223,9 +1236,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     if g[r] == 1:
                         first_t[r] = t_end
                     elif r >= warmup:
-                        itl_v[n_itl] = t_end - last_t[r]
-                        itl_w[n_itl] = 1
-                        n_itl += 1
+                        n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - last_t[r], 1)
                     last_t[r] = t_end
                 if g[r] == output[r]:
                     status[r] = ST_COMPLETED
@@ -1257,7 +1268,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 while not (has_h and t >= horizon):
                     if hs[0] > 0 and hk[0] == S + 1:
                         break
-                    nb = ph[(-S) % bs]
+                    nb = ph[sph]
                     if nb > free:
                         break
                     d = base
@@ -1271,10 +1282,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free -= nb
                     _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
                     if nm_d > 0:
-                        itl_v[n_itl] = t_end - t
-                        itl_w[n_itl] = nm_d
-                        n_itl += 1
+                        n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
                     S += 1
+                    sph = sph - 1 if sph > 0 else bs - 1
                     t = t_end
             continue
 
@@ -1534,9 +1544,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if g[r] == 1:
                     first_t[r] = t_end
                 elif r >= warmup:
-                    itl_v[n_itl] = t_end - last_t[r]
-                    itl_w[n_itl] = 1
-                    n_itl += 1
+                    n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - last_t[r], 1)
                 last_t[r] = t_end
             if g[r] == output[r] and not static:
                 status[r] = ST_COMPLETED
@@ -1615,14 +1623,18 @@ def _lerp(a, b, t):
 
 
 @njit
-def _weighted_select(v, w, m, j):
+def _weighted_select(v, w, lo, hi, below, j):
     """The value at 0-based rank ``j`` of the sorted sample in which each
-    ``v[e]`` occurs ``w[e]`` times (``e < m``), by three-way quickselect
-    (expected O(m); reorders ``v[:m]`` and ``w[:m]`` together). Also returns
-    the total weight of the entries <= that value."""
-    lo = 0
-    hi = m
-    below = 0   # weight of the entries known to be smaller than all of [lo, hi)
+    ``v[e]`` occurs ``w[e]`` times, searched in ``v[lo:hi]`` by three-way
+    quickselect (expected O(hi - lo); reorders ``v`` and ``w`` there
+    together). Every entry before ``lo`` is smaller than all of ``v[lo:hi]``
+    and they weigh ``below`` (so ``below <= j``).
+
+    Returns ``(value, lt, before, gt, upto)``: the value's entries are
+    ``v[lt:gt]``, every entry before ``lt`` is smaller (weight ``before``),
+    every entry from ``gt`` on is larger, and ``upto`` is the weight of the
+    entries <= the value. A larger rank can be searched from ``(lt, before)``.
+    """
     while True:
         a = v[lo]
         b = v[(lo + hi - 1) // 2]
@@ -1648,14 +1660,44 @@ def _weighted_select(v, w, m, j):
             else:
                 w_eq += w[i]
                 i += 1
-        if j < w_lt:
+        if j < below + w_lt:
             hi = lt
-        elif j < w_lt + w_eq:
-            return pivot, below + w_lt + w_eq
+        elif j < below + w_lt + w_eq:
+            return pivot, lt, below + w_lt, gt, below + w_lt + w_eq
         else:
-            j -= w_lt + w_eq
             below += w_lt + w_eq
             lo = gt
+
+
+@njit
+def _percentile_from(v, w, m, total, q, lo, below):
+    """numpy's percentile ``q`` of the expanded sample (total weight
+    ``total`` > 0) in ``v[:m]``, searching from ``(lo, below)`` (see
+    `_weighted_select`; ``(0, 0)`` for the whole sample). Returns the value
+    and the ``(lo, below)`` from which any higher percentile can be searched,
+    so that ascending percentiles each search a shrinking part."""
+    pos = q / 100.0 * (total - 1)
+    r = int(math.floor(pos))
+    x_lo, lt, before, gt, upto = _weighted_select(v, w, lo, m, below, r)
+    x_hi = x_lo
+    if r + 1 < total and r + 1 >= upto:
+        # the next rank holds the smallest value above x_lo: all of them are in v[gt:m]
+        x_hi = np.inf
+        for e in range(gt, m):
+            if v[e] < x_hi:
+                x_hi = v[e]
+    return _lerp(x_lo, x_hi, pos - r), lt, before
+
+
+@njit
+def _percentile_into(v, w, m, total, q, lo, below, row, col):
+    """``row[col]`` = `_percentile_from` (nan for an empty sample); return the next ``(lo, below)``."""
+    if total == 0:
+        row[col] = np.nan
+        return lo, below
+    x, lo, below = _percentile_from(v, w, m, total, q, lo, below)
+    row[col] = x
+    return lo, below
 
 
 @njit
@@ -1669,31 +1711,9 @@ def _weighted_stats(v, w, m, row, c):
     for e in range(m):
         total += w[e]
         s += v[e] * w[e]
-    if total == 0:
-        row[c] = np.nan
-        row[c + 1] = np.nan
-        row[c + 2] = np.nan
-        return
-    row[c] = s / total
-    row[c + 1] = _weighted_percentile(v, w, m, total, 50.0)
-    row[c + 2] = _weighted_percentile(v, w, m, total, 99.0)
-
-
-@njit
-def _weighted_percentile(v, w, m, total, q):
-    """numpy's percentile ``q`` of the expanded sample (total weight ``total``
-    > 0), by selection; reorders ``v[:m]`` and ``w[:m]``."""
-    pos = q / 100.0 * (total - 1)
-    lo = int(math.floor(pos))
-    x_lo, upto = _weighted_select(v, w, m, lo)
-    x_hi = x_lo
-    if lo + 1 < total and lo + 1 >= upto:
-        # the next rank holds the smallest value above x_lo
-        x_hi = np.inf
-        for e in range(m):
-            if x_lo < v[e] < x_hi:
-                x_hi = v[e]
-    return _lerp(x_lo, x_hi, pos - lo)
+    row[c] = s / total if total > 0 else np.nan
+    lo, below = _percentile_into(v, w, m, total, 50.0, 0, 0, row, c + 1)
+    _percentile_into(v, w, m, total, 99.0, lo, below, row, c + 2)
 
 
 @njit
@@ -1702,7 +1722,7 @@ def _percentile_unsorted(x, m, q, ones):
     rather than sorting; reorders ``x[:m]``. ``ones``: m or more ones."""
     if m == 0:
         return np.nan
-    return _weighted_percentile(x, ones, m, m, q)
+    return _percentile_from(x, ones, m, m, q, 0, 0)[0]
 
 
 @njit
@@ -1807,17 +1827,18 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
-    row[C_TTFT_MEAN + 1] = _percentile_unsorted(ttft, n_done, 50.0, ones)
-    row[C_TTFT_MEAN + 2] = _percentile_unsorted(ttft, n_done, 90.0, ones)
-    row[C_TTFT_MEAN + 3] = _percentile_unsorted(ttft, n_done, 95.0, ones)
-    row[C_TTFT_MEAN + 4] = _percentile_unsorted(ttft, n_done, 99.0, ones)
+    # ascending percentiles, each searching only above the previous one
+    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 50.0, 0, 0, row, C_TTFT_MEAN + 1)
+    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 90.0, lo, bl, row, C_TTFT_MEAN + 2)
+    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 95.0, lo, bl, row, C_TTFT_MEAN + 3)
+    _percentile_into(ttft, ones, n_done, n_done, 99.0, lo, bl, row, C_TTFT_MEAN + 4)
     row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
-    row[C_TPOT_MEAN + 1] = _percentile_unsorted(tpot, n_tpot, 50.0, ones)
-    row[C_TPOT_MEAN + 2] = _percentile_unsorted(tpot, n_tpot, 99.0, ones)
+    lo, bl = _percentile_into(tpot, ones, n_tpot, n_tpot, 50.0, 0, 0, row, C_TPOT_MEAN + 1)
+    _percentile_into(tpot, ones, n_tpot, n_tpot, 99.0, lo, bl, row, C_TPOT_MEAN + 2)
     _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN)
     row[C_E2E_MEAN] = _mean(e2e, n_done)
-    row[C_E2E_MEAN + 1] = _percentile_unsorted(e2e, n_done, 50.0, ones)
-    row[C_E2E_MEAN + 2] = _percentile_unsorted(e2e, n_done, 99.0, ones)
+    lo, bl = _percentile_into(e2e, ones, n_done, n_done, 50.0, 0, 0, row, C_E2E_MEAN + 1)
+    _percentile_into(e2e, ones, n_done, n_done, 99.0, lo, bl, row, C_E2E_MEAN + 2)
     # The window closes at the horizon, or else at the end of the drained run
     # (its last completion) as the client sees it.
     window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else end + overhead
