@@ -1263,10 +1263,21 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                                                                            and not prio_preempt)):
                 n_d = dstate[0]
                 nm_d = dstate[2]
+                ksum = dstate[1]
                 next_a = arrival[nxt] if nxt < n else np.inf
                 dec = dec_cost[n_d] if n_d > 1 else 0.0
+                s_done = hk[0] - 1 if hs[0] > 0 else -1   # the step before the next completion
+                in_sys = n_run + n_wait
+                # `_account_step` inline, on local accumulators (the same
+                # operations in the same order; registers, not memory, per step)
+                a_occ = acc[A_OCC_INT]
+                a_queue = acc[A_QUEUE_INT]
+                a_kv = acc[A_KV_INT]
+                a_l = acc[A_L_INT]
+                a_steps = acc[A_STEPS]
+                a_max = acc[A_MAX_BLOCKS]
                 while not (has_h and t >= horizon):
-                    if hs[0] > 0 and hk[0] == S + 1:
+                    if S == s_done:
                         break
                     nb = ph[sph]
                     if nb > free:
@@ -1274,18 +1285,32 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     d = base
                     if n_d > 1:
                         d += dec
-                    d += c_prefill * 0
-                    d += c_ctx * (dstate[1] + n_d * (S + 1))
+                    d += c_ctx * (ksum + n_d * (S + 1))   # (the prefill term, c_prefill * 0, adds 0.0)
                     t_end = t + d
                     if t_end > next_a:
                         break
                     free -= nb
-                    _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
+                    used = nblk - free
+                    if used > a_max:
+                        a_max = used
+                    a_steps += 1.0
+                    a_l += in_sys * d
+                    overlap = min(t_end, we) - max(t, ws)
+                    if overlap > 0.0:
+                        a_occ += overlap * n_run / mns
+                        a_queue += overlap * n_wait
+                        a_kv += overlap * used / nblk
                     if nm_d > 0:
                         n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
                     S += 1
                     sph = sph - 1 if sph > 0 else bs - 1
                     t = t_end
+                acc[A_OCC_INT] = a_occ
+                acc[A_QUEUE_INT] = a_queue
+                acc[A_KV_INT] = a_kv
+                acc[A_L_INT] = a_l
+                acc[A_STEPS] = a_steps
+                acc[A_MAX_BLOCKS] = a_max
             continue
 
         # -- slow step: materialise the lazy decoders, schedule in admission order
