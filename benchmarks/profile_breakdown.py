@@ -27,11 +27,18 @@ from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
 
 
 @njit
+def buffers(ipar):
+    """The request arrays and stream state that `_kernel.run_chunk` allocates."""
+    cap = ipar[K.I_NUM_REQUESTS]
+    return (np.empty(cap), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+            np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+            np.empty(K.N_STREAMS, np.uint64))
+
+
+@njit
 def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
               out):
-    arrival, prompt, output, prio, sjfk, pgrp, plen, n = K._new_workload(
-        rep0, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
-    state = np.empty(K.N_STREAMS, np.uint64)
+    arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     for j in range(nrep):
         n = K._draw_workload(rep0 + j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
                              prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
@@ -41,10 +48,8 @@ def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trac
 @njit
 def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
                       prio_cdf, pred_edges, out):
-    """`_kernel.run_chunk` without the reduction (same buffers, reused)."""
-    arrival, prompt, output, prio, sjfk, pgrp, plen, n = K._new_workload(
-        rep0, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
-    state = np.empty(K.N_STREAMS, np.uint64)
+    """`_kernel.run_chunk` without the reduction (the same buffers, reused)."""
+    arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     wi = np.empty(1, np.int64)
     wf = np.empty(1)
     for j in range(nrep):

@@ -37,8 +37,8 @@ from . import _kernel as K
 
 __all__ = ["cuda_unavailable_reason", "check_cuda_available", "compile_ptx", "run_replications_cuda"]
 
-#: Functions of ``_kernel`` that allocate (CPU drivers): never compiled for the GPU.
-_CPU_ONLY = frozenset({"_simulate_new", "_new_workload", "run_chunk", "draw_workload", "simulate_stream"})
+#: Compiled functions of ``_kernel`` that allocate (the CPU driver): never compiled for the GPU.
+_CPU_ONLY = frozenset({"run_chunk"})
 
 #: Threads per block. Replications are independent and divergent; small blocks
 #: keep a block's threads from waiting long on its slowest replication.

@@ -1915,36 +1915,10 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 
 
 # ==============================================================================
-# CPU drivers (the only functions here that allocate)
-
-@njit
-def _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
-    """Allocate a workspace for requests ``0..n-1`` and simulate them into it;
-    return the workspace ``(wi, wf)`` (layout: `_ws_need`)."""
-    need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
-    wi = np.empty(need_i, np.int64)
-    wf = np.empty(need_f)
-    _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
-    return wi, wf
-
-
-@njit
-def _new_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
-                  prio_val, prio_cdf, pred_edges):
-    """Allocate and draw the request stream of replication ``rep``; return it and its length."""
-    cap = ipar[I_NUM_REQUESTS]
-    state = np.empty(N_STREAMS, np.uint64)
-    arrival = np.empty(cap)
-    prompt = np.empty(cap, np.int64)
-    output = np.empty(cap, np.int64)
-    prio = np.empty(cap, np.int64)
-    sjfk = np.empty(cap, np.int64)
-    pgrp = np.empty(cap, np.int64)
-    plen = np.empty(cap, np.int64)
-    n = _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                       prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-    return arrival, prompt, output, prio, sjfk, pgrp, plen, n
-
+# CPU drivers. `run_chunk` is the one compiled entry point that allocates; the
+# Python helpers below call the functions it compiled (from Python, with the
+# same argument types), so sampling or simulating one stream compiles nothing
+# more.
 
 @njit
 def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
@@ -1957,17 +1931,20 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     Replications are keyed by their global index, so results do not depend
     on the thread count or on how a run is chunked.
     """
-    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
-        rep0, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-        pred_edges)
+    cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
+    arrival = np.empty(cap)
+    prompt = np.empty(cap, np.int64)
+    output = np.empty(cap, np.int64)
+    prio = np.empty(cap, np.int64)
+    sjfk = np.empty(cap, np.int64)
+    pgrp = np.empty(cap, np.int64)
+    plen = np.empty(cap, np.int64)
     wi = np.empty(1, np.int64)
     wf = np.empty(1)
     for j in range(nrep):
-        if j > 0:
-            n = _draw_workload(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
-                               prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk,
-                               pgrp, plen)
+        n = _draw_workload(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
+                           prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
         need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
         if need_i > wi.size:
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
@@ -1977,26 +1954,31 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
         _reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
 
 
-@njit
 def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
                   prio_val, prio_cdf, pred_edges):
     """The request stream of replication ``rep`` (arrival, prompt, output, priority, SJF key,
-    prefix group, prefix length)."""
-    arrival, prompt, output, prio, sjfk, pgrp, plen, n = _new_workload(
-        rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-        pred_edges)
-    return (arrival[:n].copy(), prompt[:n].copy(), output[:n].copy(), prio[:n].copy(), sjfk[:n].copy(),
-            pgrp[:n].copy(), plen[:n].copy())
+    prefix group, prefix length): `_draw_workload` called from Python."""
+    cap = int(ipar[I_NUM_REQUESTS])
+    cols = [np.empty(cap)] + [np.empty(cap, np.int64) for _ in range(6)]
+    n = _draw_workload(np.int64(rep), np.uint64(key0), np.uint64(key1), ipar, fpar, arr_times, lcomp, lpar, ltab,
+                       lrange, trace, prio_val, prio_cdf, pred_edges, np.empty(N_STREAMS, np.uint64), *cols)
+    return tuple(c[:n].copy() for c in cols)
 
 
-@njit
 def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
     """Simulate one given request stream; return per-request results (status,
     first-token time, finish time, preemptions, tokens, preemptions by swap,
-    time swapped, cached tokens) and the metrics row."""
+    time swapped, cached tokens) and the metrics row. (`_simulate` and
+    `_reduce` called from Python on a workspace allocated here.)"""
+    arrival = np.array(arrival, dtype=np.float64)   # writeable, C-contiguous copies: the
+    ints = [np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen)]  # compiled types
+    prompt, output, prio, sjfk, pgrp, plen = ints
     n = arrival.size
-    wi, wf = _simulate_new(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat)
+    need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
+    wi = np.empty(need_i, np.int64)
+    wf = np.empty(need_f)
+    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
     row = np.empty(N_COLUMNS)
-    _reduce(n, arrival, output, ipar, fpar, wi, wf, row)
+    _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
     return (wi[0:n].astype(np.int8), wf[0:n].copy(), wf[2 * n:3 * n].copy(), wi[4 * n:5 * n].copy(),
             wi[2 * n:3 * n].copy(), wi[5 * n:6 * n].copy(), wf[3 * n:4 * n].copy(), wi[6 * n:7 * n].copy(), row)
