@@ -5,8 +5,8 @@
 Each figure is measured in a fresh Python process:
 
 * ``import fastsim`` (must compile nothing);
-* cold start: the first ``replicate`` call with an empty Numba cache (JIT of
-  every kernel the call needs);
+* cold start: the first ``replicate``, ``sample_requests`` and
+  ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel);
 * warm start: the same call with the cache the cold run left;
 * peak resident memory (``ru_maxrss``) of ``replications x requests`` on the
   issue-7 workload, reduced per replication inside the kernel.
@@ -28,16 +28,19 @@ sys.path.insert(0, {bench!r})
 from benchmarks.common import reference_workload
 nrep, nreq = {nrep}, {nreq}
 t1 = time.perf_counter()
-res = fastsim.replicate(reference_workload(nreq), n_replications=nrep, seed=0, progress=False)
+sc = reference_workload(nreq)
+res = fastsim.replicate(sc, n_replications=nrep, seed=0, progress=False)
+if {every}:
+    fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
 t_run = time.perf_counter() - t1
 print(json.dumps(dict(import_s=t_import, first_call_s=t_run,
                       peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
 
-def child(cache, nrep, nreq):
+def child(cache, nrep, nreq, every=False):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), nrep=nrep, nreq=nreq)
+    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), nrep=nrep, nreq=nreq, every=every)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -48,12 +51,12 @@ def main():
     ap.add_argument("--requests", type=int, default=1000)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        cold = child(cache, 2, 20)
-        warm = child(cache, 2, 20)
+        cold = child(cache, 2, 20, every=True)
+        warm = child(cache, 2, 20, every=True)
         big = child(cache, args.replications, args.requests)
     print(f"import fastsim: {warm['import_s']:.2f} s")
-    print(f"cold start (JIT of the kernels + a tiny run): {cold['first_call_s']:.1f} s")
-    print(f"warm start (Numba cache + a tiny run): {warm['first_call_s']:.2f} s")
+    print(f"cold start (JIT of every kernel + tiny runs): {cold['first_call_s']:.1f} s")
+    print(f"warm start (Numba cache + tiny runs): {warm['first_call_s']:.2f} s")
     print(f"{args.replications} x {args.requests} requests: {big['first_call_s']:.1f} s, "
           f"peak RSS {big['peak_rss_mib']:.0f} MiB")
 
