@@ -40,8 +40,9 @@ def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trac
               out):
     arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     for j in range(nrep):
-        n = K._draw_workload(rep0 + j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                             prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        n = K._draw_workload(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                             trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp,
+                             plen)
         out[j] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
 
 
@@ -53,8 +54,9 @@ def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
     wi = np.empty(1, np.int64)
     wf = np.empty(1)
     for j in range(nrep):
-        n = K._draw_workload(rep0 + j, 1, 2, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                             prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        n = K._draw_workload(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                             trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp,
+                             plen)
         need_i, need_f = K._ws_need(n, output, pgrp, plen, ipar)
         if need_i > wi.size:
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
