@@ -176,8 +176,9 @@ def test_unknown_backend_is_named():
                                   backend="cuda")
 
 
-def test_kernels_compile_for_a_real_gpu():
-    """Both CUDA kernels compile to PTX for sm_90 (needs numba-cuda and NVVM, no GPU)."""
+def test_kernels_compile_for_a_real_gpu(tmp_path):
+    """Both CUDA kernels compile to PTX for sm_90 (needs numba-cuda and NVVM, no GPU), and
+    assemble with ptxas where it is installed."""
     pytest.importorskip("numba_cuda")
     from fastsim._cuda import compile_ptx
 
@@ -189,6 +190,33 @@ def test_kernels_compile_for_a_real_gpu():
         raise
     for name in ("_draw_kernel", "_simulate_kernel"):
         assert ".visible .entry" in ptx[name] and ".target sm_90" in ptx[name]
+    # ... and assemble to sm_90 machine code where ptxas is at hand (nvidia-cuda-nvcc)
+    ptxas = _ptxas()
+    if ptxas is None:
+        return
+    for name, text in ptx.items():
+        src = tmp_path / f"{name}.ptx"
+        src.write_text(text)
+        res = subprocess.run([ptxas, "-arch=sm_90", "-v", str(src), "-o", str(tmp_path / f"{name}.cubin")],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        regs = [int(w) for line in res.stderr.splitlines() if "Used" in line and "registers" in line
+                for w in [line.split("Used")[1].split()[0]]]
+        assert regs and max(regs) <= 255
+
+
+def _ptxas():
+    import shutil
+
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        import nvidia.cuda_nvcc as nvcc
+    except ImportError:
+        return None
+    path = os.path.join(list(nvcc.__path__)[0], "bin", "ptxas")
+    return path if os.path.exists(path) else None
 
 
 @pytest.mark.skipif(not REAL_GPU, reason="no usable GPU")
