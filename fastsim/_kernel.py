@@ -20,7 +20,8 @@ draw, the SJF key of a ``length_predictor``, has a stream of its own, so it
 leaves every other column unchanged.
 
 Memory is bounded by (threads x requests per replication): the engine
-allocates nothing (its state is carved out of a workspace, see `_ws_need`);
+allocates nothing (its state is carved out of a workspace, see `_ws_need`;
+its functions are compiled without Numba's runtime, `njit_noalloc`);
 each CPU thread reuses one workspace for its replications and reduces each
 replication to one row of metrics. The same functions run as CUDA device
 functions (``fastsim/_cuda.py``), one GPU thread per replication.
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from ._numba_options import njit
+from ._numba_options import njit, njit_noalloc
 
 # --- layout of the integer parameter vector ``ipar`` -------------------------
 I_MAX_NUM_SEQS = 0
@@ -167,14 +168,14 @@ _MAX_LEN_FLOAT = 2.0 ** 40  # longer draws are rejected as too long anyway
 # ==============================================================================
 # Counter-based random numbers (SplitMix64 streams)
 
-@njit
+@njit_noalloc
 def _mix64(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-@njit
+@njit_noalloc
 def _seed_streams(key0, key1, rep, state):
     """Key one stream per purpose by (key0, key1, replication, purpose)."""
     base = _mix64(np.uint64(key0) ^ _mix64(np.uint64(rep) * _GOLDEN + np.uint64(key1)))
@@ -182,7 +183,7 @@ def _seed_streams(key0, key1, rep, state):
         state[s] = _mix64(base + np.uint64(s + 1) * np.uint64(0xD1B54A32D192ED03))
 
 
-@njit
+@njit_noalloc
 def _uniform(state, s):
     """A double in (0, 1) from stream ``s`` (never 0 or 1, so logs are safe)."""
     state[s] = state[s] + _GOLDEN
@@ -190,14 +191,14 @@ def _uniform(state, s):
     return (float(z >> np.uint64(11)) + 0.5) * _TWO53
 
 
-@njit
+@njit_noalloc
 def _normal(state, s):
     u1 = _uniform(state, s)
     u2 = _uniform(state, s)
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
 
 
-@njit
+@njit_noalloc
 def _gamma(state, s, shape):
     """Gamma(shape, 1) by Marsaglia and Tsang (boosted for shape < 1)."""
     if shape < 1.0:
@@ -218,7 +219,7 @@ def _gamma(state, s, shape):
             return d * v
 
 
-@njit
+@njit_noalloc
 def _search_cdf(cdf, lo, hi, u):
     """First index j in [lo, hi) with cdf[j] >= u (cdf[hi - 1] == 1 >= u)."""
     hi -= 1  # the last entry is always a valid answer
@@ -231,7 +232,7 @@ def _search_cdf(cdf, lo, hi, u):
     return lo
 
 
-@njit
+@njit_noalloc
 def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
     """The length of request ``i`` from the law stored in components [lo, hi)."""
     j = lo
@@ -259,7 +260,7 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
     return np.int64(ltab[row, 0])
 
 
-@njit
+@njit_noalloc
 def _poisson(state, s, mean, cap):
     """Poisson(mean) by sequential inversion (one uniform), truncated at ``cap``."""
     # Split large means so that exp(-mean) cannot underflow (a sum of
@@ -281,7 +282,7 @@ def _poisson(state, s, mean, cap):
     return min(total, cap)
 
 
-@njit
+@njit_noalloc
 def _heapsort(x, n):
     """Sort ``x[:n]`` in place (no allocation, so that GPU threads can use it too)."""
     for start in range(n // 2 - 1, -1, -1):
@@ -293,7 +294,7 @@ def _heapsort(x, n):
         _sift_down(x, 0, end)
 
 
-@njit
+@njit_noalloc
 def _sift_down(x, pos, end):
     while True:
         c = 2 * pos + 1
@@ -309,7 +310,7 @@ def _sift_down(x, pos, end):
         pos = c
 
 
-@njit
+@njit_noalloc
 def _multi_user_arrivals(ipar, fpar, state, arrival):
     """Merged arrival times of a multi-user workload; return their count."""
     lo = ipar[I_USERS_LO]
@@ -333,7 +334,7 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
     return n
 
 
-@njit
+@njit_noalloc
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
     """Fill the request arrays of replication ``rep``; return the arrival count.
@@ -437,13 +438,13 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
 # Waiting queue: a ring-buffer deque (fcfs) or a binary heap (priority, sjf),
 # both with lazy deletion of requests that abandoned.
 
-@njit
+@njit_noalloc
 def _before(a, b, key):
     """Heap order: smaller key first, ties by arrival index."""
     return key[a] < key[b] or (key[a] == key[b] and a < b)
 
 
-@njit
+@njit_noalloc
 def _heap_push(heap, qs, key, i):
     pos = qs[0]
     heap[pos] = i
@@ -459,7 +460,7 @@ def _heap_push(heap, qs, key, i):
             break
 
 
-@njit
+@njit_noalloc
 def _heap_pop(heap, qs, key):
     top = heap[0]
     last = qs[0] - 1
@@ -485,7 +486,7 @@ def _heap_pop(heap, qs, key):
     return top
 
 
-@njit
+@njit_noalloc
 def _q_push(q, qs, key, policy, i, front):
     """Append request ``i`` (to the front for a preempted fcfs request)."""
     if policy != 0:
@@ -500,7 +501,7 @@ def _q_push(q, qs, key, policy, i, front):
     qs[0] += 1
 
 
-@njit
+@njit_noalloc
 def _q_peek(q, qs, key, policy, status):
     """Head of the queue, discarding entries of requests no longer waiting; -1 if empty."""
     while qs[0] > 0:
@@ -511,7 +512,7 @@ def _q_peek(q, qs, key, policy, status):
     return -1
 
 
-@njit
+@njit_noalloc
 def _q_pop(q, qs, key, policy):
     if policy != 0:
         return _heap_pop(q, qs, key)
@@ -524,12 +525,12 @@ def _q_pop(q, qs, key, policy):
 # ==============================================================================
 # The engine
 
-@njit
+@njit_noalloc
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
-@njit
+@njit_noalloc
 def _arrival_status(p, o, ipar, in_system, reserved):
     """What ingestion does with an arrival (``docs/engine-model.md``, in order):
     reject it as never fitting, reject it by admission control, or queue it."""
@@ -547,7 +548,7 @@ def _arrival_status(p, o, ipar, in_system, reserved):
     return ST_WAITING
 
 
-@njit
+@njit_noalloc
 def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
     """Run-level bookkeeping of one step [t, t_end) of duration d; time
     averages count its overlap with the window [ws, we]."""
@@ -562,7 +563,7 @@ def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
         acc[A_KV_INT] += overlap * used / nblk
 
 
-@njit
+@njit_noalloc
 def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved,
                           status, q, qs, key, acc, ws, we):
     """Ingest the arrivals during a step ending at ``t_end``: they see it
@@ -584,7 +585,7 @@ def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n
     return nxt, n_wait, reserved
 
 
-@njit
+@njit_noalloc
 def _first_chunk(need, budget, chunked):
     """Tokens an admitted request gets this step: its need, cut to the budget
     with chunked prefill; -1 if it does not fit (no chunking)."""
@@ -593,7 +594,7 @@ def _first_chunk(need, budget, chunked):
     return need if need <= budget else -1
 
 
-@njit
+@njit_noalloc
 def _start_running(w, nb, q, qs, key, policy, status, ever, blocks):
     """Move the waiting head ``w`` to running with ``nb`` blocks (the caller
     updates its counts of waiting requests and free blocks)."""
@@ -603,7 +604,7 @@ def _start_running(w, nb, q, qs, key, policy, status, ever, blocks):
     blocks[w] = nb
 
 
-@njit
+@njit_noalloc
 def _compact_run(run, rl, status):
     """Drop requests that are no longer running from ``run[:rl]``, keeping the order."""
     m = 0
@@ -615,14 +616,14 @@ def _compact_run(run, rl, status):
     return m
 
 
-@njit
+@njit_noalloc
 def _rebuild(run, n_run, oth):
     for j in range(n_run):
         oth[j] = run[j]
     return n_run
 
 
-@njit
+@njit_noalloc
 def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, output, dstate):
     """Make running request ``r`` (which emitted a token at the end of the last
     step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder."""
@@ -640,7 +641,7 @@ def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, warmup, out
     _heap2_push(hk, hr, hs, S + output[r] - gg, r)
 
 
-@njit
+@njit_noalloc
 def _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate):
     n_d = dstate[0] - 1
     pos = dpos[r]
@@ -655,7 +656,7 @@ def _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate):
         dstate[2] -= 1
 
 
-@njit
+@njit_noalloc
 def _heap2_push(hk, hr, hs, key, r):
     pos = hs[0]
     hs[0] = pos + 1
@@ -670,7 +671,7 @@ def _heap2_push(hk, hr, hs, key, r):
     hr[pos] = r
 
 
-@njit
+@njit_noalloc
 def _heap2_pop(hk, hr, hs):
     top = hr[0]
     last = hs[0] - 1
@@ -702,7 +703,7 @@ def _heap2_pop(hk, hr, hs):
 # cst = [head, tail, evictable count, cached count]). Request i may use the
 # entries j < f_i; held[hoff[i] + j] says whether it references (G_i, j).
 
-@njit
+@njit_noalloc
 def _lru_append(e, cst, lprev, lnext):
     lprev[e] = cst[1]
     lnext[e] = -1
@@ -714,7 +715,7 @@ def _lru_append(e, cst, lprev, lnext):
     cst[2] += 1
 
 
-@njit
+@njit_noalloc
 def _lru_remove(e, cst, lprev, lnext):
     p = lprev[e]
     q = lnext[e]
@@ -729,7 +730,7 @@ def _lru_remove(e, cst, lprev, lnext):
     cst[2] -= 1
 
 
-@njit
+@njit_noalloc
 def _take_blocks(nb, free, cst, cnt, lprev, lnext):
     """Take ``nb`` blocks for private use: free ones first, then evict the
     head of the evictable list. Return the new number of free blocks."""
@@ -742,7 +743,7 @@ def _take_blocks(nb, free, cst, cnt, lprev, lnext):
     return free - nb
 
 
-@njit
+@njit_noalloc
 def _release_blocks(r, free, private, nent, grp, fpre, held, hoff, jmax, cst, cnt, lprev, lnext):
     """Spec, "Release": r's private blocks become free; the counts of the
     entries it references drop in descending j (a count reaching 0 joins the
@@ -762,7 +763,7 @@ def _release_blocks(r, free, private, nent, grp, fpre, held, hoff, jmax, cst, cn
     return free
 
 
-@njit
+@njit_noalloc
 def _lookup(w, grp, fpre, jmax, cnt):
     """Spec, "Lookup": the longest run of cached entries (G_w, 0 .. h-1), h <= f_w."""
     h = 0
@@ -773,7 +774,7 @@ def _lookup(w, grp, fpre, jmax, cnt):
     return h
 
 
-@njit
+@njit_noalloc
 def _evictable_hits(w, h, grp, jmax, cnt):
     """How many of w's h hit entries are evictable (not free capacity for w)."""
     m = 0
@@ -784,7 +785,7 @@ def _evictable_hits(w, h, grp, jmax, cnt):
     return m
 
 
-@njit
+@njit_noalloc
 def _claim_hits(w, h, grp, held, hoff, jmax, nent, cst, cnt, lprev, lnext):
     base = grp[w] * jmax
     for j in range(h):
@@ -796,7 +797,7 @@ def _claim_hits(w, h, grp, held, hoff, jmax, nent, cst, cnt, lprev, lnext):
     nent[w] = h
 
 
-@njit
+@njit_noalloc
 def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cnt):
     """Spec, "Registration": r's blocks j in [k0 // bs, min(k1 // bs, f_r))
     become entries (count 1) unless the cache already holds (G_r, j)."""
@@ -824,7 +825,7 @@ def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cn
 # accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
 # internal state. `_ws_need` is the one statement of the sizes.
 
-@njit
+@njit_noalloc
 def _ws_dims(n, output, pgrp, plen, ipar):
     """Data-dependent sizes: (seats, prefix-cache entries, prefix references, gap samples)."""
     bs = ipar[I_BLOCK_SIZE]
@@ -850,7 +851,7 @@ def _ws_dims(n, output, pgrp, plen, ipar):
     return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1)
 
 
-@njit
+@njit_noalloc
 def _ws_need(n, output, pgrp, plen, ipar):
     """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
     cap, ncnt, nheld, nitl = _ws_dims(n, output, pgrp, plen, ipar)
@@ -865,7 +866,7 @@ def _ws_need(n, output, pgrp, plen, ipar):
     return need_i, need_f
 
 
-@njit
+@njit_noalloc
 def _gap_add(itl_v, itl_w, n_itl, x, w):
     """Record ``w`` inter-token gaps of value ``x``; return the new entry count.
     A gap equal to the last entry's value adds to its multiplicity (steps of
@@ -878,7 +879,7 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
     return n_itl + 1
 
 
-@njit
+@njit_noalloc
 def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf):
     """Run one replication of the engine model over requests ``0..n-1``.
 
@@ -1637,7 +1638,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 # ==============================================================================
 # Reduction of one replication to its metrics row
 
-@njit
+@njit_noalloc
 def _lerp(a, b, t):
     """numpy's percentile interpolation, operation for operation (it
     interpolates from the upper neighbour when t >= 0.5)."""
@@ -1647,7 +1648,7 @@ def _lerp(a, b, t):
     return a + diff * t
 
 
-@njit
+@njit_noalloc
 def _weighted_select(v, w, lo, hi, below, j):
     """The value at 0-based rank ``j`` of the sorted sample in which each
     ``v[e]`` occurs ``w[e]`` times, searched in ``v[lo:hi]`` by three-way
@@ -1694,7 +1695,7 @@ def _weighted_select(v, w, lo, hi, below, j):
             lo = gt
 
 
-@njit
+@njit_noalloc
 def _percentile_from(v, w, m, total, q, lo, below):
     """numpy's percentile ``q`` of the expanded sample (total weight
     ``total`` > 0) in ``v[:m]``, searching from ``(lo, below)`` (see
@@ -1714,7 +1715,7 @@ def _percentile_from(v, w, m, total, q, lo, below):
     return _lerp(x_lo, x_hi, pos - r), lt, before
 
 
-@njit
+@njit_noalloc
 def _percentile_into(v, w, m, total, q, lo, below, row, col):
     """``row[col]`` = `_percentile_from` (nan for an empty sample); return the next ``(lo, below)``."""
     if total == 0:
@@ -1725,7 +1726,7 @@ def _percentile_into(v, w, m, total, q, lo, below, row, col):
     return lo, below
 
 
-@njit
+@njit_noalloc
 def _weighted_stats(v, w, m, row, c):
     """Mean, p50 and p99 into ``row[c:c + 3]`` of the sample in which each
     ``v[e]`` occurs ``w[e]`` times: the values numpy gives on the expanded
@@ -1741,7 +1742,7 @@ def _weighted_stats(v, w, m, row, c):
     _percentile_into(v, w, m, total, 99.0, lo, below, row, c + 2)
 
 
-@njit
+@njit_noalloc
 def _percentile_unsorted(x, m, q, ones):
     """numpy's percentile ``q`` of ``x[:m]`` (nan if m == 0), by selection
     rather than sorting; reorders ``x[:m]``. ``ones``: m or more ones."""
@@ -1750,7 +1751,7 @@ def _percentile_unsorted(x, m, q, ones):
     return _percentile_from(x, ones, m, m, q, 0, 0)[0]
 
 
-@njit
+@njit_noalloc
 def _mean(x, m):
     if m == 0:
         return np.nan
@@ -1760,7 +1761,7 @@ def _mean(x, m):
     return s / m
 
 
-@njit
+@njit_noalloc
 def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     """Per-replication metrics of the measured requests (``docs/engine-model.md``)
     from the workspace ``wi``/``wf`` that `_simulate` filled."""

@@ -14,6 +14,14 @@ the callee for each constant: the kernel had 60 such versions, about a
 quarter of its cold compile time. :func:`njit` makes calls from jitted code
 type their arguments by value type (``int64``, not ``Literal[int](0)``), so
 each function compiles once. (Nothing in the kernels needs a literal.)
+
+No reference counting in the engine. :func:`njit_noalloc` compiles a function
+without Numba's runtime (NRT): passing, slicing and returning arrays then
+costs no atomic reference-count updates. Such a function cannot allocate an
+array, and need not: the engine works in a workspace that its caller
+allocated and keeps alive (``fastsim/_kernel.py``), as the CUDA target
+requires anyway. The update calls had been most of the cost of an engine
+step with events (about 40 per step).
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ def _one_specialisation(dispatcher):
 
     dispatcher.get_call_template = get_call_template
     return dispatcher
+
+
+def njit_noalloc(func):
+    """:func:`njit` without Numba's runtime, for functions that allocate no array."""
+    return njit(func, _nrt=False)
 
 
 def njit(*args, **kwargs):
