@@ -8,6 +8,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from ._cuda import BackendUnavailableError
 from ._io import check_table_path, read_table
 from ._replicate import metric_unit
 
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         progress = _progress(args)
         result = replicate(scenario, progress=progress, **kwargs)
-    except ValueError as exc:
+    except (ValueError, BackendUnavailableError) as exc:
         print(f"fastsim: error: {exc}", file=sys.stderr)
         return 2
     summary = result.summary()

@@ -35,7 +35,8 @@ import numpy as np
 
 from . import _kernel as K
 
-__all__ = ["cuda_unavailable_reason", "check_cuda_available", "compile_ptx", "run_replications_cuda"]
+__all__ = ["BackendUnavailableError", "cuda_unavailable_reason", "check_cuda_available", "compile_ptx",
+           "run_replications_cuda"]
 
 #: Compiled functions of ``_kernel`` that allocate (the CPU driver): never compiled for the GPU.
 _CPU_ONLY = frozenset({"run_chunk"})
@@ -50,6 +51,10 @@ DEFAULT_MEMORY_BUDGET = 2 * 1024 ** 3
 
 def _simulator() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+class BackendUnavailableError(RuntimeError):
+    """``backend="cuda"`` was selected where it cannot run (the message says what is missing)."""
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -82,10 +87,11 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def check_cuda_available() -> None:
-    """Raise ``RuntimeError`` saying what is missing when ``backend="cuda"`` cannot run."""
+    """Raise :class:`BackendUnavailableError` (a ``RuntimeError``) saying what is
+    missing when ``backend="cuda"`` cannot run."""
     reason = cuda_unavailable_reason()
     if reason is not None:
-        raise RuntimeError(f"backend='cuda' is not available: {reason}")
+        raise BackendUnavailableError(f"backend='cuda' is not available: {reason}")
 
 
 # ------------------------------------------------------------------------------

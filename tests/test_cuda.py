@@ -231,3 +231,12 @@ def test_real_gpu_agrees_with_the_cpu_kernel(name):
     assert same_counts.mean() >= 0.95
     a, b = cpu[same_counts], gpu[same_counts]
     assert np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
+@pytest.mark.skipif(REAL_GPU, reason="a usable GPU is present")
+def test_cli_reports_a_missing_gpu_as_a_usage_error(capsys):
+    from fastsim._cli import main
+
+    assert main(["demo", "--backend", "cuda", "--replications", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "fastsim: error: backend='cuda' is not available" in err
