@@ -2,6 +2,9 @@
 
     python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1]
 
+(Its functions are compiled without Numba's disk cache: they link kernel
+internals from another file, which the cache would not see change.)
+
 For each benchmark workload, times three nested pipelines over the same
 replications (after compilation): drawing the request stream only (the floor:
 no simulator can be faster), drawing + simulating, and the full replication
@@ -26,7 +29,7 @@ from fastsim._replicate import pack_scenario  # noqa: E402
 from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
 
 
-@njit
+@njit(cache=False)
 def buffers(ipar):
     """The request arrays and stream state that `_kernel.run_chunk` allocates."""
     cap = ipar[K.I_NUM_REQUESTS]
@@ -35,7 +38,7 @@ def buffers(ipar):
             np.empty(K.N_STREAMS, np.uint64))
 
 
-@njit
+@njit(cache=False)
 def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
               out):
     arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
@@ -46,7 +49,7 @@ def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trac
         out[j] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
 
 
-@njit
+@njit(cache=False)
 def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
                       prio_cdf, pred_edges, out):
     """`_kernel.run_chunk` without the reduction (the same buffers, reused)."""

@@ -159,6 +159,7 @@ A_HIT_TOK = 10      # prefix caching: cached tokens of measured requests that qu
 A_QUERY_TOK = 11    # ... and their prompt tokens
 A_MAX_SWAP = 12     # most blocks held in CPU swap space
 N_ACC = 13
+N_HIST = 256       # buckets of the histogram that narrows percentile searches (`_percentiles`)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _TWO53 = 1.0 / 9007199254740992.0
@@ -820,8 +821,8 @@ def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cn
 # engine allocates nothing: a CPU thread reuses one workspace for all its
 # replications, and a GPU thread gets its slice of one device allocation.
 # Layout (n requests): wi = status, k, g, blocks, npre, nswap, ctok (7n), a
-# reduction scratch (n), the inter-token gap weights (nitl), then the engine's
-# internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
+# reduction scratch (n + N_HIST), the inter-token gap weights (nitl), then the
+# engine's internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
 # accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
 # internal state. `_ws_need` is the one statement of the sizes.
 
@@ -860,7 +861,7 @@ def _ws_need(n, output, pgrp, plen, ipar):
     # oth, sq, sqs, fpre, hoff, cnt, lprev, lnext, cst, held, private, nent
     internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
                 + cap + (n + 1) + 1 + n + (n + 1) + 3 * ncnt + 4 + nheld + n + n)
-    need_i = 8 * n + nitl + internal
+    need_i = 8 * n + N_HIST + nitl + internal
     # key, dec_cost, skey, swapped_since
     need_f = 7 * n + N_ACC + nitl + n + (cap + 1) + n + n
     return need_i, need_f
@@ -950,8 +951,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     npre = wi[4 * n:5 * n]
     nswap = wi[5 * n:6 * n]
     ctok = wi[6 * n:7 * n]
-    itl_w = wi[8 * n:8 * n + nitl]
-    o = 8 * n + nitl
+    o = 8 * n + N_HIST
+    itl_w = wi[o:o + nitl]
+    o += nitl
     q = wi[o:o + 2 * n + 2]
     o += 2 * n + 2
     qs = wi[o:o + 2]                    # (size incl. stale entries, ring head)
@@ -1727,19 +1729,107 @@ def _percentile_into(v, w, m, total, q, lo, below, row, col):
 
 
 @njit_noalloc
-def _weighted_stats(v, w, m, row, c):
+def _bucket(x, lo, scale, nb):
+    """Histogram bucket of ``x``: non-decreasing in ``x`` (so equal values share a
+    bucket, and a value in a lower bucket is strictly smaller)."""
+    b = np.int64((x - lo) * scale)
+    return b if b < nb else nb - 1
+
+
+@njit_noalloc
+def _percentile_in_buckets(v, w, m, total, q, lo, scale, hist):
+    """numpy's percentile ``q`` of the expanded sample, searching only the
+    entries of the histogram buckets that hold its two ranks (gathered to the
+    front of ``v[:m]``, ``w[:m]``), offset by the weight of the lower buckets."""
+    nb = hist.size
+    pos = q / 100.0 * (total - 1)
+    r = int(math.floor(pos))
+    r2 = r + 1 if r + 1 < total else r      # the rank it interpolates towards
+    cum = 0
+    b_lo = -1
+    below = 0
+    b_hi = nb - 1
+    for b in range(nb):
+        if b_lo < 0 and cum + hist[b] > r:
+            b_lo = b
+            below = cum
+        if cum + hist[b] > r2:
+            b_hi = b
+            break
+        cum += hist[b]
+    c = 0
+    for e in range(m):
+        x = v[e]
+        b = _bucket(x, lo, scale, nb)
+        if b_lo <= b <= b_hi:
+            v[e] = v[c]
+            v[c] = x
+            we = w[e]
+            w[e] = w[c]
+            w[c] = we
+            c += 1
+    x_lo, lt, before, gt, upto = _weighted_select(v, w, 0, c, below, r)
+    x_hi = x_lo
+    if r2 > r and r2 >= upto:
+        # the next rank holds the smallest value above x_lo; it is in the gathered buckets
+        x_hi = np.inf
+        for e in range(gt, c):
+            if v[e] < x_hi:
+                x_hi = v[e]
+    return _lerp(x_lo, x_hi, pos - r)
+
+
+@njit_noalloc
+def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
+    """numpy's percentiles ``q0 <= q1 <= ...`` (the first ``nq`` <= 4) of the
+    sample in which each ``v[e]`` occurs ``w[e]`` times, into
+    ``row[c:c + nq]`` (nan for an empty sample); reorders ``v[:m]``, ``w[:m]``.
+
+    A large sample is first counted into ``hist.size`` buckets of equal width
+    between its minimum and maximum (two cheap passes); each percentile is then
+    selected among the entries of at most two buckets. Small samples, and
+    spans too narrow to scale, use plain selection (`_percentile_into`)."""
+    total = 0
+    for e in range(m):
+        total += w[e]
+    nb = hist.size
+    lo = np.inf
+    hi = -np.inf
+    for e in range(m):
+        x = v[e]
+        lo = min(lo, x)
+        hi = max(hi, x)
+    scale = nb / (hi - lo) if hi > lo else 0.0
+    if total == 0 or m < nb or not (0.0 < scale < 1e300):
+        a = 0
+        b = 0
+        for j in range(nq):
+            q = q0 if j == 0 else (q1 if j == 1 else (q2 if j == 2 else q3))
+            a, b = _percentile_into(v, w, m, total, q, a, b, row, c + j)
+        return
+    for b in range(nb):
+        hist[b] = 0
+    for e in range(m):
+        hist[_bucket(v[e], lo, scale, nb)] += w[e]
+    for j in range(nq):
+        q = q0 if j == 0 else (q1 if j == 1 else (q2 if j == 2 else q3))
+        row[c + j] = _percentile_in_buckets(v, w, m, total, q, lo, scale, hist)
+
+
+@njit_noalloc
+def _weighted_stats(v, w, m, row, c, hist):
     """Mean, p50 and p99 into ``row[c:c + 3]`` of the sample in which each
     ``v[e]`` occurs ``w[e]`` times: the values numpy gives on the expanded
     sample (percentiles by linear interpolation), from ``m`` entries, by
-    selection rather than sorting. Reorders ``v[:m]`` and ``w[:m]``."""
+    selection rather than sorting (`_percentiles`; ``hist``: its scratch).
+    Reorders ``v[:m]`` and ``w[:m]``."""
     total = 0
     s = 0.0
     for e in range(m):
         total += w[e]
         s += v[e] * w[e]
     row[c] = s / total if total > 0 else np.nan
-    lo, below = _percentile_into(v, w, m, total, 50.0, 0, 0, row, c + 1)
-    _percentile_into(v, w, m, total, 99.0, lo, below, row, c + 2)
+    _percentiles(v, w, m, hist, 50.0, 99.0, 0.0, 0.0, 2, row, c + 1)
 
 
 @njit_noalloc
@@ -1777,7 +1867,8 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     e2e = wf[o + n:o + 2 * n]
     tpot = wf[o + 2 * n:o + 3 * n]
     n_itl = np.int64(acc[A_N_ITL])
-    itl_w = wi[8 * n:8 * n + n_itl]
+    hist = wi[8 * n:8 * n + N_HIST]
+    itl_w = wi[8 * n + N_HIST:8 * n + N_HIST + n_itl]
     itl_v = wf[7 * n + N_ACC:7 * n + N_ACC + n_itl]
     warmup = ipar[I_WARMUP]
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
@@ -1853,18 +1944,12 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
-    # ascending percentiles, each searching only above the previous one
-    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 50.0, 0, 0, row, C_TTFT_MEAN + 1)
-    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 90.0, lo, bl, row, C_TTFT_MEAN + 2)
-    lo, bl = _percentile_into(ttft, ones, n_done, n_done, 95.0, lo, bl, row, C_TTFT_MEAN + 3)
-    _percentile_into(ttft, ones, n_done, n_done, 99.0, lo, bl, row, C_TTFT_MEAN + 4)
+    _percentiles(ttft, ones, n_done, hist, 50.0, 90.0, 95.0, 99.0, 4, row, C_TTFT_MEAN + 1)
     row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
-    lo, bl = _percentile_into(tpot, ones, n_tpot, n_tpot, 50.0, 0, 0, row, C_TPOT_MEAN + 1)
-    _percentile_into(tpot, ones, n_tpot, n_tpot, 99.0, lo, bl, row, C_TPOT_MEAN + 2)
-    _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN)
+    _percentiles(tpot, ones, n_tpot, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_TPOT_MEAN + 1)
+    _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN, hist)
     row[C_E2E_MEAN] = _mean(e2e, n_done)
-    lo, bl = _percentile_into(e2e, ones, n_done, n_done, 50.0, 0, 0, row, C_E2E_MEAN + 1)
-    _percentile_into(e2e, ones, n_done, n_done, 99.0, lo, bl, row, C_E2E_MEAN + 2)
+    _percentiles(e2e, ones, n_done, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_E2E_MEAN + 1)
     # The window closes at the horizon, or else at the end of the drained run
     # (its last completion) as the client sees it.
     window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else end + overhead

@@ -15,19 +15,19 @@ from fastsim._kernel import _weighted_stats
 def test_weighted_percentiles_equal_numpy_on_the_expanded_sample(ties):
     rng = np.random.default_rng()
     for _ in range(300):
-        m = int(rng.integers(1, 80))
+        m = int(rng.integers(1, 80)) if rng.random() < 0.5 else int(rng.integers(16, 3000))
         v = rng.integers(0, 6, m) * 0.25 if ties else rng.random(m)
-        w = rng.integers(1, 6, m)
+        w = rng.integers(1, 6, m) if rng.random() < 0.7 else rng.integers(1, 3000, m)
         x = np.repeat(v, w)
         row = np.zeros(3)
-        _weighted_stats(v.copy(), w.copy(), m, row, 0)
+        _weighted_stats(v.copy(), w.copy(), m, row, 0, np.empty(16, np.int64))
         assert row[1] == np.percentile(x, 50) and row[2] == np.percentile(x, 99)
         assert row[0] == pytest.approx(x.mean(), rel=1e-12)
 
 
 def test_empty_weighted_sample_gives_nan():
     row = np.zeros(3)
-    _weighted_stats(np.zeros(2), np.zeros(2, np.int64), 2, row, 0)
+    _weighted_stats(np.zeros(2), np.zeros(2, np.int64), 2, row, 0, np.empty(16, np.int64))
     assert np.isnan(row).all()
 
 
@@ -61,4 +61,30 @@ def test_ascending_percentiles_searched_from_the_previous_equal_numpy(ties):
         vv, ww = v.copy(), w.copy()
         for j, q in enumerate(qs):
             lo, below = _percentile_into(vv, ww, m, int(w.sum()), q, lo, below, row, j)
+        np.testing.assert_array_equal(row, np.percentile(x, qs))
+
+
+@pytest.mark.parametrize("shape", ["uniform", "sorted", "reversed", "heavy-tail", "one-heavy", "ties", "all-equal",
+                                   "narrow", "two-clusters"])
+def test_histogram_narrowed_percentiles_equal_numpy_whatever_the_data(shape):
+    """`_percentiles` (equal-width buckets between min and max, then selection
+    within the target buckets; plain selection for small or unscalable samples)
+    is exactly numpy's for data that crowd one bucket or defeat the buckets."""
+    from fastsim._kernel import _percentiles
+
+    rng = np.random.default_rng()
+    for _ in range(30):
+        m = int(rng.integers(1, 4000))
+        v = {"uniform": rng.random(m), "sorted": np.sort(rng.random(m)), "reversed": np.sort(rng.random(m))[::-1],
+             "heavy-tail": rng.pareto(0.5, m), "one-heavy": rng.random(m), "ties": rng.integers(0, 4, m) * 1.0,
+             "all-equal": np.full(m, 0.3), "narrow": 1.0 + rng.integers(0, 3, m) * 2.0 ** -52,
+             "two-clusters": np.where(rng.random(m) < 0.5, rng.random(m), 1e12 + rng.random(m))}[shape].copy()
+        w = rng.integers(1, 5, m) if rng.random() < 0.5 else np.ones(m, np.int64)
+        if shape == "one-heavy":
+            w[int(rng.integers(m))] = 10 * m
+        x = np.repeat(v, w)
+        qs = np.sort(rng.choice([0.0, 1.0, 25.0, 50.0, 90.0, 95.0, 99.0, 99.9, 100.0], size=4))
+        row = np.zeros(4)
+        _percentiles(v.copy(), w.copy(), m, np.empty(int(rng.choice([4, 16, 256])), np.int64),
+                     qs[0], qs[1], qs[2], qs[3], 4, row, 0)
         np.testing.assert_array_equal(row, np.percentile(x, qs))
