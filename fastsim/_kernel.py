@@ -824,11 +824,13 @@ def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cn
 # reduction scratch (n + N_HIST), the inter-token gap weights (nitl), then the
 # engine's internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
 # accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
-# internal state. `_ws_need` is the one statement of the sizes.
+# internal state. `_ws_sizes` is the one statement of the sizes (from the
+# dimensions `_ws_dims` reads off the requests; `_ws_need` composes the two).
 
 @njit_noalloc
 def _ws_dims(n, output, pgrp, plen, ipar):
-    """Data-dependent sizes: (seats, prefix-cache entries, prefix references, gap samples)."""
+    """Data-dependent sizes: (seats, prefix-cache entries, prefix references,
+    gap samples, most prefix blocks of a request)."""
     bs = ipar[I_BLOCK_SIZE]
     cap = max(1, min(ipar[I_MAX_NUM_SEQS], n))
     # Gaps come only from measured requests that can complete, whose output
@@ -849,14 +851,19 @@ def _ws_dims(n, output, pgrp, plen, ipar):
                 ngrp = max(ngrp, pgrp[i] + 1)
                 jmax = max(jmax, f)
                 nheld += f
-    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1)
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax
 
 
 @njit_noalloc
 def _ws_need(n, output, pgrp, plen, ipar):
     """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
-    cap, ncnt, nheld, nitl = _ws_dims(n, output, pgrp, plen, ipar)
-    bs = ipar[I_BLOCK_SIZE]
+    cap, ncnt, nheld, nitl, _jmax = _ws_dims(n, output, pgrp, plen, ipar)
+    return _ws_sizes(n, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl)
+
+
+@njit_noalloc
+def _ws_sizes(n, bs, cap, ncnt, nheld, nitl):
+    """The workspace sizes from the dimensions `_ws_dims` gives (the layout `_simulate` carves)."""
     # q, qs, run, sched, ever, dmem, dpos, koff, goff, ph, hk, hr, hs, dstate,
     # oth, sq, sqs, fpre, hoff, cnt, lprev, lnext, cst, held, private, nent
     internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
@@ -940,8 +947,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     c_swap = lat[5]
 
     # Carve the state out of the workspace (layout: _ws_need, which also checks the sizes).
-    cap, ncnt, nheld, nitl = _ws_dims(n, output, pgrp, plen, ipar)
-    need_i, need_f = _ws_need(n, output, pgrp, plen, ipar)
+    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, output, pgrp, plen, ipar)
+    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
     if need_i > wi.size or need_f > wf.size:
         return -1
     status = wi[0:n]
@@ -1027,10 +1034,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     # that integer keys and aged keys share one heap (integers are exact).
     # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
     caching = ipar[I_CACHING] == 1
-    jmax = 0
-    for i in range(n):
-        if caching and pgrp[i] >= 0:
-            jmax = max(jmax, plen[i] // bs)
     hoff[0] = 0
     for i in range(n):
         status[i] = ST_PENDING
@@ -1830,15 +1833,6 @@ def _weighted_stats(v, w, m, row, c, hist):
         s += v[e] * w[e]
     row[c] = s / total if total > 0 else np.nan
     _percentiles(v, w, m, hist, 50.0, 99.0, 0.0, 0.0, 2, row, c + 1)
-
-
-@njit_noalloc
-def _percentile_unsorted(x, m, q, ones):
-    """numpy's percentile ``q`` of ``x[:m]`` (nan if m == 0), by selection
-    rather than sorting; reorders ``x[:m]``. ``ones``: m or more ones."""
-    if m == 0:
-        return np.nan
-    return _percentile_from(x, ones, m, m, q, 0, 0)[0]
 
 
 @njit_noalloc

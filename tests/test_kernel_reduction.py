@@ -32,15 +32,20 @@ def test_empty_weighted_sample_gives_nan():
 
 
 def test_unweighted_percentiles_by_selection_equal_numpy():
-    from fastsim._kernel import _percentile_unsorted
+    """TTFT/TPOT/E2E percentiles (unit weights), each alone and for an empty sample."""
+    from fastsim._kernel import _percentiles
 
     rng = np.random.default_rng()
+    hist = np.empty(16, np.int64)
+    row = np.zeros(1)
     for _ in range(300):
         m = int(rng.integers(1, 200))
         x = rng.integers(0, 5, m) * 0.5 if m % 2 else rng.random(m)
         for q in (50.0, 90.0, 95.0, 99.0):
-            assert _percentile_unsorted(x.copy(), m, q, np.ones(m, np.int64)) == np.percentile(x, q)
-    assert np.isnan(_percentile_unsorted(np.zeros(3), 0, 50.0, np.ones(3, np.int64)))
+            _percentiles(x.copy(), np.ones(m, np.int64), m, hist, q, 0.0, 0.0, 0.0, 1, row, 0)
+            assert row[0] == np.percentile(x, q)
+    _percentiles(np.zeros(3), np.ones(3, np.int64), 0, hist, 50.0, 0.0, 0.0, 0.0, 1, row, 0)
+    assert np.isnan(row[0])
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "many-ties"])
