@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -658,17 +658,12 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
         K.run_chunk(rep0 + lo, hi - lo, *args, out[lo:hi])
         return hi - lo
 
-    if threads == 1 or len(chunks) == 1:
-        done = map(work, chunks)
-        for m in done:
+    # The kernel releases the GIL (nogil), so Python threads run it in parallel.
+    pooled = threads > 1 and len(chunks) > 1
+    with ThreadPoolExecutor(max_workers=threads) if pooled else nullcontext() as pool:
+        for m in (pool.map if pooled else map)(work, chunks):
             if bar is not None:
                 bar.update(m)
-    else:
-        # The kernel releases the GIL (nogil), so Python threads run it in parallel.
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            for m in pool.map(work, chunks):
-                if bar is not None:
-                    bar.update(m)
     if bar is not None:
         bar.close()
     return out
