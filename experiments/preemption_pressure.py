@@ -59,11 +59,10 @@ sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
 sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
-from _common import fmt, mean_ci, paired_diff_ci, run_experiment, save_figure  # noqa: E402
+from _common import MEASURED_ENGINE, fmt, mean_ci, paired_diff_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "preemption_pressure"
-ENGINE = fastsim.EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16,
-                              num_gpu_blocks=6822, max_model_len=2048)
+ENGINE = fastsim.EngineConfig(**MEASURED_ENGINE)
 BASE_BLOCKS = ENGINE.num_gpu_blocks
 METRICS = ["preemptions_per_request", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean",
            "request_throughput", "output_throughput", "kv_utilization_mean", "batch_occupancy_mean",

@@ -61,11 +61,10 @@ sys.path.insert(0, str(HERE.parent))  # the repository root: fastsim
 sys.path.insert(0, str(HERE))  # experiments/: _common
 
 import fastsim  # noqa: E402
-from _common import fmt, mean_ci, ratio_ci, run_experiment, save_figure  # noqa: E402
+from _common import MEASURED_ENGINE, fmt, mean_ci, ratio_ci, run_experiment, save_figure  # noqa: E402
 
 NAME = "static_vs_continuous"
-ENGINE = fastsim.EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16,
-                              num_gpu_blocks=6822, max_model_len=2048)
+ENGINE = fastsim.EngineConfig(**MEASURED_ENGINE)
 #: Sequences whose max_model_len reservation fits the KV cache (HF-style static server).
 MAXLEN_SEQS = ENGINE.num_gpu_blocks * ENGINE.block_size // ENGINE.max_model_len
 METRICS = ["request_throughput", "output_throughput", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99",
