@@ -225,10 +225,10 @@ class _Arrays:
             self.xp.cuda.runtime.deviceSynchronize()
 
 
-def _groups(need_i, need_f, bytes_fixed, budget):
+def _groups(need_i, need_f, budget):
     """Split replications ``0..m-1`` into consecutive groups whose workspaces
-    (plus ``bytes_fixed`` per replication) fit ``budget`` bytes (>= 1 each)."""
-    per = 8 * (need_i + need_f) + bytes_fixed
+    fit ``budget`` bytes (at least one replication each)."""
+    per = 8 * (need_i + need_f)
     groups = []
     lo = 0
     total = 0
@@ -291,7 +291,7 @@ def _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_bud
         draw[blocks, tpb](np.int64(rep0 + lo), np.int64(m), k0, k1, *tables, state, arrival, *cols, nreq, need)
         need_h = mem.to_host(need)
         d_out = mem.empty((m, K.N_COLUMNS), np.float64)
-        for g0, g1 in _groups(need_h[:, 0], need_h[:, 1], 0, max(budget - m * bytes_req, 1)):
+        for g0, g1 in _groups(need_h[:, 0], need_h[:, 1], max(budget - m * bytes_req, 1)):
             off_i = np.concatenate(([0], np.cumsum(need_h[g0:g1, 0]))).astype(np.int64)
             off_f = np.concatenate(([0], np.cumsum(need_h[g0:g1, 1]))).astype(np.int64)
             wi = mem.empty(int(off_i[-1]), np.int64)

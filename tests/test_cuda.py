@@ -148,7 +148,7 @@ def test_groups_fit_the_budget_and_cover_every_replication():
     ni = rng.integers(1, 100, 50)
     nf = rng.integers(1, 100, 50)
     for budget in (1, 500, 3000, 10 ** 9):
-        groups = _groups(ni, nf, 0, budget)
+        groups = _groups(ni, nf, budget)
         assert groups[0][0] == 0 and groups[-1][1] == 50
         assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
         for g0, g1 in groups:
