@@ -29,6 +29,13 @@ CASES = {
         engine=fastsim.EngineConfig(max_num_seqs=3, num_gpu_blocks=16, enable_prefix_caching=True),
         workload=fastsim.Workload(arrival_rate=8.0, num_requests=12, prompt_len=fastsim.Uniform(40, 80),
                                   output_len=fastsim.Uniform(2, 20), prefix_groups=2, prefix_len=33)),
+    # long stretches in closed form, with one inter-token gap per step (context term)
+    "long-outputs": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=3, num_gpu_blocks=40),
+        workload=fastsim.Workload(arrival_rate=0.5, num_requests=8, prompt_len=30,
+                                  output_len=fastsim.Uniform(100, 300), warmup_requests=1, horizon_s=25.0),
+        latency=fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3,
+                                     prefill_per_token_s=3e-5, ctx_per_token_s=2e-7)),
 }
 
 

@@ -1,0 +1,168 @@
+"""Event skipping in closed form (``_kernel._stretch_*``) against step-by-step loops.
+
+A stretch is a run of engine steps in which only token counts change; the
+kernel runs its first steps one by one and the rest in closed form. Each
+closed form is checked here against the loop it replaces, on random inputs
+(the loops are the slow reference implementations); the whole engine with
+long outputs is checked against the reference simulator at the end.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fastsim
+from fastsim import _kernel as K
+
+from conftest import assert_requests_agree
+
+
+def step_times(t, d0, dlt, k):
+    """t + elapsed(j) for j = 0..k, with the kernel's own expression."""
+    return np.array([t + K._elapsed.py_func(j, d0, dlt) for j in range(k + 1)])
+
+
+def random_ph(rng, bs):
+    ph = rng.integers(0, 4, bs)
+    ph[rng.random(bs) < 0.4] = 0
+    return ph.astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stretch_blocks_is_the_step_by_step_count(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        bs = int(rng.choice([1, 2, 16, 32]))
+        ph = random_ph(rng, bs)
+        sph = int(rng.integers(bs))
+        free = int(rng.integers(0, 200))
+        got = K._stretch_blocks(ph, sph, bs, free)
+        if ph.sum() == 0:
+            assert got == K._UNBOUNDED
+            continue
+        j, idx, left = 0, sph, free          # the loop: a step runs while its new blocks fit
+        while ph[idx] <= left:
+            left -= ph[idx]
+            j += 1
+            idx = (idx - 1) % bs
+        assert got == j, (ph, sph, free)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stretch_kv_sums_blocks_and_weighted_times(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        bs = int(rng.choice([1, 4, 16]))
+        ph = random_ph(rng, bs)
+        sph = int(rng.integers(bs))
+        k = int(rng.integers(0, 400))
+        d0 = float(rng.uniform(1e-3, 0.05))
+        dlt = float(rng.choice([0.0, rng.uniform(0, 1e-4)]))
+        blocks, w = K._stretch_kv(ph, sph, bs, k, d0, dlt)
+        b = np.array([ph[(sph - i) % bs] for i in range(k)], dtype=np.int64)
+        el = np.array([K._elapsed.py_func(i, d0, dlt) for i in range(k)])
+        assert blocks == b.sum()
+        assert w == pytest.approx(float(b @ el), rel=1e-12, abs=1e-300)
+        # ... which gives the KV integral sum_j d_j * (used0 + b_0 + ... + b_j)
+        used0 = 7
+        d = d0 + dlt * np.arange(k)
+        direct = float(d @ (used0 + np.cumsum(b)))
+        assert (used0 + blocks) * K._elapsed.py_func(k, d0, dlt) - w == pytest.approx(direct, rel=1e-11)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stretch_len_stops_where_the_step_loop_stops(seed):
+    """Same tests as the loop (a step must end by the next arrival and start
+    before the horizon), on the same expression: the counts are identical,
+    including arrivals and horizons exactly on a step boundary."""
+    rng = np.random.default_rng(seed)
+    for case in range(400):
+        t = float(rng.uniform(0, 100))
+        d0 = float(rng.choice([0.015625, rng.uniform(1e-3, 0.05)]))   # a power of two gives exact ties
+        dlt = float(rng.choice([0.0, 0.0, rng.uniform(0, 1e-4)]))
+        kmax = int(rng.integers(0, 300))
+        times = step_times(t, d0, dlt, kmax + 2)
+        has_h = bool(rng.random() < 0.5)
+        pick = rng.random()
+        if pick < 0.3:
+            next_a = float(times[int(rng.integers(0, kmax + 2))])    # exactly at a step end
+        elif pick < 0.5:
+            next_a = np.inf
+        else:
+            next_a = float(rng.uniform(t, times[-1] + 0.1))
+        horizon = float(times[int(rng.integers(0, kmax + 2))]) if rng.random() < 0.5 else float(
+            rng.uniform(t, times[-1] + 0.1))
+        j = 0
+        while j < kmax and not (has_h and times[j] >= horizon) and times[j + 1] <= next_a:
+            j += 1
+        got = K._stretch_len(t, d0, dlt, kmax, next_a, has_h, horizon)
+        assert got == j, (case, t, d0, dlt, kmax, next_a, has_h, horizon)
+
+
+def test_elapsed_never_decreases():
+    for d0, dlt in [(0.01, 0.0), (0.0123, 3e-7), (1e-3, 1e-4)]:
+        e = np.array([K._elapsed.py_func(j, d0, dlt) for j in range(100_000)])
+        assert (np.diff(e) >= 0).all()
+
+
+# --- the whole engine: long stretches, against the reference simulator ---------
+
+LONG = {
+    "a10g": fastsim.LatencyModel.default(),                            # constant step within a stretch
+    "context-term": fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3,
+                                         prefill_per_token_s=3e-5, ctx_per_token_s=2e-7),
+}
+LONG_ENGINES = {
+    "roomy": dict(max_num_seqs=8, num_gpu_blocks=4000),
+    "tight-kv": dict(max_num_seqs=8, num_gpu_blocks=150),               # blocks end stretches, preemption
+    "kv-reservation": dict(max_num_seqs=8, num_gpu_blocks=600, admission="kv_reservation"),
+}
+
+
+def long_scenario(engine, latency, horizon_s=None):
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(block_size=16, **engine),
+        workload=fastsim.Workload(arrival_rate=0.8, num_requests=40, horizon_s=horizon_s, warmup_requests=3,
+                                  prompt_len=fastsim.LogNormal(100, 0.5), output_len=fastsim.LogNormal(300, 0.6)),
+        latency=latency, ttft_slo_s=0.5, tpot_slo_s=0.05)
+
+
+@pytest.mark.parametrize("latency", list(LONG))
+@pytest.mark.parametrize("engine", list(LONG_ENGINES))
+@pytest.mark.parametrize("horizon_s", [None, 30.0])
+def test_long_outputs_agree_with_the_reference(engine, latency, horizon_s):
+    sc = long_scenario(LONG_ENGINES[engine], LONG[latency], horizon_s)
+    stream = fastsim.sample_requests(sc, seed=5)
+    fast = fastsim.simulate_requests(sc, stream)
+    ref = fastsim.simulate_requests(sc, stream, backend="reference")
+    assert_requests_agree(fast, ref)
+    assert (fast["status"] == "completed").sum() >= 3
+    a = fastsim.replicate(sc, n_replications=2, seed=3).per_replication
+    b = fastsim.replicate(sc, n_replications=2, seed=3, backend="reference").per_replication
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, atol=1e-12)
+
+
+def test_long_stretches_take_the_closed_form(monkeypatch):
+    """The scenarios above do exercise the closed form: long stretches, with
+    blocks allocated inside them (run as plain Python, counting calls)."""
+    from fastsim._replicate import pack_scenario
+
+    calls = []
+    closed_form = K._stretch_kv.py_func
+
+    def counting(ph, sph, bs, k, d0, dlt):
+        calls.append((k, ph.sum()))
+        return closed_form(ph, sph, bs, k, d0, dlt)
+
+    monkeypatch.setattr(K, "_stretch_kv", counting)
+    sc = long_scenario(LONG_ENGINES["tight-kv"], LONG["context-term"])
+    p = pack_scenario(sc)
+    a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
+                                                p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
+                                                p["prio_cdf"], p["pred_edges"])
+    ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
+    wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
+    K._simulate.py_func(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
+    k = np.array([c[0] for c in calls])
+    assert len(calls) > 10 and k.max() > 4 * 16                  # long stretches ...
+    assert any(kk >= 16 and blocks > 0 for kk, blocks in calls)   # ... that allocate blocks
