@@ -1,0 +1,114 @@
+"""asv benchmarks of the study tools, the analytical models, the calibration,
+and the kernel's scaling (output length, cold compilation)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import fastsim
+from fastsim import _calibration
+
+from .common import reference_workload, warm_up
+
+
+class Sweep:
+    """A 3 x 2 grid of 100 replications each, through the joblib wrapper."""
+    params = [1, 2]
+    param_names = ["n_jobs"]
+    timeout = 300
+
+    def setup(self, n_jobs):
+        warm_up()
+        self.scenario = reference_workload(1000)
+        self.grid = {"workload.arrival_rate": [2.0, 4.0, 6.0], "engine.max_num_seqs": [16, 32]}
+
+    def time_sweep(self, n_jobs):
+        fastsim.sweep(self.scenario, self.grid, n_replications=100, seed=1, n_jobs=n_jobs, progress=False)
+
+
+class Analytical:
+    """`fastsim.analytical.predict` on the issue-7 workload, by model."""
+    params = ["knapsack", "birth_death", "ctmc"]
+    param_names = ["model"]
+    timeout = 120
+
+    def setup(self, model):
+        self.scenario = reference_workload(1000)
+
+    def time_predict(self, model):
+        fastsim.analytical.predict(self.scenario, model=model)
+
+
+class Calibration:
+    """Fitting the step-time model to the packaged A10G TPOT traces."""
+
+    def time_fit_tpot_traces(self):
+        _calibration.fit_tpot_traces()
+
+
+def output_length_scenario(median, num_requests=1000):
+    """The issue-7 workload with the output median scaled and the arrival
+    rate scaled inversely (the same decode load), as benchmarks/output_length.py."""
+    scale = median / 128
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=int(1024 * max(1.0, scale)),
+                                    admission="kv_reservation"),
+        workload=fastsim.Workload(arrival_rate=4.0 / scale, num_requests=num_requests,
+                                  prompt_len=fastsim.LogNormal(256, 0.55),
+                                  output_len=fastsim.LogNormal(median, 0.70)),
+        latency=fastsim.LatencyModel.default())
+
+
+def _us_per_request(median, n_replications=200):
+    start = time.perf_counter()
+    fastsim.replicate(output_length_scenario(median), n_replications=n_replications, seed=0, n_threads=1,
+                      progress=False)
+    return (time.perf_counter() - start) / (n_replications * 1000) * 1e6
+
+
+class OutputLength:
+    """Cost per request against output length (event skipping should keep it
+    nearly flat although the engine steps grow with the length); one thread."""
+    params = [32, 128, 512, 2048]
+    param_names = ["output_median"]
+    timeout = 300
+
+    def setup(self, output_median):
+        warm_up()
+
+    def track_us_per_request(self, output_median):
+        return _us_per_request(output_median)
+
+    track_us_per_request.unit = "us/request"
+
+
+class OutputLengthRatio:
+    def setup(self):
+        warm_up()
+
+    def track_cost_ratio_2048_vs_32(self):
+        """Cost per request at output median 2048 over that at 32 (64x the steps)."""
+        return _us_per_request(2048) / _us_per_request(32)
+
+    track_cost_ratio_2048_vs_32.unit = "x"
+
+
+class ColdCompile:
+    """Every kernel JIT-compiled from an empty Numba cache, in a fresh process."""
+    timeout = 600
+
+    def track_cold_compile_seconds(self):
+        code = ("import time; t = time.perf_counter(); import fastsim; "
+                "from benchmarks.common import reference_workload as w; "
+                "fastsim.replicate(w(20), n_replications=2, seed=0); "
+                "s = fastsim.sample_requests(w(20), seed=0); fastsim.simulate_requests(w(20), s); "
+                "print(time.perf_counter() - t)")
+        with tempfile.TemporaryDirectory() as cache:
+            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                 env={**os.environ, "NUMBA_CACHE_DIR": cache},
+                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return float(out.stdout.split()[-1])
+
+    track_cold_compile_seconds.unit = "s"
