@@ -887,18 +887,19 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
     return n_itl + 1
 
 
-# --- event skipping in closed form ------------------------------------------------
+# --- event skipping: a stretch's bookkeeping in closed form -------------------------
 # A stretch is a run of steps in which every running request is a lazy decoder
 # and nothing happens but token counts (docs/engine-model.md does not know the
 # word: a stretch is ordinary steps). Step j of a stretch (j = 0, 1, ...) lasts
 # d0 + j * dlt (the context term grows by one token per decoder per step), so
 # its first j steps take `_elapsed(j, d0, dlt)`; step j allocates the new
 # blocks of the decoders whose token count is a multiple of block_size,
-# ph[(sph - j) mod block_size].
+# ph[(sph - j) mod block_size]. The clock stays a running sum, step by step
+# (one addition per step), so that it is bit-identical to the reference's.
 
 _UNBOUNDED = 1 << 62
-# Steps of a stretch run one by one before the closed form takes over: the
-# closed form costs O(block_size) whatever the stretch's length, so short
+# Steps of a stretch run one by one before the closed form takes over: its
+# bookkeeping costs O(block_size) whatever the stretch's length, so short
 # stretches are cheaper step by step. Measured (best of 5 runs): 16 is 6%
 # slower than 32 on the issue-7 workload, 64 is 10-25% slower at output
 # median 2048.
@@ -907,48 +908,8 @@ _STEPWISE = 32
 
 @njit_noalloc
 def _elapsed(j, d0, dlt):
-    """Duration of the first ``j`` steps of a stretch (non-decreasing in j)."""
+    """Duration of the first ``j`` steps of a stretch (in exact arithmetic)."""
     return j * d0 + dlt * (j * (j - 1.0) * 0.5)
-
-
-@njit_noalloc
-def _steps_within(x, d0, dlt, kmax):
-    """Estimate of the number of steps of a stretch that fit in time ``x``
-    (the root of ``_elapsed(j) = x``, in [0, kmax]); callers correct it by
-    +-1 steps on the very expression they compare."""
-    if x <= 0.0:
-        return 0
-    b = d0 - 0.5 * dlt
-    est = 2.0 * x / (b + math.sqrt(b * b + 2.0 * dlt * x))
-    if not est < kmax:    # also inf or nan
-        return kmax
-    return int(est)
-
-
-@njit_noalloc
-def _stretch_len(t, d0, dlt, kmax, next_a, has_h, horizon):
-    """Steps of a stretch from ``t`` (at most ``kmax``) before the next arrival
-    (every step must end at or before ``next_a``) and the horizon (every step
-    must start before it): the same tests as the step-by-step loop, on
-    ``t + _elapsed(j)``."""
-    k = kmax
-    if k <= 0:
-        return 0
-    if t + _elapsed(k, d0, dlt) > next_a:
-        j = _steps_within(next_a - t, d0, dlt, k)
-        while j < k and t + _elapsed(j + 1, d0, dlt) <= next_a:
-            j += 1
-        while j > 0 and t + _elapsed(j, d0, dlt) > next_a:
-            j -= 1
-        k = j
-    if has_h and k > 0 and t + _elapsed(k - 1, d0, dlt) >= horizon:
-        j = _steps_within(horizon - t, d0, dlt, k)   # the first j with t + elapsed(j) >= horizon
-        while j < k and t + _elapsed(j, d0, dlt) < horizon:
-            j += 1
-        while j > 0 and t + _elapsed(j - 1, d0, dlt) >= horizon:
-            j -= 1
-        k = j
-    return k
 
 
 @njit_noalloc
@@ -1023,12 +984,14 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     the step duration) are one weighted sample. Any other step is a *slow
     step*: the lazy decoders are materialised and the step is scheduled
     request by request in admission order (preemption included). Both paths
-    add the same terms in the same order as the reference simulator. Event
-    skipping runs a *stretch* of fast steps in which nothing happens but token
-    counts: its first `_STEPWISE` steps one by one, the rest in closed form
-    (O(block_size) whatever its length), which sums the same durations in
-    another order; times then agree with the reference to rounding
-    (tests/test_reference_agreement.py, tests/test_stretch.py).
+    add the same terms in the same order as the reference simulator, so every
+    request's times are bit-identical to its (tests/test_reference_agreement.py).
+    Event skipping runs a *stretch* of fast steps in which nothing happens but
+    token counts: its first `_STEPWISE` steps one by one, the rest with the
+    clock still summed step by step (one addition per step) but the blocks,
+    the time integrals and the inter-token gaps in closed form, O(block_size)
+    (O(steps) for the gaps with a context term); those run-level figures then
+    agree with the reference to rounding (tests/test_stretch.py).
 
     The options of issue 10 that act on scheduling are implemented in the
     slow step only, and force it (correctness first): active priority
@@ -1400,11 +1363,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 a_steps = acc[A_STEPS]
                 a_max = acc[A_MAX_BLOCKS]
                 # Short stretches run step by step; after `_STEPWISE` steps the
-                # rest of a stretch is done in closed form, O(block_size)
-                # however many steps it has (`_stretch_blocks`, `_stretch_len`,
-                # `_stretch_kv`), so the cost hardly grows with output length.
-                # The closed form adds the same durations in another order: times
-                # agree with the step-by-step sum to rounding (~1e-15 relative).
+                # rest of a stretch advances the clock alone, one addition per
+                # step, and does its bookkeeping in closed form (`_stretch_blocks`,
+                # `_stretch_kv`), so the cost grows little with output length.
                 s_lim = S + _STEPWISE   # the step at which the closed form takes over
                 if 0 <= s_done < s_lim:
                     s_lim = s_done
@@ -1445,14 +1406,26 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         d0 += dec
                     d0 += c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                     dlt = c_ctx * n_d
-                    kk = _stretch_blocks(ph, sph, bs, free)
-                    if s_done >= 0 and s_done - S < kk:
-                        kk = s_done - S
-                    kk = _stretch_len(t, d0, dlt, kk, next_a, has_h, horizon)
-                    if kk <= 0:
+                    kmax = _stretch_blocks(ph, sph, bs, free)
+                    if s_done >= 0 and s_done - S < kmax:
+                        kmax = s_done - S
+                    # The clock alone, step by step: a running sum of the same
+                    # durations as the step loop's, so that ties with an arrival
+                    # or the horizon go exactly as in the reference.
+                    kk = 0
+                    t_end = t
+                    while kk < kmax and not (has_h and t_end >= horizon):
+                        d = base
+                        if n_d > 1:
+                            d += dec
+                        d += c_ctx * (ksum + n_d * (S + kk + 1))
+                        if t_end + d > next_a:
+                            break
+                        t_end += d
+                        kk += 1
+                    if kk == 0:
                         break
-                    x = _elapsed(kk, d0, dlt)
-                    t_end = t + x
+                    x = _elapsed(kk, d0, dlt)   # the stretch's duration, for the integrals
                     inside = ws <= t and t_end <= we
                     if not inside and t_end > ws and t < we:
                         s_lim = s_done   # a window edge falls inside: step by step to the end

@@ -34,27 +34,6 @@ def tight_kv_result(tight_kv_scenario):
     return fastsim.replicate(tight_kv_scenario, n_replications=64, seed=11)
 
 
-# Kernel and reference sum a stretch of identical decode steps in different
-# orders (the kernel in closed form, `_kernel._stretch_len`), so their times
-# differ by rounding: at most about (steps in a stretch) x ulp(t), below
-# 1e-11 s in these tests. Any scheduling difference moves a time by at least
-# one step (milliseconds), so 1e-9 s still tells a wrong schedule from rounding.
-TIME_ATOL = 1e-9
-
-
-def assert_requests_agree(fast, ref):
-    """Per-request frames of the kernel and the reference: every discrete
-    column identical, every time equal up to rounding (``TIME_ATOL``)."""
-    import pandas as pd
-
-    assert list(fast.columns) == list(ref.columns)
-    floats = [c for c in fast.columns if pd.api.types.is_float_dtype(fast[c])]
-    pd.testing.assert_frame_equal(fast.drop(columns=floats), ref.drop(columns=floats), check_exact=True)
-    for c in floats:
-        np.testing.assert_allclose(fast[c].to_numpy(), ref[c].to_numpy(), rtol=0, atol=TIME_ATOL,
-                                   equal_nan=True, err_msg=c)
-
-
 def within(estimate, truth, std_error, z=Z):
     """|estimate - truth| <= z * std_error, with a readable failure message."""
     assert np.isfinite(estimate) and np.isfinite(std_error)

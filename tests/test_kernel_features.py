@@ -1,4 +1,4 @@
-"""Issue 10's scheduler features in the Numba kernel: exact agreement (up to rounding) with
+"""Issue 10's scheduler features in the Numba kernel: bit-exact agreement with
 the reference simulator (``fastsim/_reference.py``) on the grids of
 tests/test_reference_agreement.py, the random streams the features add, and
 their validation."""
@@ -15,7 +15,7 @@ from scipy import stats
 import fastsim
 from fastsim._validation import KERNEL_PENDING_OPTIONS
 
-from conftest import Z, assert_requests_agree
+from conftest import Z
 from test_reference_agreement import LATENCIES, assert_same, scenario
 
 
@@ -42,7 +42,7 @@ def test_sjf_key_column_is_used_by_the_kernel():
     rev = stream.assign(sjf_key=-stream["output_len"])          # longest first
     fast = fastsim.simulate_requests(sc, rev)
     ref = fastsim.simulate_requests(sc, rev, backend="reference")
-    assert_requests_agree(fast, ref)
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
     assert not fast["finish_s"].equals(base["finish_s"])
 
 
@@ -373,8 +373,8 @@ def test_caching_without_groups_changes_nothing():
     plain = scenario({}, LATENCIES["full"])
     cached = scenario({"enable_prefix_caching": True}, LATENCIES["full"])
     stream = fastsim.sample_requests(plain, seed=3)
-    # (prefix caching forces step-by-step steps: times agree up to rounding)
-    assert_requests_agree(fastsim.simulate_requests(plain, stream), fastsim.simulate_requests(cached, stream))
+    pd.testing.assert_frame_equal(fastsim.simulate_requests(plain, stream),
+                                  fastsim.simulate_requests(cached, stream), check_exact=True)
     a = fastsim.replicate(plain, 3, seed=2).per_replication
     b = fastsim.replicate(cached, 3, seed=2).per_replication
     # (prefix caching forces the slow path: the ITL sample is summed in another order)

@@ -2,12 +2,10 @@
 (``fastsim/_reference.py``) agree exactly, request by request, on identical
 request streams, in every mechanism of docs/engine-model.md.
 
-Exact means: every status and count identical, and every time equal up to
-floating-point rounding (``conftest.TIME_ATOL``, 1 ns). Both compute each
-step's duration with the same formula; the kernel sums long stretches of
-identical decode steps in closed form, so a time may differ in its last
-bits, but any divergence in scheduling (an off-by-one step, a wrong victim,
-a missed refund) moves a first-token or finish time by a whole step.
+Exact means bit-identical floating-point times: both compute each step's
+duration with the same formula in the same order, and any divergence in
+scheduling (an off-by-one step, a wrong victim, a missed refund) would show
+up as a different first-token or finish time.
 """
 
 import numpy as np
@@ -15,8 +13,6 @@ import pandas as pd
 import pytest
 
 import fastsim
-
-from conftest import assert_requests_agree
 
 BASE_ENGINE = dict(max_num_seqs=12, max_num_batched_tokens=192, block_size=16, num_gpu_blocks=48)
 
@@ -60,7 +56,7 @@ def assert_same(sc, seed, replication=0):
     stream = fastsim.sample_requests(sc, seed=seed, replication=replication)
     fast = fastsim.simulate_requests(sc, stream, backend="numba")
     ref = fastsim.simulate_requests(sc, stream, backend="reference")
-    assert_requests_agree(fast, ref)
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
     return fast
 
 

@@ -1,10 +1,13 @@
 """Event skipping in closed form (``_kernel._stretch_*``) against step-by-step loops.
 
 A stretch is a run of engine steps in which only token counts change; the
-kernel runs its first steps one by one and the rest in closed form. Each
-closed form is checked here against the loop it replaces, on random inputs
-(the loops are the slow reference implementations); the whole engine with
-long outputs is checked against the reference simulator at the end.
+kernel runs its first steps one by one, and for the rest advances the clock
+alone (a running sum, as the reference) and does the bookkeeping (blocks,
+time integrals, inter-token gaps) in closed form. Each closed form is
+checked here against the loop it replaces, on random inputs (the loops are
+the slow reference implementations); the whole engine with long outputs,
+ties between step ends and arrivals or the horizon included, is checked
+against the reference simulator at the end.
 """
 
 import numpy as np
@@ -13,13 +16,6 @@ import pytest
 
 import fastsim
 from fastsim import _kernel as K
-
-from conftest import assert_requests_agree
-
-
-def step_times(t, d0, dlt, k):
-    """t + elapsed(j) for j = 0..k, with the kernel's own expression."""
-    return np.array([t + K._elapsed.py_func(j, d0, dlt) for j in range(k + 1)])
 
 
 def random_ph(rng, bs):
@@ -70,41 +66,6 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
         assert (used0 + blocks) * K._elapsed.py_func(k, d0, dlt) - w == pytest.approx(direct, rel=1e-11)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_stretch_len_stops_where_the_step_loop_stops(seed):
-    """Same tests as the loop (a step must end by the next arrival and start
-    before the horizon), on the same expression: the counts are identical,
-    including arrivals and horizons exactly on a step boundary."""
-    rng = np.random.default_rng(seed)
-    for case in range(400):
-        t = float(rng.uniform(0, 100))
-        d0 = float(rng.choice([0.015625, rng.uniform(1e-3, 0.05)]))   # a power of two gives exact ties
-        dlt = float(rng.choice([0.0, 0.0, rng.uniform(0, 1e-4)]))
-        kmax = int(rng.integers(0, 300))
-        times = step_times(t, d0, dlt, kmax + 2)
-        has_h = bool(rng.random() < 0.5)
-        pick = rng.random()
-        if pick < 0.3:
-            next_a = float(times[int(rng.integers(0, kmax + 2))])    # exactly at a step end
-        elif pick < 0.5:
-            next_a = np.inf
-        else:
-            next_a = float(rng.uniform(t, times[-1] + 0.1))
-        horizon = float(times[int(rng.integers(0, kmax + 2))]) if rng.random() < 0.5 else float(
-            rng.uniform(t, times[-1] + 0.1))
-        j = 0
-        while j < kmax and not (has_h and times[j] >= horizon) and times[j + 1] <= next_a:
-            j += 1
-        got = K._stretch_len(t, d0, dlt, kmax, next_a, has_h, horizon)
-        assert got == j, (case, t, d0, dlt, kmax, next_a, has_h, horizon)
-
-
-def test_elapsed_never_decreases():
-    for d0, dlt in [(0.01, 0.0), (0.0123, 3e-7), (1e-3, 1e-4)]:
-        e = np.array([K._elapsed.py_func(j, d0, dlt) for j in range(100_000)])
-        assert (np.diff(e) >= 0).all()
-
-
 # --- the whole engine: long stretches, against the reference simulator ---------
 
 LONG = {
@@ -131,15 +92,42 @@ def long_scenario(engine, latency, horizon_s=None):
 @pytest.mark.parametrize("engine", list(LONG_ENGINES))
 @pytest.mark.parametrize("horizon_s", [None, 30.0])
 def test_long_outputs_agree_with_the_reference(engine, latency, horizon_s):
+    """Every request's times bit for bit; the run-level figures that the
+    closed form sums in another order (time integrals, gaps) to rounding."""
     sc = long_scenario(LONG_ENGINES[engine], LONG[latency], horizon_s)
     stream = fastsim.sample_requests(sc, seed=5)
     fast = fastsim.simulate_requests(sc, stream)
     ref = fastsim.simulate_requests(sc, stream, backend="reference")
-    assert_requests_agree(fast, ref)
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
     assert (fast["status"] == "completed").sum() >= 3
     a = fastsim.replicate(sc, n_replications=2, seed=3).per_replication
     b = fastsim.replicate(sc, n_replications=2, seed=3, backend="reference").per_replication
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("step", [0.01, 0.025, 0.0078125])
+def test_ties_with_arrivals_and_the_horizon_go_as_in_the_reference(step):
+    """Arrivals every second and a horizon on a whole second, with a constant
+    step: many fall exactly on a step end (for 0.0078125 = 2^-7 exactly, for
+    0.01 up to the rounding of the running sum). The clock is the same running
+    sum as the reference's, so each tie is decided the same way."""
+    sc = fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=2000),
+        workload=fastsim.Workload(arrival_times=np.arange(0.0, 60.0, 1.0), num_requests=60, horizon_s=60.0,
+                                  prompt_len=fastsim.LogNormal(100, 0.5), output_len=fastsim.LogNormal(300, 0.6)),
+        latency=fastsim.LatencyModel.constant(step))
+    for seed in range(3):
+        stream = fastsim.sample_requests(sc, seed=seed)
+        fast = fastsim.simulate_requests(sc, stream)
+        pd.testing.assert_frame_equal(fast, fastsim.simulate_requests(sc, stream, backend="reference"),
+                                      check_exact=True)
+        assert (fast["status"] == "unfinished").any()
+    # one long request and a horizon on a step boundary: the tokens emitted by then
+    one = pd.DataFrame({"arrival_s": [0.0], "prompt_len": [10], "output_len": [5000]})
+    for horizon in (2.08, 5.0, 10.0, 20.0):
+        sc1 = sc.replace(**{"workload.horizon_s": horizon})
+        assert (fastsim.simulate_requests(sc1, one)["num_tokens"].tolist()
+                == fastsim.simulate_requests(sc1, one, backend="reference")["num_tokens"].tolist())
 
 
 def test_long_stretches_take_the_closed_form(monkeypatch):
