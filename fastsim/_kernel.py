@@ -984,8 +984,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     the step duration) are one weighted sample. Any other step is a *slow
     step*: the lazy decoders are materialised and the step is scheduled
     request by request in admission order (preemption included). Both paths
-    add the same terms in the same order as the reference simulator, so every
-    request's times are bit-identical to its (tests/test_reference_agreement.py).
+    add the same terms in the same order as the reference simulator, so
+    every request's times are bit-identical to the reference's
+    (tests/test_reference_agreement.py).
     Event skipping runs a *stretch* of fast steps in which nothing happens but
     token counts: its first `_STEPWISE` steps one by one, the rest with the
     clock still summed step by step (one addition per step) but the blocks,
