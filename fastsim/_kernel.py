@@ -908,7 +908,8 @@ _STEPWISE = 32
 
 @njit_noalloc
 def _elapsed(j, d0, dlt):
-    """Duration of the first ``j`` steps of a stretch (in exact arithmetic)."""
+    """Duration of the first ``j`` steps of a stretch, for its time integrals
+    (the clock itself is a running sum, as the reference's)."""
     return j * d0 + dlt * (j * (j - 1.0) * 0.5)
 
 
@@ -1688,7 +1689,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             n_oth = _rebuild(run, n_run, oth)
             continue
         # Same operation order as LatencyModel.step_time, so that the kernel
-        # and the reference compute the same duration.
+        # and the reference agree to the last bit.
         d = base
         if n_dec > 1:
             d += dec_cost[n_dec]
