@@ -43,7 +43,7 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
         return float(fn(x)) if x.size else np.nan
 
     end = res["end_s"]
-    nm = n - warm
+    nm = max(n - warm, 0)   # (a horizon can stop arrivals before the warm-up ends)
     ws = 0.0 if warm == 0 else (arrival[warm] if nm > 0 else np.inf)
     horizon = w.horizon_s
     we = horizon if horizon is not None else np.inf

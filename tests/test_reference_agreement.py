@@ -100,6 +100,17 @@ def test_replicate_backends_agree_on_every_metric(name):
     pd.testing.assert_frame_equal(fast, ref, check_exact=False, rtol=1e-9, atol=1e-12)
 
 
+def test_backends_agree_when_the_horizon_ends_arrivals_within_the_warm_up():
+    """Fewer arrivals than warmup_requests before the horizon: nothing is
+    measured (n_measured 0, per-request rates NaN) in both backends."""
+    sc = scenario({}, LATENCIES["constant"], horizon_s=0.5)   # ~4 arrivals at 8 req/s, 10 warm-up
+    fast = fastsim.replicate(sc, n_replications=3, seed=1).per_replication
+    ref = fastsim.replicate(sc, n_replications=3, seed=1, backend="reference").per_replication
+    assert (fast["n_arrived"] < 10).all() and (fast["n_measured"] == 0).all()
+    assert fast["preemptions_per_request"].isna().all()
+    pd.testing.assert_frame_equal(fast, ref, check_exact=False, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("engine", [
     {"admission": "queue_limit", "max_waiting": 1, "max_num_seqs": 3},
     {"admission": "kv_reservation", "num_gpu_blocks": 8},
