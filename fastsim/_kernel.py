@@ -914,11 +914,10 @@ def _elapsed(j, d0, dlt):
 
 
 @njit_noalloc
-def _stretch_blocks(ph, sph, bs, free):
-    """The most steps of a stretch whose new blocks fit in ``free`` blocks."""
-    per_cycle = 0    # every decoder needs one block per block_size steps
-    for r in range(bs):
-        per_cycle += ph[r]
+def _stretch_blocks(ph, sph, bs, free, per_cycle):
+    """The most steps of a stretch whose new blocks fit in ``free`` blocks;
+    ``per_cycle`` = sum(ph), the decoders (each needs one block per
+    block_size steps)."""
     if per_cycle == 0:
         return _UNBOUNDED
     cycles = free // per_cycle
@@ -1408,7 +1407,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         d0 += dec
                     d0 += c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                     dlt = c_ctx * n_d
-                    kmax = _stretch_blocks(ph, sph, bs, free)
+                    kmax = _stretch_blocks(ph, sph, bs, free, n_d)   # (ph counts each lazy decoder once)
                     if s_done >= 0 and s_done - S < kmax:
                         kmax = s_done - S
                     # The clock alone, step by step: a running sum of the same

@@ -32,7 +32,7 @@ def test_stretch_blocks_is_the_step_by_step_count(seed):
         ph = random_ph(rng, bs)
         sph = int(rng.integers(bs))
         free = int(rng.integers(0, 200))
-        got = K._stretch_blocks(ph, sph, bs, free)
+        got = K._stretch_blocks(ph, sph, bs, free, ph.sum())
         if ph.sum() == 0:
             assert got == K._UNBOUNDED
             continue
