@@ -550,25 +550,32 @@ def _arrival_status(p, o, ipar, in_system, reserved):
 
 
 @njit_noalloc
-def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we, mns, nblk):
+def _account_step(a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws, we):
     """Run-level bookkeeping of one step [t, t_end) of duration d; time
-    averages count its overlap with the window [ws, we]."""
-    if used > acc[A_MAX_BLOCKS]:
-        acc[A_MAX_BLOCKS] = used
-    acc[A_STEPS] += 1.0
-    acc[A_L_INT] += (n_run + n_wait) * d
+    integrals count its overlap with the window [ws, we]. Return the updated
+    accumulators (scalars, not an array: the call then inlines).
+    The occupancy and KV integrals are of running requests and used blocks;
+    `_simulate` divides them by max_num_seqs and num_gpu_blocks once at the
+    end, not every step (a division costs more than the rest of a step)."""
+    if used > a_max:
+        a_max = used
+    a_steps += 1.0
+    a_l += (n_run + n_wait) * d
     overlap = min(t_end, we) - max(t, ws)
     if overlap > 0.0:
-        acc[A_OCC_INT] += overlap * n_run / mns
-        acc[A_QUEUE_INT] += overlap * n_wait
-        acc[A_KV_INT] += overlap * used / nblk
+        a_occ += overlap * n_run
+        a_queue += overlap * n_wait
+        a_kv += overlap * used
+    return a_occ, a_queue, a_kv, a_l, a_steps, a_max
 
 
 @njit_noalloc
 def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved,
-                          status, q, qs, key, acc, ws, we):
+                          status, q, qs, key, a_l, a_queue, ws, we):
     """Ingest the arrivals during a step ending at ``t_end``: they see it
-    before its completions. Return the updated (next arrival, waiting, reserved)."""
+    before its completions. Return the updated (next arrival, waiting,
+    reserved, L integral, queue integral). (Callers skip the call, which
+    passes many arrays, when no arrival falls inside the step.)"""
     while nxt < n and arrival[nxt] < t_end:
         i = nxt
         nxt += 1
@@ -579,11 +586,11 @@ def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n
             n_wait += 1
             _q_push(q, qs, key, ipar[I_POLICY], i, False)
             # in the system (waiting) since its arrival, not since t_end
-            acc[A_L_INT] += t_end - arrival[i]
+            a_l += t_end - arrival[i]
             part = min(t_end, we) - max(arrival[i], ws)
             if part > 0.0:
-                acc[A_QUEUE_INT] += part
-    return nxt, n_wait, reserved
+                a_queue += part
+    return nxt, n_wait, reserved, a_l, a_queue
 
 
 @njit_noalloc
@@ -1172,6 +1179,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
     we = horizon if has_h else np.inf   # window end (else the end of the run)
     acc[A_WINDOW_START] = ws
+    # Run-level accumulators live in registers; stored in `acc` at the end.
+    a_occ = 0.0     # integral over the window of running requests
+    a_queue = 0.0   # ... of waiting requests
+    a_kv = 0.0      # ... of used blocks
+    a_l = 0.0       # integral over the run of the number in system
+    a_steps = 0.0
+    a_max = 0       # most blocks used
     n_run = 0       # running requests (lazy decoders + others)
     rl = 0          # length of `run`, completed entries included
     n_oth = 0
@@ -1289,9 +1303,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             d += c_prefill * n_pf
             d += c_ctx * n_ctx
             t_end = t + d
-            _account_step(acc, t, t_end, d, n_run, n_wait, nblk - free, ws, we, mns, nblk)
-            nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run,
-                                                          n_wait, reserved, status, q, qs, key, acc, ws, we)
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, nblk - free, ws, we)
+            if nxt < n and arrival[nxt] < t_end:
+                nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
+                    nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved, status, q, qs, key,
+                    a_l, a_queue, ws, we)
             # -- apply: lazy decoders emit one token each
             if dstate[2] > 0:
                 n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, dstate[2])
@@ -1355,14 +1372,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 dec = dec_cost[n_d] if n_d > 1 else 0.0
                 s_done = hk[0] - 1 if hs[0] > 0 else -1   # the step before the next completion
                 in_sys = n_run + n_wait
-                # `_account_step` inline, on local accumulators (the same
-                # operations in the same order; registers, not memory, per step)
-                a_occ = acc[A_OCC_INT]
-                a_queue = acc[A_QUEUE_INT]
-                a_kv = acc[A_KV_INT]
-                a_l = acc[A_L_INT]
-                a_steps = acc[A_STEPS]
-                a_max = acc[A_MAX_BLOCKS]
+                # (`_account_step` inline: the same operations in the same order)
                 # Short stretches run step by step; after `_STEPWISE` steps the
                 # rest of a stretch advances the clock alone, one addition per
                 # step, and does its bookkeeping in closed form (`_stretch_blocks`,
@@ -1392,9 +1402,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         a_l += in_sys * d
                         overlap = min(t_end, we) - max(t, ws)
                         if overlap > 0.0:
-                            a_occ += overlap * n_run / mns
+                            a_occ += overlap * n_run
                             a_queue += overlap * n_wait
-                            a_kv += overlap * used / nblk
+                            a_kv += overlap * used
                         if nm_d > 0:
                             n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
                         S += 1
@@ -1440,9 +1450,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     a_steps += kk
                     a_l += in_sys * x
                     if inside:
-                        a_occ += x * n_run / mns
+                        a_occ += x * n_run
                         a_queue += x * n_wait
-                        a_kv += ((used0 + nb) * x - wsum) / nblk
+                        a_kv += (used0 + nb) * x - wsum
                     if nm_d > 0:
                         if dlt == 0.0:
                             n_itl = _gap_add(itl_v, itl_w, n_itl, d0, kk * nm_d)
@@ -1455,12 +1465,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         sph += bs
                     t = t_end
                     break
-                acc[A_OCC_INT] = a_occ
-                acc[A_QUEUE_INT] = a_queue
-                acc[A_KV_INT] = a_kv
-                acc[A_L_INT] = a_l
-                acc[A_STEPS] = a_steps
-                acc[A_MAX_BLOCKS] = a_max
             continue
 
         # -- slow step: materialise the lazy decoders, schedule in admission order
@@ -1698,10 +1702,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             d += c_swap * pending_swap   # the swap term last (docs/engine-model.md)
             pending_swap = 0
         t_end = t + d
-        _account_step(acc, t, t_end, d, n_run, n_wait + n_sw, nblk - free - cst[2], ws, we, mns, nblk)
-        nxt, n_wait, reserved = _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar,
-                                                      n_run + n_sw, n_wait, reserved, status, q, qs, key,
-                                                      acc, ws, we)
+        a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait + n_sw, nblk - free - cst[2],
+            ws, we)
+        if nxt < n and arrival[nxt] < t_end:
+            nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
+                nxt, n, t_end, arrival, prompt, output, ipar, n_run + n_sw, n_wait, reserved, status, q, qs, key,
+                a_l, a_queue, ws, we)
         # -- apply the step: token emission and completion
         for jj in range(n_run):
             r = run[jj]
@@ -1772,6 +1779,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             swapped_s[i] += t - swapped_since[i]   # to the stop
         if status[i] == ST_WAITING or status[i] == ST_RUNNING or status[i] == ST_SWAPPED:
             status[i] = ST_UNFINISHED
+    acc[A_OCC_INT] = a_occ / mns
+    acc[A_QUEUE_INT] = a_queue
+    acc[A_KV_INT] = a_kv / nblk
+    acc[A_L_INT] = a_l
+    acc[A_STEPS] = a_steps
+    acc[A_MAX_BLOCKS] = a_max
     acc[A_END] = t
     acc[A_BLOCKS_END] = nblk - free - cst[2]
     # prefix hit rate: measured requests of a group that were admitted at least once
