@@ -905,12 +905,39 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
 # (one addition per step), so that it is bit-identical to the reference's.
 
 _UNBOUNDED = 1 << 62
-# Steps of a stretch run in full before the closed form takes over: its
-# bookkeeping costs O(block_size) whatever the stretch's length, so short
-# stretches are cheaper step by step. A compromise, measured against 32 (best
-# of 5 interleaved runs): 16 is 4% slower on the issue-7 workload and 3%
-# faster at output median 2048; 64 is 5% faster and 6% slower.
-_STEPWISE = 32
+
+
+@njit_noalloc
+def _stretch_clock(t, kmax, next_a, has_h, horizon, base, dec, n_d, c_ctx, ksum, S):
+    """The steps of a stretch, at most ``kmax``, that end before the next
+    arrival ``next_a`` (a step ending exactly at it still runs) and start
+    before the horizon, and the clock at their end: a running sum of their
+    durations, the terms and order of a fast step's (so ties go as in the
+    reference). One addition per step."""
+    kk = 0
+    if c_ctx == 0.0:
+        # the duration does not change (c_ctx * n_ctx adds 0.0)
+        d = base
+        if n_d > 1:
+            d += dec
+        while kk < kmax and not (has_h and t >= horizon):
+            t_end = t + d
+            if t_end > next_a:
+                break
+            t = t_end
+            kk += 1
+        return kk, t
+    while kk < kmax and not (has_h and t >= horizon):
+        d = base
+        if n_d > 1:
+            d += dec
+        d += c_ctx * (ksum + n_d * (S + kk + 1))
+        t_end = t + d
+        if t_end > next_a:
+            break
+        t = t_end
+        kk += 1
+    return kk, t
 
 
 @njit_noalloc
@@ -944,28 +971,48 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
     W = sum over those steps i of b_i * _elapsed(i), where b_i is the blocks
     step i allocates: with them, the KV integral over the stretch,
     sum_j d_j * (used0 + b_0 + ... + b_j), is (used0 + B) * _elapsed(k) - W.
-    Steps with one residue r = i mod block_size allocate the same b_i; their
-    sums of i and i*(i-1) have closed forms."""
-    q = k // bs
-    rem = k - q * bs
+
+    As _elapsed(i) = d0 * i + dlt * i * (i - 1) / 2, W needs only
+    S1 = sum b_i * i and S2 = sum b_i * i * i. Step i = r + block_size * j
+    (residue r) allocates c_r = ph[(sph - r) mod block_size] blocks; residues
+    r < k mod block_size have m = k // block_size + 1 such steps, the others
+    m = k // block_size. For each group, S1 and S2 follow from the integer
+    sums of c_r, c_r * r and c_r * r * r and the sums over j of (r + bs j) and
+    (r + bs j)^2: O(block_size) integer work and a few flops."""
+    if k < bs:
+        q = 0
+        rem = k
+    else:
+        q = k // bs
+        rem = k - q * bs
     blocks = 0
-    w = 0.0
-    bsf = float(bs)
-    for r in range(min(k, bs)):
-        idx = sph - r
-        if idx < 0:
-            idx += bs
-        c = ph[idx]
-        if c == 0:
-            continue
-        m = q + 1 if r < rem else q        # steps i = r + bs * m' < k, m' = 0..m-1
-        blocks += c * m
-        mf = float(m)
-        rf = float(r)
-        s1 = mf * rf + bsf * mf * (mf - 1.0) * 0.5
-        s2 = mf * rf * rf + rf * bsf * mf * (mf - 1.0) + bsf * bsf * (mf - 1.0) * mf * (2.0 * mf - 1.0) / 6.0
-        w += c * (d0 * s1 + dlt * 0.5 * (s2 - s1))
-    return blocks, w
+    s1 = 0.0
+    s2 = 0.0
+    idx = sph
+    r = 0
+    for grp in range(2):
+        # group 0: residues r < rem (m = q + 1); group 1: the rest (m = q)
+        hi = rem if grp == 0 else (bs if q > 0 else rem)
+        c0 = 0
+        c1 = 0
+        c2 = 0
+        while r < hi:
+            c = ph[idx]
+            c0 += c
+            c1 += c * r
+            c2 += c * r * r
+            idx = idx - 1 if idx > 0 else bs - 1
+            r += 1
+        m = q + 1 if grp == 0 else q
+        if c0 > 0 and m > 0:
+            blocks += c0 * m
+            mf = float(m)
+            bsf = float(bs)
+            tri = bsf * (mf * (mf - 1.0) * 0.5)                   # sum over j < m of bs * j
+            sq = bsf * bsf * (mf * (mf - 1.0) * (2.0 * mf - 1.0) / 6.0)   # ... of (bs * j)^2
+            s1 += mf * c1 + tri * c0
+            s2 += mf * c2 + 2.0 * tri * c1 + sq * c0
+    return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
 
 
 @njit_noalloc
@@ -995,11 +1042,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     every request's times are bit-identical to the reference's
     (tests/test_reference_agreement.py).
     Event skipping runs a *stretch* of fast steps in which nothing happens but
-    token counts: its first `_STEPWISE` steps one by one, the rest with the
-    clock still summed step by step (one addition per step) but the blocks,
-    the time integrals and the inter-token gaps in closed form, O(block_size)
-    (O(steps) for the gaps with a context term); those run-level figures then
-    agree with the reference to rounding (tests/test_stretch.py).
+    token counts with the clock still summed step by step (one addition per
+    step, `_stretch_clock`) but the blocks, the time integrals and the
+    inter-token gaps in closed form, O(block_size) (O(steps) for the gaps with
+    a context term); those run-level figures then agree with the reference to
+    rounding (tests/test_stretch.py).
 
     The options of issue 10 that act on scheduling are implemented in the
     slow step only, and force it (correctness first): active priority
@@ -1360,111 +1407,80 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             # -- event skipping: while every running request is a lazy decoder
             # and nothing else can happen (no arrival during the step, no
             # admission, no abandonment, no completion, enough free blocks),
-            # run the next steps without the per-step scheduling work. Same
-            # steps, same terms in the same order as a fast step.
+            # run the next steps as one stretch: the clock step by step (the
+            # same running sum as the reference's), the rest in closed form.
             # (Not with active priority preemption and a waiting request: phase 0.)
             if n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
                                                                            and not prio_preempt)):
                 n_d = dstate[0]
-                nm_d = dstate[2]
                 ksum = dstate[1]
                 next_a = arrival[nxt] if nxt < n else np.inf
                 dec = dec_cost[n_d] if n_d > 1 else 0.0
-                s_done = hk[0] - 1 if hs[0] > 0 else -1   # the step before the next completion
-                in_sys = n_run + n_wait
-                # (`_account_step` inline: the same operations in the same order)
-                # Short stretches run step by step; after `_STEPWISE` steps the
-                # rest of a stretch advances the clock alone, one addition per
-                # step, and does its bookkeeping in closed form (`_stretch_blocks`,
-                # `_stretch_kv`), so the cost grows little with output length.
-                s_lim = S + _STEPWISE   # the step at which the closed form takes over
-                if 0 <= s_done < s_lim:
-                    s_lim = s_done
-                while True:
-                    while not (has_h and t >= horizon):
-                        if S == s_lim:
-                            break
-                        nb = ph[sph]
-                        if nb > free:
-                            break
-                        d = base
-                        if n_d > 1:
-                            d += dec
-                        d += c_ctx * (ksum + n_d * (S + 1))   # (the prefill term, c_prefill * 0, adds 0.0)
-                        t_end = t + d
-                        if t_end > next_a:
-                            break
+                # every running request is a lazy decoder, so the heap is not
+                # empty: the stretch stops before the step of the next completion
+                kk, t_end = _stretch_clock(t, hk[0] - 1 - S, next_a, has_h, horizon, base, dec, n_d, c_ctx,
+                                           ksum, S)
+                d0 = base
+                if n_d > 1:
+                    d0 += dec
+                d0 += c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
+                dlt = c_ctx * n_d
+                nb = 0
+                wsum = 0.0
+                if kk > 0:
+                    nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
+                if nb > free:
+                    # the free blocks run out first: fewer steps, the same clock
+                    kk, t_end = _stretch_clock(t, _stretch_blocks(ph, sph, bs, free, n_d), next_a, has_h,
+                                               horizon, base, dec, n_d, c_ctx, ksum, S)
+                    nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
+                if kk > 0:
+                    in_sys = n_run + n_wait
+                    nm_d = dstate[2]
+                    if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
+                        # the stretch lies inside the window or outside it
+                        x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
+                        used0 = nblk - free
                         free -= nb
                         used = nblk - free
                         if used > a_max:
                             a_max = used
-                        a_steps += 1.0
-                        a_l += in_sys * d
-                        overlap = min(t_end, we) - max(t, ws)
-                        if overlap > 0.0:
-                            a_occ += overlap * n_run
-                            a_queue += overlap * n_wait
-                            a_kv += overlap * used
+                        a_steps += kk
+                        a_l += in_sys * x
+                        if ws <= t and t_end <= we:
+                            a_occ += x * n_run
+                            a_queue += x * n_wait
+                            a_kv += (used0 + nb) * x - wsum
                         if nm_d > 0:
-                            n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
-                        S += 1
-                        sph = sph - 1 if sph > 0 else bs - 1
+                            if dlt == 0.0:
+                                n_itl = _gap_add(itl_v, itl_w, n_itl, d0, kk * nm_d)
+                            else:
+                                for jj in range(kk):
+                                    n_itl = _gap_add(itl_v, itl_w, n_itl, d0 + jj * dlt, nm_d)
+                        S += kk
+                        sph -= kk % bs
+                        if sph < 0:
+                            sph += bs
                         t = t_end
-                    if S != s_lim or s_lim == s_done:
-                        break   # the stretch ended (an arrival, a completion, the blocks or the horizon)
-                    d0 = base
-                    if n_d > 1:
-                        d0 += dec
-                    d0 += c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
-                    dlt = c_ctx * n_d
-                    kmax = _stretch_blocks(ph, sph, bs, free, n_d)   # (ph counts each lazy decoder once)
-                    if s_done >= 0 and s_done - S < kmax:
-                        kmax = s_done - S
-                    # The clock alone, step by step: a running sum of the same
-                    # durations as the step loop's, so that ties with an arrival
-                    # or the horizon go exactly as in the reference.
-                    kk = 0
-                    t_end = t
-                    while kk < kmax and not (has_h and t_end >= horizon):
-                        d = base
-                        if n_d > 1:
-                            d += dec
-                        d += c_ctx * (ksum + n_d * (S + kk + 1))
-                        if t_end + d > next_a:
-                            break
-                        t_end += d
-                        kk += 1
-                    if kk == 0:
-                        break
-                    x = _elapsed(kk, d0, dlt)   # the stretch's duration, for the integrals
-                    inside = ws <= t and t_end <= we
-                    if not inside and t_end > ws and t < we:
-                        s_lim = s_done   # a window edge falls inside: step by step to the end
-                        continue
-                    nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
-                    used0 = nblk - free
-                    free -= nb
-                    used = nblk - free
-                    if used > a_max:
-                        a_max = used
-                    a_steps += kk
-                    a_l += in_sys * x
-                    if inside:
-                        a_occ += x * n_run
-                        a_queue += x * n_wait
-                        a_kv += (used0 + nb) * x - wsum
-                    if nm_d > 0:
-                        if dlt == 0.0:
-                            n_itl = _gap_add(itl_v, itl_w, n_itl, d0, kk * nm_d)
-                        else:
-                            for jj in range(kk):
-                                n_itl = _gap_add(itl_v, itl_w, n_itl, d0 + jj * dlt, nm_d)
-                    S += kk
-                    sph -= kk % bs
-                    if sph < 0:
-                        sph += bs
-                    t = t_end
-                    break
+                    else:
+                        # a window edge falls inside: the same steps one by one
+                        # (`_account_step`'s operations, on the lazy decoders)
+                        for _j in range(kk):
+                            free -= ph[sph]
+                            used = nblk - free
+                            d = base
+                            if n_d > 1:
+                                d += dec
+                            d += c_ctx * (ksum + n_d * (S + 1))
+                            t_end = t + d
+                            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                                a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws,
+                                we)
+                            if nm_d > 0:
+                                n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
+                            S += 1
+                            sph = sph - 1 if sph > 0 else bs - 1
+                            t = t_end
             continue
 
         # -- slow step: materialise the lazy decoders, schedule in admission order
@@ -1897,10 +1913,10 @@ def _bucket(x, lo, scale, nb):
 
 
 @njit_noalloc
-def _percentile_in_buckets(v, w, m, total, q, lo, scale, hist):
-    """numpy's percentile ``q`` of the expanded sample, searching only the
-    entries of the histogram buckets that hold its two ranks (gathered to the
-    front of ``v[:m]``, ``w[:m]``), offset by the weight of the lower buckets."""
+def _rank_buckets(hist, total, q):
+    """The histogram buckets [b_lo, b_hi] that hold the two ranks numpy's
+    percentile ``q`` interpolates between, the weight of the buckets below
+    b_lo, and those ranks and the position between them."""
     nb = hist.size
     pos = q / 100.0 * (total - 1)
     r = int(math.floor(pos))
@@ -1917,17 +1933,34 @@ def _percentile_in_buckets(v, w, m, total, q, lo, scale, hist):
             b_hi = b
             break
         cum += hist[b]
+    return b_lo, b_hi, below, r, r2, pos
+
+
+@njit_noalloc
+def _gather(v, w, m, lo, scale, nb, l0, h0, l1, h1, l2, h2, l3, h3):
+    """Move the entries of ``v[:m]``, ``w[:m]`` whose bucket lies in one of the
+    ranges [l_j, h_j] to the front; return their count."""
     c = 0
     for e in range(m):
         x = v[e]
         b = _bucket(x, lo, scale, nb)
-        if b_lo <= b <= b_hi:
+        if (l0 <= b <= h0) or (l1 <= b <= h1) or (l2 <= b <= h2) or (l3 <= b <= h3):
             v[e] = v[c]
             v[c] = x
             we = w[e]
             w[e] = w[c]
             w[c] = we
             c += 1
+    return c
+
+
+@njit_noalloc
+def _percentile_in_buckets(v, w, m, total, q, lo, scale, hist):
+    """numpy's percentile ``q`` of the expanded sample, searching only the
+    entries of the histogram buckets that hold its two ranks (gathered to the
+    front of ``v[:m]``, ``w[:m]``), offset by the weight of the lower buckets."""
+    b_lo, b_hi, below, r, r2, pos = _rank_buckets(hist, total, q)
+    c = _gather(v, w, m, lo, scale, hist.size, b_lo, b_hi, 1, 0, 1, 0, 1, 0)
     x_lo, lt, before, gt, upto = _weighted_select(v, w, 0, c, below, r)
     x_hi = x_lo
     if r2 > r and r2 >= upto:
@@ -1950,15 +1983,14 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
     selected among the entries of at most two buckets. Small samples, and
     spans too narrow to scale, use plain selection (`_percentile_into`)."""
     total = 0
-    for e in range(m):
-        total += w[e]
-    nb = hist.size
     lo = np.inf
     hi = -np.inf
     for e in range(m):
+        total += w[e]
         x = v[e]
         lo = min(lo, x)
         hi = max(hi, x)
+    nb = hist.size
     scale = nb / (hi - lo) if hi > lo else 0.0
     if total == 0 or m < nb or not (0.0 < scale < 1e300):
         a = 0
@@ -1971,6 +2003,18 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
         hist[b] = 0
     for e in range(m):
         hist[_bucket(v[e], lo, scale, nb)] += w[e]
+    # One pass gathers the entries of every percentile's buckets to the front
+    # (empty ranges [1, 0] for the unused ones); each percentile then searches
+    # only those.
+    l0, h0, _b, _r, _r2, _p = _rank_buckets(hist, total, q0)
+    l1, h1, l2, h2, l3, h3 = 1, 0, 1, 0, 1, 0
+    if nq > 1:
+        l1, h1, _b, _r, _r2, _p = _rank_buckets(hist, total, q1)
+    if nq > 2:
+        l2, h2, _b, _r, _r2, _p = _rank_buckets(hist, total, q2)
+    if nq > 3:
+        l3, h3, _b, _r, _r2, _p = _rank_buckets(hist, total, q3)
+    m = _gather(v, w, m, lo, scale, nb, l0, h0, l1, h1, l2, h2, l3, h3)
     for j in range(nq):
         q = q0 if j == 0 else (q1 if j == 1 else (q2 if j == 2 else q3))
         row[c + j] = _percentile_in_buckets(v, w, m, total, q, lo, scale, hist)

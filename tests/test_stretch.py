@@ -155,4 +155,3 @@ def test_long_stretches_take_the_closed_form(monkeypatch):
     k = np.array([c[0] for c in calls])
     assert len(calls) > 10 and k.max() > 4 * 16                  # long stretches ...
     assert any(blocks > 0 for kk, blocks in calls)                 # ... that allocate blocks
-    assert K._STEPWISE < 300 / 2                                  # (the outputs are long enough)
