@@ -1,0 +1,75 @@
+"""Profile the compiled kernels with Linux ``perf`` (a script).
+
+    perf record -e cpu-clock -F 5000 -o perf.data \\
+        python benchmarks/perf_profile.py [--workload reference|sharegpt] [--replications 4000]
+    perf report -i perf.data --no-children --sort sym
+
+perf cannot name code that Numba compiled at run time. This script compiles
+the kernels afresh (into a temporary ``NUMBA_CACHE_DIR``: code loaded from the
+cache carries no symbol table), writes ``/tmp/perf-<pid>.map``, which perf
+reads to name each kernel function, and then times one ``replicate`` call on
+one thread. Functions that LLVM inlined are counted in their caller. The
+compilation itself shows up in the profile as LLVM and Python frames; only the
+``fastsim...`` symbols and libm (``__cos_fma``, ``__ieee754_log_fma``, ...)
+belong to the timed run.
+"""
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+
+# Before Numba is imported: a fresh cache, so that everything is compiled here.
+os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numba  # noqa: E402
+
+import fastsim  # noqa: E402
+from fastsim import _kernel  # noqa: E402
+from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
+
+_DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
+
+
+def write_perf_map():
+    """Write /tmp/perf-<pid>.map for every function the kernel's dispatchers compiled."""
+    entries = {}
+    for obj in vars(_kernel).values():
+        if not isinstance(obj, numba.core.registry.CPUDispatcher):
+            continue
+        for cres in obj.overloads.values():
+            lib = cres.library
+            for name in _DEFINE.findall(lib.get_llvm_str()):
+                addr = lib.get_pointer_to_function(name)
+                if addr:
+                    entries[addr] = re.sub(r"^_ZN\d+", "", name)[:100]
+    if not entries:
+        raise SystemExit("no compiled kernel functions found (loaded from a cache?)")
+    addrs = sorted(entries)
+    # A function's size is unknown: it is taken to end where the next begins.
+    with open(f"/tmp/perf-{os.getpid()}.map", "w") as f:
+        for a, b in zip(addrs, addrs[1:] + [addrs[-1] + 65536]):
+            f.write(f"{a:x} {min(b - a, 1 << 20):x} {entries[a]}\n")
+    return len(entries)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=("reference", "sharegpt"), default="reference")
+    ap.add_argument("--replications", type=int, default=4000)
+    args = ap.parse_args()
+    sc = (reference_workload if args.workload == "reference" else sharegpt_80pct)(1000)
+    fastsim.replicate(sc, n_replications=2, seed=0, progress=False)   # compile
+    print(f"perf map: {write_perf_map()} functions")
+    t = time.perf_counter()
+    fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=1, progress=False)
+    wall = time.perf_counter() - t
+    print(f"{args.replications} x 1000 requests, 1 thread: {wall:.2f} s "
+          f"({args.replications * 1000 / wall:,.0f} requests/s)")
+
+
+if __name__ == "__main__":
+    main()
