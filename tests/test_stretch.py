@@ -1,9 +1,9 @@
 """Event skipping in closed form (``_kernel._stretch_*``) against step-by-step loops.
 
 A stretch is a run of engine steps in which only token counts change; the
-kernel runs its first steps one by one, and for the rest advances the clock
-alone (a running sum, as the reference) and does the bookkeeping (blocks,
-time integrals, inter-token gaps) in closed form. Each closed form is
+kernel advances the clock alone (a running sum, as the reference,
+``_stretch_clock``) and does the bookkeeping (blocks, time integrals,
+inter-token gaps) in closed form. Each closed form is
 checked here against the loop it replaces, on random inputs (the loops are
 the slow reference implementations); the whole engine with long outputs,
 ties between step ends and arrivals or the horizon included, is checked
