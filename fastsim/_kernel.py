@@ -832,7 +832,17 @@ def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cn
 # engine's internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
 # accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
 # internal state. `_ws_sizes` is the one statement of the sizes (from the
-# dimensions `_ws_dims` reads off the requests; `_ws_need` composes the two).
+# dimensions `_ws_dims` reads off the requests; `_ws_need` composes the two);
+# the per-request columns of the heads are named below (column j of a head
+# is ``a[j * n:(j + 1) * n]``; a jitted function without NRT cannot return
+# the view, so each use slices).
+
+WI_STATUS, WI_K, WI_G, WI_BLOCKS, WI_NPRE, WI_NSWAP, WI_CTOK, WI_ONES = range(8)   # WI_ONES: reduction scratch
+WI_HEAD = 8          # columns before the histogram (N_HIST), the gap weights, internal state
+WF_FIRST, WF_LAST, WF_FINISH, WF_SWAPPED = range(4)
+WF_HEAD = 4          # columns before the accumulators (N_ACC)
+WF_SCRATCH = 3       # reduction scratch after the accumulators (TTFT, E2E, TPOT), then the gap values
+
 
 @njit_noalloc
 def _ws_dims(n, output, pgrp, plen, ipar):
@@ -875,9 +885,9 @@ def _ws_sizes(n, bs, cap, ncnt, nheld, nitl):
     # oth, sq, sqs, fpre, hoff, cnt, lprev, lnext, cst, held, private, nent
     internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
                 + cap + (n + 1) + 1 + n + (n + 1) + 3 * ncnt + 4 + nheld + n + n)
-    need_i = 8 * n + N_HIST + nitl + internal
+    need_i = WI_HEAD * n + N_HIST + nitl + internal
     # key, dec_cost, skey, swapped_since
-    need_f = 7 * n + N_ACC + nitl + n + (cap + 1) + n + n
+    need_f = (WF_HEAD + WF_SCRATCH) * n + N_ACC + nitl + n + (cap + 1) + n + n
     return need_i, need_f
 
 
@@ -1086,14 +1096,14 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
     if need_i > wi.size or need_f > wf.size:
         return -1
-    status = wi[0:n]
-    k = wi[n:2 * n]
-    g = wi[2 * n:3 * n]
-    blocks = wi[3 * n:4 * n]
-    npre = wi[4 * n:5 * n]
-    nswap = wi[5 * n:6 * n]
-    ctok = wi[6 * n:7 * n]
-    o = 8 * n + N_HIST
+    status = wi[WI_STATUS * n:(WI_STATUS + 1) * n]
+    k = wi[WI_K * n:(WI_K + 1) * n]
+    g = wi[WI_G * n:(WI_G + 1) * n]
+    blocks = wi[WI_BLOCKS * n:(WI_BLOCKS + 1) * n]
+    npre = wi[WI_NPRE * n:(WI_NPRE + 1) * n]
+    nswap = wi[WI_NSWAP * n:(WI_NSWAP + 1) * n]
+    ctok = wi[WI_CTOK * n:(WI_CTOK + 1) * n]
+    o = WI_HEAD * n + N_HIST
     itl_w = wi[o:o + nitl]
     o += nitl
     q = wi[o:o + 2 * n + 2]
@@ -1148,12 +1158,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     private = wi[o:o + n]
     o += n
     nent = wi[o:o + n]
-    first_t = wf[0:n]
-    last_t = wf[n:2 * n]
-    finish_t = wf[2 * n:3 * n]
-    swapped_s = wf[3 * n:4 * n]
-    acc = wf[4 * n:4 * n + N_ACC]
-    o = 7 * n + N_ACC
+    first_t = wf[WF_FIRST * n:(WF_FIRST + 1) * n]
+    last_t = wf[WF_LAST * n:(WF_LAST + 1) * n]
+    finish_t = wf[WF_FINISH * n:(WF_FINISH + 1) * n]
+    swapped_s = wf[WF_SWAPPED * n:(WF_SWAPPED + 1) * n]
+    acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+    o = (WF_HEAD + WF_SCRATCH) * n + N_ACC
     itl_v = wf[o:o + nitl]
     o += nitl
     key = wf[o:o + n]
@@ -2050,21 +2060,23 @@ def _mean(x, m):
 def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     """Per-replication metrics of the measured requests (``docs/engine-model.md``)
     from the workspace ``wi``/``wf`` that `_simulate` filled."""
-    status = wi[0:n]
-    npre = wi[4 * n:5 * n]
-    nswap = wi[5 * n:6 * n]
-    ones = wi[7 * n:8 * n]
-    first_t = wf[0:n]
-    finish_t = wf[2 * n:3 * n]
-    acc = wf[4 * n:4 * n + N_ACC]
-    o = 4 * n + N_ACC
+    status = wi[WI_STATUS * n:(WI_STATUS + 1) * n]
+    npre = wi[WI_NPRE * n:(WI_NPRE + 1) * n]
+    nswap = wi[WI_NSWAP * n:(WI_NSWAP + 1) * n]
+    ones = wi[WI_ONES * n:(WI_ONES + 1) * n]
+    first_t = wf[WF_FIRST * n:(WF_FIRST + 1) * n]
+    finish_t = wf[WF_FINISH * n:(WF_FINISH + 1) * n]
+    acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+    o = WF_HEAD * n + N_ACC
     ttft = wf[o:o + n]
     e2e = wf[o + n:o + 2 * n]
     tpot = wf[o + 2 * n:o + 3 * n]
     n_itl = np.int64(acc[A_N_ITL])
-    hist = wi[8 * n:8 * n + N_HIST]
-    itl_w = wi[8 * n + N_HIST:8 * n + N_HIST + n_itl]
-    itl_v = wf[7 * n + N_ACC:7 * n + N_ACC + n_itl]
+    o = WI_HEAD * n
+    hist = wi[o:o + N_HIST]
+    itl_w = wi[o + N_HIST:o + N_HIST + n_itl]
+    o = (WF_HEAD + WF_SCRATCH) * n + N_ACC
+    itl_v = wf[o:o + n_itl]
     warmup = ipar[I_WARMUP]
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
     has_tpot = ipar[I_HAS_TPOT_SLO] == 1
@@ -2261,5 +2273,7 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
-    return (wi[0:n].astype(np.int8), wf[0:n].copy(), wf[2 * n:3 * n].copy(), wi[4 * n:5 * n].copy(),
-            wi[2 * n:3 * n].copy(), wi[5 * n:6 * n].copy(), wf[3 * n:4 * n].copy(), wi[6 * n:7 * n].copy(), row)
+    def col(a, j):
+        return a[j * n:(j + 1) * n].copy()
+    return (col(wi, WI_STATUS).astype(np.int8), col(wf, WF_FIRST), col(wf, WF_FINISH), col(wi, WI_NPRE),
+            col(wi, WI_G), col(wi, WI_NSWAP), col(wf, WF_SWAPPED), col(wi, WI_CTOK), row)
