@@ -915,6 +915,60 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
 # (one addition per step), so that it is bit-identical to the reference's.
 
 _UNBOUNDED = 1 << 62
+_BINADE_AFTER = 32   # steps of a stretch summed one by one before `_binade_steps` is tried
+
+
+@njit_noalloc
+def _binade_steps(t, d, jmax, next_a, has_h, horizon):
+    """Up to ``jmax`` steps of duration ``d`` from ``t`` at once, with the
+    clock the running sum would give, bit for bit: return (steps, clock).
+
+    In t's binade [2^(e-1), 2^e) the doubles are the multiples of
+    u = 2^(e-53). While a sum x + d (x such a multiple) stays below 2^e,
+    rounding it to the nearest double gives x + D, D = d rounded to a multiple
+    of u; so j steps end at t + j * D exactly. Taken: the most steps whose
+    sums stay in the binade, that end no later than ``next_a`` and start
+    before the horizon (as the step loop decides). 0 when none can be taken
+    this way: t = 0, a sum leaving the binade, or a d halfway between two
+    multiples of u (a tie, rounded to even: the increment alternates)."""
+    if t <= 0.0 or jmax < 2:
+        return 0, t
+    mant, ex = math.frexp(t)          # t = mant * 2^ex, 0.5 <= mant < 1
+    room = math.ldexp(1.0, ex) - t    # to the binade's top (exact)
+    if not d < room:
+        return 0, t
+    u = math.ldexp(1.0, ex - 53)
+    q = d / u                         # exact (u is a power of two)
+    fq = math.floor(q)
+    fr = q - fq
+    if fr == 0.5:
+        return 0, t
+    dk = np.int64(fq) + (1 if fr > 0.5 else 0)
+    if dk == 0:
+        return 0, t
+    dd = dk * u                       # D
+    # step i (1-based) adds d to t + (i - 1) * D: below the top while
+    # (i - 1) * dk + fq + fr < room / u, i.e. (i - 1) * dk + fq <= room / u - 1
+    j = (np.int64(room / u) - 1 - np.int64(fq)) // dk + 1
+    j = min(j, jmax)
+    if j <= 0:
+        return 0, t
+    # (t + i * D is exact for i <= j: a multiple of u, at most the top)
+    if t + j * dd > next_a:           # the last step that ends no later than the arrival
+        ja = min(max(np.int64((next_a - t) / dd), np.int64(0)), j) if next_a > t else np.int64(0)
+        while ja > 0 and t + ja * dd > next_a:
+            ja -= 1
+        while ja < j and t + (ja + 1) * dd <= next_a:
+            ja += 1
+        j = ja
+    if has_h and j > 0 and t + (j - 1) * dd >= horizon:   # the last step that starts before it
+        jh = min(max(np.int64((horizon - t) / dd), np.int64(1)), j)   # (t < horizon)
+        while jh > 1 and t + (jh - 1) * dd >= horizon:
+            jh -= 1
+        while jh < j and t + jh * dd < horizon:
+            jh += 1
+        j = jh
+    return j, t + j * dd
 
 
 @njit_noalloc
@@ -930,7 +984,19 @@ def _stretch_clock(t, kmax, next_a, has_h, horizon, base, dec, n_d, c_ctx, ksum,
         d = base
         if n_d > 1:
             d += dec
+        # Short stretches (the common case) are cheaper summed step by step;
+        # after _BINADE_AFTER steps, the rest goes binade by binade (a try
+        # that fails, at a binade's top or on a tie, is retried that many
+        # steps later).
+        retry = _BINADE_AFTER
         while kk < kmax and not (has_h and t >= horizon):
+            if kk >= retry:
+                j, t_j = _binade_steps(t, d, kmax - kk, next_a, has_h, horizon)
+                if j > 0:
+                    t = t_j
+                    kk += j
+                    continue
+                retry = kk + _BINADE_AFTER
             t_end = t + d
             if t_end > next_a:
                 break

@@ -66,6 +66,60 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
         assert (used0 + blocks) * K._elapsed.py_func(k, d0, dlt) - w == pytest.approx(direct, rel=1e-11)
 
 
+def clock_by_steps(t, kmax, next_a, has_h, horizon, d):
+    """The step loop `_stretch_clock` replaces, on whole arrays: step i starts at
+    the running sum of i durations (np.add.accumulate adds in order, as the
+    loop), runs if it starts before the horizon and ends no later than the
+    arrival; the first step that does not run ends the stretch."""
+    ends = np.add.accumulate(np.concatenate(([t], np.full(kmax, d))))
+    ok = ends[1:] <= next_a
+    if has_h:
+        ok &= ends[:-1] < horizon
+    kk = int(np.argmin(ok)) if not ok.all() else kmax
+    return kk, float(ends[kk])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stretch_clock_is_the_running_sum_bit_for_bit(seed):
+    """Steps taken many at once inside a binade (`_binade_steps`) give the same
+    step count and the same clock, bit for bit, as adding the duration step by
+    step: starts near a power of two (the binade's top), durations halfway
+    between two doubles of the binade (ties), arrivals and horizons exactly on
+    a step's end or one ulp either side."""
+    rng = np.random.default_rng(seed)
+    for _ in range(1500):
+        kind = rng.integers(4)
+        if kind == 0:
+            t = float(rng.uniform(0.0, 1000.0))
+        elif kind == 1:   # just below a binade's top
+            top = 2.0 ** int(rng.integers(-3, 12))
+            t = top - float(rng.integers(1, 4000)) * np.spacing(top / 2)
+        elif kind == 2:
+            t = 0.0
+        else:
+            t = float(rng.uniform(1.0, 2.0)) * 2.0 ** int(rng.integers(-10, 20))
+        d = float(rng.choice([rng.uniform(1e-4, 0.05), 2.0 ** -7, 0.01, 0.025]))
+        if t > 0 and rng.random() < 0.3:   # d halfway between two multiples of the spacing at t
+            u = np.spacing(t)
+            d = (np.floor(d / u) + 0.5) * u
+        kmax = int(rng.integers(0, 700))
+        path = clock_by_steps(t, kmax, np.inf, False, 0.0, d)
+        ends = np.add.accumulate(np.concatenate(([t], np.full(kmax, d))))
+        next_a, horizon, has_h = np.inf, 0.0, False
+        if rng.random() < 0.6 and kmax > 0:
+            next_a = float(ends[int(rng.integers(1, kmax + 1))])
+            next_a = float(rng.choice([next_a, np.nextafter(next_a, np.inf), np.nextafter(next_a, -np.inf)]))
+        if rng.random() < 0.5:
+            has_h = True
+            horizon = float(ends[int(rng.integers(0, kmax + 1))]) if kmax > 0 else t + d
+            horizon = float(rng.choice([horizon, np.nextafter(horizon, np.inf), np.nextafter(horizon, -np.inf)]))
+            if horizon <= t:
+                horizon = np.nextafter(t, np.inf)
+        want = clock_by_steps(t, kmax, next_a, has_h, horizon, d)
+        got = K._stretch_clock(t, kmax, next_a, has_h, horizon, d, 0.0, 1, 0.0, 0, 0)
+        assert got == want, (t, d, kmax, next_a, has_h, horizon, path)
+
+
 # --- the whole engine: long stretches, against the reference simulator ---------
 
 LONG = {
