@@ -1111,7 +1111,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     steps so far, the blocks they need this step are counted by a histogram
     of ``koff mod block_size``, their completions come from a heap keyed by
     the step at which they finish, and their inter-token gaps (all equal to
-    the step duration) are one weighted sample. Any other step is a *slow
+    the step duration) are one weighted sample, or, for a step with no
+    prefill and no context term, a count in ``gapw`` by decoder count (entered
+    once at the end, as the step duration d; the reference takes differences
+    of clock readings, fl(t + d) - t, which differ from d by up to ulp(t) / 2:
+    relative to d, 1e-13 for clocks below 1e3 s, but 1e-5 for a clock near
+    1.7e9 s, epoch timestamps). Any other step is a *slow
     step*: the lazy decoders are materialised and the step is scheduled
     request by request in admission order (preemption included). Both paths
     add the same terms in the same order as the reference simulator, so
