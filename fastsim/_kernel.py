@@ -977,38 +977,28 @@ def _stretch_clock(t, kmax, next_a, has_h, horizon, base, dec, n_d, c_ctx, ksum,
     arrival ``next_a`` (a step ending exactly at it still runs) and start
     before the horizon, and the clock at their end: a running sum of their
     durations, the terms and order of a fast step's (so ties go as in the
-    reference). One addition per step."""
+    reference): one addition per step, then, without a context term, a few
+    operations per binade (`_binade_steps`)."""
     kk = 0
-    if c_ctx == 0.0:
-        # the duration does not change (c_ctx * n_ctx adds 0.0)
-        d = base
-        if n_d > 1:
-            d += dec
-        # Short stretches (the common case) are cheaper summed step by step;
-        # after _BINADE_AFTER steps, the rest goes binade by binade (a try
-        # that fails, at a binade's top or on a tie, is retried that many
-        # steps later).
-        retry = _BINADE_AFTER
-        while kk < kmax and not (has_h and t >= horizon):
-            if kk >= retry:
-                j, t_j = _binade_steps(t, d, kmax - kk, next_a, has_h, horizon)
-                if j > 0:
-                    t = t_j
-                    kk += j
-                    continue
-                retry = kk + _BINADE_AFTER
-            t_end = t + d
-            if t_end > next_a:
-                break
-            t = t_end
-            kk += 1
-        return kk, t
+    d = base
+    if n_d > 1:
+        d += dec
+    # Short stretches (the common case) are cheaper summed step by step;
+    # after _BINADE_AFTER steps, the rest goes binade by binade (a try that
+    # fails, at a binade's top or on a tie, is retried that many steps
+    # later). Only with a constant duration: no context term.
+    retry = _BINADE_AFTER if c_ctx == 0.0 else _UNBOUNDED
     while kk < kmax and not (has_h and t >= horizon):
-        d = base
-        if n_d > 1:
-            d += dec
-        d += c_ctx * (ksum + n_d * (S + kk + 1))
+        if kk >= retry:
+            j, t_j = _binade_steps(t, d, kmax - kk, next_a, has_h, horizon)
+            if j > 0:
+                t = t_j
+                kk += j
+                continue
+            retry = kk + _BINADE_AFTER
         t_end = t + d
+        if c_ctx != 0.0:   # (without a context term it would add 0.0)
+            t_end = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
         if t_end > next_a:
             break
         t = t_end
