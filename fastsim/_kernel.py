@@ -916,6 +916,7 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
 
 _UNBOUNDED = 1 << 62
 _BINADE_AFTER = 32   # steps of a stretch summed one by one before `_binade_steps` is tried
+_TINY = 2.0 ** -1022  # the smallest normal double
 
 
 @njit_noalloc
@@ -929,9 +930,10 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     of u; so j steps end at t + j * D exactly. Taken: the most steps whose
     sums stay in the binade, that end no later than ``next_a`` and start
     before the horizon (as the step loop decides). 0 when none can be taken
-    this way: t = 0, a sum leaving the binade, or a d halfway between two
-    multiples of u (a tie, rounded to even: the increment alternates)."""
-    if t <= 0.0 or jmax < 2:
+    this way: t = 0 (or subnormal), a sum leaving the binade, or a d halfway
+    between two multiples of u (a tie, rounded to even: the increment
+    alternates)."""
+    if not t >= _TINY or jmax < 2:   # (0, or subnormal: u would underflow)
         return 0, t
     mant, ex = math.frexp(t)          # t = mant * 2^ex, 0.5 <= mant < 1
     room = math.ldexp(1.0, ex) - t    # to the binade's top (exact)
