@@ -936,6 +936,8 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     if not t >= _TINY or jmax < 2:   # (0, or subnormal: u would underflow)
         return 0, t
     mant, ex = math.frexp(t)          # t = mant * 2^ex, 0.5 <= mant < 1
+    if ex > 1023:                     # (the top binade: its top overflows)
+        return 0, t
     room = math.ldexp(1.0, ex) - t    # to the binade's top (exact)
     if not d < room:
         return 0, t
