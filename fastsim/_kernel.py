@@ -911,12 +911,35 @@ def _gap_add(itl_v, itl_w, n_itl, x, w):
 # d0 + j * dlt (the context term grows by one token per decoder per step), so
 # its first j steps take `_elapsed(j, d0, dlt)`; step j allocates the new
 # blocks of the decoders whose token count is a multiple of block_size,
-# ph[(sph - j) mod block_size]. The clock stays a running sum, step by step
-# (one addition per step), so that it is bit-identical to the reference's.
+# ph[(sph - j) mod block_size]. The clock gives the running sum of the
+# reference bit for bit: one addition per step, or many steps at once inside a
+# binade (`_binade_steps`), where that sum is exact arithmetic.
 
 _UNBOUNDED = 1 << 62
 _BINADE_AFTER = 32   # steps of a stretch summed one by one before `_binade_steps` is tried
 _TINY = 2.0 ** -1022  # the smallest normal double
+
+
+@njit_noalloc
+def _plain_step(base, dec_cost, b):
+    """Duration of a step of ``b`` decoders and nothing else. dec_cost[0] and
+    dec_cost[1] are 0.0, so these are the bits of a step's
+    ``d = base; if b > 1: d += dec_cost[b]`` (with 0.0 prefill and context terms)."""
+    return base + dec_cost[b]
+
+
+@njit_noalloc
+def _steps_within(t, dd, j, limit, strict):
+    """The largest i in [0, j] with t + i * dd <= limit (< limit if ``strict``),
+    the sums exact (`_binade_steps`): estimated by a division, then corrected."""
+    if (t + j * dd < limit) if strict else (t + j * dd <= limit):
+        return j
+    i = min(max(np.int64((limit - t) / dd), np.int64(0)), j) if limit > t else np.int64(0)
+    while i > 0 and ((t + i * dd >= limit) if strict else (t + i * dd > limit)):
+        i -= 1
+    while i < j and ((t + (i + 1) * dd < limit) if strict else (t + (i + 1) * dd <= limit)):
+        i += 1
+    return i
 
 
 @njit_noalloc
@@ -958,35 +981,21 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     if j <= 0:
         return 0, t
     # (t + i * D is exact for i <= j: a multiple of u, at most the top)
-    if t + j * dd > next_a:           # the last step that ends no later than the arrival
-        ja = min(max(np.int64((next_a - t) / dd), np.int64(0)), j) if next_a > t else np.int64(0)
-        while ja > 0 and t + ja * dd > next_a:
-            ja -= 1
-        while ja < j and t + (ja + 1) * dd <= next_a:
-            ja += 1
-        j = ja
-    if has_h and j > 0 and t + (j - 1) * dd >= horizon:   # the last step that starts before it
-        jh = min(max(np.int64((horizon - t) / dd), np.int64(1)), j)   # (t < horizon)
-        while jh > 1 and t + (jh - 1) * dd >= horizon:
-            jh -= 1
-        while jh < j and t + jh * dd < horizon:
-            jh += 1
-        j = jh
+    j = _steps_within(t, dd, j, next_a, False)         # steps that end no later than the arrival
+    if has_h and j > 0:
+        j = _steps_within(t, dd, j - 1, horizon, True) + 1   # ... that start before the horizon (t < it)
     return j, t + j * dd
 
 
 @njit_noalloc
-def _stretch_clock(t, kmax, next_a, has_h, horizon, base, dec, n_d, c_ctx, ksum, S):
+def _stretch_clock(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S):
     """The steps of a stretch, at most ``kmax``, that end before the next
     arrival ``next_a`` (a step ending exactly at it still runs) and start
     before the horizon, and the clock at their end: a running sum of their
     durations, the terms and order of a fast step's (so ties go as in the
     reference): one addition per step, then, without a context term, a few
-    operations per binade (`_binade_steps`)."""
+    operations per binade (`_binade_steps`). ``d``: `_plain_step`."""
     kk = 0
-    d = base
-    if n_d > 1:
-        d += dec
     # Short stretches (the common case) are cheaper summed step by step;
     # after _BINADE_AFTER steps, the rest goes binade by binade (a try that
     # fails, at a binade's top or on a tie, is retried that many steps
@@ -1503,15 +1512,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 n_d = dstate[0]
                 ksum = dstate[1]
                 next_a = arrival[nxt] if nxt < n else np.inf
-                dec = dec_cost[n_d] if n_d > 1 else 0.0
+                dp = _plain_step(base, dec_cost, n_d)
                 # every running request is a lazy decoder, so the heap is not
                 # empty: the stretch stops before the step of the next completion
-                kk, t_end = _stretch_clock(t, hk[0] - 1 - S, next_a, has_h, horizon, base, dec, n_d, c_ctx,
-                                           ksum, S)
-                d0 = base
-                if n_d > 1:
-                    d0 += dec
-                d0 += c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
+                kk, t_end = _stretch_clock(t, hk[0] - 1 - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum, S)
+                d0 = dp + c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                 dlt = c_ctx * n_d
                 nb = 0
                 wsum = 0.0
@@ -1520,7 +1525,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if nb > free:
                     # the free blocks run out first: fewer steps, the same clock
                     kk, t_end = _stretch_clock(t, _stretch_blocks(ph, sph, bs, free, n_d), next_a, has_h,
-                                               horizon, base, dec, n_d, c_ctx, ksum, S)
+                                               horizon, dp, c_ctx, n_d, ksum, S)
                     nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
                 if kk > 0:
                     in_sys = n_run + n_wait
@@ -1556,10 +1561,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         for _j in range(kk):
                             free -= ph[sph]
                             used = nblk - free
-                            d = base
-                            if n_d > 1:
-                                d += dec
-                            d += c_ctx * (ksum + n_d * (S + 1))
+                            d = dp + c_ctx * (ksum + n_d * (S + 1))
                             t_end = t + d
                             a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
                                 a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws,
@@ -1885,10 +1887,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             status[i] = ST_UNFINISHED
     for b in range(cap + 1):
         if gapw[b] > 0:
-            d = base
-            if b > 1:
-                d += dec_cost[b]
-            n_itl = _gap_add(itl_v, itl_w, n_itl, d, gapw[b])
+            n_itl = _gap_add(itl_v, itl_w, n_itl, _plain_step(base, dec_cost, b), gapw[b])
     acc[A_OCC_INT] = a_occ / mns
     acc[A_QUEUE_INT] = a_queue
     acc[A_KV_INT] = a_kv / nblk
