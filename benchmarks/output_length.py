@@ -17,16 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import fastsim  # noqa: E402
-
-
-def scenario(scale, num_requests):
-    return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=int(1024 * max(1.0, scale)),
-                                    admission="kv_reservation"),
-        workload=fastsim.Workload(arrival_rate=4.0 / scale, num_requests=num_requests,
-                                  prompt_len=fastsim.LogNormal(256, 0.55),
-                                  output_len=fastsim.LogNormal(128 * scale, 0.70)),
-        latency=fastsim.LatencyModel.default())
+from benchmarks.common import output_length_scenario  # noqa: E402
 
 
 def main():
@@ -35,10 +26,10 @@ def main():
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    fastsim.replicate(scenario(1.0, 20), n_replications=2, seed=0)   # compile / load
+    fastsim.replicate(output_length_scenario(128, 20), n_replications=2, seed=0)   # compile / load
     print("output median | steps/request | requests/s | us/request | ns/step")
     for scale in (0.25, 1.0, 4.0, 16.0):
-        sc = scenario(scale, args.requests)
+        sc = output_length_scenario(128 * scale, args.requests)
         t = time.perf_counter()
         res = fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=args.threads,
                                 progress=False)

@@ -15,6 +15,20 @@ def reference_workload(num_requests=1000):
         latency=fastsim.LatencyModel.default())
 
 
+def output_length_scenario(median, num_requests=1000):
+    """The issue-7 workload with the output median scaled and the arrival rate
+    scaled inversely (the same decode load), the KV budget with the lengths
+    (`benchmarks/output_length.py` and the asv `OutputLength` benchmarks)."""
+    scale = median / 128
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=int(1024 * max(1.0, scale)),
+                                    admission="kv_reservation"),
+        workload=fastsim.Workload(arrival_rate=4.0 / scale, num_requests=num_requests,
+                                  prompt_len=fastsim.LogNormal(256, 0.55),
+                                  output_len=fastsim.LogNormal(median, 0.70)),
+        latency=fastsim.LatencyModel.default())
+
+
 def sharegpt_80pct(num_requests=1000):
     """ShareGPT lengths, max_num_seqs=64, A10G latency model, ~80% of capacity."""
     return fastsim.Scenario(
