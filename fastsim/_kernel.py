@@ -335,7 +335,7 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
     return n
 
 
-@njit_noalloc
+@njit_noalloc(entry=True)
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
     """Fill the request arrays of replication ``rep``; return the arrival count.
@@ -871,7 +871,7 @@ def _ws_dims(n, output, pgrp, plen, ipar):
     return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax
 
 
-@njit_noalloc
+@njit_noalloc(entry=True)
 def _ws_need(n, output, pgrp, plen, ipar):
     """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
     cap, ncnt, nheld, nitl, _jmax = _ws_dims(n, output, pgrp, plen, ipar)
@@ -1094,7 +1094,7 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
     return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
 
 
-@njit_noalloc
+@njit_noalloc(entry=True)
 def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf):
     """Run one replication of the engine model over requests ``0..n-1``.
 
@@ -2139,7 +2139,7 @@ def _mean(x, m):
     return s / m
 
 
-@njit_noalloc
+@njit_noalloc(entry=True)
 def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     """Per-replication metrics of the measured requests (``docs/engine-model.md``)
     from the workspace ``wi``/``wf`` that `_simulate` filled."""

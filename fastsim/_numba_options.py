@@ -27,6 +27,7 @@ step with events (about 40 per step).
 from __future__ import annotations
 
 import numba
+from numba.core.registry import CPUDispatcher
 
 NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
 
@@ -44,9 +45,39 @@ def _one_specialisation(dispatcher):
     return dispatcher
 
 
-def njit_noalloc(func):
-    """:func:`njit` without Numba's runtime, for functions that allocate no array."""
-    return njit(func, _nrt=False)
+class _InternalDispatcher(CPUDispatcher):
+    """A dispatcher compiled without a Python entry: calling it from Python
+    would jump to a wrapper that does not exist."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.py_func.__module__}.{self.py_func.__name__} is compiled for jitted callers only "
+                        f"(no Python entry); call it from jitted code, or compile one with python_entry()")
+
+
+def njit_noalloc(func=None, *, entry=False):
+    """:func:`njit` without Numba's runtime, for functions that allocate no array.
+
+    By default the function is *internal*: only jitted code calls it, so it
+    gets no Python entry (no CPython or C wrapper) and no disk-cache entry
+    of its own (its code is compiled into the cached functions that call it).
+    Each wrapper costs as much to compile as a small function, and the
+    kernel has some 60 of them: about 3 s of a cold start.
+    ``entry=True``: also called from Python (cached, with its wrapper).
+    """
+    if func is None:
+        return lambda f: njit_noalloc(f, entry=entry)
+    if entry:
+        return njit(func, _nrt=False)
+    dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
+    return dispatcher
+
+
+def python_entry(dispatcher):
+    """A Python-callable compilation of an internal :func:`njit_noalloc`
+    function, for tests and benchmarks that call kernel internals directly
+    (not cached: the cache would not see the kernel's file change)."""
+    return njit(dispatcher.py_func, _nrt=False, cache=False)
 
 
 def njit(*args, **kwargs):

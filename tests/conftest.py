@@ -6,10 +6,14 @@ test session (and are cached on disk under ``NUMBA_CACHE_DIR``, which
 several tests inspect are session-scoped fixtures.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
+from numba.core.dispatcher import Dispatcher
 
 import fastsim
+from fastsim import _kernel as K
 
 # Multiplier of the standard error used by statistical assertions: a correct
 # implementation fails one of them with probability ~1e-6, so the suite passes
@@ -40,3 +44,14 @@ def within(estimate, truth, std_error, z=Z):
     assert abs(estimate - truth) <= z * std_error, (
         f"estimate {estimate:.6g} differs from {truth:.6g} by {abs(estimate - truth) / std_error:.2f} "
         f"standard errors (allowed {z})")
+
+
+@contextlib.contextmanager
+def kernel_as_python():
+    """Every compiled function of ``fastsim._kernel`` replaced by its Python
+    source (then NumPy bounds-checks every access); yields the MonkeyPatch."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, obj in list(vars(K).items()):
+            if isinstance(obj, Dispatcher):
+                mp.setattr(K, name, obj.py_func)
+        yield mp

@@ -8,7 +8,13 @@ sorting; they must be exactly numpy's linear-interpolation percentiles.
 import numpy as np
 import pytest
 
-from fastsim._kernel import _weighted_stats
+from fastsim import _kernel as K
+from fastsim._numba_options import python_entry
+
+# internal kernel functions have no Python entry of their own
+_weighted_stats = python_entry(K._weighted_stats)
+_percentiles = python_entry(K._percentiles)
+_percentile_into = python_entry(K._percentile_into)
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "many-ties"])
@@ -33,8 +39,6 @@ def test_empty_weighted_sample_gives_nan():
 
 def test_unweighted_percentiles_by_selection_equal_numpy():
     """TTFT/TPOT/E2E percentiles (unit weights), each alone and for an empty sample."""
-    from fastsim._kernel import _percentiles
-
     rng = np.random.default_rng()
     hist = np.empty(16, np.int64)
     row = np.zeros(1)
@@ -52,8 +56,6 @@ def test_unweighted_percentiles_by_selection_equal_numpy():
 def test_ascending_percentiles_searched_from_the_previous_equal_numpy(ties):
     """Each percentile searched only above the previous one (as the reduction
     does for TTFT p50/p90/p95/p99) is still exactly numpy's."""
-    from fastsim._kernel import _percentile_into
-
     rng = np.random.default_rng()
     for _ in range(300):
         m = int(rng.integers(1, 120))
@@ -75,8 +77,6 @@ def test_histogram_narrowed_percentiles_equal_numpy_whatever_the_data(shape):
     """`_percentiles` (equal-width buckets between min and max, then selection
     within the target buckets; plain selection for small or unscalable samples)
     is exactly numpy's for data that crowd one bucket or defeat the buckets."""
-    from fastsim._kernel import _percentiles
-
     rng = np.random.default_rng()
     for _ in range(30):
         m = int(rng.integers(1, 4000))

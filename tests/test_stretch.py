@@ -15,7 +15,14 @@ import pandas as pd
 import pytest
 
 import fastsim
+from conftest import kernel_as_python
 from fastsim import _kernel as K
+from fastsim._numba_options import python_entry
+
+# internal kernel functions have no Python entry of their own
+stretch_blocks = python_entry(K._stretch_blocks)
+stretch_kv = python_entry(K._stretch_kv)
+stretch_clock = python_entry(K._stretch_clock)
 
 
 def random_ph(rng, bs):
@@ -32,7 +39,7 @@ def test_stretch_blocks_is_the_step_by_step_count(seed):
         ph = random_ph(rng, bs)
         sph = int(rng.integers(bs))
         free = int(rng.integers(0, 200))
-        got = K._stretch_blocks(ph, sph, bs, free, ph.sum())
+        got = stretch_blocks(ph, sph, bs, free, ph.sum())
         if ph.sum() == 0:
             assert got == K._UNBOUNDED
             continue
@@ -54,7 +61,7 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
         k = int(rng.integers(0, 400))
         d0 = float(rng.uniform(1e-3, 0.05))
         dlt = float(rng.choice([0.0, rng.uniform(0, 1e-4)]))
-        blocks, w = K._stretch_kv(ph, sph, bs, k, d0, dlt)
+        blocks, w = stretch_kv(ph, sph, bs, k, d0, dlt)
         b = np.array([ph[(sph - i) % bs] for i in range(k)], dtype=np.int64)
         el = np.array([K._elapsed.py_func(i, d0, dlt) for i in range(k)])
         assert blocks == b.sum()
@@ -116,7 +123,7 @@ def test_stretch_clock_is_the_running_sum_bit_for_bit(seed):
             if horizon <= t:
                 horizon = np.nextafter(t, np.inf)
         want = clock_by_steps(t, kmax, next_a, has_h, horizon, d)
-        got = K._stretch_clock(t, kmax, next_a, has_h, horizon, d, 0.0, 1, 0, 0)
+        got = stretch_clock(t, kmax, next_a, has_h, horizon, d, 0.0, 1, 0, 0)
         assert got == want, (t, d, kmax, next_a, has_h, horizon, path)
 
 
@@ -127,7 +134,7 @@ def test_stretch_clock_at_the_ends_of_the_double_range():
         for t in (5e-324, 1e-310, 2.0 ** -1022, 1.5 * 2.0 ** 1023, 1.7e308):
             for d in (1e-3, 3 * 5e-324, 2.0 ** -1060, 1e300, 1e308):
                 want = clock_by_steps(t, 100, np.inf, False, 0.0, d)
-                assert K._stretch_clock(t, 100, np.inf, False, 0.0, d, 0.0, 1, 0, 0) == want, (t, d)
+                assert stretch_clock(t, 100, np.inf, False, 0.0, d, 0.0, 1, 0, 0) == want, (t, d)
 
 
 # --- the whole engine: long stretches, against the reference simulator ---------
@@ -194,9 +201,9 @@ def test_ties_with_arrivals_and_the_horizon_go_as_in_the_reference(step):
                 == fastsim.simulate_requests(sc1, one, backend="reference")["num_tokens"].tolist())
 
 
-def test_long_stretches_take_the_closed_form(monkeypatch):
+def test_long_stretches_take_the_closed_form():
     """The scenarios above do exercise the closed form: long stretches, with
-    blocks allocated inside them (run as plain Python, counting calls)."""
+    blocks allocated inside them (the engine run as plain Python, counting calls)."""
     from fastsim._replicate import pack_scenario
 
     calls = []
@@ -207,7 +214,6 @@ def test_long_stretches_take_the_closed_form(monkeypatch):
         calls.append((k, blocks))
         return blocks, w
 
-    monkeypatch.setattr(K, "_stretch_kv", counting)
     sc = long_scenario(LONG_ENGINES["tight-kv"], LONG["context-term"])
     p = pack_scenario(sc)
     a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
@@ -215,7 +221,9 @@ def test_long_stretches_take_the_closed_form(monkeypatch):
                                                 p["prio_cdf"], p["pred_edges"])
     ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
-    K._simulate.py_func(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
+    with kernel_as_python() as mp:
+        mp.setattr(K, "_stretch_kv", counting)
+        K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
     k = np.array([c[0] for c in calls])
     assert len(calls) > 10 and k.max() > 4 * 16                  # long stretches ...
     assert any(blocks > 0 for kk, blocks in calls)                 # ... that allocate blocks

@@ -1,7 +1,7 @@
 """The engine's workspace layout (``_kernel._ws_need``) is exact.
 
 `_simulate` carves its whole state out of two flat arrays whose sizes
-`_ws_need` states. Run as plain Python (``py_func``), NumPy raises IndexError
+`_ws_need` states. Run as plain Python (`kernel_as_python`), NumPy raises IndexError
 on any access past a workspace of exactly that size, so these runs prove the
 carving stays inside it; a smaller workspace is refused (-1) before any
 write; and a workspace reused dirty from a larger replication gives the same
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fastsim
+from conftest import kernel_as_python
 from fastsim import _kernel as K
 from fastsim._replicate import pack_scenario
 
@@ -53,10 +54,11 @@ def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
     n, a, pr, o, c, q, grp, plen = args
     ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
-    n_itl = K._simulate.py_func(*args, p["ipar"], p["fpar"], p["lat"], wi, wf)   # IndexError if it overflows
-    assert n_itl >= 0
     row = np.empty(K.N_COLUMNS)
-    K._reduce.py_func(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
+    with kernel_as_python():
+        n_itl = K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf)   # IndexError if it overflows
+        K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
+    assert n_itl >= 0
     # ... and gives the compiled kernel's per-request results and metrics
     st, first, finish, npre, ntok, nswap, swapped, ctok, row_c = K.simulate_stream(
         a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])
