@@ -16,7 +16,8 @@ import numpy as np
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
                              Mixture, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
-from ._validation import (check_bool, check_choice, check_float, check_int, check_probabilities)
+from ._validation import (check_arrival_times, check_bool, check_choice, check_float, check_int,
+                          check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
 SCHEDULERS = ("continuous", "static")
@@ -245,7 +246,8 @@ class Workload:
         Given arrival timestamps (seconds, non-decreasing, >= 0), the same in
         every replication. They are measured from the start of the run, which
         is where the throughput window starts (without warm-up): shift a
-        trace that starts late.
+        trace that starts late (a first arrival at or after 1e6 s, such as
+        an epoch timestamp, draws a warning).
     priorities, priority_probs : sequence
         Priority classes (integers; lower is served first by ``policy="priority"``)
         and their probabilities.
@@ -318,11 +320,7 @@ class Workload:
                              f"got users=None, requests_per_user={self.requests_per_user!r}, "
                              f"user_rate={self.user_rate!r}")
         if self.arrival_times is not None:
-            t = np.asarray(self.arrival_times, dtype=float)
-            if t.ndim != 1 or t.size == 0:
-                raise ValueError(f"arrival_times must be a non-empty 1-d sequence, got shape {t.shape}")
-            if not np.all(np.isfinite(t)) or np.any(t < 0) or np.any(np.diff(t) < 0):
-                raise ValueError("arrival_times must be finite, >= 0 and non-decreasing")
+            t = check_arrival_times("arrival_times", self.arrival_times, stacklevel=4)
             s(self, "arrival_times", t)
             if self.arrival_rate is not None and self.arrival_rate != 1.0:
                 raise ValueError(f"arrival_rate must be None when arrival_times is given, "

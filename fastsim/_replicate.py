@@ -279,10 +279,9 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         its first admission).
     """
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
-    a = np.ascontiguousarray(requests["arrival_s"], dtype=np.float64)
-    if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)) or np.any(np.diff(a) < 0) or np.any(a < 0):
-        raise ValueError("requests['arrival_s'] must be finite, >= 0 and non-decreasing")
-    from ._validation import check_int_array
+    from ._validation import check_arrival_times, check_int_array
+
+    a = check_arrival_times("requests['arrival_s']", requests["arrival_s"])
 
     p = check_int_array("requests['prompt_len']", requests["prompt_len"])
     o = check_int_array("requests['output_len']", requests["output_len"])

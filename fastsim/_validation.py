@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -109,6 +110,32 @@ def check_int_array(name: str, values, *, low: int = 1) -> np.ndarray:
     if np.any(arr < low):
         raise ValueError(f"{name} must contain integers >= {low}, got {int(arr.min())}")
     return arr
+
+
+#: A first arrival this late (11.6 days) is taken to be an absolute timestamp.
+LATE_START_S = 1e6
+
+
+def check_arrival_times(name: str, values, *, stacklevel: int = 3) -> np.ndarray:
+    """Return a non-empty 1-d float64 array of finite, non-negative,
+    non-decreasing arrival times; warn when they look like absolute
+    timestamps (the first at or after `LATE_START_S`)."""
+    t = np.ascontiguousarray(values, dtype=np.float64)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence, got shape {t.shape}")
+    bad = ~np.isfinite(t) | (t < 0)
+    bad[1:] |= np.diff(t) < 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name} must be finite, >= 0 and non-decreasing, got {float(t[i])!r} at index {i}"
+                         + (f" (after {float(t[i - 1])!r})" if i > 0 and np.isfinite(t[i]) and t[i] >= 0 else ""))
+    if t[0] >= LATE_START_S:
+        warnings.warn(f"{name} start at {t[0]:.6g} s, which looks like an absolute timestamp: times are "
+                      f"measured from the start of the run, so the engine idles until the first arrival, "
+                      f"the throughput window includes that wait, and the clock's rounding grows with its "
+                      f"value (ulp(t) = {np.spacing(t[0]):.2g} s here); subtract the first arrival time",
+                      UserWarning, stacklevel=stacklevel)
+    return t
 
 
 def check_metric_names(metrics, allowed):

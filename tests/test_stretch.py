@@ -25,6 +25,16 @@ stretch_kv = python_entry(K._stretch_kv)
 stretch_clock = python_entry(K._stretch_clock)
 
 
+def test_internal_kernel_functions_refuse_python_calls():
+    """Internal functions have no Python entry: a call from Python is a clear
+    error (not a jump into a wrapper that does not exist); python_entry
+    compiles a callable twin."""
+    ph = np.array([1, 0, 2, 1], np.int64)
+    with pytest.raises(TypeError, match=r"_kernel\._stretch_kv is compiled for jitted callers only"):
+        K._stretch_kv(ph, 0, 4, 7, 0.1, 0.0)
+    assert stretch_kv(ph, 0, 4, 7, 0.1, 0.0) == K._stretch_kv.py_func(ph, 0, 4, 7, 0.1, 0.0)
+
+
 def random_ph(rng, bs):
     ph = rng.integers(0, 4, bs)
     ph[rng.random(bs) < 0.4] = 0

@@ -2,7 +2,10 @@
 parameter, the value and what is allowed."""
 
 import math
+import warnings
 
+import numpy as np
+import pandas as pd
 import pytest
 
 import fastsim
@@ -46,12 +49,31 @@ def test_engine_config_errors(kwargs, match):
     ({"priorities": (0.5,)}, r"priorities must be a non-empty sequence of integers"),
     ({"warmup_requests": 1000}, r"warmup_requests must be an integer in \[0, 999\], got 1000"),
     ({"horizon_s": -1.0}, r"horizon_s must be a finite number > 0 or None, got -1.0"),
-    ({"arrival_times": [1.0, 0.5], "arrival_rate": None}, r"arrival_times must be finite, >= 0 and non-decreasing"),
+    ({"arrival_times": [1.0, 0.5], "arrival_rate": None},
+     r"arrival_times must be finite, >= 0 and non-decreasing, got 0.5 at index 1 \(after 1.0\)"),
+    ({"arrival_times": [0.0, -2.0], "arrival_rate": None}, r"non-decreasing, got -2.0 at index 1$"),
+    ({"arrival_times": [0.0, np.nan], "arrival_rate": None}, r"non-decreasing, got nan at index 1$"),
     ({"lengths": [1, 2]}, r"lengths must be a LengthTrace or None"),
 ])
 def test_workload_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         W(**kwargs)
+
+
+def test_arrival_times_that_look_like_timestamps_warn():
+    """Epoch timestamps (the first arrival >= 1e6 s) are accepted as times from
+    the start of the run, with a warning saying what that means."""
+    with pytest.warns(UserWarning, match=r"arrival_times start at 1\.7e\+09 s, which looks like an absolute "
+                                         r"timestamp.*subtract the first arrival time") as rec:
+        W(arrival_times=[1.7e9, 1.7e9 + 1.0], arrival_rate=None)
+    assert rec[0].filename == __file__                        # points at the caller
+    requests = pd.DataFrame({"arrival_s": [2e6, 2e6 + 0.5], "prompt_len": [10, 10], "output_len": [3, 3]})
+    with pytest.warns(UserWarning, match=r"requests\['arrival_s'\] start at 2e\+06 s") as rec:
+        fastsim.simulate_requests(fastsim.Scenario(), requests)
+    assert rec[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        W(arrival_times=[9.9e5, 1e6 + 1.0], arrival_rate=None)  # a late start, not taken for a timestamp
 
 
 @pytest.mark.parametrize("factory, match", [
