@@ -1922,9 +1922,10 @@ def _lerp(a, b, t):
 @njit_noalloc
 def _weighted_select(v, w, lo, hi, below, j):
     """The value at 0-based rank ``j`` of the sorted sample in which each
-    ``v[e]`` occurs ``w[e]`` times, searched in ``v[lo:hi]`` by three-way
-    quickselect (expected O(hi - lo); reorders ``v`` and ``w`` there
-    together). Every entry before ``lo`` is smaller than all of ``v[lo:hi]``
+    ``v[e]`` occurs ``w[e]`` >= 1 times (a zero weight could be taken for
+    the next rank; every caller's weights count something), searched in
+    ``v[lo:hi]`` by three-way quickselect (expected O(hi - lo); reorders
+    ``v`` and ``w`` there together). Every entry before ``lo`` is smaller than all of ``v[lo:hi]``
     and they weigh ``below`` (so ``below <= j``).
 
     Returns ``(value, lt, before, gt, upto)``: the value's entries are
@@ -2068,7 +2069,7 @@ def _percentile_in_buckets(v, w, m, total, q, lo, scale, hist):
 @njit_noalloc
 def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
     """numpy's percentiles ``q0 <= q1 <= ...`` (the first ``nq`` <= 4) of the
-    sample in which each ``v[e]`` occurs ``w[e]`` times, into
+    sample in which each ``v[e]`` occurs ``w[e]`` >= 1 times, into
     ``row[c:c + nq]`` (nan for an empty sample); reorders ``v[:m]``, ``w[:m]``.
 
     A large sample is first counted into ``hist.size`` buckets of equal width
