@@ -1,0 +1,79 @@
+"""Where a cold start's compile time goes (a script, not a test).
+
+    python benchmarks/compile_profile.py [--top 12]
+
+Compiles the kernels behind ``replicate`` into an empty Numba cache, in one
+thread, and prints
+
+* each compiled function's own compile time (exclusive of the functions it
+  calls, which compile while it is type-inferred), from Numba's compile
+  events (``numba.core.event``);
+* the time of each compiler pass summed over all functions, from each
+  compile result's ``pipeline_times``: ``native_lowering`` is Numba's
+  lowering plus LLVM's optimisation and machine-code generation,
+  ``nopython_type_inference`` its own share (without the callees that
+  compile while a function is typed).
+
+``startup_memory.py`` gives the end-to-end cold and warm start figures.
+"""
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--top", type=int, default=12, help="functions to list")
+    args = ap.parse_args()
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_compile_")   # before numba is imported
+    from numba.core import event
+
+    stack, own = [], collections.Counter()
+
+    class Timer(event.Listener):
+        def on_start(self, ev):
+            stack.append([ev.data["dispatcher"].py_func.__name__, time.perf_counter(), 0.0])
+
+        def on_end(self, ev):
+            name, t0, inner = stack.pop()
+            dt = time.perf_counter() - t0
+            own[name] += dt - inner
+            if stack:
+                stack[-1][2] += dt
+
+    event.register("numba:compile", Timer())
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fastsim
+    from fastsim import _kernel
+    from benchmarks.common import reference_workload
+
+    t = time.perf_counter()
+    fastsim.replicate(reference_workload(20), n_replications=2, seed=0, n_threads=1, progress=False)
+    total = time.perf_counter() - t
+    print(f"cold replicate: {total:.1f} s, {len(own)} functions compiled, "
+          f"{sum(own.values()):.1f} s of it compiling")
+    print("own compile time (s):")
+    for name, s in own.most_common(args.top):
+        print(f"  {name:28s} {s:6.2f}")
+    rest = sum(own.values()) - sum(s for _, s in own.most_common(args.top))
+    print(f"  {'(the other functions)':28s} {rest:6.2f}")
+    passes = collections.Counter()
+    for obj in vars(_kernel).values():
+        for cres in getattr(obj, "overloads", {}).values():
+            for key, timing in cres.metadata.get("pipeline_times", {}).get("nopython", {}).items():
+                passes[key.split("_", 1)[1]] += timing.run
+    # type inference's time includes the callees compiled during it: its own
+    # share is what the other passes leave of the functions' own times
+    typing = sum(own.values()) - sum(s for name, s in passes.items() if name != "nopython_type_inference")
+    passes["nopython_type_inference"] = typing
+    print("compiler passes, summed over all functions (s):")
+    for name, s in passes.most_common(8):
+        print(f"  {name:40s} {s:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
