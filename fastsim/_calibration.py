@@ -134,7 +134,7 @@ def preset_latency_model(name: str) -> LatencyModel:
 # Result
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(eq=False)
 class CalibrationResult:
     """Outcome of a step-time calibration.
 

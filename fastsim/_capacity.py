@@ -52,7 +52,7 @@ PROBE_COLUMNS = ("probe", "rate", "metric", "limit", "estimate", "ci_low", "ci_h
 _MAX_BRACKET_STEPS = 30
 
 
-@dataclass
+@dataclass(eq=False)
 class CapacityResult:
     """Result of :func:`capacity`.
 
@@ -117,6 +117,10 @@ class CapacityResult:
                 f"total_replications={self.total_replications}, goodput_rate={self.goodput_rate:.4g})")
 
 
+#: Metrics that an upper limit cannot bound sensibly: a lower rate gives less of them.
+HIGHER_IS_BETTER = ("request_throughput", "output_throughput", "goodput", "prefix_hit_rate")
+
+
 def _check_slo(slo) -> dict:
     if not isinstance(slo, dict) or not slo:
         raise ValueError(f"slo must be a non-empty dict {{metric: upper limit}}, e.g. {{'ttft_p99': 0.5}}, "
@@ -125,7 +129,12 @@ def _check_slo(slo) -> dict:
     for metric, limit in slo.items():
         if metric not in METRIC_DESCRIPTIONS:
             raise ValueError(f"slo metric {metric!r} is not a fastsim metric; use one of "
-                             f"{', '.join(METRIC_DESCRIPTIONS)}")
+                             f"{', '.join(m for m in METRIC_DESCRIPTIONS if m not in HIGHER_IS_BETTER)}")
+        if metric in HIGHER_IS_BETTER:
+            raise ValueError(f"slo metric {metric!r} is higher-is-better, but capacity's limits are upper "
+                             f"limits on metrics that grow with load (latencies, blocking, utilisation): any "
+                             f"low enough rate would meet a limit on it; use one of "
+                             f"{', '.join(m for m in METRIC_DESCRIPTIONS if m not in HIGHER_IS_BETTER)}")
         out[metric] = check_float(f"slo[{metric!r}]", limit, low=0, low_open=True)
     return out
 
@@ -223,6 +232,8 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
         ``{metric: upper limit}`` with names from
         :data:`~fastsim.METRIC_DESCRIPTIONS` and limits > 0, in the metric's
         unit (seconds for latencies), e.g. ``{"ttft_p99": 0.5, "tpot_mean": 0.05}``.
+        Throughputs, goodput and the prefix hit rate are refused: they fall
+        with the rate, so an upper limit on them says nothing about capacity.
         Every limit is an upper limit on the metric's mean over replications
         (for a percentile: the expected per-run percentile).
     confidence : float
@@ -255,7 +266,7 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
     Raises
     ------
     ValueError
-        For an unknown metric, a limit <= 0, bad bounds or counts.
+        For an unknown or higher-is-better metric, a limit <= 0, bad bounds or counts.
 
     Examples
     --------

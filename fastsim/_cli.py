@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 from ._cuda import BackendUnavailableError
-from ._io import check_table_path, read_table
+from ._io import check_output_dir, check_table_path, read_table, save_table
 from ._replicate import metric_unit
 
 EXAMPLE = Path(__file__).parent / "examples" / "a10g_sharegpt.toml"
@@ -29,7 +29,7 @@ def _parser():
         sp.add_argument("--format", choices=["table", "json", "csv"], default="table")
         sp.add_argument("--out", type=Path, help="also write the summary here (.csv, .json or .parquet)")
         sp.add_argument("--per-replication", type=Path,
-                        help="write the per-replication table here (.csv or .parquet)")
+                        help="write the per-replication table here (.csv, .json or .parquet)")
         sp.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     run = sub.add_parser("run", help="simulate the scenario of a TOML file")
@@ -107,7 +107,11 @@ def _sweep_main(args) -> int:
         scenario, run = _load(args.config)
         grid = parse_grid(args.grid)
         if args.out is not None:
-            check_table_path(args.out, "--out")
+            check_table_path(args.out, "--out", writing=True)
+        ignored = sorted(set(run) & {"precision", "max_replications", "n_threads"})
+        if ignored:
+            raise ValueError(f"[run] {', '.join(ignored)}: not used by sweep (every point runs n_replications "
+                             f"replications, one thread per job); remove them, or use `fastsim run` per point")
         n = args.replications if args.replications is not None else run.get("n_replications", 1000)
         seed = args.seed if args.seed is not None else run.get("seed")
         from ._sweep import sweep
@@ -145,6 +149,7 @@ def _plot_main(args) -> int:
     try:
         if args.out.suffix.lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
             raise ValueError(f"--out must end in .png, .pdf, .svg or .jpg, got {str(args.out)!r}")
+        check_output_dir(args.out, "--out")
         frame = read_table(args.table)
         import matplotlib
 
@@ -175,7 +180,10 @@ def _load(path: Path):
             cfg = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path} is not valid TOML: {exc}") from None
-    run = dict(cfg.get("run", {}))
+    run = cfg.get("run", {})
+    if not isinstance(run, dict):
+        raise ValueError(f"[run] must be a table of key = value settings, got {run!r}")
+    run = dict(run)
     unknown = set(run) - RUN_KEYS
     if unknown:
         raise ValueError(f"[run]: unknown key(s) {sorted(unknown)}; allowed: {sorted(RUN_KEYS)}")
@@ -222,8 +230,9 @@ def main(argv=None) -> int:
                           ("backend", "backend")):
             if getattr(args, flag) is not None:
                 kwargs[key] = getattr(args, flag)
-        if args.out is not None:
-            check_table_path(args.out, "--out")
+        for path, flag in ((args.out, "--out"), (args.per_replication, "--per-replication")):
+            if path is not None:
+                check_table_path(path, flag, writing=True)
         from ._replicate import replicate
 
         if args.format == "table" and not args.no_progress:
@@ -246,10 +255,7 @@ def main(argv=None) -> int:
     if args.out is not None:
         result.save(args.out)
     if args.per_replication is not None:
-        if args.per_replication.suffix.lower() == ".parquet":
-            result.per_replication.to_parquet(args.per_replication)
-        else:
-            result.per_replication.to_csv(args.per_replication)
+        save_table(result.per_replication, args.per_replication, "--per-replication")
     return 0
 
 

@@ -103,7 +103,7 @@ def paired_difference(a, b, confidence_level: float = 0.95) -> dict:
     return row
 
 
-@dataclass
+@dataclass(eq=False)
 class CompareResult:
     """Result of :func:`compare`.
 

@@ -16,10 +16,13 @@ import numpy as np
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
                              Mixture, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
-from ._validation import (check_arrival_times, check_bool, check_choice, check_float, check_int,
-                          check_probabilities)
+from ._validation import (MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice, check_float,
+                          check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
+#: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
+#: histogram of this many entries).
+MAX_BLOCK_SIZE = 65536
 SCHEDULERS = ("continuous", "static")
 ADMISSIONS = ("none", "queue_limit", "kv_reservation")
 
@@ -90,9 +93,9 @@ class EngineConfig:
     max_num_batched_tokens : int
         Token budget of one step (prefill chunks plus one token per decode).
     block_size : int
-        Tokens per KV-cache block.
+        Tokens per KV-cache block (1 to 65536).
     num_gpu_blocks : int
-        KV-cache blocks on the GPU. The default, 6822, is what vLLM 0.22
+        KV-cache blocks on the GPU (fewer than 2**40 tokens in all). The default, 6822, is what vLLM 0.22
         reported for Qwen2.5-1.5B on an A10G at ``gpu_memory_utilization=0.3``.
     enable_chunked_prefill : bool
         Split prompts into chunks that fit the step's remaining budget.
@@ -156,8 +159,12 @@ class EngineConfig:
 
     def __post_init__(self):
         s = object.__setattr__
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks"):
-            s(self, name, check_int(name, getattr(self, name), low=1))
+        for name, high in (("max_num_seqs", MAX_COUNT), ("max_num_batched_tokens", MAX_TOKENS),
+                           ("block_size", MAX_BLOCK_SIZE), ("num_gpu_blocks", MAX_TOKENS)):
+            s(self, name, check_int(name, getattr(self, name), low=1, high=high))
+        if self.num_gpu_blocks * self.block_size >= MAX_TOKENS:
+            raise ValueError(f"num_gpu_blocks * block_size (the KV cache in tokens) must be < 2**40, got "
+                             f"{self.num_gpu_blocks} * {self.block_size} = {self.num_gpu_blocks * self.block_size}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM refuses this too; a static batch could starve forever.
             raise ValueError(f"max_num_batched_tokens must be >= max_num_seqs ({self.max_num_seqs}), "
@@ -166,7 +173,7 @@ class EngineConfig:
         check_choice("policy", self.policy, POLICIES)
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_choice("admission", self.admission, ADMISSIONS)
-        s(self, "max_waiting", check_int("max_waiting", self.max_waiting, low=0, optional=True))
+        s(self, "max_waiting", check_int("max_waiting", self.max_waiting, low=0, high=MAX_COUNT, optional=True))
         if self.admission == "queue_limit" and self.max_waiting is None:
             raise ValueError("max_waiting must be an integer >= 0 when admission='queue_limit', got None")
         if self.admission != "queue_limit" and self.max_waiting is not None:
@@ -174,7 +181,8 @@ class EngineConfig:
                              f"got max_waiting={self.max_waiting} with admission={self.admission!r}")
         s(self, "max_queue_delay_s", check_float("max_queue_delay_s", self.max_queue_delay_s,
                                                  low=0, low_open=True, optional=True))
-        s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, optional=True))
+        s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, high=MAX_TOKENS,
+                                           optional=True))
         self._check_scheduler_features()
 
     def _check_scheduler_features(self):
@@ -182,7 +190,8 @@ class EngineConfig:
         (``docs/engine-model.md``, "Option combinations")."""
         s = object.__setattr__
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
-        s(self, "swap_space_blocks", check_int("swap_space_blocks", self.swap_space_blocks, low=0))
+        s(self, "swap_space_blocks", check_int("swap_space_blocks", self.swap_space_blocks, low=0,
+                                               high=MAX_TOKENS))
         s(self, "priority_preemption", check_bool("priority_preemption", self.priority_preemption))
         s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
                                                 low=0, low_open=True, optional=True))
@@ -237,11 +246,13 @@ class Workload:
     prompt_len, output_len : int or LengthDistribution
         Token lengths; an int means every request has that length.
     lengths : LengthTrace, optional
-        Paired (prompt, output) rows instead of ``prompt_len``/``output_len``.
+        Paired (prompt, output) rows instead of ``prompt_len``/``output_len``
+        (which must then keep their defaults).
     burstiness : float
         Gamma inter-arrival shape, as ``vllm bench serve --burstiness``: 1 is
         Poisson, < 1 burstier, > 1 more regular (the gaps' squared coefficient
-        of variation is ``1 / burstiness``).
+        of variation is ``1 / burstiness``). Renewal arrivals only (not with
+        ``arrival_times`` or a multi-user workload).
     arrival_times : array_like, optional
         Given arrival timestamps (seconds, non-decreasing, >= 0), the same in
         every replication. They are measured from the start of the run, which
@@ -332,11 +343,16 @@ class Workload:
             s(self, "num_requests", int(t.size))
         elif self.users is None:
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
-        s(self, "num_requests", check_int("num_requests", self.num_requests, low=1))
+        s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
         s(self, "burstiness", check_float("burstiness", self.burstiness, low=0, low_open=True))
         if self.lengths is not None:
             if not isinstance(self.lengths, LengthTrace):
                 raise ValueError(f"lengths must be a LengthTrace or None, got {self.lengths!r}")
+            for name, default in (("prompt_len", 256), ("output_len", 128)):
+                value = getattr(self, name)
+                if not (isinstance(value, (int, np.integer)) and value == default):
+                    raise ValueError(f"{name} must be left at its default ({default}) when lengths gives the "
+                                     f"(prompt, output) pairs, got {value!r}")
         else:
             s(self, "prompt_len", as_length("prompt_len", self.prompt_len))
             s(self, "output_len", as_length("output_len", self.output_len))
@@ -351,6 +367,9 @@ class Workload:
         s(self, "normalize_arrivals", check_bool("normalize_arrivals", self.normalize_arrivals))
         if self.normalize_arrivals and self.arrival_times is not None:
             raise ValueError("normalize_arrivals must be False when arrival_times is given, got True")
+        if self.burstiness != 1.0 and self.arrival_times is not None:
+            raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
+                             f"got {self.burstiness!r}")
 
     def _check_prefix_groups(self):
         s = object.__setattr__
@@ -571,6 +590,9 @@ def _scenario_from_dict(config, base_dir=None):
     unknown = set(config) - known
     if unknown:
         raise ValueError(f"unknown configuration table(s) {sorted(unknown)}; allowed: {sorted(known)}")
+    for table in ("engine", "workload", "latency", "slo", "run"):
+        if not isinstance(config.get(table, {}), dict):
+            raise ValueError(f"[{table}] must be a table of key = value settings, got {config[table]!r}")
     eng = dict(config.get("engine", {}))
     if isinstance(eng.get("length_predictor"), dict):
         # [engine] length_predictor = {sigma = 0.5} or {edges = [64, 256], accuracy = 0.8}
@@ -586,16 +608,23 @@ def _scenario_from_dict(config, base_dir=None):
         raise ValueError(f"[engine]: {exc}") from None
     wl = dict(config.get("workload", {}))
     trace = wl.pop("trace", None)
+    sharegpt = check_bool("[workload] sharegpt", wl.pop("sharegpt", False))
+    order = wl.pop("sharegpt_order", None)
+    if order is not None and not sharegpt:
+        raise ValueError(f"[workload] sharegpt_order needs sharegpt = true, got sharegpt = false and "
+                         f"sharegpt_order = {order!r}")
+    if trace is not None and sharegpt:
+        raise ValueError("[workload]: trace and sharegpt = true both give the lengths; set one of them")
     if trace is not None:
         trace = dict(trace) if isinstance(trace, dict) else {"path": trace}
         path = Path(trace.pop("path"))
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         wl["lengths"] = LengthTrace.from_csv(path, **trace)
-    elif wl.pop("sharegpt", False):
+    elif sharegpt:
         from ._distributions import sharegpt_lengths
 
-        wl["lengths"] = sharegpt_lengths(wl.pop("sharegpt_order", "sample"))
+        wl["lengths"] = sharegpt_lengths("sample" if order is None else order)
     for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
             wl[key] = _length_from_config(key, wl[key], base_dir)

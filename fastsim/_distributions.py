@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ._validation import (check_choice, check_float, check_int, check_int_array,
+from ._validation import (MAX_TOKENS, check_choice, check_float, check_int, check_int_array,
                           check_probabilities)
 
 # Component kinds understood by the kernel's length sampler.
@@ -47,7 +48,7 @@ class Fixed(LengthDistribution):
     value: int
 
     def __post_init__(self):
-        object.__setattr__(self, "value", check_int("value", self.value, low=1))
+        object.__setattr__(self, "value", check_int("value", self.value, low=1, high=MAX_TOKENS))
 
     def _components(self):
         return [(1.0, KIND_FIXED, float(self.value), 0.0, None, None)]
@@ -58,14 +59,17 @@ class LogNormal(LengthDistribution):
     """``ceil(X)`` with ``X = median * exp(sigma * Z)``, ``Z ~ N(0, 1)``.
 
     The ceiling makes the length an integer >= 1 without clipping: the law is
-    ``P(L = k) = P(k - 1 < X <= k)``.
+    ``P(L = k) = P(k - 1 < X <= k)``. (A draw above 2**40 tokens is taken as
+    2**40: the KV cache holds fewer tokens, so such a request is rejected as
+    too long either way.)
     """
 
     median: float
     sigma: float
 
     def __post_init__(self):
-        object.__setattr__(self, "median", check_float("median", self.median, low=0, low_open=True))
+        object.__setattr__(self, "median", check_float("median", self.median, low=0, low_open=True,
+                                                       high=MAX_TOKENS))
         object.__setattr__(self, "sigma", check_float("sigma", self.sigma, low=0))
 
     def _components(self):
@@ -80,8 +84,8 @@ class Uniform(LengthDistribution):
     high: int
 
     def __post_init__(self):
-        low = check_int("low", self.low, low=1)
-        high = check_int("high", self.high, low=1)
+        low = check_int("low", self.low, low=1, high=MAX_TOKENS)
+        high = check_int("high", self.high, low=1, high=MAX_TOKENS)
         if high < low:
             raise ValueError(f"high must be >= low ({low}), got {high}")
         object.__setattr__(self, "low", low)
@@ -162,11 +166,10 @@ def as_length(name: str, value) -> LengthDistribution:
     """Accept an int (a fixed length) or a length law; reject anything else."""
     if isinstance(value, LengthDistribution):
         return value
-    try:
-        return Fixed(check_int(name, value, low=1))
-    except ValueError:
-        raise ValueError(f"{name} must be an integer >= 1 or a length distribution "
-                         f"(Fixed, LogNormal, Uniform, Empirical, Mixture), got {value!r}") from None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+        return Fixed(int(check_int(name, value, low=1, high=MAX_TOKENS)))
+    raise ValueError(f"{name} must be an integer >= 1 or a length distribution "
+                     f"(Fixed, LogNormal, Uniform, Empirical, Mixture), got {value!r}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,17 +7,28 @@ from pathlib import Path
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
 
 
-def check_table_path(path, name: str = "path") -> Path:
-    """``path`` as a Path if its suffix is a table format, else a ValueError naming ``name``."""
+def check_table_path(path, name: str = "path", *, writing: bool = False) -> Path:
+    """``path`` as a Path if its suffix is a table format (and, ``writing``,
+    its directory exists), else a ValueError naming ``name``."""
     path = Path(path)
     if path.suffix.lower() not in TABLE_SUFFIXES:
         raise ValueError(f"{name} must end in .csv, .json or .parquet, got {str(path)!r}")
+    if writing:
+        check_output_dir(path, name)
+    return path
+
+
+def check_output_dir(path, name: str = "path") -> Path:
+    """``path`` as a Path if the directory it is to be written in exists, else a ValueError naming ``name``."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"{name}: directory {str(path.parent)!r} does not exist (for {str(path)!r})")
     return path
 
 
 def save_table(frame, path, name: str = "path") -> Path:
     """Write a DataFrame by suffix; a named index becomes the first column."""
-    path = check_table_path(path, name)
+    path = check_table_path(path, name, writing=True)
     if frame.index.name is not None:
         frame = frame.reset_index()
     suffix = path.suffix.lower()

@@ -281,8 +281,21 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
     from ._validation import check_arrival_times, check_int_array
 
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    if not isinstance(requests, (pd.DataFrame, dict)):
+        raise ValueError(f"requests must be a pandas DataFrame (or a dict of columns) with columns arrival_s, "
+                         f"prompt_len and output_len, got {type(requests).__name__}")
+    if isinstance(requests, dict):
+        try:
+            requests = pd.DataFrame(requests)
+        except ValueError as exc:
+            raise ValueError(f"requests: {exc}") from None
+    missing = [col for col in ("arrival_s", "prompt_len", "output_len") if col not in requests]
+    if missing:
+        raise ValueError(f"requests has no column(s) {', '.join(map(repr, missing))}; it needs arrival_s, "
+                         f"prompt_len and output_len (optional: priority, sjf_key, prefix_group, prefix_len)")
     a = check_arrival_times("requests['arrival_s']", requests["arrival_s"])
-
     p = check_int_array("requests['prompt_len']", requests["prompt_len"])
     o = check_int_array("requests['output_len']", requests["output_len"])
     c = np.zeros(a.size, np.int64)
@@ -366,7 +379,7 @@ _STATUS_NAMES = np.array(["completed", "rejected_too_long", "rejected_admission"
 # ------------------------------------------------------------------------------
 # Results
 
-@dataclass
+@dataclass(eq=False)
 class ReplicateResult:
     """Result of :func:`replicate`.
 
@@ -433,9 +446,12 @@ class ReplicateResult:
         return mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[0]
 
     def relative_half_width(self, metric: str) -> float:
-        """CI half-width divided by the absolute estimate (inf if the estimate is 0)."""
+        """CI half-width divided by the absolute estimate (0 if every replication
+        gave the same value, else inf if the estimate is 0)."""
         est = self.estimate(metric)
         hw = self.confidence_interval(metric).half_width
+        if hw == 0:
+            return 0.0
         return float(hw / abs(est)) if est != 0 else math.inf
 
     def precision_achieved(self) -> pd.DataFrame:
@@ -582,8 +598,16 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
         if need > done:
             import warnings
 
-            warnings.warn(f"precision targets not reached with max_replications={max_replications}; "
-                          f"see ReplicateResult.precision_achieved()", RuntimeWarning, stacklevel=2)
+            missed = []
+            for metric, target in precision.items():
+                est, low, high, _, _ = mean_interval(data[:, K.COLUMNS.index(metric)], confidence_level)
+                hw = (high - low) / 2.0
+                rel = 0.0 if hw == 0 else (hw / abs(est) if est != 0 and np.isfinite(hw) else math.inf)
+                if not rel <= target:
+                    missed.append(f"{metric} {rel:.3g} (target {target:g})")
+            warnings.warn(f"precision targets not reached with max_replications={max_replications}: relative "
+                          f"half-width {', '.join(missed)}; see ReplicateResult.precision_achieved()",
+                          RuntimeWarning, stacklevel=2)
     w = scenario.workload
     if w.horizon_s is not None and w.arrival_times is None and w.users is None:
         exhausted = int((data[:, K.C_N_ARRIVED] >= w.num_requests).sum())

@@ -166,7 +166,7 @@ def _run_point(scenario, n_replications, seed, code_fingerprint, backend="numba"
 # ------------------------------------------------------------------------------
 # Result
 
-@dataclass
+@dataclass(eq=False)
 class SweepResult:
     """Result of :func:`sweep`.
 

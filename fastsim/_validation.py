@@ -14,15 +14,28 @@ import warnings
 import numpy as np
 
 
+#: Largest token count (lengths, budgets, the KV cache): the kernel caps a
+#: drawn length at 2**40, which is exact while the KV cache holds fewer tokens
+#: (such a request never fits and is rejected as too long either way).
+MAX_TOKENS = 2 ** 40
+#: Largest other count: headroom in the kernel's int64 arithmetic.
+MAX_COUNT = 2 ** 62
+
+
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(name: str, value, *, low: int | None = None, high: int | None = None,
               optional: bool = False):
-    """Return ``value`` as ``int`` if it is an integer in ``[low, high]``."""
+    """Return ``value`` as ``int`` if it is an integer in ``[low, high]``.
+
+    A technical upper bound (``MAX_TOKENS`` or more: what the kernel's int64
+    arithmetic allows) is named only to a value above it."""
     if value is None and optional:
         return None
+    if high is not None and high >= MAX_TOKENS and not (_is_int(value) and int(value) > high):
+        high = None
     allowed = "an integer"
     if low is not None and high is not None:
         allowed += f" in [{low}, {high}]"
@@ -42,9 +55,13 @@ def check_int(name: str, value, *, low: int | None = None, high: int | None = No
 
 def check_float(name: str, value, *, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False, optional: bool = False):
-    """Return ``value`` as a finite ``float`` inside the given interval."""
+    """Return ``value`` as a finite ``float`` inside the given interval (a
+    technical upper bound, >= ``MAX_TOKENS``, named only to a value above it)."""
     if value is None and optional:
         return None
+    if (high is not None and high >= MAX_TOKENS
+            and not (isinstance(value, numbers.Real) and not isinstance(value, bool) and value > high)):
+        high = None
     parts = []
     if low is not None:
         parts.append(f"{'>' if low_open else '>='} {low:g}")
@@ -94,8 +111,8 @@ def check_probabilities(name: str, values, size: int | None = None) -> np.ndarra
     return arr
 
 
-def check_int_array(name: str, values, *, low: int = 1) -> np.ndarray:
-    """Return a non-empty 1-d int64 array whose entries are integers >= low."""
+def check_int_array(name: str, values, *, low: int = 1, high: int = MAX_TOKENS) -> np.ndarray:
+    """Return a non-empty 1-d int64 array whose entries are integers in [low, high]."""
     arr = np.asarray(values)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of integers >= {low}, "
@@ -106,6 +123,8 @@ def check_int_array(name: str, values, *, low: int = 1) -> np.ndarray:
             raise ValueError(f"{name} must contain integers >= {low}, got {bad!r}")
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must contain integers >= {low}, got dtype {arr.dtype}")
+    if np.any(arr > high):           # (before the cast: a uint64 above int64's range would wrap)
+        raise ValueError(f"{name} must contain integers in [{low}, {high}], got {int(arr.max())}")
     arr = arr.astype(np.int64)
     if np.any(arr < low):
         raise ValueError(f"{name} must contain integers >= {low}, got {int(arr.min())}")
@@ -120,7 +139,10 @@ def check_arrival_times(name: str, values, *, stacklevel: int = 3) -> np.ndarray
     """Return a non-empty 1-d float64 array of finite, non-negative,
     non-decreasing arrival times; warn when they look like absolute
     timestamps (the first at or after `LATE_START_S`)."""
-    t = np.ascontiguousarray(values, dtype=np.float64)
+    raw = np.asarray(values)
+    if raw.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold numbers (seconds), got dtype {raw.dtype}")
+    t = np.ascontiguousarray(raw, dtype=np.float64)
     if t.ndim != 1 or t.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence, got shape {t.shape}")
     bad = ~np.isfinite(t) | (t < 0)

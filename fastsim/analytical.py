@@ -367,7 +367,7 @@ def _free_space_chain(K, pSK, pa, lam, mu, scv_dep, levels=1024):
 # ----------------------------------------------------------------------------
 # The KV chain: a CTMC on (requests in system, reserved KV units[, service phase])
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KVChain:
     """Stationary solution of :func:`kv_ctmc` (one entry per state unless noted).
 
@@ -1208,7 +1208,9 @@ def predict(scenario: Scenario, model: str = "auto", *, finite_run: bool = True,
         For an unknown model, a scenario feature the model cannot represent
         (the message names it), or ``admission="none"`` beyond capacity.
     """
-    if model == "auto" and isinstance(scenario, Scenario):
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    if model == "auto":
         model = "ctmc" if scenario.engine.admission == "kv_reservation" else "knapsack"
     _check_supported(scenario, model)
     if model == "ctmc" and (int(max_kv_levels) != max_kv_levels or max_kv_levels < 1):
@@ -1219,8 +1221,12 @@ def predict(scenario: Scenario, model: str = "auto", *, finite_run: bool = True,
     if inp.admission == "none" and pi[-1] > 1e-6:
         raise ValueError("the load exceeds the service capacity (admission='none' gives an unstable queue); "
                          "no steady state to predict")
-    lam_eff = float(np.concatenate([sol["lam_n"], [0.0]]) @ pi)
-    blocking = 1.0 - lam_eff / inp.lam
+    lam_acc = np.concatenate([sol["lam_n"], [0.0]])
+    lam_eff = float(lam_acc @ pi)
+    # a sum of non-negative terms (1 - lam_eff / lam can round below 0); no
+    # arrival is ever refused without admission control (the chain's top
+    # state only truncates it)
+    blocking = 0.0 if inp.admission == "none" else float((inp.lam - lam_acc) @ pi) / inp.lam
     n = np.arange(N + 1)
     b = np.minimum(n, c)
     t, cdf, ttft_mean, _ = _ttft_distribution(inp, sol)

@@ -84,6 +84,17 @@ def test_predict_frame_and_monotone(model):
     assert all(x >= y - 1e-12 for x, y in zip(blk, blk[1:]))
 
 
+@pytest.mark.parametrize("admission", ["none", "kv_reservation"])
+@pytest.mark.parametrize("model", ["birth_death", "knapsack"])
+def test_blocking_is_a_probability(model, admission):
+    """Blocking sums non-negative terms (``1 - lam_eff / lam`` rounded below 0
+    without admission control), and is exactly 0 when nothing is refused."""
+    for lam in (0.2, 1.0, 3.0):
+        sc = scenario(lam=lam, c=8, kv=2048).replace(**{"engine.admission": admission})
+        blocking = predict(sc, model=model).loc["blocking_probability", "estimate"]
+        assert (blocking == 0.0) if admission == "none" else (0.0 <= blocking <= 1.0)
+
+
 def test_light_load_matches_simulation_roughly():
     sc = scenario(lam=0.5, c=8, kv=2048)
     sim = fastsim.replicate(sc, n_replications=20, seed=0).summary()["estimate"]

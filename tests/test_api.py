@@ -77,12 +77,30 @@ def test_precision_target_adds_replications_until_reached():
 
 
 def test_precision_target_stops_at_the_cap():
-    with pytest.warns(RuntimeWarning, match="precision targets not reached with max_replications=40"):
+    with pytest.warns(RuntimeWarning, match=r"precision targets not reached with max_replications=40: relative "
+                                             r"half-width ttft_p99 \S+ \(target 1e-06\)"):
         res = fastsim.replicate(SMALL, n_replications=10, seed=4, precision={"ttft_p99": 1e-6},
                                 max_replications=40)
     assert res.n_replications == 40
     report = res.precision_achieved()
     assert not report.loc["ttft_p99", "met"] and report.loc["ttft_p99", "reached"] > 1e-6
+
+
+def test_a_metric_without_variance_meets_its_precision_target():
+    """A metric equal in every replication (no blocking here) has a zero-width
+    interval: replicate stops for it, and precision_achieved says it is met."""
+    res = fastsim.replicate(SMALL, n_replications=5, seed=0, precision={"blocking_probability": 0.1},
+                            max_replications=200)
+    assert res.n_replications == 5 and (res.per_replication["blocking_probability"] == 0).all()
+    report = res.precision_achieved()
+    assert report.loc["blocking_probability", "reached"] == 0.0 and report.loc["blocking_probability", "met"]
+
+
+def test_results_compare_by_identity():
+    """Result objects hold DataFrames: == is identity (no ambiguous-truth error)."""
+    a, b = fastsim.replicate(SMALL, 4, seed=1), fastsim.replicate(SMALL, 4, seed=1)
+    assert a == a and a != b
+    pd.testing.assert_frame_equal(a.per_replication, b.per_replication)   # compare the data instead
 
 
 def test_scenario_from_toml_dict_matches_python():
@@ -118,7 +136,11 @@ def test_cli_run_writes_formats(tmp_path, capsys):
                  "--no-progress"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["metric"] for r in rows} == set(fastsim.METRIC_DESCRIPTIONS)
-    assert len(pd.read_parquet(tmp_path / "p.parquet")) == 8
+    per_rep = pd.read_parquet(tmp_path / "p.parquet")
+    assert per_rep["replication"].tolist() == list(range(8))
+    assert main(["run", str(cfg), "--replications", "8", "--seed", "1", "--format", "csv",
+                 "--per-replication", str(tmp_path / "p.json"), "--no-progress"]) == 0
+    pd.testing.assert_frame_equal(pd.read_json(tmp_path / "p.json", orient="records"), per_rep, check_dtype=False)
     assert pd.read_csv(tmp_path / "o.csv", index_col=0).shape[0] == len(fastsim.METRIC_DESCRIPTIONS)
     assert main(["run", str(cfg), "--replications", "4", "--format", "table", "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -130,6 +152,21 @@ def test_cli_reports_bad_input_clearly(tmp_path, capsys):
     bad.write_text("[engine]\nmax_num_seqs = 0\n")
     assert main(["run", str(bad), "--no-progress"]) == 2
     assert "max_num_seqs must be an integer >= 1, got 0" in capsys.readouterr().err
+    for text, message in (("engine = 5\n", "[engine] must be a table of key = value settings, got 5"),
+                          ("run = [1, 2]\n", "[run] must be a table"),
+                          ("[workload]\nsharegpt = \"false\"\n", "[workload] sharegpt must be True or False"),
+                          ("[workload]\nsharegpt = false\nsharegpt_order = \"sample\"\n",
+                           "sharegpt_order needs sharegpt = true"),
+                          ("[workload]\nsharegpt = true\nprompt_len = 100\n",
+                           "prompt_len must be left at its default (256) when lengths gives")):
+        bad.write_text(text)
+        assert main(["run", str(bad), "--no-progress"]) == 2
+        assert message in capsys.readouterr().err, text
+    # output paths are checked before the run: a bad one loses no results
+    for flag, path in (("--out", tmp_path / "no" / "o.csv"), ("--per-replication", tmp_path / "no" / "p.csv"),
+                       ("--per-replication", tmp_path / "p.xlsx")):
+        assert main(["demo", flag, str(path), "--no-progress"]) == 2
+        assert f"fastsim: error: {flag}" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "missing.toml")]) == 2
     assert main(["demo", "--show-config"]) == 0
     assert "[engine]" in capsys.readouterr().out

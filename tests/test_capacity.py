@@ -98,6 +98,8 @@ def test_same_seed_same_search():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(slo={"ttft_p98": 0.5}), "not a fastsim metric"),
+    (dict(slo={"goodput": 3.0}), r"slo metric 'goodput' is higher-is-better"),
+    (dict(slo={"request_throughput": 3.0}), r"'request_throughput' is higher-is-better"),
     (dict(slo={"ttft_p99": 0.0}), "slo"),
     (dict(slo={"ttft_p99": -1}), "slo"),
     (dict(slo={}), "non-empty dict"),

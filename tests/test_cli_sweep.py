@@ -81,6 +81,7 @@ def test_sweep_uses_run_section_and_cache(config, tmp_path, capsys):
     (["--grid", "engine.bogus=1,2"], "not a scenario parameter"),
     (["--grid", "engine.max_num_seqs=0,4"], "max_num_seqs"),
     (["--grid", "engine.max_num_seqs=4", "--out", "x.txt"], "--out must end"),
+    (["--grid", "engine.max_num_seqs=4", "--out", "no/such/dir/x.csv"], "--out: directory 'no/such/dir' does not"),
     (["--grid", "engine.max_num_seqs=4", "--jobs", "0"], "n_jobs"),
     (["--grid", "engine.max_num_seqs=4", "--grid", "engine.max_num_seqs=8"], "given twice"),
 ])
@@ -88,6 +89,14 @@ def test_sweep_errors_exit_2(config, capsys, extra, message):
     assert main(["sweep", str(config), "--no-progress", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastsim: error:") and message in err
+
+
+def test_sweep_refuses_run_settings_it_would_ignore(config, capsys):
+    """[run] precision, max_replications and n_threads are `fastsim run`
+    settings: a sweep says so instead of running without them."""
+    config.write_text(config.read_text() + "precision = {ttft_p99 = 0.0001}\nmax_replications = 20\n")
+    assert main(["sweep", str(config), "--no-progress", "--grid", "engine.max_num_seqs=4,8"]) == 2
+    assert "[run] max_replications, precision: not used by sweep" in capsys.readouterr().err
 
 
 def test_sweep_missing_config_exits_2(tmp_path, capsys):
@@ -146,3 +155,6 @@ def test_plot_cli(frame, tmp_path, capsys):
     assert main(["plot", str(table), "--x", "workload.arrival_rate", "--y", "nope", "--out", str(out)]) == 2
     assert "fastsim: error:" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "missing.csv"), "--x", "a", "--y", "b"]) == 2
+    assert main(["plot", str(table), "--x", "workload.arrival_rate", "--y", "ttft_p99",
+                 "--out", str(tmp_path / "no" / "p.png")]) == 2
+    assert "--out: directory" in capsys.readouterr().err

@@ -17,7 +17,7 @@ E, W = fastsim.EngineConfig, fastsim.Workload
     ({"max_num_seqs": 0}, r"max_num_seqs must be an integer >= 1, got 0"),
     ({"max_num_seqs": 2.5}, r"max_num_seqs must be an integer >= 1, got 2.5"),
     ({"max_num_batched_tokens": -1}, r"max_num_batched_tokens must be an integer >= 1, got -1"),
-    ({"block_size": 0}, r"block_size must be an integer >= 1, got 0"),
+    ({"block_size": 0}, r"block_size must be an integer in \[1, 65536\], got 0"),
     ({"num_gpu_blocks": True}, r"num_gpu_blocks must be an integer >= 1, got True"),
     ({"policy": "lifo"}, r"policy must be one of 'fcfs', 'priority', 'sjf', got 'lifo'"),
     ({"scheduler": "dynamic"}, r"scheduler must be one of 'continuous', 'static', got 'dynamic'"),
@@ -28,6 +28,13 @@ E, W = fastsim.EngineConfig, fastsim.Workload
     ({"max_queue_delay_s": 0.0}, r"max_queue_delay_s must be a finite number > 0 or None, got 0.0"),
     ({"max_queue_delay_s": math.nan}, r"max_queue_delay_s must be a finite number > 0 or None, got nan"),
     ({"enable_chunked_prefill": "yes"}, r"enable_chunked_prefill must be True or False, got 'yes'"),
+    # beyond the kernel's int64 token arithmetic: refused, not overflowed
+    ({"num_gpu_blocks": 2 ** 63},
+     r"num_gpu_blocks must be an integer in \[1, 1099511627776\], got 9223372036854775808"),
+    ({"block_size": 2 ** 40}, r"block_size must be an integer in \[1, 65536\], got 1099511627776"),
+    ({"num_gpu_blocks": 2 ** 37, "block_size": 16},
+     r"num_gpu_blocks \* block_size \(the KV cache in tokens\) must be < 2\*\*40, got 137438953472 \* 16"),
+    ({"max_model_len": 2 ** 63}, r"max_model_len must be an integer in \[2, 1099511627776\] or None"),
     ({"max_model_len": 1}, r"max_model_len must be an integer >= 2 or None, got 1"),
 ])
 def test_engine_config_errors(kwargs, match):
@@ -54,6 +61,13 @@ def test_engine_config_errors(kwargs, match):
     ({"arrival_times": [0.0, -2.0], "arrival_rate": None}, r"non-decreasing, got -2.0 at index 1$"),
     ({"arrival_times": [0.0, np.nan], "arrival_rate": None}, r"non-decreasing, got nan at index 1$"),
     ({"lengths": [1, 2]}, r"lengths must be a LengthTrace or None"),
+    ({"lengths": fastsim.LengthTrace([5, 6], [7, 8]), "output_len": 5},
+     r"output_len must be left at its default \(128\) when lengths gives the \(prompt, output\) pairs, got 5"),
+    ({"arrival_times": [0.0, 1.0], "arrival_rate": None, "burstiness": 0.25},
+     r"burstiness must be 1.0 \(its default\) when arrival_times is given, got 0.25"),
+    ({"arrival_times": ["0", "1"], "arrival_rate": None},
+     r"arrival_times must hold numbers \(seconds\), got dtype <U1"),
+    ({"prompt_len": 2 ** 63}, r"prompt_len must be an integer in \[1, 1099511627776\], got 9223372036854775808"),
 ])
 def test_workload_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -82,6 +96,11 @@ def test_arrival_times_that_look_like_timestamps_warn():
     (lambda: fastsim.Uniform(5, 2), r"high must be >= low \(5\), got 2"),
     (lambda: fastsim.Fixed(0), r"value must be an integer >= 1, got 0"),
     (lambda: fastsim.Empirical([3, 0]), r"values must contain integers >= 1, got 0"),
+    (lambda: fastsim.Empirical([2 ** 63]),
+     r"values must contain integers in \[1, 1099511627776\], got 9223372036854775808"),
+    (lambda: fastsim.Fixed(2 ** 63), r"value must be an integer in \[1, 1099511627776\]"),
+    (lambda: fastsim.LogNormal(median=1e19, sigma=1),
+     r"median must be a finite number > 0 and <= 1.09951e\+12, got 1e\+19"),
     (lambda: fastsim.Empirical([3, 4], weights=[0.2, 0.2]), r"weights must sum to 1"),
     (lambda: fastsim.Mixture([fastsim.Fixed(3)], [0.5]), r"weights must sum to 1"),
     (lambda: fastsim.Mixture([fastsim.Fixed(3), 0], [0.5, 0.5]), r"components\[1\] must be an integer >= 1"),
@@ -93,6 +112,20 @@ def test_arrival_times_that_look_like_timestamps_warn():
 def test_distribution_and_latency_errors(factory, match):
     with pytest.raises(ValueError, match=match):
         factory()
+
+
+def test_simulate_requests_and_predict_name_what_is_wrong():
+    sc = fastsim.Scenario()
+    with pytest.raises(ValueError, match=r"requests has no column\(s\) 'output_len'; it needs arrival_s, prompt_len"):
+        fastsim.simulate_requests(sc, pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3]}))
+    with pytest.raises(ValueError, match=r"requests must be a pandas DataFrame .* got ndarray"):
+        fastsim.simulate_requests(sc, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"requests: All arrays must be of the same length"):
+        fastsim.simulate_requests(sc, {"arrival_s": [0.0, 1.0], "prompt_len": [3], "output_len": [3, 3]})
+    with pytest.raises(ValueError, match=r"scenario must be a fastsim.Scenario, got Workload"):
+        fastsim.simulate_requests(sc.workload, pd.DataFrame({"arrival_s": [0.0], "prompt_len": [3], "output_len": [3]}))
+    with pytest.raises(ValueError, match=r"scenario must be a fastsim.Scenario, got Workload"):
+        fastsim.analytical.predict(sc.workload)
 
 
 def test_scenario_errors():
