@@ -108,10 +108,13 @@ def _sweep_main(args) -> int:
         grid = parse_grid(args.grid)
         if args.out is not None:
             check_table_path(args.out, "--out", writing=True)
-        ignored = sorted(set(run) & {"precision", "max_replications", "n_threads"})
-        if ignored:
-            raise ValueError(f"[run] {', '.join(ignored)}: not used by sweep (every point runs n_replications "
-                             f"replications, one thread per job); remove them, or use `fastsim run` per point")
+        unused = sorted(set(run) & {"precision", "max_replications"})
+        if unused:
+            raise ValueError(f"[run] {', '.join(unused)}: not used by sweep (every point runs n_replications "
+                             f"replications); remove them, or use `fastsim run` per point")
+        if "n_threads" in run:
+            print("fastsim: note: [run] n_threads is not used by sweep (--jobs sets its parallelism)",
+                  file=sys.stderr)
         n = args.replications if args.replications is not None else run.get("n_replications", 1000)
         seed = args.seed if args.seed is not None else run.get("seed")
         from ._sweep import sweep

@@ -23,6 +23,10 @@ POLICIES = ("fcfs", "priority", "sjf")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
 #: histogram of this many entries).
 MAX_BLOCK_SIZE = 65536
+#: Largest prefix_groups and users: tables of one entry per group, and a
+#: request buffer of (users x per-user cap) entries.
+MAX_GROUPS = 2 ** 24
+MAX_USERS = 2 ** 24
 SCHEDULERS = ("continuous", "static")
 ADMISSIONS = ("none", "queue_limit", "kv_reservation")
 
@@ -349,16 +353,19 @@ class Workload:
             if not isinstance(self.lengths, LengthTrace):
                 raise ValueError(f"lengths must be a LengthTrace or None, got {self.lengths!r}")
             for name, default in (("prompt_len", 256), ("output_len", 128)):
-                value = getattr(self, name)
-                if not (isinstance(value, (int, np.integer)) and value == default):
+                value = getattr(self, name)       # (Fixed(default) after Scenario.replace)
+                if not (isinstance(value, (int, np.integer)) and value == default
+                        or isinstance(value, Fixed) and value.value == default):
                     raise ValueError(f"{name} must be left at its default ({default}) when lengths gives the "
                                      f"(prompt, output) pairs, got {value!r}")
         else:
             s(self, "prompt_len", as_length("prompt_len", self.prompt_len))
             s(self, "output_len", as_length("output_len", self.output_len))
         pri = np.asarray(self.priorities)
-        if pri.ndim != 1 or pri.size == 0 or pri.dtype.kind not in "iu":
-            raise ValueError(f"priorities must be a non-empty sequence of integers, got {self.priorities!r}")
+        if (pri.ndim != 1 or pri.size == 0 or pri.dtype.kind not in "iu"
+                or np.any(pri > MAX_COUNT) or np.any(pri < -MAX_COUNT)):
+            raise ValueError(f"priorities must be a non-empty sequence of integers in [-2**62, 2**62], "
+                             f"got {self.priorities!r}")
         s(self, "priorities", tuple(int(p) for p in pri))
         s(self, "priority_probs", tuple(check_probabilities("priority_probs", self.priority_probs, pri.size)))
         s(self, "warmup_requests", check_int("warmup_requests", self.warmup_requests,
@@ -373,7 +380,7 @@ class Workload:
 
     def _check_prefix_groups(self):
         s = object.__setattr__
-        g = check_int("prefix_groups", self.prefix_groups, low=0)
+        g = check_int("prefix_groups", self.prefix_groups, low=0, high=MAX_GROUPS)
         s(self, "prefix_groups", g)
         if g == 0:
             if self.prefix_len is not None or self.prefix_popularity != 0.0:
@@ -398,10 +405,10 @@ class Workload:
         if isinstance(u, (tuple, list)):
             if len(u) != 2:
                 raise ValueError(f"users must be an integer >= 1 or a (low, high) pair, got {u!r}")
-            lo = check_int("users[0]", u[0], low=1)
-            hi = check_int("users[1]", u[1], low=lo)
+            lo = check_int("users[0]", u[0], low=1, high=MAX_USERS)
+            hi = check_int("users[1]", u[1], low=lo, high=MAX_USERS)
         else:
-            lo = hi = check_int("users", u, low=1)
+            lo = hi = check_int("users", u, low=1, high=MAX_USERS)
         s(self, "users", (lo, hi))
         m = check_float("requests_per_user", self.requests_per_user, low=0, low_open=True, high=1000.0)
         s(self, "requests_per_user", m)

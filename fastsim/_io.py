@@ -19,9 +19,12 @@ def check_table_path(path, name: str = "path", *, writing: bool = False) -> Path
 
 
 def check_output_dir(path, name: str = "path") -> Path:
-    """``path`` as a Path if the directory it is to be written in exists, else a ValueError naming ``name``."""
+    """``path`` as a Path if the directory it is to be written in exists, else
+    a ValueError naming ``name`` (a URL such as ``s3://...`` is left to pandas)."""
+    if "://" in str(path):
+        return Path(path)
     path = Path(path)
-    if not path.parent.is_dir():
+    if not path.expanduser().parent.is_dir():
         raise ValueError(f"{name}: directory {str(path.parent)!r} does not exist (for {str(path)!r})")
     return path
 

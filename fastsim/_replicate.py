@@ -283,6 +283,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    if hasattr(requests, "to_pandas") and not isinstance(requests, pd.DataFrame):
+        requests = requests.to_pandas()        # polars, pyarrow
     if not isinstance(requests, (pd.DataFrame, dict)):
         raise ValueError(f"requests must be a pandas DataFrame (or a dict of columns) with columns arrival_s, "
                          f"prompt_len and output_len, got {type(requests).__name__}")

@@ -53,6 +53,11 @@ def check_int(name: str, value, *, low: int | None = None, high: int | None = No
     return value
 
 
+def _bound(x) -> str:
+    """A bound as written in a message: whole numbers in full (2**40 is 1099511627776, not 1.09951e+12)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 2 ** 53 else f"{x:g}"
+
+
 def check_float(name: str, value, *, low: float | None = None, high: float | None = None,
                 low_open: bool = False, high_open: bool = False, optional: bool = False):
     """Return ``value`` as a finite ``float`` inside the given interval (a
@@ -64,9 +69,9 @@ def check_float(name: str, value, *, low: float | None = None, high: float | Non
         high = None
     parts = []
     if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
+        parts.append(f"{'>' if low_open else '>='} {_bound(low)}")
     if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
+        parts.append(f"{'<' if high_open else '<='} {_bound(high)}")
     allowed = "a finite number" + (" " + " and ".join(parts) if parts else "")
     if optional:
         allowed += " or None"
@@ -140,11 +145,13 @@ def check_arrival_times(name: str, values, *, stacklevel: int = 3) -> np.ndarray
     non-decreasing arrival times; warn when they look like absolute
     timestamps (the first at or after `LATE_START_S`)."""
     raw = np.asarray(values)
-    if raw.dtype.kind not in "iuf":
+    if raw.ndim != 1 or raw.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence, got shape {raw.shape}")
+    numbers_only = raw.dtype.kind in "iuf" or (raw.dtype.kind == "O" and all(
+        isinstance(x, numbers.Real) and not isinstance(x, bool) for x in raw))
+    if not numbers_only:
         raise ValueError(f"{name} must hold numbers (seconds), got dtype {raw.dtype}")
     t = np.ascontiguousarray(raw, dtype=np.float64)
-    if t.ndim != 1 or t.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-d sequence, got shape {t.shape}")
     bad = ~np.isfinite(t) | (t < 0)
     bad[1:] |= np.diff(t) < 0
     if bad.any():

@@ -1223,10 +1223,14 @@ def predict(scenario: Scenario, model: str = "auto", *, finite_run: bool = True,
                          "no steady state to predict")
     lam_acc = np.concatenate([sol["lam_n"], [0.0]])
     lam_eff = float(lam_acc @ pi)
-    # a sum of non-negative terms (1 - lam_eff / lam can round below 0); no
-    # arrival is ever refused without admission control (the chain's top
-    # state only truncates it)
-    blocking = 0.0 if inp.admission == "none" else float((inp.lam - lam_acc) @ pi) / inp.lam
+    # A sum of non-negative terms (1 - lam_eff / lam can round below 0, and
+    # an acceptance probability above 1). Without admission control the
+    # chain's top state only truncates it: there, only requests that never
+    # fit are refused, as in every other state.
+    refused = np.maximum(inp.lam - lam_acc, 0.0) * pi
+    if inp.admission == "none":
+        refused[-1] = max(inp.lam - float(lam_acc[-2]), 0.0) * pi[-1] if N > 0 else 0.0
+    blocking = float(refused.sum()) / inp.lam
     n = np.arange(N + 1)
     b = np.minimum(n, c)
     t, cdf, ttft_mean, _ = _ttft_distribution(inp, sol)

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 import fastsim
+from conftest import within
 from fastsim._queueing import erlang_b
 from fastsim.analytical import (birth_death_stationary, length_pmf, mm1_stationary, mmc_stationary,
                                 predict)
@@ -87,12 +88,29 @@ def test_predict_frame_and_monotone(model):
 @pytest.mark.parametrize("admission", ["none", "kv_reservation"])
 @pytest.mark.parametrize("model", ["birth_death", "knapsack"])
 def test_blocking_is_a_probability(model, admission):
-    """Blocking sums non-negative terms (``1 - lam_eff / lam`` rounded below 0
-    without admission control), and is exactly 0 when nothing is refused."""
+    """Blocking sums non-negative terms (``1 - lam_eff / lam`` rounded below 0),
+    also for fixed lengths (whose fit probability can round above 1), and
+    is exactly 0 without admission control when every request fits."""
     for lam in (0.2, 1.0, 3.0):
         sc = scenario(lam=lam, c=8, kv=2048).replace(**{"engine.admission": admission})
-        blocking = predict(sc, model=model).loc["blocking_probability", "estimate"]
+        assert 0.0 <= predict(sc, model=model).loc["blocking_probability", "estimate"] <= 1.0
+        fixed = sc.replace(**{"workload.prompt_len": 1, "workload.output_len": 1})
+        blocking = predict(fixed, model=model).loc["blocking_probability", "estimate"]
         assert (blocking == 0.0) if admission == "none" else (0.0 <= blocking <= 1.0)
+
+
+def test_blocking_without_admission_control_is_the_too_long_fraction():
+    """With admission="none" only requests that never fit (here: longer than
+    max_model_len) are refused, in every state: the simulation's estimate of
+    their fraction must cover the prediction."""
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=16, max_model_len=600),
+                          workload=fastsim.Workload(arrival_rate=1.0, num_requests=400,
+                                                    prompt_len=fastsim.LogNormal(median=200, sigma=0.8),
+                                                    output_len=fastsim.LogNormal(median=100, sigma=0.8)))
+    pred = predict(sc).loc["blocking_probability", "estimate"]
+    x = fastsim.replicate(sc, n_replications=40).per_replication["blocking_probability"]
+    assert 0.05 < pred < 0.5
+    within(x.mean(), pred, x.std(ddof=1) / np.sqrt(x.size))
 
 
 def test_light_load_matches_simulation_roughly():

@@ -433,7 +433,7 @@ def test_hit_rate_grows_with_the_cache():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(prefix_groups=-1, prefix_len=10), "prefix_groups must be an integer >= 0, got -1"),
+    (dict(prefix_groups=-1, prefix_len=10), r"prefix_groups must be an integer in \[0, 16777216\], got -1"),
     (dict(prefix_groups=3), "prefix_len .* is required with prefix_groups=3"),
     (dict(prefix_len=10), "prefix_len and prefix_popularity need prefix_groups >= 1"),
     (dict(prefix_popularity=1.0), "prefix_len and prefix_popularity need prefix_groups >= 1"),

@@ -156,8 +156,8 @@ def test_multi_user_horizon_truncates_arrivals():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(users=0, requests_per_user=1, user_rate=1), "users must be an integer >= 1, got 0"),
-    (dict(users=(5, 3), requests_per_user=1, user_rate=1), "users[1] must be an integer >= 5, got 3"),
+    (dict(users=0, requests_per_user=1, user_rate=1), "users must be an integer in [1, 16777216], got 0"),
+    (dict(users=(5, 3), requests_per_user=1, user_rate=1), "users[1] must be an integer in [5, 16777216], got 3"),
     (dict(users=4, requests_per_user=0, user_rate=1), "requests_per_user must be"),
     (dict(users=4, requests_per_user=2, user_rate=-1), "user_rate must be"),
     (dict(users=4, requests_per_user=2, user_rate=1, arrival_rate=3.0), "arrival_rate must be None"),
