@@ -99,8 +99,9 @@ class EngineConfig:
     block_size : int
         Tokens per KV-cache block (1 to 65536).
     num_gpu_blocks : int
-        KV-cache blocks on the GPU (fewer than 2**40 tokens in all). The default, 6822, is what vLLM 0.22
-        reported for Qwen2.5-1.5B on an A10G at ``gpu_memory_utilization=0.3``.
+        KV-cache blocks on the GPU (fewer than 2**40 tokens in all). The
+        default, 6822, is what vLLM 0.22 reported for Qwen2.5-1.5B on an A10G
+        at ``gpu_memory_utilization=0.3``.
     enable_chunked_prefill : bool
         Split prompts into chunks that fit the step's remaining budget.
     policy : {"fcfs", "priority", "sjf"}

@@ -1925,8 +1925,8 @@ def _weighted_select(v, w, lo, hi, below, j):
     ``v[e]`` occurs ``w[e]`` >= 1 times (a zero weight could be taken for
     the next rank; every caller's weights count something), searched in
     ``v[lo:hi]`` by three-way quickselect (expected O(hi - lo); reorders
-    ``v`` and ``w`` there together). Every entry before ``lo`` is smaller than all of ``v[lo:hi]``
-    and they weigh ``below`` (so ``below <= j``).
+    ``v`` and ``w`` there together). Every entry before ``lo`` is smaller
+    than all of ``v[lo:hi]`` and they weigh ``below`` (so ``below <= j``).
 
     Returns ``(value, lt, before, gt, upto)``: the value's entries are
     ``v[lt:gt]``, every entry before ``lt`` is smaller (weight ``before``),

@@ -449,12 +449,9 @@ class ReplicateResult:
 
     def relative_half_width(self, metric: str) -> float:
         """CI half-width divided by the absolute estimate (0 if every replication
-        gave the same value, else inf if the estimate is 0)."""
-        est = self.estimate(metric)
-        hw = self.confidence_interval(metric).half_width
-        if hw == 0:
-            return 0.0
-        return float(hw / abs(est)) if est != 0 else math.inf
+        gave the same value, else inf if the estimate is 0 or undefined)."""
+        check_choice("metric", metric, self.metrics)
+        return _relative_half_width(self.per_replication[metric].to_numpy(), self.confidence_level)
 
     def precision_achieved(self) -> pd.DataFrame:
         """For a run with ``precision`` targets: target and reached relative
@@ -602,9 +599,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
 
             missed = []
             for metric, target in precision.items():
-                est, low, high, _, _ = mean_interval(data[:, K.COLUMNS.index(metric)], confidence_level)
-                hw = (high - low) / 2.0
-                rel = 0.0 if hw == 0 else (hw / abs(est) if est != 0 and np.isfinite(hw) else math.inf)
+                rel = _relative_half_width(data[:, K.COLUMNS.index(metric)], confidence_level)
                 if not rel <= target:
                     missed.append(f"{metric} {rel:.3g} (target {target:g})")
             warnings.warn(f"precision targets not reached with max_replications={max_replications}: relative "
@@ -627,6 +622,16 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
                            seed=entropy, backend=backend, precision=precision,
                            elapsed_s=time.perf_counter() - start)
+
+
+def _relative_half_width(x, confidence_level) -> float:
+    """Half-width of the mean's confidence interval over |mean|: 0 when every
+    value is the same, inf when the mean is 0 or the interval undefined."""
+    est, low, high, _, _ = mean_interval(x, confidence_level)
+    hw = (high - low) / 2.0
+    if hw == 0:
+        return 0.0
+    return float(hw / abs(est)) if est != 0 and np.isfinite(hw) else math.inf
 
 
 def _replications_needed(data, precision, done, confidence_level):
