@@ -1126,11 +1126,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     every request's times are bit-identical to the reference's
     (tests/test_reference_agreement.py).
     Event skipping runs a *stretch* of fast steps in which nothing happens but
-    token counts with the clock still summed step by step (one addition per
-    step, `_stretch_clock`) but the blocks, the time integrals and the
-    inter-token gaps in closed form, O(block_size) (O(steps) for the gaps with
-    a context term); those run-level figures then agree with the reference to
-    rounding (tests/test_stretch.py).
+    token counts: the clock is the reference's running sum bit for bit
+    (`_stretch_clock`: one addition per step, or many steps at once inside a
+    binade), the blocks, the time integrals and the inter-token gaps are in
+    closed form, O(block_size) (O(steps) for the gaps with a context term);
+    those run-level figures then agree with the reference to rounding
+    (tests/test_stretch.py).
 
     The options of issue 10 that act on scheduling are implemented in the
     slow step only, and force it (correctness first): active priority

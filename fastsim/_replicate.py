@@ -451,7 +451,7 @@ class ReplicateResult:
         """CI half-width divided by the absolute estimate (0 if every replication
         gave the same value, else inf if the estimate is 0 or undefined)."""
         check_choice("metric", metric, self.metrics)
-        return _relative_half_width(self.per_replication[metric].to_numpy(), self.confidence_level)
+        return _relative_half_width(*mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[:3])
 
     def precision_achieved(self) -> pd.DataFrame:
         """For a run with ``precision`` targets: target and reached relative
@@ -599,7 +599,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
 
             missed = []
             for metric, target in precision.items():
-                rel = _relative_half_width(data[:, K.COLUMNS.index(metric)], confidence_level)
+                rel = _relative_half_width(*mean_interval(data[:, K.COLUMNS.index(metric)], confidence_level)[:3])
                 if not rel <= target:
                     missed.append(f"{metric} {rel:.3g} (target {target:g})")
             warnings.warn(f"precision targets not reached with max_replications={max_replications}: relative "
@@ -624,10 +624,9 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
                            elapsed_s=time.perf_counter() - start)
 
 
-def _relative_half_width(x, confidence_level) -> float:
-    """Half-width of the mean's confidence interval over |mean|: 0 when every
-    value is the same, inf when the mean is 0 or the interval undefined."""
-    est, low, high, _, _ = mean_interval(x, confidence_level)
+def _relative_half_width(est, low, high) -> float:
+    """Half-width of the mean's confidence interval [low, high] over |est|: 0
+    when every value is the same, inf when the mean is 0 or the interval undefined."""
     hw = (high - low) / 2.0
     if hw == 0:
         return 0.0
@@ -647,7 +646,7 @@ def _replications_needed(data, precision, done, confidence_level):
             continue  # the same value in every replication: nothing to estimate
         if n < 2 or not np.isfinite(low):
             return max(need, 2 * done)
-        rel = (high - low) / 2.0 / abs(est) if est != 0 else math.inf
+        rel = _relative_half_width(est, low, high)
         if rel > target:
             factor = (rel / target) ** 2 if np.isfinite(rel) else 4.0
             need = max(need, int(math.ceil(done * factor * 1.05)))
