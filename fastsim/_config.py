@@ -620,7 +620,7 @@ def _scenario_from_dict(config, base_dir=None):
     order = wl.pop("sharegpt_order", None)
     if order is not None and not sharegpt:
         raise ValueError(f"[workload] sharegpt_order needs sharegpt = true, got sharegpt = false and "
-                         f"sharegpt_order = {order!r}")
+                         f"sharegpt_order = {order!r}; remove sharegpt_order, or set sharegpt = true")
     if trace is not None and sharegpt:
         raise ValueError("[workload]: trace and sharegpt = true both give the lengths; set one of them")
     if trace is not None:
