@@ -7,8 +7,8 @@ so every worker gets the same treatment (the habit of scikit-learn's
 
 * **Thread budget.** Each replication batch is itself parallel (a thread
   pool of ``numba.get_num_threads()`` threads running the nogil kernel), so
-  ``workers x Numba threads`` must not exceed the available
-  cores. Each worker gets ``cores // workers`` Numba threads (at least 1),
+  ``workers x Numba threads`` must not exceed the available cores. On a
+  local backend each worker gets ``cores // workers`` Numba threads (at least 1),
   set with ``numba.set_num_threads`` around every task; loky workers are also
   started with ``NUMBA_NUM_THREADS`` (and the BLAS/OpenMP variables) at that
   value through joblib's ``inner_max_num_threads``.
@@ -97,10 +97,12 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
         The positional arguments of each call.
     n_jobs : int
         Worker processes (an integer >= 1, or -1 for all cores); capped by the
-        cores and the number of tasks. With one worker the calls run in this
-        process. Each worker runs Numba with ``cores // workers`` threads.
-        joblib's active backend is used (loky unless set otherwise with
-        ``joblib.parallel_config``).
+        number of tasks and, on a local backend, by the cores. With one worker
+        the calls run in this process. On a local backend each worker runs
+        Numba with ``cores // workers`` threads; on a remote one (Dask) the
+        workers are not this machine's, and their thread counts are left
+        alone. joblib's active backend is used (loky unless set otherwise
+        with ``joblib.parallel_config``).
     progress : bool
         Show a tqdm progress bar over tasks.
     desc : str

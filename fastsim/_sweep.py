@@ -279,9 +279,10 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
         before. (For common random numbers across scenarios, use
         :func:`~fastsim.compare`.)
     n_jobs : int
-        Worker processes (-1: all cores); each runs Numba with
-        ``cores // n_jobs`` threads (:mod:`fastsim._parallel`). Does not
-        change the results.
+        Worker processes (-1: all cores); on a local joblib backend (loky by
+        default) each runs Numba with ``cores // n_jobs`` threads; on a
+        Dask cluster, the workers' own thread counts apply
+        (:mod:`fastsim._parallel`). Does not change the results.
     confidence_level : float
         Level of the intervals.
     points : list of dict, optional
