@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     if args.command == "plot":
         return _plot_main(args)
     if args.command == "demo" and args.show_config:
-        print(EXAMPLE.read_text())
+        print(EXAMPLE.read_text(), end="")   # the file, byte for byte (`> my.toml`)
         return 0
     try:
         scenario, run = _load(EXAMPLE if args.command == "demo" else args.config)

@@ -392,7 +392,8 @@ class ReplicateResult:
         One row per replication: every metric in :data:`METRIC_DESCRIPTIONS`
         and the counts ``n_arrived``, ``n_completed``, ``n_rejected``
         (``n_rejected_too_long`` + ``n_rejected_admission``), ``n_dropped``,
-        ``n_unfinished`` (``n_arrived`` is always their sum), ``n_preemptions``, ``n_swaps``,
+        ``n_unfinished`` (``n_arrived`` is always their sum), ``n_measured`` (arrivals after
+        the ``warmup_requests``: those the metrics cover), ``n_preemptions``, ``n_swaps``,
         ``n_steps``, ``max_blocks_used``, ``blocks_used_at_end``, ``max_swap_blocks_used``
         (CPU swap space, at most ``swap_space_blocks``), ``window_s``,
         ``end_s`` and the Little's-law pair ``time_in_system_integral`` /
@@ -547,8 +548,10 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     precision : dict, optional
         ``{metric: relative half-width}``: keep adding replications (in
         batches) until every named metric's CI half-width is below that
-        fraction of its estimate, or ``max_replications`` is reached (the
-        result's ``summary()`` shows what was achieved).
+        fraction of its estimate, or ``max_replications`` is reached
+        (:meth:`ReplicateResult.precision_achieved` gives each target, the
+        half-width reached and whether it was met; a warning names those
+        missed).
     max_replications : int
         Cap on replications with ``precision``.
     n_threads : int, optional

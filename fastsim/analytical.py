@@ -1,8 +1,8 @@
 """Analytical (queueing-theory) estimates of a fastsim scenario, without simulation.
 
 ``predict(scenario, model=...)`` returns a DataFrame indexed by the metric names
-of ``replicate(...).summary()`` with one column, ``estimate`` (NaN where a
-model does not estimate a metric). Models (assumptions in ``docs/analytical.md``):
+of ``replicate(...).summary()`` with two columns, ``estimate`` (NaN where a
+model does not estimate a metric) and ``description``. Models (assumptions in ``docs/analytical.md``):
 
 * ``"birth_death"``: a birth-death chain on the number of requests in the
   system ``n`` with the admission cap ``N_max = floor(K / E[P+O])`` (``K`` the
@@ -560,9 +560,10 @@ def kv_ctmc(arrival_rate, size_pmf, capacity, servers, mean_service, *, phases: 
         or ``(servers, len(size_pmf))`` (row ``b-1``: with ``b`` requests in
         service); > 0 where ``size_pmf > 0``.
     phases : int
-        Erlang phases of the service time (``servers = 1`` only): ``m`` phases
-        of rate ``m x`` the departure rate give a service-time SCV of ``1/m``
-        per size class. 1 gives exponential services.
+        Erlang phases of the departure clock while every slot is busy
+        (``n >= servers``; below, departures are exponential): ``m`` phases of
+        rate ``m x`` the departure rate give intervals of SCV ``1/m`` per
+        size class (for one server, the service-time SCV). 1: exponential.
     max_in_system : int, optional
         Truncation ``N`` of the number in system (arrivals finding ``N`` are
         rejected). Default: grown until ``P(n = N) <= tol``.
