@@ -521,7 +521,10 @@ def _q_push(q, qs, key, policy, i, front):
     qs[0] += 1
 
 
-@njit_noalloc
+# _q_peek, _q_pop and _arrivals_during_step are inlined into the engine loop: together
+# +5% (reference workload) and +15% (ShareGPT) requests/s, interleaved runs; each
+# alone, or the queue pair alone, was no faster or slower (code layout).
+@njit_noalloc(inline=True)
 def _q_peek(q, qs, key, policy, status):
     """Head of the queue, discarding entries of requests no longer waiting; -1 if empty."""
     while qs[0] > 0:
@@ -532,7 +535,7 @@ def _q_peek(q, qs, key, policy, status):
     return -1
 
 
-@njit_noalloc
+@njit_noalloc(inline=True)
 def _q_pop(q, qs, key, policy):
     if policy != 0:
         return _heap_pop(q, qs, key)
@@ -588,7 +591,7 @@ def _account_step(a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run,
     return a_occ, a_queue, a_kv, a_l, a_steps, a_max
 
 
-@njit_noalloc
+@njit_noalloc(inline=True)
 def _arrivals_during_step(nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved,
                           status, q, qs, key, a_l, a_queue, ws, we):
     """Ingest the arrivals during a step ending at ``t_end``: they see it

@@ -60,20 +60,25 @@ class _InternalDispatcher(CPUDispatcher):
                         f"(no Python entry); call it from jitted code, or compile one with python_entry()")
 
 
-def njit_noalloc(func=None, *, entry=False):
+def njit_noalloc(func=None, *, entry=False, inline=False):
     """:func:`njit` without Numba's runtime, for functions that allocate no array.
 
     By default the function is *internal*: only jitted code calls it, so it
     gets no Python entry (no CPython or C wrapper) and no disk-cache entry
     of its own (its code is compiled into the cached functions that call
     it); calling it from Python raises TypeError. ``entry=True``: also
-    called from Python (cached, with its wrappers).
+    called from Python (cached, with its wrappers). ``inline=True``: Numba
+    inlines the function's IR into its callers (``inline="always"``), for
+    the few hot calls that LLVM leaves out of line in the engine loop (which
+    then passes every array argument as seven words); measure before adding
+    one: inlining the wrong ones slowed the engine down.
     """
     if func is None:
-        return lambda f: njit_noalloc(f, entry=entry)
+        return lambda f: njit_noalloc(f, entry=entry, inline=inline)
     if entry:
         return njit(func, _nrt=False)
-    dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
+                      inline="always" if inline else "never")
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     return dispatcher
 
