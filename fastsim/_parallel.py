@@ -47,8 +47,8 @@ def available_cores() -> int:
 
 
 def effective_n_jobs(n_jobs, n_tasks: int | None = None) -> int:
-    """Worker processes that :func:`run_parallel` starts: ``n_jobs`` (-1: all
-    cores), capped by the cores and by the number of tasks."""
+    """Worker processes that :func:`run_parallel` starts on a local backend:
+    ``n_jobs`` (-1: all cores), capped by the cores and by the number of tasks."""
     n_jobs = check_n_jobs(n_jobs)
     cores = available_cores()
     n = cores if n_jobs == -1 else min(n_jobs, cores)
@@ -122,7 +122,16 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
     tasks = [tuple(t) for t in tasks]
     if not tasks:
         return []
-    n_workers = effective_n_jobs(n_jobs, len(tasks))
+    backend, _ = joblib.parallel.get_active_backend()
+    local = isinstance(backend, (joblib.parallel.LokyBackend, joblib.parallel.ThreadingBackend,
+                                 joblib.parallel.MultiprocessingBackend))
+    if local:
+        n_workers = effective_n_jobs(n_jobs, len(tasks))
+    else:
+        # A remote backend (e.g. dask.distributed): the workers are not this
+        # machine's cores, so neither cap their number by them nor split this
+        # machine's cores between them.
+        n_workers = len(tasks) if n_jobs == -1 else min(n_jobs, len(tasks))
     filters = list(warnings.filters)
     bar = None
     if progress:
@@ -139,14 +148,6 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
                 if bar is not None:
                     bar.update(1)
         else:
-            backend, _ = joblib.parallel.get_active_backend()
-            local = isinstance(backend, (joblib.parallel.LokyBackend, joblib.parallel.ThreadingBackend,
-                                         joblib.parallel.MultiprocessingBackend))
-            if not local:
-                # A remote backend (e.g. dask.distributed): the workers are not
-                # this machine's cores, so neither cap their number by them nor
-                # split this machine's cores between them.
-                n_workers = len(tasks) if n_jobs == -1 else min(n_jobs, len(tasks))
             n_threads = threads_per_worker(n_workers) if local else None
             call = _WorkerCall(func, n_threads, filters)
             config = {}

@@ -23,8 +23,11 @@ def _sweep(n_jobs):
     return fastsim.sweep(sc, grid, n_replications=10, seed=7, n_jobs=n_jobs, progress=False)
 
 
-def test_sweep_on_dask_cluster_matches_in_process():
+def test_sweep_on_dask_cluster_matches_in_process(monkeypatch):
     expected = _sweep(n_jobs=1).frame
+    # The cluster's workers are not this machine's cores: even a one-core
+    # client sends the points to them (rather than running them in process).
+    monkeypatch.setattr("fastsim._parallel.available_cores", lambda: 1)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         with distributed.get_task_stream(client) as tasks, joblib.parallel_config(backend="dask"):
