@@ -522,8 +522,8 @@ def _q_push(q, qs, key, policy, i, front):
 
 
 # _q_peek, _q_pop and _arrivals_during_step are inlined into the engine loop: together
-# +5% (reference workload) and +15% (ShareGPT) requests/s, interleaved runs; each
-# alone, or the queue pair alone, was no faster or slower (code layout).
+# +5% (reference workload) and +15% (ShareGPT) requests/s (benchmarks/ab_interleaved.py);
+# each alone, or the queue pair alone, was no faster or slower (code layout).
 @njit_noalloc(inline=True)
 def _q_peek(q, qs, key, policy, status):
     """Head of the queue, discarding entries of requests no longer waiting; -1 if empty."""

@@ -28,6 +28,12 @@ a CPython wrapper, a C wrapper and a disk-cache entry, although only the
 few functions that Python calls (``entry=True``) need them: the code of the
 others is linked into, and cached with, their jitted callers. For the
 kernel's 60 internal functions these were about 2 s (9%) of a cold start.
+
+Inlining by measurement. LLVM leaves a few helpers out of line in the
+60 KB engine loop, where a call passes each array argument as seven words;
+``njit_noalloc(inline=True)`` has Numba inline those into their callers.
+Which ones pays depends on code layout, so each is A/B measured
+(``benchmarks/ab_interleaved.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ def njit_noalloc(func=None, *, entry=False, inline=False):
     """
     if func is None:
         return lambda f: njit_noalloc(f, entry=entry, inline=inline)
+    if entry and inline:
+        raise ValueError(f"{func.__name__}: an entry (called from Python) cannot be inlined into its callers")
     if entry:
         return njit(func, _nrt=False)
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,

@@ -35,6 +35,13 @@ def test_internal_kernel_functions_refuse_python_calls():
     assert stretch_kv(ph, 0, 4, 7, 0.1, 0.0) == K._stretch_kv.py_func(ph, 0, 4, 7, 0.1, 0.0)
 
 
+def test_an_entry_cannot_be_inlined():
+    from fastsim._numba_options import njit_noalloc
+
+    with pytest.raises(ValueError, match="cannot be inlined"):
+        njit_noalloc(lambda x: x, entry=True, inline=True)
+
+
 def random_ph(rng, bs):
     ph = rng.integers(0, 4, bs)
     ph[rng.random(bs) < 0.4] = 0

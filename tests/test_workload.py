@@ -172,3 +172,26 @@ def test_multi_user_validation(kwargs, message):
 def test_requests_per_user_needs_users():
     with pytest.raises(ValueError, match="need users"):
         fastsim.Workload(requests_per_user=3)
+
+
+def test_one_component_lognormal_fast_path_draws_as_the_general_path():
+    """The kernel draws a one-component lognormal law without its general
+    sampler (`_kernel._draw_workload`); a mixture of copies of the same law
+    takes the general path (its component uniforms come from a stream of
+    their own) and must give the very same lengths, with or without the SJF
+    length predictor, whose key is drawn by the same function."""
+    ln_p, ln_o = fastsim.LogNormal(200, 0.6), fastsim.LogNormal(90, 0.9)
+    fast = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=2),   # a queue, for SJF to order
+                            workload=fastsim.Workload(arrival_rate=3.0, num_requests=400,
+                                                      prompt_len=ln_p, output_len=ln_o))
+    general = fast.replace(**{"workload.prompt_len": fastsim.Mixture([ln_p, ln_p], [0.5, 0.5]),
+                              "workload.output_len": fastsim.Mixture([ln_o, ln_o], [0.3, 0.7])})
+    for rep in (0, 5):
+        a = fastsim.sample_requests(fast, seed=1, replication=rep)
+        b = fastsim.sample_requests(general, seed=1, replication=rep)
+        assert a.equals(b)
+    sjf = {"engine.policy": "sjf", "engine.length_predictor": fastsim.LogNormalPredictor(0.7)}
+    a = fastsim.replicate(fast.replace(**sjf), 6, seed=2, progress=False).per_replication
+    b = fastsim.replicate(general.replace(**sjf), 6, seed=2, progress=False).per_replication
+    assert a.equals(b)
+    assert not a.equals(fastsim.replicate(fast, 6, seed=2, progress=False).per_replication)  # the keys matter
