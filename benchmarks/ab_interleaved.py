@@ -1,0 +1,91 @@
+"""Interleaved A/B timing of fastsim source trees (a script, not a test).
+
+    git worktree add /tmp/base <rev>
+    python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt]
+        [--rounds 4] [--replications 1500] [--cold]
+
+On a shared machine single runs vary by 20-40%, so a change is measured
+against its parent in alternation: each round runs every tree once, in a
+fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
+
+* Default: one-thread throughput of ``replicate`` on the benchmark workload
+  (1,000 requests per replication), best of 3 runs after a warm-up. Each tree
+  has its own Numba cache directory, kept across rounds (compiled once).
+* ``--cold``: the cold start, with an empty cache per run: ``replicate``,
+  ``sample_requests`` and ``simulate_requests`` on a 20-request workload.
+
+Prints each round, then the median and range per tree.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+_WARM = r"""
+import sys, time
+sys.path.insert(0, "benchmarks")
+import fastsim
+from benchmarks.common import reference_workload, sharegpt_80pct
+sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct}[sys.argv[1]](1000)
+nrep = int(sys.argv[2])
+fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
+best = float("inf")
+for _ in range(3):
+    t = time.perf_counter()
+    fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=1, progress=False)
+    best = min(best, time.perf_counter() - t)
+print(nrep * 1000 / best / 1e6)
+"""
+
+_COLD = r"""
+import sys, time
+sys.path.insert(0, "benchmarks")
+import fastsim
+from benchmarks.common import reference_workload
+sc = reference_workload(20)
+t = time.perf_counter()
+fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
+fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
+print(time.perf_counter() - t)
+"""
+
+
+def run(tree, code, args, cache):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_OPT")}
+    env.update(PYTHONPATH=tree, NUMBA_CACHE_DIR=cache)
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=env, capture_output=True,
+                         text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trees", nargs="+", help="fastsim checkouts to compare")
+    ap.add_argument("--workload", choices=("reference", "sharegpt"), default="reference")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--replications", type=int, default=1500, help="per timed run (throughput mode)")
+    ap.add_argument("--cold", action="store_true", help="time cold starts instead of throughput")
+    args = ap.parse_args()
+    trees = [os.path.abspath(t) for t in args.trees]
+    names = [f"{i}:{os.path.basename(t) or t}" for i, t in enumerate(trees)]
+    unit = "s (cold start)" if args.cold else f"M requests/s ({args.workload}, 1 thread)"
+    results = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="fastsim_ab_") as root:
+        for r in range(args.rounds):
+            for name, tree in zip(names, trees):
+                if args.cold:
+                    with tempfile.TemporaryDirectory(dir=root) as cache:
+                        results[name].append(run(tree, _COLD, [], cache))
+                else:
+                    cache = os.path.join(root, name.replace(":", "_"))
+                    results[name].append(run(tree, _WARM, [args.workload, str(args.replications)], cache))
+            print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.3f}" for n, v in results.items()), flush=True)
+    for n, v in results.items():
+        print(f"{n}: median {statistics.median(v):.3f} {unit}, range {min(v):.3f}-{max(v):.3f}")
+
+
+if __name__ == "__main__":
+    main()
