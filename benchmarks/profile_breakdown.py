@@ -32,7 +32,7 @@ import fastsim  # noqa: E402
 from fastsim import _kernel as K  # noqa: E402
 from fastsim._numba_options import njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
-from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
+from benchmarks.common import floor_args, numpy_floor, reference_workload, sharegpt_80pct  # noqa: E402
 
 
 @njit(cache=False)
@@ -72,21 +72,6 @@ def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
         if need_f > wf.size:
             wf = np.empty(max(need_f, wf.size + wf.size // 2))
         out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
-
-
-@njit(cache=False)
-def numpy_floor(rep0, nrep, n, rate, prompt_median, prompt_sigma, output_median, output_sigma, out):
-    """The issue's floor: a gap and two lognormal lengths per request from Numba's ``np.random``."""
-    for j in range(nrep):
-        np.random.seed(rep0 + j)
-        t = 0.0
-        p = 0
-        o = 0
-        for _ in range(n):
-            t += np.random.exponential(1.0 / rate)
-            p += np.int64(np.ceil(prompt_median * np.random.lognormal(0.0, prompt_sigma)))
-            o += np.int64(np.ceil(output_median * np.random.lognormal(0.0, output_sigma)))
-        out[j] = t + p + o
 
 
 def threaded(fn, threads, nrep, *args):
@@ -132,9 +117,7 @@ def main():
               f"Time shares: drawing {t_draw / t_full:.0%}, simulating {(t_sim - t_draw) / t_full:.0%}, "
               f"reduction and Python {(t_full - t_sim) / t_full:.0%}")
         if factory is reference_workload:
-            w = sc.workload
-            t_floor = timed(threaded, numpy_floor, args.threads, nrep, args.requests, w.arrival_rate,
-                            w.prompt_len.median, w.prompt_len.sigma, w.output_len.median, w.output_len.sigma)
+            t_floor = timed(threaded, numpy_floor, args.threads, nrep, *floor_args(sc))
             print(f"  the issue's floor (gap + two lognormal lengths from Numba's np.random): "
                   f"{work / t_floor:,.0f} req/s; fastsim's own drawing takes {t_draw / t_floor:.2f}x its time, "
                   f"the full replication {t_full / t_floor:.1f}x (the issue's target: about 2x)")

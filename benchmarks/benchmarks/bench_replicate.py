@@ -4,7 +4,7 @@ import time
 
 import fastsim
 
-from .common import reference_workload, sharegpt_80pct, warm_up
+from .common import floor_args, numpy_floor, reference_workload, sharegpt_80pct, warm_up
 
 
 class Replicate:
@@ -101,3 +101,29 @@ class SimPyRatio:
         return 500 * 1000 / (time.perf_counter() - start) / simpy_rate
 
     track_ratio_vs_simpy.unit = "x"
+
+
+class FloorRatio:
+    """A replication's time over the issue's drawing floor (Numba's ``np.random``
+    drawing the same requests' gaps and lengths, nothing else), one thread,
+    reference workload: the issue's target is about 2x."""
+
+    timeout = 300
+
+    def setup(self):
+        import numpy as np
+
+        warm_up()
+        self.scenario = reference_workload(1000)
+        self.out = np.empty(500)
+        numpy_floor(0, 2, *floor_args(self.scenario), self.out)   # compile outside the timing
+
+    def track_ratio_to_drawing_floor(self):
+        start = time.perf_counter()
+        numpy_floor(0, 500, *floor_args(self.scenario), self.out)
+        floor = time.perf_counter() - start
+        start = time.perf_counter()
+        fastsim.replicate(self.scenario, n_replications=500, seed=1, n_threads=1, progress=False)
+        return (time.perf_counter() - start) / floor
+
+    track_ratio_to_drawing_floor.unit = "x"

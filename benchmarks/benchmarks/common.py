@@ -1,6 +1,9 @@
-"""Scenarios shared by the benchmarks."""
+"""Scenarios shared by the benchmarks, and the performance issue's drawing floor."""
+
+import numpy as np
 
 import fastsim
+from fastsim._numba_options import njit
 
 #: The workload of the performance targets (issue "Performance"): Poisson
 #: 4 req/s, lognormal prompt (median 256, sigma 0.55) and output (median 128,
@@ -41,3 +44,28 @@ def sharegpt_80pct(num_requests=1000):
 def warm_up():
     """Compile every kernel (or load it from Numba's cache) outside the timed body."""
     fastsim.replicate(reference_workload(20), n_replications=2, seed=0)
+
+
+@njit(cache=False)
+def numpy_floor(rep0, nrep, n, rate, prompt_median, prompt_sigma, output_median, output_sigma, out):
+    """The performance issue's floor, as the issue words it: per request an
+    arrival gap and two lognormal lengths from Numba's ``np.random`` (seeded
+    per replication), nothing else; ``out[j]`` gets a sum, so that nothing
+    is optimised away. The issue's target is a simulator within about 2x."""
+    for j in range(nrep):
+        np.random.seed(rep0 + j)
+        t = 0.0
+        p = 0
+        o = 0
+        for _ in range(n):
+            t += np.random.exponential(1.0 / rate)
+            p += np.int64(np.ceil(prompt_median * np.random.lognormal(0.0, prompt_sigma)))
+            o += np.int64(np.ceil(output_median * np.random.lognormal(0.0, output_sigma)))
+        out[j] = t + p + o
+
+
+def floor_args(scenario):
+    """``numpy_floor``'s law arguments for a scenario with lognormal lengths and Poisson arrivals."""
+    w = scenario.workload
+    return (w.num_requests, w.arrival_rate, w.prompt_len.median, w.prompt_len.sigma, w.output_len.median,
+            w.output_len.sigma)
