@@ -126,15 +126,14 @@ def _check_slo(slo) -> dict:
         raise ValueError(f"slo must be a non-empty dict {{metric: upper limit}}, e.g. {{'ttft_p99': 0.5}}, "
                          f"got {slo!r}")
     out = {}
+    allowed = ", ".join(m for m in METRIC_DESCRIPTIONS if m not in HIGHER_IS_BETTER)
     for metric, limit in slo.items():
         if metric not in METRIC_DESCRIPTIONS:
-            raise ValueError(f"slo metric {metric!r} is not a fastsim metric; use one of "
-                             f"{', '.join(m for m in METRIC_DESCRIPTIONS if m not in HIGHER_IS_BETTER)}")
+            raise ValueError(f"slo metric {metric!r} is not a fastsim metric; use one of {allowed}")
         if metric in HIGHER_IS_BETTER:
             raise ValueError(f"slo metric {metric!r} is higher-is-better, but capacity's limits are upper "
                              f"limits on metrics that grow with load (latencies, blocking, utilisation): any "
-                             f"low enough rate would meet a limit on it; use one of "
-                             f"{', '.join(m for m in METRIC_DESCRIPTIONS if m not in HIGHER_IS_BETTER)}")
+                             f"low enough rate would meet a limit on it; use one of {allowed}")
         out[metric] = check_float(f"slo[{metric!r}]", limit, low=0, low_open=True)
     return out
 

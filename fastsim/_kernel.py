@@ -242,6 +242,15 @@ def _lognormal_length(state, s, median, sigma):
 
 
 @njit_noalloc
+def _one_lognormal(lo, hi, lcomp, lpar):
+    """(median, sigma) of the law in components [lo, hi) if it is one
+    lognormal component, else (-1.0, 0.0)."""
+    if hi - lo == 1 and lcomp[lo, 0] == 1:
+        return lpar[lo, 0], lpar[lo, 1]
+    return -1.0, 0.0
+
+
+@njit_noalloc
 def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
     """The length of request ``i`` from the law stored in components [lo, hi)."""
     j = lo
@@ -400,10 +409,9 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     # the same stream as `_sample_length` would: that call, with its table
     # arguments, made the drawing a third slower (96 vs 73 ns per request).
     p_med, p_sig, o_med, o_sig = -1.0, 0.0, -1.0, 0.0
-    if mode == 0 and lrange[1] - lrange[0] == 1 and lcomp[lrange[0], 0] == 1:
-        p_med, p_sig = lpar[lrange[0], 0], lpar[lrange[0], 1]
-    if mode == 0 and lrange[3] - lrange[2] == 1 and lcomp[lrange[2], 0] == 1:
-        o_med, o_sig = lpar[lrange[2], 0], lpar[lrange[2], 1]
+    if mode == 0:
+        p_med, p_sig = _one_lognormal(lrange[0], lrange[1], lcomp, lpar)
+        o_med, o_sig = _one_lognormal(lrange[2], lrange[3], lcomp, lpar)
     for i in range(n):
         if mode == 0:
             if p_med > 0.0:

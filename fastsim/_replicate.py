@@ -452,7 +452,7 @@ class ReplicateResult:
         """CI half-width divided by the absolute estimate (0 if every replication
         gave the same value, else inf if the estimate is 0 or undefined)."""
         check_choice("metric", metric, self.metrics)
-        return _relative_half_width(*mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[:3])
+        return _relative_half_width_of(self.per_replication[metric].to_numpy(), self.confidence_level)
 
     def precision_achieved(self) -> pd.DataFrame:
         """For a run with ``precision`` targets: target and reached relative
@@ -602,7 +602,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
 
             missed = []
             for metric, target in precision.items():
-                rel = _relative_half_width(*mean_interval(data[:, K.COLUMNS.index(metric)], confidence_level)[:3])
+                rel = _relative_half_width_of(data[:, K.COLUMNS.index(metric)], confidence_level)
                 if not rel <= target:
                     missed.append(f"{metric} {rel:.3g} (target {target:g})")
             warnings.warn(f"precision targets not reached with max_replications={max_replications}: relative "
@@ -634,6 +634,11 @@ def _relative_half_width(est, low, high) -> float:
     if hw == 0:
         return 0.0
     return float(hw / abs(est)) if est != 0 and np.isfinite(hw) else math.inf
+
+
+def _relative_half_width_of(values, confidence_level) -> float:
+    """:func:`_relative_half_width` of the mean of ``values``."""
+    return _relative_half_width(*mean_interval(values, confidence_level)[:3])
 
 
 def _replications_needed(data, precision, done, confidence_level):
