@@ -1,9 +1,10 @@
 """Where a cold start's compile time goes (a script, not a test).
 
-    python benchmarks/compile_profile.py [--top 12]
+    python benchmarks/compile_profile.py [--top 12] [--full]
 
 Compiles the kernels behind ``replicate`` into an empty Numba cache, in one
-thread, and prints
+thread (for the issue-7 workload: the common engine; ``--full``: the same
+with prefix caching, the engine with every option), and prints
 
 * each compiled function's own compile time (exclusive of the functions it
   calls, which compile while it is type-inferred), from Numba's compile
@@ -28,6 +29,7 @@ import time
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=12, help="functions to list")
+    ap.add_argument("--full", action="store_true", help="compile the engine with every option")
     args = ap.parse_args()
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_compile_")   # before numba is imported
     from numba.core import event
@@ -49,10 +51,11 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastsim
     from fastsim import _kernel
-    from benchmarks.common import reference_workload
+    from benchmarks.common import full_engine_workload, reference_workload
 
     t = time.perf_counter()
-    fastsim.replicate(reference_workload(20), n_replications=2, seed=0, n_threads=1, progress=False)
+    workload = full_engine_workload if args.full else reference_workload
+    fastsim.replicate(workload(20), n_replications=2, seed=0, n_threads=1, progress=False)
     total = time.perf_counter() - t
     print(f"cold replicate: {total:.1f} s, {len(own)} functions compiled, "
           f"{sum(own.values()):.1f} s of it compiling")

@@ -57,7 +57,7 @@ def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trac
 
 @njit(cache=False)
 def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                      prio_cdf, pred_edges, out):
+                      prio_cdf, pred_edges, full, out):
     """`_kernel.run_chunk` without the reduction (the same buffers, reused)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     wi = np.empty(1, np.int64)
@@ -71,7 +71,7 @@ def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
         if need_f > wf.size:
             wf = np.empty(max(need_f, wf.size + wf.size // 2))
-        out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
+        out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
 
 
 def threaded(fn, threads, nrep, *args):
@@ -108,7 +108,8 @@ def main():
         tabs = (p["arr_times"], p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
                 p["prio_cdf"], p["pred_edges"])
         t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs)
-        t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs)
+        t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
+                      K.engine_variant(p["ipar"]))
         t_full = timed(lambda: fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads,
                                                  progress=False))
         work = nrep * args.requests

@@ -6,7 +6,10 @@ Each figure is measured in a fresh Python process:
 
 * ``import fastsim`` (must compile nothing);
 * cold start: the first ``replicate``, ``sample_requests`` and
-  ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel);
+  ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel
+  they need), on the issue-7 workload (the common engine) and on the same
+  with prefix caching (the engine with every option, `_kernel._simulate`'s
+  ``full``);
 * warm start: the same call with the cache the cold run left;
 * peak resident memory (``ru_maxrss``) of ``replications x requests`` on the
   issue-7 workload, reduced per replication inside the kernel.
@@ -25,10 +28,10 @@ t0 = time.perf_counter()
 import fastsim
 t_import = time.perf_counter() - t0
 sys.path.insert(0, {bench!r})
-from benchmarks.common import reference_workload
+from benchmarks.common import {workload} as workload
 nrep, nreq = {nrep}, {nreq}
 t1 = time.perf_counter()
-sc = reference_workload(nreq)
+sc = workload(nreq)
 res = fastsim.replicate(sc, n_replications=nrep, seed=0, progress=False)
 if {every}:
     fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
@@ -38,9 +41,10 @@ print(json.dumps(dict(import_s=t_import, first_call_s=t_run,
 """
 
 
-def child(cache, nrep, nreq, every=False):
+def child(cache, nrep, nreq, every=False, workload="reference_workload"):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), nrep=nrep, nreq=nreq, every=every)
+    code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), nrep=nrep, nreq=nreq, every=every,
+                        workload=workload)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -54,8 +58,11 @@ def main():
         cold = child(cache, 2, 20, every=True)
         warm = child(cache, 2, 20, every=True)
         big = child(cache, args.replications, args.requests)
+    with tempfile.TemporaryDirectory() as cache:
+        cold_full = child(cache, 2, 20, every=True, workload="full_engine_workload")
     print(f"import fastsim: {warm['import_s']:.2f} s")
-    print(f"cold start (JIT of every kernel + tiny runs): {cold['first_call_s']:.1f} s")
+    print(f"cold start (JIT of every kernel + tiny runs): {cold['first_call_s']:.1f} s; "
+          f"with prefix caching (the full engine): {cold_full['first_call_s']:.1f} s")
     print(f"warm start (Numba cache + tiny runs): {warm['first_call_s']:.2f} s")
     print(f"{args.replications} x {args.requests} requests: {big['first_call_s']:.1f} s, "
           f"peak RSS {big['peak_rss_mib']:.0f} MiB")

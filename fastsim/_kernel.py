@@ -25,6 +25,12 @@ its functions are compiled without Numba's runtime, `njit_noalloc`);
 each CPU thread reuses one workspace for its replications and reduces each
 replication to one row of metrics. The same functions run as CUDA device
 functions (``fastsim/_cuda.py``), one GPU thread per replication.
+
+The engine is compiled in two versions (`_simulate`'s ``full`` argument,
+chosen by `engine_variant`): the common one, in which Numba prunes static
+batching, active priority preemption, swap preemption and prefix caching
+before typing (a shorter cold start), and the full one. A scenario compiles
+only the version it needs.
 """
 
 from __future__ import annotations
@@ -1124,8 +1130,28 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
     return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
 
 
+# Static batching, active priority preemption, swap preemption, prefix
+# caching: the options only the full engine has (`_simulate`'s ``full``).
+_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
+
+
+@njit_noalloc
+def _needs_full_engine(ipar):
+    for i in _FULL_ENGINE_FLAGS:
+        if ipar[i] == 1:
+            return True
+    return False
+
+
+def engine_variant(ipar):
+    """The ``full`` argument of `_simulate` (and `run_chunk`) for ``ipar``:
+    None, the common engine, unless the scenario uses an option that only
+    the full engine has (then 1)."""
+    return 1 if any(ipar[i] == 1 for i in _FULL_ENGINE_FLAGS) else None
+
+
 @njit_noalloc(entry=True)
-def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf):
+def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full):
     """Run one replication of the engine model over requests ``0..n-1``.
 
     Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
@@ -1171,14 +1197,36 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     plus the cache entries it references, ``free`` the blocks holding
     nothing). ``nswap`` and ``swapped_s`` get each request's preemptions by
     swap and its time in the swapped queue, ``ctok`` its cached tokens.
+
+    ``full`` chooses the compiled engine (`engine_variant`): ``None``, the
+    *common* engine, without static batching and those three options
+    (-2 is returned if ``ipar`` asks for one of them), or ``1``, the engine
+    with all of them. When ``full`` is None, Numba prunes the branches of
+    the options before typing, so the common engine compiles faster; both
+    run the same code otherwise.
+    Returns the number of inter-token gap entries, or -1 if the workspace
+    is too small.
     """
+    if full is None:
+        # The common engine: these flags are constants, so Numba drops the
+        # branches they guard (and their helpers) before typing them.
+        if _needs_full_engine(ipar):
+            return -2
+        static = False
+        prio_preempt = False
+        swap = False
+        caching = False
+    else:
+        static = ipar[I_STATIC] == 1
+        prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+        swap = ipar[I_SWAP] == 1
+        caching = ipar[I_CACHING] == 1
     mns = ipar[I_MAX_NUM_SEQS]
     mbt = ipar[I_MAX_BATCHED_TOKENS]
     bs = ipar[I_BLOCK_SIZE]
     nblk = ipar[I_NUM_GPU_BLOCKS]
     chunked = ipar[I_CHUNKED] == 1
     policy = ipar[I_POLICY]
-    static = ipar[I_STATIC] == 1
     admission = ipar[I_ADMISSION]
     warmup = ipar[I_WARMUP]
     has_delay = ipar[I_HAS_DELAY] == 1
@@ -1186,13 +1234,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     max_delay = fpar[F_MAX_DELAY]
     horizon = fpar[F_HORIZON]
     base, dscale, dalpha, c_prefill, c_ctx = lat[0], lat[1], lat[2], lat[3], lat[4]
-    prio_preempt = ipar[I_PRIO_PREEMPT] == 1
     has_aging = ipar[I_HAS_AGING] == 1
     aging = fpar[F_AGING]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
     keyed_victim = policy == 1 or (policy == 2 and prio_preempt)
-    swap = ipar[I_SWAP] == 1
     swap_cap = ipar[I_SWAP_BLOCKS]
     c_swap = lat[5]
 
@@ -1285,7 +1331,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     # priority class c_i or the SJF key q_i; unused for fcfs. Doubles, so
     # that integer keys and aged keys share one heap (integers are exact).
     # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
-    caching = ipar[I_CACHING] == 1
     hoff[0] = 0
     for i in range(n):
         status[i] = ST_PENDING
@@ -2330,15 +2375,19 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 
 @njit
 def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
-              lrange, trace, prio_val, prio_cdf, pred_edges, out):
+              lrange, trace, prio_val, prio_cdf, pred_edges, out, full):
     """Simulate replications ``rep0 .. rep0 + nrep - 1`` into ``out[nrep, N_COLUMNS]``.
 
     One thread's work (the Python layer runs chunks on a thread pool; the
     kernels release the GIL). The request arrays and the workspace are
     allocated once and reused, grown when a replication needs more.
     Replications are keyed by their global index, so results do not depend
-    on the thread count or on how a run is chunked.
+    on the thread count or on how a run is chunked. ``full``: the engine
+    (`engine_variant`). Returns 0, or -2 if ``full`` is None and ``ipar``
+    needs the full engine (nothing is simulated then).
     """
+    if full is None and _needs_full_engine(ipar):
+        return -2
     cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
     arrival = np.empty(cap)
@@ -2358,8 +2407,9 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
         if need_f > wf.size:
             wf = np.empty(max(need_f, wf.size + wf.size // 2))
-        _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
+        _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
         _reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
+    return 0
 
 
 def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
@@ -2376,8 +2426,9 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
 def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
     """Simulate one given request stream; return per-request results (status,
     first-token time, finish time, preemptions, tokens, preemptions by swap,
-    time swapped, cached tokens) and the metrics row. (`_simulate` and
-    `_reduce` called from Python on a workspace allocated here.)"""
+    time swapped, cached tokens) and the metrics row. (`_simulate`, the
+    engine `engine_variant` chooses, and `_reduce` called from Python on a
+    workspace allocated here.)"""
     arrival = np.array(arrival, dtype=np.float64)   # writeable, C-contiguous copies: the
     ints = [np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen)]  # compiled types
     prompt, output, prio, sjfk, pgrp, plen = ints
@@ -2385,7 +2436,8 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
     wi = np.empty(need_i, np.int64)
     wf = np.empty(need_f)
-    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf)
+    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf,
+              engine_variant(ipar))
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
     def col(a, j):

@@ -690,9 +690,12 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     size = min(batch_size, max(1, -(-nrep // (4 * threads))))
     chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
 
+    full = K.engine_variant(p["ipar"])   # the common engine unless an option needs the full one
+
     def work(chunk):
         lo, hi = chunk
-        K.run_chunk(rep0 + lo, hi - lo, *args, out[lo:hi])
+        if K.run_chunk(rep0 + lo, hi - lo, *args, out[lo:hi], full) != 0:
+            raise RuntimeError("run_chunk: the common engine was asked for an option it lacks")
         return hi - lo
 
     # The kernel releases the GIL (nogil), so Python threads run it in parallel.

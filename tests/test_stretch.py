@@ -240,7 +240,8 @@ def test_long_stretches_take_the_closed_form():
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     with kernel_as_python() as mp:
         mp.setattr(K, "_stretch_kv", counting)
-        K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
+        K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf,
+                    K.engine_variant(p["ipar"]))
     k = np.array([c[0] for c in calls])
     assert len(calls) > 10 and k.max() > 4 * 16                  # long stretches ...
     assert any(blocks > 0 for kk, blocks in calls)                 # ... that allocate blocks

@@ -56,7 +56,8 @@ def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     row = np.empty(K.N_COLUMNS)
     with kernel_as_python():
-        n_itl = K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf)   # IndexError if it overflows
+        # IndexError if it overflows
+        n_itl = K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))
         K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     assert n_itl >= 0
     # ... and gives the compiled kernel's per-request results and metrics
@@ -73,7 +74,7 @@ def test_a_short_workspace_is_refused_before_any_write(name):
     n, a, pr, o, c, q, grp, plen = args
     ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
     for wi, wf in ((np.full(ni - 1, 7, np.int64), np.zeros(nf)), (np.full(ni, 7, np.int64), np.zeros(nf - 1))):
-        assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf) == -1
+        assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"])) == -1
         assert (wi == 7).all() and (wf == 0).all()
 
 
@@ -85,8 +86,8 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name):
     (n2, *rest), _ = stream(big, rep=5)
     ni, nf = K._ws_need(n2, rest[2], rest[5], rest[6], p["ipar"])
     wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
-    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf)        # leaves state behind
-    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf)
+    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))   # leaves state behind
+    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))
     row = np.empty(K.N_COLUMNS)
     K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     *_, row_fresh = K.simulate_stream(a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])

@@ -83,12 +83,18 @@ class OutputLengthRatio:
 
 
 class ColdCompile:
-    """Every kernel JIT-compiled from an empty Numba cache, in a fresh process."""
+    """Every kernel a workload needs JIT-compiled from an empty Numba cache, in
+    a fresh process: the reference workload ("common": the engine without
+    static batching, priority/swap preemption and prefix caching) or the same
+    with prefix caching ("full": the engine with every option)."""
     timeout = 600
+    params = ["common", "full"]
+    param_names = ["engine"]
 
-    def track_cold_compile_seconds(self):
+    def track_cold_compile_seconds(self, engine):
+        workload = {"common": "reference_workload", "full": "full_engine_workload"}[engine]
         code = ("import time; t = time.perf_counter(); import fastsim; "
-                "from benchmarks.common import reference_workload as w; "
+                f"from benchmarks.common import {workload} as w; "
                 "fastsim.replicate(w(20), n_replications=2, seed=0); "
                 "s = fastsim.sample_requests(w(20), seed=0); fastsim.simulate_requests(w(20), s); "
                 "print(time.perf_counter() - t)")

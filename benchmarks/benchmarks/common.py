@@ -18,6 +18,12 @@ def reference_workload(num_requests=1000):
         latency=fastsim.LatencyModel.default())
 
 
+def full_engine_workload(num_requests=1000):
+    """The reference workload with prefix caching: its first run compiles the
+    engine with every option (`_kernel._simulate`'s ``full``), not the common one."""
+    return reference_workload(num_requests).replace(**{"engine.enable_prefix_caching": True})
+
+
 def output_length_scenario(median, num_requests=1000):
     """The issue-7 workload with the output median scaled and the arrival rate
     scaled inversely (the same decode load), the KV budget with the lengths
