@@ -13,7 +13,10 @@ with prefix caching, the engine with every option), and prints
   compile result's ``pipeline_times``: ``native_lowering`` is Numba's
   lowering plus LLVM's optimisation and machine-code generation,
   ``nopython_type_inference`` its own share (without the callees that
-  compile while a function is typed).
+  compile while a function is typed);
+* LLVM's share of each of the costliest functions (``NUMBA_LLVM_PASS_TIMINGS``):
+  function passes, module passes (the whole module, with every function it
+  links in) and code generation.
 
 ``startup_memory.py`` gives the end-to-end cold and warm start figures.
 """
@@ -32,6 +35,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="compile the engine with every option")
     args = ap.parse_args()
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_compile_")   # before numba is imported
+    os.environ["NUMBA_LLVM_PASS_TIMINGS"] = "1"
     from numba.core import event
 
     stack, own = [], collections.Counter()
@@ -76,6 +80,15 @@ def main():
     print("compiler passes, summed over all functions (s):")
     for name, s in passes.most_common(8):
         print(f"  {name:40s} {s:6.2f}")
+    print("LLVM, by library (s): function passes, module passes, code generation")
+    for name, _ in own.most_common(4):
+        for cres in getattr(getattr(_kernel, name, None), "overloads", {}).values():
+            llvm = collections.Counter()
+            for key, timing in cres.library.recorded_timings:
+                kind = ("function" if key.startswith("Function passes") else
+                        "module" if key.startswith("Module passes") else "codegen")
+                llvm[kind] += timing.get_total_time()
+            print(f"  {name:28s} {llvm['function']:6.2f} {llvm['module']:6.2f} {llvm['codegen']:6.2f}")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ functions (``fastsim/_cuda.py``), one GPU thread per replication.
 The engine is compiled in two versions (`_simulate`'s ``full`` argument,
 chosen by `engine_variant`): the common one, in which Numba prunes static
 batching, active priority preemption, swap preemption and prefix caching
-before typing (a shorter cold start), and the full one. A scenario compiles
-only the version it needs.
+before typing (a shorter cold start), and the full one. On the CPU a
+scenario compiles only the version it needs; the GPU backend builds the
+full one for every scenario.
 """
 
 from __future__ import annotations
@@ -1135,19 +1136,23 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
 _FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
 
 
-@njit_noalloc
-def _needs_full_engine(ipar):
+def _full_engine_needed(ipar):
+    """Whether ``ipar`` asks for an option of the full engine (plain
+    Python: `engine_variant` calls it, `_needs_full_engine` compiles it)."""
     for i in _FULL_ENGINE_FLAGS:
         if ipar[i] == 1:
             return True
     return False
 
 
+_needs_full_engine = njit_noalloc(_full_engine_needed)
+
+
 def engine_variant(ipar):
     """The ``full`` argument of `_simulate` (and `run_chunk`) for ``ipar``:
     None, the common engine, unless the scenario uses an option that only
     the full engine has (then 1)."""
-    return 1 if any(ipar[i] == 1 for i in _FULL_ENGINE_FLAGS) else None
+    return 1 if _full_engine_needed(ipar) else None
 
 
 @njit_noalloc(entry=True)
@@ -2387,7 +2392,7 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     needs the full engine (nothing is simulated then).
     """
     if full is None and _needs_full_engine(ipar):
-        return -2
+        return -2   # (refused before anything is allocated or drawn)
     cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
     arrival = np.empty(cap)

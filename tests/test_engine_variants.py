@@ -10,6 +10,7 @@ needs the full one instead of simulating it without the option.
 """
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fastsim
@@ -17,7 +18,26 @@ from fastsim import _kernel as K
 from fastsim._replicate import pack_scenario
 from test_reference_agreement import GRID, LATENCIES, scenario
 
-COMMON = [name for name in GRID if "static" not in name]
+# Mechanisms of the reference-agreement grid that the common engine has, and
+# a few more: priority aging, SJF on predicted lengths, bursty arrivals with
+# a horizon, prefix groups without caching, trace rows, multi-user arrivals.
+BASE = scenario({}, LATENCIES["a10g"])
+CASES = {f"{name}/{lat}": scenario(GRID[name], LATENCIES[lat])
+         for name in GRID if "static" not in name for lat in ("a10g", "full")}
+CASES.update({
+    "priority-aging": scenario({"policy": "priority", "priority_aging_s": 0.5}, LATENCIES["full"]),
+    "sjf-lognormal-predictor": scenario({"policy": "sjf", "length_predictor": fastsim.LogNormalPredictor(0.5)},
+                                        LATENCIES["a10g"]),
+    "sjf-bucket-predictor": scenario({"policy": "sjf", "length_predictor": fastsim.BucketPredictor((32, 128), 0.8)},
+                                     LATENCIES["a10g"]),
+    "bursty-horizon-abandonment": scenario({"max_queue_delay_s": 0.4}, LATENCIES["a10g"], horizon_s=20.0,
+                                           burstiness=4.0),
+    "prefix-groups-without-caching": BASE.replace(**{"workload.prefix_groups": 3, "workload.prefix_len": 32}),
+    "trace-rows": fastsim.Scenario(engine=BASE.engine, latency=BASE.latency, workload=fastsim.Workload(
+        arrival_rate=6.0, num_requests=150, lengths=fastsim.sharegpt_lengths("sample"))),
+    "multi-user": fastsim.Scenario(engine=BASE.engine, latency=BASE.latency, workload=fastsim.Workload.multi_user(
+        (4, 8), 10.0, 2.0, prompt_len=fastsim.LogNormal(60, 0.8), output_len=fastsim.LogNormal(40, 0.9))),
+})
 
 
 def chunk(sc, full, nrep=6, key=(11, 12)):
@@ -44,11 +64,9 @@ def per_request(sc, full, rep=0):
     return ints, floats
 
 
-@pytest.mark.parametrize("latency", ["a10g", "full"])
-@pytest.mark.parametrize("name", COMMON)
-def test_the_common_engine_is_the_full_engine_without_its_options(name, latency):
-    # (and one case with a horizon, which ends a run with requests in the system)
-    sc = scenario(GRID[name], LATENCIES[latency], horizon_s=30.0 if name == "abandonment" else None)
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_common_engine_is_the_full_engine_without_its_options(name):
+    sc = CASES[name]
     assert K.engine_variant(pack_scenario(sc)["ipar"]) is None
     rc_common, common = chunk(sc, None)
     rc_full, full = chunk(sc, 1)
@@ -61,28 +79,40 @@ def test_the_common_engine_is_the_full_engine_without_its_options(name, latency)
     assert (ints_c[0] == K.ST_COMPLETED).any()
 
 
+# each with a load under which the option changes what happens
 OPTIONS = {
-    "static": dict(scheduler="static"),
-    "priority_preemption": dict(policy="priority", priority_preemption=True),
-    "swap": dict(preemption_mode="swap", swap_space_blocks=8),
-    "prefix_caching": dict(enable_prefix_caching=True),
+    "static": ({"scheduler": "static", "num_gpu_blocks": 200}, {}),
+    "priority_preemption": ({"policy": "priority", "priority_preemption": True}, {}),
+    "swap": ({"preemption_mode": "swap", "swap_space_blocks": 24}, {}),
+    "prefix_caching": ({"enable_prefix_caching": True, "num_gpu_blocks": 200},
+                       {"workload.prefix_groups": 2, "workload.prefix_len": 48}),
 }
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
-    sc = scenario({**OPTIONS[option], "num_gpu_blocks": 200}, LATENCIES["a10g"])
-    ipar = pack_scenario(sc)["ipar"]
+    engine, workload = OPTIONS[option]
+    sc = scenario(engine, LATENCIES["a10g"]).replace(**workload)
+    p = pack_scenario(sc)
+    ipar = p["ipar"]
     assert K.engine_variant(ipar) == 1
     # the common engine refuses it, before simulating anything
     rc, out = chunk(sc, None, nrep=2)
     assert rc == -2
-    p = pack_scenario(sc)
     n = 5
     args = (np.linspace(0.0, 1.0, n),) + tuple(np.full(n, v, np.int64) for v in (40, 5, 0, 5, -1, 0))
     wi, wf = np.full(10, 7, np.int64), np.zeros(10)
     assert K._simulate(n, *args, ipar, p["fpar"], p["lat"], wi, wf, None) == -2
     assert (wi == 7).all()
-    # replicate chooses the full engine by itself
-    res = fastsim.replicate(sc.replace(**{"workload.num_requests": 60}), n_replications=3, seed=0)
+    # simulate_requests and replicate choose the full engine by themselves: the
+    # option acts (the results differ from the scenario without it) and agrees
+    # with the reference simulator
+    stream = fastsim.sample_requests(sc, seed=1)
+    kernel = fastsim.simulate_requests(sc, stream, backend="numba")
+    pd.testing.assert_frame_equal(kernel, fastsim.simulate_requests(sc, stream, backend="reference"),
+                                  check_exact=True)
+    plain = sc.replace(**{f"engine.{k}": v for k, v in fastsim.EngineConfig().__dict__.items()
+                          if k in engine and k not in ("num_gpu_blocks", "policy")})
+    assert not kernel.equals(fastsim.simulate_requests(plain, stream, backend="numba"))
+    res = fastsim.replicate(sc, n_replications=3, seed=0)
     assert res.estimate("request_throughput") > 0

@@ -86,8 +86,9 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name):
     (n2, *rest), _ = stream(big, rep=5)
     ni, nf = K._ws_need(n2, rest[2], rest[5], rest[6], p["ipar"])
     wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
-    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))   # leaves state behind
-    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))
+    full = K.engine_variant(p["ipar"])
+    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, full)        # leaves state behind
+    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full)
     row = np.empty(K.N_COLUMNS)
     K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     *_, row_fresh = K.simulate_stream(a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])
