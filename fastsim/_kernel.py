@@ -2388,11 +2388,9 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     allocated once and reused, grown when a replication needs more.
     Replications are keyed by their global index, so results do not depend
     on the thread count or on how a run is chunked. ``full``: the engine
-    (`engine_variant`). Returns 0, or -2 if ``full`` is None and ``ipar``
-    needs the full engine (nothing is simulated then).
+    (`engine_variant`). Returns 0, or `_simulate`'s negative code (-2: the
+    common engine refused ``ipar``), at the first replication that gets one.
     """
-    if full is None and _needs_full_engine(ipar):
-        return -2   # (refused before anything is allocated or drawn)
     cap = ipar[I_NUM_REQUESTS]
     state = np.empty(N_STREAMS, np.uint64)
     arrival = np.empty(cap)
@@ -2412,7 +2410,9 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
         if need_f > wf.size:
             wf = np.empty(max(need_f, wf.size + wf.size // 2))
-        _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+        if rc < 0:
+            return rc
         _reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
     return 0
 
