@@ -39,7 +39,7 @@ __all__ = ["BackendUnavailableError", "cuda_unavailable_reason", "check_cuda_ava
            "run_replications_cuda"]
 
 #: Compiled functions of ``_kernel`` that allocate (the CPU driver): never compiled for the GPU.
-_CPU_ONLY = frozenset({"run_chunk"})
+_CPU_ONLY = frozenset({"_run_chunk"})
 
 #: Threads per block. Replications are independent and divergent; small blocks
 #: keep a block's threads from waiting long on its slowest replication.

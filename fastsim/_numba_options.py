@@ -30,16 +30,27 @@ others is linked into, and cached with, their jitted callers. For the
 kernel's 60 internal functions these were about 2 s (9%) of a cold start.
 
 Inlining by measurement. LLVM leaves a few helpers out of line in the
-60 KB engine loop, where a call passes each array argument as seven words;
-``njit_noalloc(inline=True)`` has Numba inline those into their callers.
-Which ones pays depends on code layout, so each is A/B measured
-(``benchmarks/ab_interleaved.py``).
+60 KB engine loop, where a call passes each array argument as seven words.
+``njit_noalloc(inline="numba")`` has Numba inline a function's IR into its
+callers (before typing); ``inline="llvm"`` marks it ``alwaysinline`` for
+LLVM (Numba's ``forceinline``), which costs less compile time for a
+function with several call sites. Which helpers pay, and which way, depends
+on code layout, so each is A/B measured (``benchmarks/ab_interleaved.py``).
+
+Calls through a pointer where linking costs more than it gives. When a
+jitted function calls another, Numba links the callee's LLVM module into
+the caller's, and LLVM optimises and generates code for all of it again.
+`function_pointer` hands a compiled entry to a jitted caller as a
+first-class function instead, called through its address: the driver that
+loops over replications no longer compiles a second copy of the engine
+(about 3 s of LLVM time, a sixth of a cold start).
 """
 
 from __future__ import annotations
 
 import numba
 from numba.core.registry import CPUDispatcher
+from numba.core.types import WrapperAddressProtocol
 
 NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
 
@@ -66,27 +77,30 @@ class _InternalDispatcher(CPUDispatcher):
                         f"(no Python entry); call it from jitted code, or compile one with python_entry()")
 
 
-def njit_noalloc(func=None, *, entry=False, inline=False):
+def njit_noalloc(func=None, *, entry=False, inline=None):
     """:func:`njit` without Numba's runtime, for functions that allocate no array.
 
     By default the function is *internal*: only jitted code calls it, so it
     gets no Python entry (no CPython or C wrapper) and no disk-cache entry
     of its own (its code is compiled into the cached functions that call
     it); calling it from Python raises TypeError. ``entry=True``: also
-    called from Python (cached, with its wrappers). ``inline=True``: Numba
-    inlines the function's IR into its callers (``inline="always"``), for
-    the few hot calls that LLVM leaves out of line in the engine loop (which
-    then passes every array argument as seven words); measure before adding
-    one: inlining the wrong ones slowed the engine down.
+    called from Python (cached, with its wrappers). ``inline``, for the few
+    hot calls that LLVM leaves out of line in the engine loop (which then
+    passes every array argument as seven words): ``"numba"`` inlines the
+    function's IR into its callers (Numba's ``inline="always"``), ``"llvm"``
+    has LLVM inline it (``forceinline``: the ``alwaysinline`` attribute).
+    Measure before adding one: inlining the wrong ones slowed the engine down.
     """
     if func is None:
         return lambda f: njit_noalloc(f, entry=entry, inline=inline)
+    if inline not in (None, "numba", "llvm"):
+        raise ValueError(f"{func.__name__}: inline must be None, 'numba' or 'llvm', got {inline!r}")
     if entry and inline:
         raise ValueError(f"{func.__name__}: an entry (called from Python) cannot be inlined into its callers")
     if entry:
         return njit(func, _nrt=False)
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
-                      inline="always" if inline else "never")
+                      inline="always" if inline == "numba" else "never", forceinline=inline == "llvm")
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     return dispatcher
 
@@ -105,4 +119,32 @@ def njit(*args, **kwargs):
         return _one_specialisation(numba.njit(**options)(args[0]))
     decorator = numba.njit(*args, **options)
     return lambda func: _one_specialisation(decorator(func))
+
+
+
+class _FunctionPointer(WrapperAddressProtocol):
+    """One compiled version of an entry, typed by Numba as a first-class
+    function (the *wrapper address protocol*): jitted code calls it through
+    its C wrapper's address."""
+
+    def __init__(self, dispatcher, argtypes):
+        dispatcher.compile(argtypes)   # loaded from Numba's cache when it is there
+        self._cres = dispatcher.overloads[argtypes]
+
+    def signature(self):
+        return self._cres.signature
+
+    def __wrapper_address__(self):
+        return self._cres.library.get_pointer_to_function(self._cres.fndesc.llvm_cfunc_wrapper_name)
+
+
+def function_pointer(dispatcher, argtypes):
+    """Entry ``dispatcher`` compiled for ``argtypes`` (Numba types), as an
+    argument for jitted code: a call through it jumps to that compiled code
+    instead of linking it into the caller (which LLVM would then optimise
+    and generate code for again). A caller compiles once per signature of
+    the pointers it takes, so build them for fixed types."""
+    if not isinstance(dispatcher, CPUDispatcher) or isinstance(dispatcher, _InternalDispatcher):
+        raise TypeError(f"function_pointer needs an entry (njit or njit_noalloc(entry=True)), got {dispatcher!r}")
+    return _FunctionPointer(dispatcher, tuple(argtypes))
 

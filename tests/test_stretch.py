@@ -39,7 +39,14 @@ def test_an_entry_cannot_be_inlined():
     from fastsim._numba_options import njit_noalloc
 
     with pytest.raises(ValueError, match="cannot be inlined"):
-        njit_noalloc(lambda x: x, entry=True, inline=True)
+        njit_noalloc(lambda x: x, entry=True, inline="llvm")
+
+
+def test_inline_names_its_allowed_values():
+    from fastsim._numba_options import njit_noalloc
+
+    with pytest.raises(ValueError, match="inline must be None, 'numba' or 'llvm', got True"):
+        njit_noalloc(lambda x: x, inline=True)
 
 
 def random_ph(rng, bs):

@@ -1,0 +1,61 @@
+"""The CPU driver calls the engine through function pointers (`_numba_options.function_pointer`).
+
+`_kernel._run_chunk` takes the compiled `_draw_workload`, `_ws_need`,
+`_simulate` and `_reduce` as first-class functions, so its own compilation
+does not link in (and have LLVM optimise again) the engine. These tests check
+that the pointers call the same code as the Python entries, and that the
+driver's compiled module really holds no copy of the engine.
+"""
+
+import re
+
+import numba
+import numpy as np
+import pytest
+
+from fastsim import _kernel as K
+from fastsim._numba_options import function_pointer
+from fastsim._replicate import pack_scenario
+from test_engine_variants import CASES, LATENCIES, OPTIONS, scenario
+
+GIVEN = ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab", "lrange", "trace", "prio_val", "prio_cdf",
+         "pred_edges")
+ENGINE = ("_draw_workload", "_ws_need", "_simulate", "_reduce")
+
+
+def test_function_pointer_refuses_an_internal_function():
+    with pytest.raises(TypeError, match="needs an entry"):
+        function_pointer(K._stretch_kv, ())
+
+
+def prefix_caching():
+    engine, workload = OPTIONS["prefix_caching"]
+    return scenario(engine, LATENCIES["a10g"]).replace(**workload)
+
+
+SCENARIOS = {"common engine": CASES["fcfs-tight-kv/a10g"], "full engine": prefix_caching()}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_driver_holds_no_copy_of_the_engine(name):
+    """A fresh compilation of `_run_chunk` (uncached, so its LLVM IR can be read)
+    gives the cached driver's rows, defines none of the engine's functions,
+    and calls them through pointers."""
+    p = pack_scenario(SCENARIOS[name])
+    given = [p[k] for k in GIVEN]
+    full = K.engine_variant(p["ipar"])
+    pointers = K._entry_pointers(tuple(numba.typeof(a) for a in given), full)
+    fresh = numba.njit(K._run_chunk.py_func, cache=False)
+    rows = np.empty((5, K.N_COLUMNS))
+    assert fresh(3, 5, np.uint64(1), np.uint64(2), *given, rows, full, *pointers) == 0
+    expected = np.empty((5, K.N_COLUMNS))
+    assert K.run_chunk(3, 5, np.uint64(1), np.uint64(2), *given, expected, full) == 0
+    np.testing.assert_array_equal(rows, expected)
+    (ir,) = fresh.inspect_llvm().values()
+    defined = re.findall(r"^define [^@]*@\"?([^\"(\s]+)", ir, re.M)
+    assert any("_run_chunk" in d for d in defined)
+    for fn in ENGINE:
+        mangled = f"{len(fn)}{fn}"   # Numba's mangling: length, then the name
+        assert not [d for d in defined if mangled in d], f"{fn} was linked into the driver"
+    for arg in ("draw", "ws_need", "simulate", "reduce"):   # _run_chunk's pointer arguments
+        assert re.search(rf"call [^@\n]*%fptr_of_{arg}\.", ir), f"no call through the {arg} pointer"
