@@ -3,7 +3,7 @@
     python benchmarks/compile_profile.py [--top 12] [--full]
 
 Compiles the kernels behind ``replicate`` into an empty Numba cache, in one
-thread (for the issue-7 workload: the common engine; ``--full``: the same
+thread and one process (no compile helper; for the issue-7 workload: the common engine; ``--full``: the same
 with prefix caching, the engine with every option), and prints
 
 * each compiled function's own compile time (exclusive of the functions it
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="compile the engine with every option")
     args = ap.parse_args()
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_compile_")   # before numba is imported
+    os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # every function compiled (and timed) in this process
     os.environ["NUMBA_LLVM_PASS_TIMINGS"] = "1"
     from numba.core import event
 

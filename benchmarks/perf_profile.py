@@ -23,6 +23,7 @@ import time
 
 # Before Numba is imported: a fresh cache, so that everything is compiled here.
 os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
+os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numba  # noqa: E402

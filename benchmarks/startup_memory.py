@@ -9,7 +9,9 @@ Each figure is measured in a fresh Python process:
   ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel
   they need), on the issue-7 workload (the common engine) and on the same
   with prefix caching (the engine with every option, `_kernel._simulate`'s
-  ``full``);
+  ``full``); with the compile helper (a second process compiles the entries
+  other than the engine) and, for the issue-7 workload, without it
+  (``FASTSIM_COMPILE_HELPER=0``);
 * warm start: the same call with the cache the cold run left;
 * peak resident memory (``ru_maxrss``) of ``replications x requests`` on the
   issue-7 workload, reduced per replication inside the kernel.
@@ -41,8 +43,8 @@ print(json.dumps(dict(import_s=t_import, first_call_s=t_run,
 """
 
 
-def child(cache, nrep, nreq, every=False, workload="reference_workload"):
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+def child(cache, nrep, nreq, every=False, workload="reference_workload", helper=True):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, FASTSIM_COMPILE_HELPER="1" if helper else "0")
     code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)), nrep=nrep, nreq=nreq, every=every,
                         workload=workload)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -60,9 +62,12 @@ def main():
         big = child(cache, args.replications, args.requests)
     with tempfile.TemporaryDirectory() as cache:
         cold_full = child(cache, 2, 20, every=True, workload="full_engine_workload")
+    with tempfile.TemporaryDirectory() as cache:
+        cold_serial = child(cache, 2, 20, every=True, helper=False)
     print(f"import fastsim: {warm['import_s']:.2f} s")
     print(f"cold start (JIT of every kernel + tiny runs): {cold['first_call_s']:.1f} s; "
-          f"with prefix caching (the full engine): {cold_full['first_call_s']:.1f} s")
+          f"with prefix caching (the full engine): {cold_full['first_call_s']:.1f} s; "
+          f"without the compile helper: {cold_serial['first_call_s']:.1f} s")
     print(f"warm start (Numba cache + tiny runs): {warm['first_call_s']:.2f} s")
     print(f"{args.replications} x {args.requests} requests: {big['first_call_s']:.1f} s, "
           f"peak RSS {big['peak_rss_mib']:.0f} MiB")

@@ -43,7 +43,7 @@ import numba
 import numpy as np
 from numba.core import types as nb_types
 
-from ._numba_options import function_pointer, njit, njit_noalloc
+from ._numba_options import compile_entries, function_pointer, njit, njit_noalloc
 
 # --- layout of the integer parameter vector ``ipar`` -------------------------
 I_MAX_NUM_SEQS = 0
@@ -2401,7 +2401,8 @@ def _engine_types(ipar, fpar, lat, full):
 @functools.lru_cache(maxsize=None)
 def _entry_pointers(given, full):
     """`_draw_workload`, `_ws_need`, `_simulate` (the engine ``full`` selects)
-    and `_reduce` as function pointers, compiled for the Numba
+    and `_reduce` as function pointers, compiled (`compile_entries`: the
+    engine here, the others alongside in a helper process) for the Numba
     types ``given`` of the arrays from the Python layer (ipar, fpar, lat,
     arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
     pred_edges) and for the buffers `_run_chunk` allocates."""
@@ -2409,6 +2410,7 @@ def _entry_pointers(given, full):
     types = _engine_types(ipar, fpar, lat, full)
     i64, u64, vi, vf = nb_types.int64, nb_types.uint64, _V_I, _V_F
     types[_draw_workload] = (i64, u64, u64, ipar, fpar, *tables, _V_U, vf, vi, vi, vi, vi, vi, vi)
+    compile_entries(types.items())
     return tuple(function_pointer(d, types[d]) for d in (_draw_workload, _ws_need, _simulate, _reduce))
 
 
@@ -2482,6 +2484,7 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     prompt, output, prio, sjfk, pgrp, plen = ints
     n = arrival.size
     full = engine_variant(ipar)
+    compile_entries(_engine_types(*(numba.typeof(a) for a in (ipar, fpar, lat)), full).items())
     need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
     wi = np.empty(need_i, np.int64)
     wf = np.empty(need_f)

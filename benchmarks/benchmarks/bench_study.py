@@ -86,12 +86,15 @@ class ColdCompile:
     """Every kernel a workload needs JIT-compiled from an empty Numba cache, in
     a fresh process: the reference workload ("common": the engine without
     static batching, priority/swap preemption and prefix caching) or the same
-    with prefix caching ("full": the engine with every option)."""
+    with prefix caching ("full": the engine with every option); with the
+    compile helper (a second process compiles the entries other than the
+    engine, ``_numba_options.compile_entries``) or without it
+    (``FASTSIM_COMPILE_HELPER=0``: one process compiles everything)."""
     timeout = 600
-    params = ["common", "full"]
-    param_names = ["engine"]
+    params = (["common", "full"], ["on", "off"])
+    param_names = ["engine", "helper"]
 
-    def track_cold_compile_seconds(self, engine):
+    def track_cold_compile_seconds(self, engine, helper):
         workload = {"common": "reference_workload", "full": "full_engine_workload"}[engine]
         code = ("import time; t = time.perf_counter(); import fastsim; "
                 f"from benchmarks.common import {workload} as w; "
@@ -99,9 +102,9 @@ class ColdCompile:
                 "s = fastsim.sample_requests(w(20), seed=0); fastsim.simulate_requests(w(20), s); "
                 "print(time.perf_counter() - t)")
         with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "FASTSIM_COMPILE_HELPER": "1" if helper == "on" else "0"}
             out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                 env={**os.environ, "NUMBA_CACHE_DIR": cache},
-                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                 env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         return float(out.stdout.split()[-1])
 
     track_cold_compile_seconds.unit = "s"
