@@ -2,7 +2,7 @@
 
     git worktree add /tmp/base <rev>
     python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt]
-        [--rounds 4] [--replications 1500] [--cold]
+        [--rounds 4] [--replications 1500] [--cold | --small]
 
 On a shared machine single runs vary by 20-40%, so a change is measured
 against its parent in alternation: each round runs every tree once, in a
@@ -13,6 +13,8 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   has its own Numba cache directory, kept across rounds (compiled once).
 * ``--cold``: the cold start, with an empty cache per run: ``replicate``,
   ``sample_requests`` and ``simulate_requests`` on a 20-request workload.
+* ``--small``: the overhead of a small call, the median time of 30
+  ``replicate`` calls of 8 x 250 requests (default threads), after a warm-up.
 
 Prints each round, then the median and range per tree.
 """
@@ -52,6 +54,21 @@ fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
 print(time.perf_counter() - t)
 """
 
+_SMALL = r"""
+import sys, time, statistics
+sys.path.insert(0, "benchmarks")
+import fastsim
+from benchmarks.common import reference_workload
+sc = reference_workload(250)
+fastsim.replicate(sc, n_replications=8, seed=0, progress=False)
+times = []
+for _ in range(30):
+    t = time.perf_counter()
+    fastsim.replicate(sc, n_replications=8, seed=0, progress=False)
+    times.append(time.perf_counter() - t)
+print(statistics.median(times) * 1e3)
+"""
+
 
 def run(tree, code, args, cache):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_OPT")}
@@ -67,11 +84,14 @@ def main():
     ap.add_argument("--workload", choices=("reference", "sharegpt"), default="reference")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--replications", type=int, default=1500, help="per timed run (throughput mode)")
-    ap.add_argument("--cold", action="store_true", help="time cold starts instead of throughput")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--cold", action="store_true", help="time cold starts instead of throughput")
+    mode.add_argument("--small", action="store_true", help="time small replicate calls (8 x 250 requests)")
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees]
     names = [f"{i}:{os.path.basename(t) or t}" for i, t in enumerate(trees)]
-    unit = "s (cold start)" if args.cold else f"M requests/s ({args.workload}, 1 thread)"
+    unit = ("s (cold start)" if args.cold else "ms (replicate of 8 x 250 requests)" if args.small
+            else f"M requests/s ({args.workload}, 1 thread)")
     results = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="fastsim_ab_") as root:
         for r in range(args.rounds):
@@ -81,7 +101,8 @@ def main():
                         results[name].append(run(tree, _COLD, [], cache))
                 else:
                     cache = os.path.join(root, name.replace(":", "_"))
-                    results[name].append(run(tree, _WARM, [args.workload, str(args.replications)], cache))
+                    code, extra = (_SMALL, []) if args.small else (_WARM, [args.workload, str(args.replications)])
+                    results[name].append(run(tree, code, extra, cache))
             print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.3f}" for n, v in results.items()), flush=True)
     for n, v in results.items():
         print(f"{n}: median {statistics.median(v):.3f} {unit}, range {min(v):.3f}-{max(v):.3f}")

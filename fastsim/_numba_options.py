@@ -33,8 +33,7 @@ Inlining by measurement. LLVM leaves a few helpers out of line in the
 60 KB engine loop, where a call passes each array argument as seven words.
 ``njit_noalloc(inline="numba")`` has Numba inline a function's IR into its
 callers (before typing); ``inline="llvm"`` marks it ``alwaysinline`` for
-LLVM (Numba's ``forceinline``), which costs less compile time for a
-function with several call sites. Which helpers pay, and which way, depends
+LLVM (Numba's ``forceinline``). Which helpers pay, and which way, depends
 on code layout, so each is A/B measured (``benchmarks/ab_interleaved.py``).
 
 Calls through a pointer where linking costs more than it gives. When a
@@ -50,9 +49,9 @@ global lock), so a cold start is serial: the engine, then the workload
 drawing and the reduction. `compile_entries` compiles the costliest entry
 here and, at the same time, the others in a helper process that writes them
 to Numba's disk cache, from which this process then loads them. It does so
-only when the costliest entry is in neither memory nor the disk cache and a
-second CPU is free; ``FASTSIM_COMPILE_HELPER=0`` turns it off. If the helper
-fails, this process compiles what it left.
+only when the costliest entry is in neither memory nor the disk cache and
+two CPUs are usable; ``FASTSIM_COMPILE_HELPER=0`` turns it off. If the
+helper fails or is stopped, this process compiles what it left.
 """
 
 from __future__ import annotations
@@ -62,8 +61,10 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import warnings
 
 import numba
 from numba.core.registry import CPUDispatcher
@@ -142,17 +143,24 @@ def njit(*args, **kwargs):
 class _FunctionPointer(WrapperAddressProtocol):
     """One compiled version of an entry, typed by Numba as a first-class
     function (the *wrapper address protocol*): jitted code calls it through
-    its C wrapper's address."""
+    its C wrapper's address. The C wrapper cannot pass on an exception: it
+    prints it ("Exception ignored") and returns zeros. The engine raises
+    none (no ``raise``, NumPy's error model, no bounds checks); to look for
+    out-of-bounds indexing, run the kernel as Python (the tests'
+    ``kernel_as_python``), not with ``NUMBA_BOUNDSCHECK=1``."""
 
     def __init__(self, dispatcher, argtypes):
         dispatcher.compile(argtypes)   # loaded from Numba's cache when it is there
-        self._cres = dispatcher.overloads[argtypes]
+        cres = dispatcher.overloads[argtypes]
+        self._signature = cres.signature
+        self._address = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        self._library = cres.library   # keeps the code alive
 
     def signature(self):
-        return self._cres.signature
+        return self._signature
 
     def __wrapper_address__(self):
-        return self._cres.library.get_pointer_to_function(self._cres.fndesc.llvm_cfunc_wrapper_name)
+        return self._address
 
 
 def function_pointer(dispatcher, argtypes):
@@ -174,81 +182,140 @@ HELPER_GRACE_S = 10.0
 _compile_lock = threading.Lock()
 
 
-def _usable_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # not on Linux
-        return os.cpu_count() or 1
+def _helper_wanted():
+    """The helper is on unless ``FASTSIM_COMPILE_HELPER`` says off, there is
+    no second usable core (affinity and cgroup quotas, as joblib counts), or
+    ``sys.executable`` is not a Python interpreter (a frozen application or
+    an embedding host would start itself again)."""
+    if os.environ.get("FASTSIM_COMPILE_HELPER", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if getattr(sys, "frozen", False) or not os.path.basename(sys.executable or "").lower().startswith("python"):
+        return False
+    from ._parallel import available_cores
+
+    return available_cores() >= 2
 
 
 def _in_disk_cache(dispatcher, argtypes):
-    """Whether Numba's disk cache holds ``dispatcher`` compiled for ``argtypes``
-    (Numba's own lookup, as in ``Dispatcher.compile``; False when unsure)."""
+    """Whether the index of Numba's disk cache lists ``dispatcher`` compiled
+    for ``argtypes`` (the key ``Dispatcher.compile`` looks up; False when unsure)."""
     try:
-        return dispatcher._cache.load_overload(argtypes, dispatcher.targetctx) is not None
+        cache = dispatcher._cache
+        return cache._index_key(argtypes, dispatcher.targetctx.codegen()) in cache._cache_file._load_index()
     except Exception:
         return False
 
 
-def _start_helper(entries):
-    """A process that compiles ``entries`` into Numba's disk cache (the same
-    modules: this process's ``sys.path``; the same cache: its ``NUMBA_CACHE_DIR``);
-    None if it cannot be started."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+def _cache_path(dispatcher):
+    try:
+        return dispatcher._cache._cache_path
+    except AttributeError:
+        return None
+
+
+_HELPER_CODE = ("import pickle, sys; paths = pickle.load(sys.stdin.buffer); sys.path[:] = paths; "
+                f"from {__name__} import _helper_main; _helper_main()")
+
+
+def _start_helper(entries, log):
+    """A process that compiles ``entries`` into Numba's disk cache, or None if
+    it cannot be started. It imports the modules this process imported (its
+    ``sys.path``) and writes where this process's dispatchers read (it skips
+    an entry whose cache path differs); it prints each entry's index when
+    that entry is compiled and saved. Its stderr goes to the file ``log``."""
+    env = dict(os.environ)
+    env.pop("NUMBA_CACHE_DIR", None)
     if numba.config.CACHE_DIR:
         env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
-    jobs = [(d.py_func.__module__, d.py_func.__name__, argtypes) for d, argtypes in entries]
+    jobs = [(d.py_func.__module__, d.py_func.__name__, argtypes, _cache_path(d)) for d, argtypes in entries]
     try:
-        proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import _helper_main; _helper_main()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env)
-    except OSError:   # no interpreter to start (an embedded Python): this process compiles everything
+        data = pickle.dumps(list(sys.path)) + pickle.dumps(jobs)
+        proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, env=env)
+    except Exception:   # nothing to start, or types that do not pickle: this process compiles everything
         return None
     try:
-        proc.stdin.write(pickle.dumps(jobs))
-        proc.stdin.close()
-    except OSError:   # the helper died at once; this process compiles everything
+        proc.stdin.write(data)
+    except OSError:   # the helper died at once
         pass
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
     return proc
 
 
 def _helper_main():
-    """The helper process: compile each (module, function, argument types) read from stdin."""
-    for module, name, argtypes in pickle.loads(sys.stdin.buffer.read()):
-        getattr(importlib.import_module(module), name).compile(argtypes)
+    """The helper process: compile each job read from stdin, then print its index."""
+    for i, (module, name, argtypes, path) in enumerate(pickle.load(sys.stdin.buffer)):
+        dispatcher = getattr(importlib.import_module(module), name)
+        if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
+            continue
+        dispatcher.compile(argtypes)
+        print(i, flush=True)
+
+
+def _stop_helper(helper, rest, timeout):
+    """Wait up to ``timeout`` s for the helper and stop it if it is still
+    running. Unless it exited normally, empty the cache index of each entry
+    it did not report done: a helper stopped between writing an entry's
+    index and its data would leave an index that points at an older data
+    file. Returns the helper's exit code, None if it was stopped."""
+    try:
+        helper.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        stopped = helper.poll() is None
+        if stopped:
+            helper.kill()
+            helper.wait()
+    done = {int(line) for line in helper.stdout.read().split()}
+    helper.stdout.close()
+    if stopped or helper.returncode != 0:
+        for i, (d, _) in enumerate(rest):
+            if i not in done:
+                try:
+                    d._cache.flush()
+                except Exception:
+                    pass
+    return None if stopped else helper.returncode
 
 
 def compile_entries(entries):
     """Compile entries ``[(dispatcher, argtypes), ...]``, the costliest first.
 
     When the first is in neither this process nor Numba's disk cache (a cold
-    start), at least two CPUs are usable and ``FASTSIM_COMPILE_HELPER`` is
-    not ``"0"``, a helper process compiles the others into the disk cache
-    while this process compiles the first; this process then loads them from
-    the cache (or compiles whatever the helper did not finish). The compiled
-    code is the same either way.
+    start), two cores are usable and ``FASTSIM_COMPILE_HELPER`` is not
+    ``0``/``false``/``no``/``off``, a helper process compiles the others
+    into the disk cache while this process compiles the first; this process
+    then loads them from the cache. It waits for the helper as long as the
+    first took (at least `HELPER_GRACE_S`), then compiles whatever the
+    helper did not finish, with a warning if the helper failed. The
+    compiled code is the same either way.
     """
     entries = [(d, tuple(argtypes)) for d, argtypes in entries]
     with _compile_lock:   # threads of one run: one of them compiles, the others then find it done
         (first, first_types), rest = entries[0], entries[1:]
         rest = [(d, a) for d, a in rest if a not in d.overloads]
-        helper = None
-        if (rest and first_types not in first.overloads and os.environ.get("FASTSIM_COMPILE_HELPER", "1") != "0"
-                and _usable_cpus() >= 2 and not _in_disk_cache(first, first_types)):
-            helper = _start_helper(rest)
-        start = time.perf_counter()
-        try:
+        if rest and first_types not in first.overloads and _helper_wanted() \
+                and not _in_disk_cache(first, first_types):
+            with tempfile.TemporaryFile() as log:
+                helper = _start_helper(rest, log)
+                timeout = 0.0   # on an error or an interrupt: stop the helper at once
+                try:
+                    start = time.perf_counter()
+                    first.compile(first_types)
+                    timeout = max(HELPER_GRACE_S, time.perf_counter() - start)
+                finally:
+                    rc = _stop_helper(helper, rest, timeout) if helper is not None else 0
+                if rc:   # it failed by itself
+                    log.seek(0)
+                    tail = log.read()[-2000:].decode(errors="replace").strip()
+                    warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "
+                                  f"(FASTSIM_COMPILE_HELPER=0 turns it off): {tail}", RuntimeWarning, stacklevel=3)
+        else:
             first.compile(first_types)
-        except BaseException:
-            if helper is not None:
-                helper.kill()
-                helper.wait()
-            raise
-        if helper is not None:
-            try:
-                helper.wait(max(HELPER_GRACE_S, time.perf_counter() - start))
-            except subprocess.TimeoutExpired:   # safe: Numba replaces each cache file atomically
-                helper.kill()
-                helper.wait()
         for d, argtypes in rest:
             d.compile(argtypes)

@@ -682,19 +682,22 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
 
         bar = tqdm(total=nrep, desc="replications", unit="rep", leave=False)
     p = packed
-    args = (k0, k1, p["ipar"], p["fpar"], p["lat"], p["arr_times"], p["lcomp"], p["lpar"], p["ltab"],
-            p["lrange"], p["trace"], p["prio_val"], p["prio_cdf"], p["pred_edges"])
+    # the common engine unless an option needs the full one; compiled (or loaded) here, once
+    run_chunk = K.chunk_runner(p["ipar"], p["fpar"], p["lat"], p["arr_times"], p["lcomp"], p["lpar"], p["ltab"],
+                               p["lrange"], p["trace"], p["prio_val"], p["prio_cdf"], p["pred_edges"],
+                               K.engine_variant(p["ipar"]))
     threads = _thread_count(n_threads)
-    # Chunks of at most batch_size replications, and at least 4 per thread
-    # (balance: replications differ in cost). Each chunk writes its own rows.
-    size = min(batch_size, max(1, -(-nrep // (4 * threads))))
+    # Chunks of at most batch_size replications: 4 per thread (balance:
+    # replications differ in cost) when each has 50,000 requests or more,
+    # else fewer, down to one per thread (a call costs ~0.1 ms: the compiled
+    # entries are passed as pointers). Each chunk writes its own rows.
+    size = max(-(-nrep // (4 * threads)), min(-(-50_000 // scenario.workload.num_requests), -(-nrep // threads)))
+    size = min(batch_size, max(1, size))
     chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
-
-    full = K.engine_variant(p["ipar"])   # the common engine unless an option needs the full one
 
     def work(chunk):
         lo, hi = chunk
-        if K.run_chunk(rep0 + lo, hi - lo, *args, out[lo:hi], full) != 0:
+        if run_chunk(rep0 + lo, hi - lo, k0, k1, out[lo:hi]) != 0:
             raise RuntimeError("run_chunk: the common engine was asked for an option it lacks")
         return hi - lo
 

@@ -7,12 +7,15 @@ compiled what (``dispatcher.stats``).
 """
 
 import importlib
+import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 from numba import types
 
+import fastsim._parallel
 from fastsim import _kernel as K
 from fastsim import _numba_options as O
 
@@ -41,7 +44,8 @@ def toy(tmp_path, monkeypatch):
     (tmp_path / f"{name}.py").write_text(TOY)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("FASTSIM_COMPILE_HELPER", raising=False)
-    monkeypatch.setattr(O, "_usable_cpus", lambda: 2)   # whatever this machine has
+    monkeypatch.setattr(fastsim._parallel, "available_cores", lambda: 2)   # whatever this machine has
+    monkeypatch.setattr(O, "HELPER_GRACE_S", 120.0)   # time enough on a busy machine
     yield importlib.import_module(name)
     sys.modules.pop(name, None)
 
@@ -59,22 +63,32 @@ def loaded_from_cache(dispatcher):
 
 
 def test_a_helper_compiles_the_others_on_a_cold_start(toy):
-    O.compile_entries(entries(toy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        O.compile_entries(entries(toy))
     assert compiled_here(toy.first) == 1
     for d in (toy.second, toy.third):
         assert (compiled_here(d), loaded_from_cache(d)) == (0, 1), "the helper did not compile it"
     assert (toy.first(4), toy.second(4), toy.third(4)) == (5, 10.0, 1)
 
 
-def test_no_helper_when_turned_off(toy, monkeypatch):
-    monkeypatch.setenv("FASTSIM_COMPILE_HELPER", "0")
+@pytest.mark.parametrize("setting", ["0", "off", "False"])
+def test_no_helper_when_turned_off(toy, monkeypatch, setting):
+    monkeypatch.setenv("FASTSIM_COMPILE_HELPER", setting)
     monkeypatch.setattr(O, "_start_helper", pytest.fail)
     O.compile_entries(entries(toy))
     assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
 
 
-def test_no_helper_with_one_cpu(toy, monkeypatch):
-    monkeypatch.setattr(O, "_usable_cpus", lambda: 1)
+def test_no_helper_with_one_core(toy, monkeypatch):
+    monkeypatch.setattr(fastsim._parallel, "available_cores", lambda: 1)
+    monkeypatch.setattr(O, "_start_helper", pytest.fail)
+    O.compile_entries(entries(toy))
+    assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
+
+
+def test_no_helper_in_a_frozen_application(toy, monkeypatch):
+    monkeypatch.setattr(sys, "frozen", True, raising=False)   # sys.executable would be the application
     monkeypatch.setattr(O, "_start_helper", pytest.fail)
     O.compile_entries(entries(toy))
     assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
@@ -88,14 +102,18 @@ def test_no_helper_when_the_first_is_cached(toy, monkeypatch):
     assert [loaded_from_cache(d) for d in (warm.first, warm.second, warm.third)] == [1, 1, 1]
 
 
-def test_a_failed_helper_leaves_the_work_to_this_process(toy, monkeypatch):
-    import subprocess
+def fake_helper(code):
+    """`_start_helper` replaced by a process that runs ``code``."""
+    def start(rest, log):
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=log)
+    return start
 
-    def failing(rest):
-        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdin=subprocess.PIPE)
 
-    monkeypatch.setattr(O, "_start_helper", failing)
-    O.compile_entries(entries(toy))
+def test_a_failed_helper_leaves_the_work_to_this_process_and_says_why(toy, monkeypatch):
+    monkeypatch.setattr(O, "_start_helper", fake_helper("import sys; sys.stderr.write('no luck'); sys.exit(3)"))
+    with pytest.warns(RuntimeWarning, match="exited with code 3.*no luck"):
+        O.compile_entries(entries(toy))
     assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
     assert toy.second(2) == 5.0
 
@@ -105,23 +123,21 @@ def test_a_helper_that_cannot_start_leaves_the_work_to_this_process(toy, monkeyp
         raise FileNotFoundError("no python here")
 
     monkeypatch.setattr(O.subprocess, "Popen", no_interpreter)
-    O.compile_entries(entries(toy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        O.compile_entries(entries(toy))
     assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
 
 
 def test_a_helper_that_hangs_is_stopped(toy, monkeypatch):
-    import subprocess
-
-    hung = []
-
-    def hanging(rest):
-        hung.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.PIPE))
-        return hung[-1]
-
-    monkeypatch.setattr(O, "_start_helper", hanging)
+    started = []
+    hang = fake_helper("import time; time.sleep(600)")
+    monkeypatch.setattr(O, "_start_helper", lambda rest, log: started.append(hang(rest, log)) or started[-1])
     monkeypatch.setattr(O, "HELPER_GRACE_S", 0.5)
-    O.compile_entries(entries(toy))
-    assert hung[0].poll() is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # stopped, not failed: no warning
+        O.compile_entries(entries(toy))
+    assert started[0].returncode is not None
     assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
 
 
@@ -129,27 +145,81 @@ def test_a_failed_first_compile_stops_the_helper(toy, monkeypatch):
     from numba.core.errors import TypingError
 
     started, real = [], O._start_helper
-    monkeypatch.setattr(O, "_start_helper", lambda rest: started.append(real(rest)) or started[-1])
+    monkeypatch.setattr(O, "_start_helper", lambda rest, log: started.append(real(rest, log)) or started[-1])
     with pytest.raises(TypingError):
         O.compile_entries([(toy.first, (types.unicode_type,))] + entries(toy)[1:])   # "x" + 1
-    assert started and started[0].poll() is not None   # stopped, not left running
+    assert started and started[0].returncode is not None   # stopped and reaped, not left running
 
 
-def test_the_engine_is_compiled_first(monkeypatch):
-    """The engine is the costliest entry: this process compiles it, the helper the rest."""
-    seen = []
-    monkeypatch.setattr(K, "compile_entries", lambda items: seen.extend(d for d, _ in items))
-    monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)
+@pytest.mark.parametrize("reported", [False, True])
+def test_a_stopped_helper_leaves_no_index_entry_it_did_not_finish(toy, reported):
+    """Stopped between writing an entry's index and its data, the helper would
+    leave an index that points at an older data file: the entries it did not
+    report done are taken out of the index."""
+    toy.second.compile(SIG)
+    assert O._in_disk_cache(toy.second, SIG)
+    code = ("print(0, flush=True); " if reported else "") + "import time; time.sleep(600)"
+    proc = fake_helper(code)(None, subprocess.DEVNULL)
+    if reported:   # wait until it has said so (without reading it)
+        import select
+
+        assert select.select([proc.stdout], [], [], 60)[0]
+    assert O._stop_helper(proc, [(toy.second, SIG)], 0.1) is None   # stopped
+    assert O._in_disk_cache(toy.second, SIG) == reported
+
+
+def test_the_helper_compiles_fastsims_entries(tmp_path):
+    """The real entries: their array types pickle, the helper imports fastsim's
+    kernel, compiles and reports each (here loaded from this run's cache, or compiled)."""
+    import numba
+
     from fastsim._replicate import pack_scenario
     from test_engine_variants import BASE
 
+    p = pack_scenario(BASE)
+    rest = list(K._engine_types(*(numba.typeof(p[k]) for k in ("ipar", "fpar", "lat")), None).items())[1:]
+    with open(tmp_path / "log", "w+b") as log:
+        proc = O._start_helper(rest, log)
+        assert proc.wait(300) == 0, log.seek(0) or log.read().decode()
+    assert proc.stdout.read().split() == [b"0", b"1"]
+
+
+def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch):
+    monkeypatch.setattr(O, "_cache_path", lambda d: "/somewhere/else")   # what this process reads
+    with open(toy.__file__ + ".log", "w+b") as log:
+        proc = O._start_helper([(toy.second, SIG)], log)
+        assert proc.wait(120) == 0
+    assert proc.stdout.read() == b""
+    assert not O._in_disk_cache(toy.second, SIG)
+
+
+def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled(monkeypatch):
+    """The engine is the costliest entry: this process compiles it, the helper
+    the rest; and `simulate_stream`'s calls from Python use exactly the
+    versions `compile_entries` was given (no second compilation)."""
     import numba
+
+    from fastsim._replicate import pack_scenario
+    from test_engine_variants import BASE
 
     p = pack_scenario(BASE)
     given = tuple(numba.typeof(p[k]) for k in ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab",
                                                  "lrange", "trace", "prio_val", "prio_cdf", "pred_edges"))
+    seen = []
+    monkeypatch.setattr(K, "compile_entries", lambda items: seen.extend(items))
+    monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)
     K._entry_pointers.__wrapped__(given, None)
-    assert seen[0] is K._simulate and set(seen) == {K._simulate, K._ws_need, K._reduce, K._draw_workload}
+    assert seen[0][0] is K._simulate
+    assert {d for d, _ in seen} == {K._simulate, K._ws_need, K._reduce, K._draw_workload}
     seen.clear()
-    K.simulate_stream(np.array([0.0]), [5], [3], [0], [0], [-1], [0], p["ipar"], p["fpar"], p["lat"])
-    assert seen[0] is K._simulate and set(seen) == {K._simulate, K._ws_need, K._reduce}
+    monkeypatch.undo()
+    given_types = {}
+    real = K.compile_entries
+    monkeypatch.setattr(K, "compile_entries", lambda items: (given_types.update(items), real(given_types.items())))
+    before = {d: set(d.overloads) for d in (K._simulate, K._ws_need, K._reduce)}
+    K.simulate_stream(np.array([0.0, 0.5]), [5, 9], [3, 4], [0, 0], [0, 0], [-1, -1], [0, 0], p["ipar"], p["fpar"],
+                      p["lat"])
+    assert list(given_types)[0] is K._simulate
+    for d, old in before.items():
+        assert set(d.overloads) - old <= {given_types[d]}, f"{d.py_func.__name__} compiled another version"
+        assert given_types[d] in d.overloads

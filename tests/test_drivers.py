@@ -39,8 +39,9 @@ SCENARIOS = {"common engine": CASES["fcfs-tight-kv/a10g"], "full engine": prefix
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_the_driver_holds_no_copy_of_the_engine(name):
     """A fresh compilation of `_run_chunk` (uncached, so its LLVM IR can be read)
-    gives the cached driver's rows, defines none of the engine's functions,
-    and calls them through pointers."""
+    gives, bit for bit, the rows of the entries called one by one from Python
+    (`draw_workload`, `simulate_stream`), defines none of the engine's
+    functions, and calls them through pointers."""
     p = pack_scenario(SCENARIOS[name])
     given = [p[k] for k in GIVEN]
     full = K.engine_variant(p["ipar"])
@@ -48,9 +49,10 @@ def test_the_driver_holds_no_copy_of_the_engine(name):
     fresh = numba.njit(K._run_chunk.py_func, cache=False)
     rows = np.empty((5, K.N_COLUMNS))
     assert fresh(3, 5, np.uint64(1), np.uint64(2), *given, rows, full, *pointers) == 0
-    expected = np.empty((5, K.N_COLUMNS))
-    assert K.run_chunk(3, 5, np.uint64(1), np.uint64(2), *given, expected, full) == 0
-    np.testing.assert_array_equal(rows, expected)
+    for j in range(5):
+        stream = K.draw_workload(3 + j, 1, 2, *(p[k] for k in GIVEN if k != "lat"))
+        row = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])[-1]
+        np.testing.assert_array_equal(rows[j], row)
     (ir,) = fresh.inspect_llvm().values()
     defined = re.findall(r"^define [^@]*@\"?([^\"(\s]+)", ir, re.M)
     assert any("_run_chunk" in d for d in defined)
