@@ -2,8 +2,9 @@
 
     python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1]
 
-(Its functions are compiled without Numba's disk cache: they link kernel
-internals from another file, which the cache would not see change.)
+(Its functions are compiled without Numba's disk cache. They call the
+kernel's entries through the same function pointers as ``replicate``, so
+all three pipelines run the same compiled code.)
 
 For each benchmark workload, times three nested pipelines over the same
 replications (after compilation): drawing the request stream only (the floor:
@@ -24,6 +25,7 @@ import time
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -46,32 +48,31 @@ def buffers(ipar):
 
 @njit(cache=False)
 def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
-              out):
+              draw, out):
     arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     for j in range(nrep):
-        n = K._draw_workload(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                             trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp,
-                             plen)
+        n = draw(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                 trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
         out[j] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
 
 
 @njit(cache=False)
 def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                      prio_cdf, pred_edges, full, out):
-    """`_kernel.run_chunk` without the reduction (the same buffers, reused)."""
+                      prio_cdf, pred_edges, full, draw, ws_need, simulate, out):
+    """`_kernel._run_chunk` without the reduction (the same buffers, reused,
+    and the same compiled entries, called through the same pointers)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
     wi = np.empty(1, np.int64)
     wf = np.empty(1)
     for j in range(nrep):
-        n = K._draw_workload(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                             trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp,
-                             plen)
-        need_i, need_f = K._ws_need(n, output, pgrp, plen, ipar)
+        n = draw(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                 trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        need_i, need_f = ws_need(n, output, pgrp, plen, ipar)
         if need_i > wi.size:
             wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
         if need_f > wf.size:
             wf = np.empty(max(need_f, wf.size + wf.size // 2))
-        out[j] = K._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+        out[j] = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
 
 
 def threaded(fn, threads, nrep, *args):
@@ -107,9 +108,12 @@ def main():
         p = pack_scenario(sc)
         tabs = (p["arr_times"], p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
                 p["prio_cdf"], p["pred_edges"])
-        t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs)
+        full = K.engine_variant(p["ipar"])
+        draw, ws_need, simulate, _ = K._entry_pointers(
+            tuple(numba.typeof(a) for a in (p["ipar"], p["fpar"], p["lat"], *tabs)), full)   # replicate's code
+        t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs, draw)
         t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
-                      K.engine_variant(p["ipar"]))
+                      full, draw, ws_need, simulate)
         t_full = timed(lambda: fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads,
                                                  progress=False))
         work = nrep * args.requests
