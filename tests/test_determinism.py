@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 import fastsim
+from fastsim import _replicate
 
 SCENARIO = fastsim.Scenario(
     engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=200, policy="priority"),
@@ -17,12 +18,28 @@ SCENARIO = fastsim.Scenario(
                               burstiness=0.5, priorities=(0, 1, 2), priority_probs=(0.2, 0.3, 0.5)))
 
 
-def test_identical_across_thread_counts_and_chunking():
+def test_identical_across_thread_counts_and_chunking(monkeypatch):
     a = fastsim.replicate(SCENARIO, 40, seed=123, n_threads=1).per_replication
-    b = fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2).per_replication
-    c = fastsim.replicate(SCENARIO, 40, seed=123, batch_size=7).per_replication
+    b = fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2).per_replication   # small: one chunk, no pool
+    c = fastsim.replicate(SCENARIO, 40, seed=123, batch_size=7, n_threads=2).per_replication
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(a, c)
+    # A run this small is simulated in the calling thread; without that
+    # cut-off, two threads share it in chunks.
+    pools = []
+    real_pool = _replicate.ThreadPoolExecutor
+
+    def counting_pool(*args, **kwargs):
+        pools.append(kwargs)
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(_replicate, "ThreadPoolExecutor", counting_pool)
+    fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2)
+    assert pools == []
+    monkeypatch.setattr(_replicate, "_POOL_MIN_REQUESTS", 0)
+    d = fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2).per_replication
+    assert pools == [{"max_workers": 2}]
+    pd.testing.assert_frame_equal(a, d)
 
 
 def test_more_replications_extend_fewer():
