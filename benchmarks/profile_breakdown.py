@@ -106,8 +106,7 @@ def main():
     for name, factory in (("reference workload", reference_workload), ("ShareGPT 80%", sharegpt_80pct)):
         sc = factory(args.requests)
         p = pack_scenario(sc)
-        tabs = (p["arr_times"], p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                p["prio_cdf"], p["pred_edges"])
+        tabs = K.scenario_arrays(p)[3:]   # after ipar, fpar, lat
         full = K.engine_variant(p["ipar"])
         draw, ws_need, simulate, _ = K._entry_pointers(
             tuple(numba.typeof(a) for a in (p["ipar"], p["fpar"], p["lat"], *tabs)), full)   # replicate's code

@@ -275,8 +275,7 @@ def _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_bud
     # at most half the budget for the request arrays (a user's chunk is capped too)
     cap_chunk = max(1, budget // (2 * bytes_req))
     chunk = max(1, min(nrep, cap_chunk if chunk is None else min(int(chunk), cap_chunk)))
-    tables = [mem.to_device(p[name]) for name in ("ipar", "fpar", "arr_times", "lcomp", "lpar", "ltab",
-                                                  "lrange", "trace", "prio_val", "prio_cdf", "pred_edges")]
+    tables = [mem.to_device(a) for a in K.scenario_arrays(p, lat=False)]
     d_ipar, d_fpar = tables[0], tables[1]
     d_lat = mem.to_device(p["lat"])
     tpb = int(threads_per_block)

@@ -2384,6 +2384,19 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 # the same compiled entries from Python, so sampling or simulating one stream
 # compiles nothing more.
 
+# The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
+# drivers take them (`_draw_workload` takes them without ``lat``).
+SCENARIO_ARRAYS = ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab", "lrange", "trace",
+                   "prio_val", "prio_cdf", "pred_edges")
+
+
+def scenario_arrays(packed, lat=True):
+    """The arrays of ``packed`` (`pack_scenario`'s dict) in the drivers'
+    order: `run_chunk`'s and `chunk_runner`'s, or without ``lat``
+    `draw_workload`'s."""
+    return tuple(packed[name] for name in SCENARIO_ARRAYS if lat or name != "lat")
+
+
 _V_I, _V_F, _V_U = (nb_types.Array(t, 1, "C") for t in (nb_types.int64, nb_types.float64, nb_types.uint64))
 
 

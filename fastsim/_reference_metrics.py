@@ -120,10 +120,7 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
 
         rows = tqdm(rows, desc="reference replications", unit="rep", leave=False)
     for j in rows:
-        a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
-                                                    p["lcomp"], p["lpar"], p["ltab"], p["lrange"],
-                                                    p["trace"], p["prio_val"], p["prio_cdf"],
-                                                    p["pred_edges"])
+        a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, *K.scenario_arrays(p, lat=False))
         res = simulate_reference(a, pr, o, c, scenario.engine, scenario.latency,
                                  horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
                                  prefix_len=plen)

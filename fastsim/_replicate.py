@@ -75,7 +75,8 @@ def metric_unit(metric: str):
 # Packing a scenario into the kernel's arrays
 
 def pack_scenario(scenario: Scenario) -> dict:
-    """The kernel's view of a scenario: parameter vectors and flat tables."""
+    """The kernel's view of a scenario: parameter vectors and flat tables
+    (the names `_kernel.SCENARIO_ARRAYS`; `_kernel.scenario_arrays` orders them)."""
     e, w = scenario.engine, scenario.workload
     ipar = np.zeros(K.N_IPAR, np.int64)
     fpar = np.zeros(K.N_FPAR, np.float64)
@@ -239,9 +240,7 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     replication = check_int("replication", replication, low=0)
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
-    a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, p["ipar"], p["fpar"], p["arr_times"],
-                                                p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"],
-                                                p["prio_val"], p["prio_cdf"], p["pred_edges"])
+    a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
     cols = {"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c}
     if scenario.engine.length_predictor is not None:
         cols["sjf_key"] = q
@@ -688,11 +687,8 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
         from tqdm.auto import tqdm
 
         bar = tqdm(total=nrep, desc="replications", unit="rep", leave=False)
-    p = packed
     # the common engine unless an option needs the full one; compiled (or loaded) here, once
-    run_chunk = K.chunk_runner(p["ipar"], p["fpar"], p["lat"], p["arr_times"], p["lcomp"], p["lpar"], p["ltab"],
-                               p["lrange"], p["trace"], p["prio_val"], p["prio_cdf"], p["pred_edges"],
-                               K.engine_variant(p["ipar"]))
+    run_chunk = K.chunk_runner(*K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
     threads = _thread_count(n_threads)
     # Chunks of at most batch_size replications: 4 per thread (balance:
     # replications differ in cost) when each has 50,000 requests or more,

@@ -18,9 +18,16 @@ from fastsim._numba_options import function_pointer
 from fastsim._replicate import pack_scenario
 from test_engine_variants import CASES, LATENCIES, OPTIONS, scenario
 
-GIVEN = ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab", "lrange", "trace", "prio_val", "prio_cdf",
-         "pred_edges")
+GIVEN = K.SCENARIO_ARRAYS
 ENGINE = ("_draw_workload", "_ws_need", "_simulate", "_reduce")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pack_scenario_makes_the_arrays_the_kernel_names(case):
+    p = pack_scenario(CASES[case])
+    assert tuple(p) == K.SCENARIO_ARRAYS
+    assert [id(a) for a in K.scenario_arrays(p)] == [id(a) for a in p.values()]
+    assert [id(a) for a in K.scenario_arrays(p, lat=False)] == [id(v) for k, v in p.items() if k != "lat"]
 
 
 def test_function_pointer_refuses_an_internal_function():

@@ -43,18 +43,14 @@ CASES.update({
 def chunk(sc, full, nrep=6, key=(11, 12)):
     p = pack_scenario(sc)
     out = np.empty((nrep, K.N_COLUMNS))
-    rc = K.run_chunk(0, nrep, np.uint64(key[0]), np.uint64(key[1]), p["ipar"], p["fpar"], p["lat"], p["arr_times"],
-                     p["lcomp"], p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"], p["prio_cdf"],
-                     p["pred_edges"], out, full)
+    rc = K.run_chunk(0, nrep, np.uint64(key[0]), np.uint64(key[1]), *K.scenario_arrays(p), out, full)
     return rc, out
 
 
 def per_request(sc, full, rep=0):
     """status, tokens, preemptions, first-token and finish times of one replication."""
     p = pack_scenario(sc)
-    a, pr, o, c, q, grp, plen = K.draw_workload(rep, 3, 4, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
-                                                p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                                                p["prio_cdf"], p["pred_edges"])
+    a, pr, o, c, q, grp, plen = K.draw_workload(rep, 3, 4, *K.scenario_arrays(p, lat=False))
     n = a.size
     ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)

@@ -240,9 +240,7 @@ def test_long_stretches_take_the_closed_form():
 
     sc = long_scenario(LONG_ENGINES["tight-kv"], LONG["context-term"])
     p = pack_scenario(sc)
-    a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
-                                                p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                                                p["prio_cdf"], p["pred_edges"])
+    a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, *K.scenario_arrays(p, lat=False))
     ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     with kernel_as_python() as mp:

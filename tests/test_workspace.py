@@ -42,9 +42,7 @@ CASES = {
 
 def stream(sc, rep=0):
     p = pack_scenario(sc)
-    a, pr, o, c, q, grp, plen = K.draw_workload(rep, 1, 2, p["ipar"], p["fpar"], p["arr_times"], p["lcomp"],
-                                                p["lpar"], p["ltab"], p["lrange"], p["trace"], p["prio_val"],
-                                                p["prio_cdf"], p["pred_edges"])
+    a, pr, o, c, q, grp, plen = K.draw_workload(rep, 1, 2, *K.scenario_arrays(p, lat=False))
     return (a.size, a, pr, o, c, q, grp, plen), p
 
 
