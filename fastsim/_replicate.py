@@ -554,7 +554,10 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     max_replications : int
         Cap on replications with ``precision``.
     n_threads : int, optional
-        Numba threads for this call (default: Numba's setting).
+        Threads for this call (default: Numba's setting). A run of fewer
+        than 20,000 requests (replications x requests; 40,000 / threads
+        above two) runs in the calling thread unless ``batch_size`` or a
+        progress bar splits it: a pool would cost more than it saves.
     batch_size : int, optional
         Replications per kernel call (progress granularity); does not change results.
     progress : bool, optional
@@ -664,7 +667,10 @@ def _replications_needed(data, precision, done, confidence_level):
     return need
 
 
-_POOL_MIN_REQUESTS = 20_000   # smaller runs are simulated in the calling thread (about 5 ms of work)
+# Fewer requests than this are simulated in the calling thread, on 2 threads
+# (measured crossover, 2 cores: about 8 ms of work on one); scaled down in
+# proportion for more threads, where the pool saves more (not measured).
+_POOL_MIN_REQUESTS = 20_000
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
@@ -695,7 +701,7 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     # else fewer, down to one per thread (a call costs ~0.05 ms more: Numba
     # unboxes the compiled entries' pointers). Each chunk writes its own rows.
     size = max(-(-nrep // (4 * threads)), min(-(-50_000 // scenario.workload.num_requests), -(-nrep // threads)))
-    if total < _POOL_MIN_REQUESTS:
+    if total * threads < 2 * _POOL_MIN_REQUESTS:
         size = nrep   # a thread pool would cost more (~1 ms to start) than it saves
     size = min(batch_size, max(1, size))
     chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]

@@ -7,6 +7,7 @@ that the pointers call the same code as the Python entries, and that the
 driver's compiled module really holds no copy of the engine.
 """
 
+import inspect
 import re
 
 import numba
@@ -28,6 +29,14 @@ def test_pack_scenario_makes_the_arrays_the_kernel_names(case):
     assert tuple(p) == K.SCENARIO_ARRAYS
     assert [id(a) for a in K.scenario_arrays(p)] == [id(a) for a in p.values()]
     assert [id(a) for a in K.scenario_arrays(p, lat=False)] == [id(v) for k, v in p.items() if k != "lat"]
+
+
+def test_the_drivers_take_the_scenario_arrays_in_that_order():
+    names = K.SCENARIO_ARRAYS
+    assert tuple(inspect.signature(K.run_chunk).parameters)[4:16] == names
+    assert tuple(inspect.signature(K.chunk_runner).parameters)[:12] == names
+    assert tuple(inspect.signature(K._run_chunk.py_func).parameters)[4:16] == names
+    assert tuple(inspect.signature(K.draw_workload).parameters)[3:14] == tuple(n for n in names if n != "lat")
 
 
 def test_function_pointer_refuses_an_internal_function():
