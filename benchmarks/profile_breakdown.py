@@ -25,7 +25,6 @@ import time
 
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -106,10 +105,10 @@ def main():
     for name, factory in (("reference workload", reference_workload), ("ShareGPT 80%", sharegpt_80pct)):
         sc = factory(args.requests)
         p = pack_scenario(sc)
-        tabs = K.scenario_arrays(p)[3:]   # after ipar, fpar, lat
+        arrays = K.scenario_arrays(p)
+        tabs = arrays[3:]   # after ipar, fpar, lat
         full = K.engine_variant(p["ipar"])
-        draw, ws_need, simulate, _ = K._entry_pointers(
-            tuple(numba.typeof(a) for a in (p["ipar"], p["fpar"], p["lat"], *tabs)), full)   # replicate's code
+        draw, ws_need, simulate, _ = K.engine_pointers(arrays, full)   # replicate's code
         t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs, draw)
         t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
                       full, draw, ws_need, simulate)

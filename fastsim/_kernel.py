@@ -2392,7 +2392,7 @@ SCENARIO_ARRAYS = ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab", 
 
 def scenario_arrays(packed, lat=True):
     """The arrays of ``packed`` (`pack_scenario`'s dict) in the drivers'
-    order: `run_chunk`'s and `chunk_runner`'s, or without ``lat``
+    order: `run_chunk`'s and `chunk_runner`'s ``arrays``, or without ``lat``
     `draw_workload`'s."""
     return tuple(packed[name] for name in SCENARIO_ARRAYS if lat or name != "lat")
 
@@ -2416,9 +2416,8 @@ def _entry_pointers(given, full):
     """`_draw_workload`, `_ws_need`, `_simulate` (the engine ``full`` selects)
     and `_reduce` as function pointers, compiled (`compile_entries`: the
     engine here, the others alongside in a helper process) for the Numba
-    types ``given`` of the arrays from the Python layer (ipar, fpar, lat,
-    arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-    pred_edges) and for the buffers `_run_chunk` allocates."""
+    types ``given`` of the scenario arrays (`SCENARIO_ARRAYS`) and for the
+    buffers `_run_chunk` allocates. `engine_pointers` is the way in."""
     ipar, fpar, lat, *tables = given
     types = _engine_types(ipar, fpar, lat, full)
     i64, u64, vi, vf = nb_types.int64, nb_types.uint64, _V_I, _V_F
@@ -2427,16 +2426,22 @@ def _entry_pointers(given, full):
     return tuple(function_pointer(d, types[d]) for d in (_draw_workload, _ws_need, _simulate, _reduce))
 
 
-def chunk_runner(ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
-                 full):
+def engine_pointers(arrays, full):
+    """`_draw_workload`, `_ws_need`, `_simulate` (the engine ``full``
+    selects) and `_reduce` as function pointers for the scenario ``arrays``
+    (`scenario_arrays`), compiled or loaded on the first call for their types."""
+    return _entry_pointers(tuple(numba.typeof(a) for a in arrays), full)
+
+
+def chunk_runner(arrays, full):
     """``run(rep0, nrep, key0, key1, out)``: `run_chunk` with a scenario's
-    arrays and the compiled entries bound once (a run calls it per chunk,
-    from several threads)."""
-    given = (ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges)
-    pointers = _entry_pointers(tuple(numba.typeof(a) for a in given), full)
+    ``arrays`` (`scenario_arrays`) and the compiled entries bound once (a
+    run calls it per chunk, from several threads)."""
+    arrays = tuple(arrays)
+    pointers = engine_pointers(arrays, full)
 
     def run(rep0, nrep, key0, key1, out):
-        return _run_chunk(rep0, nrep, key0, key1, *given, out, full, *pointers)
+        return _run_chunk(rep0, nrep, key0, key1, *arrays, out, full, *pointers)
     return run
 
 
@@ -2452,8 +2457,8 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     (`engine_variant`). Returns 0, or `_simulate`'s negative code (-2: the
     common engine refused ``ipar``), at the first replication that gets one.
     """
-    run = chunk_runner(ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-                       pred_edges, full)
+    run = chunk_runner((ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
+                        pred_edges), full)
     return run(rep0, nrep, key0, key1, out)
 
 

@@ -139,7 +139,6 @@ def njit(*args, **kwargs):
     return lambda func: _one_specialisation(decorator(func))
 
 
-
 class _FunctionPointer(WrapperAddressProtocol):
     """One compiled version of an entry, typed by Numba as a first-class
     function (the *wrapper address protocol*): jitted code calls it through

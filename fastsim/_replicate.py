@@ -694,7 +694,7 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
 
         bar = tqdm(total=nrep, desc="replications", unit="rep", leave=False)
     # the common engine unless an option needs the full one; compiled (or loaded) here, once
-    run_chunk = K.chunk_runner(*K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
+    run_chunk = K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
     threads = _thread_count(n_threads)
     # Chunks of at most batch_size replications: 4 per thread (balance:
     # replications differ in cost) when each has 50,000 requests or more,

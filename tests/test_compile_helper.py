@@ -200,11 +200,10 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     import numba
 
     from fastsim._replicate import pack_scenario
-    from test_drivers import GIVEN
     from test_engine_variants import BASE
 
     p = pack_scenario(BASE)
-    given = tuple(numba.typeof(p[k]) for k in GIVEN)
+    given = tuple(numba.typeof(a) for a in K.scenario_arrays(p))
     seen = []
     monkeypatch.setattr(K, "compile_entries", lambda items: seen.extend(items))
     monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)

@@ -19,7 +19,6 @@ from fastsim._numba_options import function_pointer
 from fastsim._replicate import pack_scenario
 from test_engine_variants import CASES, LATENCIES, OPTIONS, scenario
 
-GIVEN = K.SCENARIO_ARRAYS
 ENGINE = ("_draw_workload", "_ws_need", "_simulate", "_reduce")
 
 
@@ -34,7 +33,6 @@ def test_pack_scenario_makes_the_arrays_the_kernel_names(case):
 def test_the_drivers_take_the_scenario_arrays_in_that_order():
     names = K.SCENARIO_ARRAYS
     assert tuple(inspect.signature(K.run_chunk).parameters)[4:16] == names
-    assert tuple(inspect.signature(K.chunk_runner).parameters)[:12] == names
     assert tuple(inspect.signature(K._run_chunk.py_func).parameters)[4:16] == names
     assert tuple(inspect.signature(K.draw_workload).parameters)[3:14] == tuple(n for n in names if n != "lat")
 
@@ -59,14 +57,14 @@ def test_the_driver_holds_no_copy_of_the_engine(name):
     (`draw_workload`, `simulate_stream`), defines none of the engine's
     functions, and calls them through pointers."""
     p = pack_scenario(SCENARIOS[name])
-    given = [p[k] for k in GIVEN]
+    given = K.scenario_arrays(p)
     full = K.engine_variant(p["ipar"])
-    pointers = K._entry_pointers(tuple(numba.typeof(a) for a in given), full)
+    pointers = K.engine_pointers(given, full)
     fresh = numba.njit(K._run_chunk.py_func, cache=False)
     rows = np.empty((5, K.N_COLUMNS))
     assert fresh(3, 5, np.uint64(1), np.uint64(2), *given, rows, full, *pointers) == 0
     for j in range(5):
-        stream = K.draw_workload(3 + j, 1, 2, *(p[k] for k in GIVEN if k != "lat"))
+        stream = K.draw_workload(3 + j, 1, 2, *K.scenario_arrays(p, lat=False))
         row = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])[-1]
         np.testing.assert_array_equal(rows[j], row)
     (ir,) = fresh.inspect_llvm().values()
