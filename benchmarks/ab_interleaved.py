@@ -12,7 +12,8 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   (1,000 requests per replication), best of 3 runs after a warm-up. Each tree
   has its own Numba cache directory, kept across rounds (compiled once).
 * ``--cold``: the cold start, with an empty cache per run: ``replicate``,
-  ``sample_requests`` and ``simulate_requests`` on a 20-request workload.
+  ``sample_requests`` and ``simulate_requests`` on a 20-request workload
+  (``--workload full``: with prefix caching, the full engine).
 * ``--small``: the overhead of a small call, the median time of 30
   ``replicate`` calls of 8 x 250 requests (default threads), after a warm-up.
 
@@ -30,8 +31,8 @@ _WARM = r"""
 import sys, time
 sys.path.insert(0, "benchmarks")
 import fastsim
-from benchmarks.common import reference_workload, sharegpt_80pct
-sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct}[sys.argv[1]](1000)
+from benchmarks.common import full_engine_workload, reference_workload, sharegpt_80pct
+sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}[sys.argv[1]](1000)
 nrep = int(sys.argv[2])
 fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
 best = float("inf")
@@ -46,8 +47,8 @@ _COLD = r"""
 import sys, time
 sys.path.insert(0, "benchmarks")
 import fastsim
-from benchmarks.common import reference_workload
-sc = reference_workload(20)
+from benchmarks.common import full_engine_workload, reference_workload, sharegpt_80pct
+sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}[sys.argv[1]](20)
 t = time.perf_counter()
 fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
 fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
@@ -81,7 +82,8 @@ def run(tree, code, args, cache):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trees", nargs="+", help="fastsim checkouts to compare")
-    ap.add_argument("--workload", choices=("reference", "sharegpt"), default="reference")
+    ap.add_argument("--workload", choices=("reference", "sharegpt", "full"), default="reference",
+                    help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--replications", type=int, default=1500, help="per timed run (throughput mode)")
     mode = ap.add_mutually_exclusive_group()
@@ -90,7 +92,7 @@ def main():
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees]
     names = [f"{i}:{os.path.basename(t) or t}" for i, t in enumerate(trees)]
-    unit = ("s (cold start)" if args.cold else "ms (replicate of 8 x 250 requests)" if args.small
+    unit = (f"s (cold start, {args.workload})" if args.cold else "ms (replicate of 8 x 250 requests)" if args.small
             else f"M requests/s ({args.workload}, 1 thread)")
     results = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="fastsim_ab_") as root:
@@ -98,7 +100,7 @@ def main():
             for name, tree in zip(names, trees):
                 if args.cold:
                     with tempfile.TemporaryDirectory(dir=root) as cache:
-                        results[name].append(run(tree, _COLD, [], cache))
+                        results[name].append(run(tree, _COLD, [args.workload], cache))
                 else:
                     cache = os.path.join(root, name.replace(":", "_"))
                     code, extra = (_SMALL, []) if args.small else (_WARM, [args.workload, str(args.replications)])
