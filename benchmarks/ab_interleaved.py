@@ -31,8 +31,8 @@ _WARM = r"""
 import sys, time
 sys.path.insert(0, "benchmarks")
 import fastsim
-from benchmarks.common import full_engine_workload, reference_workload, sharegpt_80pct
-sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}[sys.argv[1]](1000)
+from benchmarks import common
+sc = getattr(common, sys.argv[1])(1000)
 nrep = int(sys.argv[2])
 fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
 best = float("inf")
@@ -47,8 +47,8 @@ _COLD = r"""
 import sys, time
 sys.path.insert(0, "benchmarks")
 import fastsim
-from benchmarks.common import full_engine_workload, reference_workload, sharegpt_80pct
-sc = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}[sys.argv[1]](20)
+from benchmarks import common
+sc = getattr(common, sys.argv[1])(20)
 t = time.perf_counter()
 fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
 fastsim.simulate_requests(sc, fastsim.sample_requests(sc, seed=0))
@@ -71,6 +71,11 @@ print(statistics.median(times) * 1e3)
 """
 
 
+# --workload: the function of benchmarks/common.py (looked up in each tree, so
+# an older tree needs only the one it runs)
+WORKLOADS = {"reference": "reference_workload", "sharegpt": "sharegpt_80pct", "full": "full_engine_workload"}
+
+
 def run(tree, code, args, cache):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_OPT")}
     env.update(PYTHONPATH=tree, NUMBA_CACHE_DIR=cache)
@@ -82,7 +87,7 @@ def run(tree, code, args, cache):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trees", nargs="+", help="fastsim checkouts to compare")
-    ap.add_argument("--workload", choices=("reference", "sharegpt", "full"), default="reference",
+    ap.add_argument("--workload", choices=tuple(WORKLOADS), default="reference",
                     help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--replications", type=int, default=1500, help="per timed run (throughput mode)")
@@ -100,10 +105,11 @@ def main():
             for name, tree in zip(names, trees):
                 if args.cold:
                     with tempfile.TemporaryDirectory(dir=root) as cache:
-                        results[name].append(run(tree, _COLD, [args.workload], cache))
+                        results[name].append(run(tree, _COLD, [WORKLOADS[args.workload]], cache))
                 else:
                     cache = os.path.join(root, name.replace(":", "_"))
-                    code, extra = (_SMALL, []) if args.small else (_WARM, [args.workload, str(args.replications)])
+                    code, extra = ((_SMALL, []) if args.small
+                                   else (_WARM, [WORKLOADS[args.workload], str(args.replications)]))
                     results[name].append(run(tree, code, extra, cache))
             print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.3f}" for n, v in results.items()), flush=True)
     for n, v in results.items():
