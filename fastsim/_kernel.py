@@ -203,11 +203,70 @@ def _uniform(state, s):
     return (float(z >> np.uint64(11)) + 0.5) * _TWO53
 
 
+# Standard normal variates by the ziggurat method (Marsaglia and Tsang, 2000):
+# f(x) = exp(-x^2 / 2) on x >= 0 is covered by 256 layers of equal area V.
+# Layer 0 is the rectangle [0, R] x [0, f(R)] with the tail x > R (as if it
+# were a rectangle of width V / f(R)); layer i >= 1 is [0, x_i] x [f(x_i),
+# f(x_{i+1})]. One 64-bit output gives the layer (bits 0-7), the sign (bit 8)
+# and a 53-bit position (bits 11-63); a point left of the next layer's edge
+# lies under f and is taken at once (99% of draws), the others take a wedge
+# test or, in layer 0, the tail. Box-Muller, which this replaced, spends two
+# outputs, a log, a sqrt and a cos per variate: 2 lognormal lengths took
+# 66-85 ns on this project's 2-core VM, 22 ns with the ziggurat.
+
+_ZIG_R = 3.6541528853610088   # x_1, for which the 256th layer ends at x = 0 (Marsaglia and Tsang)
+
+
+def _ziggurat_tables(r=_ZIG_R, layers=256):
+    """(k, w, f) for `_normal`: k[i] = floor(2^53 * x_{i+1} / x_i) (take a
+    53-bit position m at once if m < k[i]), w[i] = x_i / 2^53 (the variate
+    is m * w[i]) and f[i] = f(x_i), i = 0 .. layers (x_0 = V / f(R) is layer
+    0's width, x_layers = 0). Plain Python, run once at import."""
+    def f(x):
+        return math.exp(-0.5 * x * x)
+
+    v = r * f(r) + math.sqrt(math.pi / 2.0) * math.erfc(r / math.sqrt(2.0))   # a layer's area
+    x = [v / f(r), r]
+    while len(x) < layers:
+        x.append(math.sqrt(-2.0 * math.log(v / x[-1] + f(x[-1]))))
+    x.append(0.0)
+    x = np.array(x)
+    k = np.array([int(x[i + 1] / x[i] * 2.0 ** 53) for i in range(layers)], dtype=np.uint64)
+    return k, x[:layers] * 2.0 ** -53, np.exp(-0.5 * x * x)
+
+
+_ZIG_K, _ZIG_W, _ZIG_F = _ziggurat_tables()
+
+
+@njit_noalloc
+def _normal_tail(state, s):
+    """A standard normal variate conditioned on being > R (Marsaglia, 1964):
+    R + a, a ~ Exp(rate R), accepted if 2b > a^2, b ~ Exp(1)."""
+    while True:
+        a = -math.log(_uniform(state, s)) / _ZIG_R
+        b = -math.log(_uniform(state, s))
+        if b + b > a * a:
+            return _ZIG_R + a
+
+
 @njit_noalloc
 def _normal(state, s):
-    u1 = _uniform(state, s)
-    u2 = _uniform(state, s)
-    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+    """A standard normal variate from stream ``s`` (the ziggurat method)."""
+    while True:
+        state[s] = state[s] + _GOLDEN
+        z = _mix64(state[s])
+        i = np.int64(z & np.uint64(255))
+        neg = (z >> np.uint64(8)) & np.uint64(1) == np.uint64(1)
+        m = z >> np.uint64(11)
+        x = float(m) * _ZIG_W[i]
+        if m < _ZIG_K[i]:
+            return -x if neg else x
+        if i == 0:
+            t = _normal_tail(state, s)
+            return -t if neg else t
+        # a wedge: under f with probability (f(x) - f(x_i)) / (f(x_{i+1}) - f(x_i))
+        if _ZIG_F[i] + _uniform(state, s) * (_ZIG_F[i + 1] - _ZIG_F[i]) < math.exp(-0.5 * x * x):
+            return -x if neg else x
 
 
 @njit_noalloc
