@@ -1169,29 +1169,43 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
     s2 = 0.0
     idx = sph
     r = 0
+    # Without a context term (dlt = 0, e.g. the A10G model) S2 is not needed:
+    # a loop without it (-20% of this function's time).
+    quad = dlt != 0.0
     for grp in range(2):
         # group 0: residues r < rem (m = q + 1); group 1: the rest (m = q)
         hi = rem if grp == 0 else (bs if q > 0 else rem)
         c0 = 0
         c1 = 0
         c2 = 0
-        while r < hi:
-            c = ph[idx]
-            c0 += c
-            c1 += c * r
-            c2 += c * r * r
-            idx = idx - 1 if idx > 0 else bs - 1
-            r += 1
+        if quad:
+            while r < hi:
+                c = ph[idx]
+                c0 += c
+                c1 += c * r
+                c2 += c * r * r
+                idx = idx - 1 if idx > 0 else bs - 1
+                r += 1
+        else:
+            while r < hi:
+                c = ph[idx]
+                c0 += c
+                c1 += c * r
+                idx = idx - 1 if idx > 0 else bs - 1
+                r += 1
         m = q + 1 if grp == 0 else q
         if c0 > 0 and m > 0:
             blocks += c0 * m
             mf = float(m)
             bsf = float(bs)
             tri = bsf * (mf * (mf - 1.0) * 0.5)                   # sum over j < m of bs * j
-            sq = bsf * bsf * (mf * (mf - 1.0) * (2.0 * mf - 1.0) / 6.0)   # ... of (bs * j)^2
             s1 += mf * c1 + tri * c0
-            s2 += mf * c2 + 2.0 * tri * c1 + sq * c0
-    return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
+            if quad:
+                sq = bsf * bsf * (mf * (mf - 1.0) * (2.0 * mf - 1.0) / 6.0)   # ... of (bs * j)^2
+                s2 += mf * c2 + 2.0 * tri * c1 + sq * c0
+    if quad:
+        return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
+    return blocks, d0 * s1   # (the bits of d0 * s1 + 0.0, as s1 >= 0)
 
 
 # Static batching, active priority preemption, swap preemption, prefix
