@@ -251,8 +251,21 @@ def _normal_tail(state, s):
 
 
 @njit_noalloc
+def _normal_edge(state, s, i, x):
+    """`_normal` past a layer's inner rectangle: in layer 0, |Z| from the
+    tail; else ``x`` if the wedge test takes it, -1.0 if it does not."""
+    if i == 0:
+        return _normal_tail(state, s)
+    # under f with probability (f(x) - f(x_i)) / (f(x_{i+1}) - f(x_i))
+    if _ZIG_F[i] + _uniform(state, s) * (_ZIG_F[i + 1] - _ZIG_F[i]) < math.exp(-0.5 * x * x):
+        return x
+    return -1.0
+
+
+@njit_noalloc(inline="llvm")
 def _normal(state, s):
-    """A standard normal variate from stream ``s`` (the ziggurat method)."""
+    """A standard normal variate from stream ``s`` (the ziggurat method).
+    Inlined where it is called; the rare edge cases are a call."""
     while True:
         state[s] = state[s] + _GOLDEN
         z = _mix64(state[s])
@@ -260,13 +273,9 @@ def _normal(state, s):
         neg = (z >> np.uint64(8)) & np.uint64(1) == np.uint64(1)
         m = z >> np.uint64(11)
         x = float(m) * _ZIG_W[i]
-        if m < _ZIG_K[i]:
-            return -x if neg else x
-        if i == 0:
-            t = _normal_tail(state, s)
-            return -t if neg else t
-        # a wedge: under f with probability (f(x) - f(x_i)) / (f(x_{i+1}) - f(x_i))
-        if _ZIG_F[i] + _uniform(state, s) * (_ZIG_F[i + 1] - _ZIG_F[i]) < math.exp(-0.5 * x * x):
+        if m >= _ZIG_K[i]:
+            x = _normal_edge(state, s, i, x)
+        if x >= 0.0:
             return -x if neg else x
 
 
