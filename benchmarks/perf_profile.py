@@ -12,7 +12,7 @@ keeps, read by binutils' ``nm``; without them, up to the next function), and
 then times one ``replicate`` call on
 one thread. Functions that LLVM inlined are counted in their caller. The
 compilation itself shows up in the profile as LLVM and Python frames; only the
-``fastsim...`` symbols and libm (``__cos_fma``, ``__ieee754_log_fma``, ...)
+``fastsim...`` symbols and libm (``__ieee754_exp_fma``, ``__ieee754_log_fma``, ...)
 belong to the timed run.
 """
 
