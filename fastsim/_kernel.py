@@ -1061,8 +1061,8 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     u = 2^(e-53). While a sum x + d (x such a multiple) stays below 2^e,
     rounding it to the nearest double gives x + D, D = d rounded to a multiple
     of u; so j steps end at t + j * D exactly. Taken: the most steps whose
-    sums stay in the binade, that end no later than ``next_a`` and start
-    before the horizon (as the step loop decides). 0 when none can be taken
+    sums stay in the binade, that start before ``next_a`` and the horizon
+    (as the step loop decides). 0 when none can be taken
     this way: t = 0 (or subnormal), a sum leaving the binade, or a d halfway
     between two multiples of u (a tie, rounded to even: the increment
     alternates)."""
@@ -1091,17 +1091,17 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     if j <= 0:
         return 0, t
     # (t + i * D is exact for i <= j: a multiple of u, at most the top)
-    j = _steps_within(t, dd, j, next_a, False)         # steps that end no later than the arrival
-    if has_h and j > 0:
-        j = _steps_within(t, dd, j - 1, horizon, True) + 1   # ... that start before the horizon (t < it)
+    # the steps that start before the next arrival and the horizon (t is before both)
+    limit = min(next_a, horizon) if has_h else next_a
+    j = _steps_within(t, dd, j - 1, limit, True) + 1
     return j, t + j * dd
 
 
 @njit_noalloc
 def _stretch_clock(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S):
-    """The steps of a stretch, at most ``kmax``, that end before the next
-    arrival ``next_a`` (a step ending exactly at it still runs) and start
-    before the horizon, and the clock at their end: a running sum of their
+    """The steps of a stretch, at most ``kmax``, that start before the next
+    arrival ``next_a`` and the horizon (an arrival during a step does not
+    change the step), and the clock at their end: a running sum of their
     durations, the terms and order of a fast step's (so ties go as in the
     reference): one addition per step, then, without a context term, a few
     operations per binade (`_binade_steps`). ``d``: `_plain_step`."""
@@ -1111,7 +1111,7 @@ def _stretch_clock(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S):
     # fails, at a binade's top or on a tie, is retried that many steps
     # later). Only with a constant duration: no context term.
     retry = _BINADE_AFTER if c_ctx == 0.0 else _UNBOUNDED
-    while kk < kmax and not (has_h and t >= horizon):
+    while kk < kmax and t < next_a and not (has_h and t >= horizon):
         if kk >= retry:
             j, t_j = _binade_steps(t, d, kmax - kk, next_a, has_h, horizon)
             if j > 0:
@@ -1119,12 +1119,10 @@ def _stretch_clock(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S):
                 kk += j
                 continue
             retry = kk + _BINADE_AFTER
-        t_end = t + d
         if c_ctx != 0.0:   # (without a context term it would add 0.0)
-            t_end = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
-        if t_end > next_a:
-            break
-        t = t_end
+            t = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
+        else:
+            t = t + d
         kk += 1
     return kk, t
 
@@ -1664,20 +1662,22 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             n_oth = m
             t = t_end
             # -- event skipping: while every running request is a lazy decoder
-            # and nothing else can happen (no arrival during the step, no
-            # admission, no abandonment, no completion, enough free blocks),
-            # run the next steps as one stretch: the clock step by step (the
-            # same running sum as the reference's), the rest in closed form.
+            # and nothing else can happen (no admission, no abandonment, enough
+            # free blocks), run the next steps as one stretch, up to the step of
+            # the next completion or the one during which the next request
+            # arrives: the clock step by step (the same running sum as the
+            # reference's), the rest in closed form. After a completion, with
+            # nobody waiting and no arrival yet, the next stretch follows at once.
             # (Not with active priority preemption and a waiting request: phase 0.)
-            if n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
-                                                                           and not prio_preempt)):
+            while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
+                                                                              and not prio_preempt)):
                 n_d = dstate[0]
                 ksum = dstate[1]
                 next_a = arrival[nxt] if nxt < n else np.inf
                 dp = _plain_step(base, dec_cost, n_d)
                 # every running request is a lazy decoder, so the heap is not
-                # empty: the stretch stops before the step of the next completion
-                kk, t_end = _stretch_clock(t, hk[0] - 1 - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum, S)
+                # empty: the stretch ends with the step of the next completion
+                kk, t_end = _stretch_clock(t, hk[0] - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum, S)
                 d0 = dp + c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                 dlt = c_ctx * n_d
                 nb = 0
@@ -1689,50 +1689,74 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     kk, t_end = _stretch_clock(t, _stretch_blocks(ph, sph, bs, free, n_d), next_a, has_h,
                                                horizon, dp, c_ctx, n_d, ksum, S)
                     nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
-                if kk > 0:
-                    in_sys = n_run + n_wait
-                    nm_d = dstate[2]
-                    if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
-                        # the stretch lies inside the window or outside it
-                        x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
-                        used0 = nblk - free
-                        free -= nb
+                if kk == 0:
+                    break
+                in_sys = n_run + n_wait
+                nm_d = dstate[2]
+                if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
+                    # the stretch lies inside the window or outside it
+                    x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
+                    used0 = nblk - free
+                    free -= nb
+                    used = nblk - free
+                    if used > a_max:
+                        a_max = used
+                    a_steps += kk
+                    a_l += in_sys * x
+                    if ws <= t and t_end <= we:
+                        a_occ += x * n_run
+                        a_queue += x * n_wait
+                        a_kv += (used0 + nb) * x - wsum
+                    if nm_d > 0:
+                        if pure:
+                            gapw[n_d] += kk * nm_d
+                        else:
+                            for jj in range(kk):
+                                n_itl = _gap_add(itl_v, itl_w, n_itl, d0 + jj * dlt, nm_d)
+                    S += kk
+                    sph -= kk % bs
+                    if sph < 0:
+                        sph += bs
+                    t = t_end
+                else:
+                    # a window edge falls inside: the same steps one by one
+                    # (`_account_step`'s operations, on the lazy decoders)
+                    for _j in range(kk):
+                        free -= ph[sph]
                         used = nblk - free
-                        if used > a_max:
-                            a_max = used
-                        a_steps += kk
-                        a_l += in_sys * x
-                        if ws <= t and t_end <= we:
-                            a_occ += x * n_run
-                            a_queue += x * n_wait
-                            a_kv += (used0 + nb) * x - wsum
+                        d = dp + c_ctx * (ksum + n_d * (S + 1))
+                        t_end = t + d
+                        a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                            a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws,
+                            we)
                         if nm_d > 0:
-                            if pure:
-                                gapw[n_d] += kk * nm_d
-                            else:
-                                for jj in range(kk):
-                                    n_itl = _gap_add(itl_v, itl_w, n_itl, d0 + jj * dlt, nm_d)
-                        S += kk
-                        sph -= kk % bs
-                        if sph < 0:
-                            sph += bs
+                            n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
+                        S += 1
+                        sph = sph - 1 if sph > 0 else bs - 1
                         t = t_end
-                    else:
-                        # a window edge falls inside: the same steps one by one
-                        # (`_account_step`'s operations, on the lazy decoders)
-                        for _j in range(kk):
-                            free -= ph[sph]
-                            used = nblk - free
-                            d = dp + c_ctx * (ksum + n_d * (S + 1))
-                            t_end = t + d
-                            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                                a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws,
-                                we)
-                            if nm_d > 0:
-                                n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
-                            S += 1
-                            sph = sph - 1 if sph > 0 else bs - 1
-                            t = t_end
+                # the stretch's last step, as a fast step ends: arrivals during
+                # it (they see it before its completions), then completions
+                if nxt < n and arrival[nxt] < t:
+                    nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
+                        nxt, n, t, arrival, prompt, output, ipar, n_run, n_wait, reserved, status, q, qs, key,
+                        a_l, a_queue, ws, we)
+                if hk[0] != S:
+                    break   # the next arrival, the free blocks or the horizon ended the stretch
+                while hs[0] > 0 and hk[0] == S:
+                    r = _heap2_pop(hk, hr, hs)
+                    _d_remove(r, dmem, dpos, koff, ph, bs, warmup, dstate)
+                    k[r] = koff[r] + S
+                    g[r] = output[r]
+                    free += _ceil_div(k[r], bs)
+                    blocks[r] = 0
+                    if admission == 2:
+                        reserved -= prompt[r] + output[r]
+                    status[r] = ST_COMPLETED
+                    finish_t[r] = t
+                    last_t[r] = t
+                    n_run -= 1
+                if t >= next_a:
+                    break   # an arrival to ingest first
             continue
 
         # -- slow step: materialise the lazy decoders, schedule in admission order

@@ -100,10 +100,10 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
 def clock_by_steps(t, kmax, next_a, has_h, horizon, d):
     """The step loop `_stretch_clock` replaces, on whole arrays: step i starts at
     the running sum of i durations (np.add.accumulate adds in order, as the
-    loop), runs if it starts before the horizon and ends no later than the
-    arrival; the first step that does not run ends the stretch."""
+    loop), runs if it starts before the arrival and the horizon; the first
+    step that does not run ends the stretch."""
     ends = np.add.accumulate(np.concatenate(([t], np.full(kmax, d))))
-    ok = ends[1:] <= next_a
+    ok = ends[:-1] < next_a
     if has_h:
         ok &= ends[:-1] < horizon
     kk = int(np.argmin(ok)) if not ok.all() else kmax
