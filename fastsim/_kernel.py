@@ -1098,33 +1098,61 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
 
 
 @njit_noalloc
-def _stretch_clock(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S):
+def _stretch_steps(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, quad):
     """The steps of a stretch, at most ``kmax``, that start before the next
     arrival ``next_a`` and the horizon (an arrival during a step does not
-    change the step), and the clock at their end: a running sum of their
-    durations, the terms and order of a fast step's (so ties go as in the
-    reference): one addition per step, then, without a context term, a few
-    operations per binade (`_binade_steps`). ``d``: `_plain_step`."""
+    change the step) and whose new blocks fit in ``free``; return (steps,
+    clock at their end, blocks B they allocate, S1, S2), with S1 and S2 the
+    sums over those steps i = 0, 1, ... of b_i * i and b_i * i * i (S2 only if
+    ``quad``, else 0), b_i the blocks step i allocates, ph[(sph - i) mod
+    block_size] (`_stretch_kv` has the KV integral from them).
+
+    The clock is a running sum of the steps' durations, the terms and order
+    of a fast step's (so ties go as in the reference): one addition per step,
+    then, without a context term, a few operations per binade
+    (`_binade_steps`, its blocks in closed form: `_stretch_kv`). ``d``:
+    `_plain_step`. The blocks are counted in the step loop, which is bound by
+    the latency of its additions: they come for free there."""
     kk = 0
+    nb = 0
+    s1 = 0.0
+    s2 = 0.0
+    idx = sph
     # Short stretches (the common case) are cheaper summed step by step;
     # after _BINADE_AFTER steps, the rest goes binade by binade (a try that
     # fails, at a binade's top or on a tie, is retried that many steps
     # later). Only with a constant duration: no context term.
-    retry = _BINADE_AFTER if c_ctx == 0.0 else _UNBOUNDED
-    while kk < kmax and t < next_a and not (has_h and t >= horizon):
-        if kk >= retry:
-            j, t_j = _binade_steps(t, d, kmax - kk, next_a, has_h, horizon)
-            if j > 0:
-                t = t_j
-                kk += j
-                continue
-            retry = kk + _BINADE_AFTER
-        if c_ctx != 0.0:   # (without a context term it would add 0.0)
-            t = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
-        else:
-            t = t + d
-        kk += 1
-    return kk, t
+    lim = min(kmax, _BINADE_AFTER) if c_ctx == 0.0 else kmax
+    while True:
+        # (no call inside this loop: a call would make LLVM keep t and the
+        # sums in memory, which doubles the cost of a step)
+        while kk < lim and t < next_a and not (has_h and t >= horizon):
+            c = ph[idx]
+            if nb + c > free:
+                return kk, t, nb, s1, s2
+            nb += c
+            s1 += float(c * kk)   # (no test of c > 0: a branch mispredicted every few steps)
+            if quad:
+                s2 += float(c * kk) * kk
+            if c_ctx != 0.0:   # (without a context term it would add 0.0)
+                t = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
+            else:
+                t = t + d
+            kk += 1
+            idx = idx - 1 if idx > 0 else bs - 1
+        if kk == kmax or not t < next_a or (has_h and t >= horizon):
+            return kk, t, nb, s1, s2
+        # many steps at once (a constant duration: no S2)
+        j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)), next_a, has_h,
+                               horizon)
+        if j > 0:
+            b, w = _stretch_kv(ph, idx, bs, j, 1.0, 0.0)   # (w: the chunk's own S1)
+            nb += b
+            s1 += w + float(kk) * b
+            t = t_j
+            kk += j
+            idx = (idx - j) % bs
+        lim = min(kmax, kk + _BINADE_AFTER)
 
 
 @njit_noalloc
@@ -1205,9 +1233,15 @@ def _stretch_kv(ph, sph, bs, k, d0, dlt):
             if quad:
                 sq = bsf * bsf * (mf * (mf - 1.0) * (2.0 * mf - 1.0) / 6.0)   # ... of (bs * j)^2
                 s2 += mf * c2 + 2.0 * tri * c1 + sq * c0
-    if quad:
-        return blocks, d0 * s1 + dlt * 0.5 * (s2 - s1)
-    return blocks, d0 * s1   # (the bits of d0 * s1 + 0.0, as s1 >= 0)
+    return blocks, _kv_weight(s1, s2, d0, dlt)
+
+
+@njit_noalloc
+def _kv_weight(s1, s2, d0, dlt):
+    """W of `_stretch_kv` from S1 and S2."""
+    if dlt != 0.0:
+        return d0 * s1 + dlt * 0.5 * (s2 - s1)
+    return d0 * s1   # (the bits of d0 * s1 + 0.0, as s1 >= 0)
 
 
 # Static batching, active priority preemption, swap preemption, prefix
@@ -1267,11 +1301,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     (tests/test_reference_agreement.py).
     Event skipping runs a *stretch* of fast steps in which nothing happens but
     token counts: the clock is the reference's running sum bit for bit
-    (`_stretch_clock`: one addition per step, or many steps at once inside a
-    binade), the blocks, the time integrals and the inter-token gaps are in
-    closed form, O(block_size) (O(steps) for the gaps with a context term);
+    (`_stretch_steps`: one addition per step, or many steps at once inside a
+    binade), the blocks are counted in that loop (in closed form, O(block_size),
+    for steps taken many at once), the time integrals and the inter-token
+    gaps are in closed form (O(steps) for the gaps with a context term);
     those run-level figures then agree with the reference to rounding
-    (tests/test_stretch.py).
+    (tests/test_stretch.py). A stretch ends with the step of the next
+    completion or during which the next request arrives, or sooner.
 
     The options of issue 10 that act on scheduling are implemented in the
     slow step only, and force it (correctness first): active priority
@@ -1677,18 +1713,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 dp = _plain_step(base, dec_cost, n_d)
                 # every running request is a lazy decoder, so the heap is not
                 # empty: the stretch ends with the step of the next completion
-                kk, t_end = _stretch_clock(t, hk[0] - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum, S)
                 d0 = dp + c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                 dlt = c_ctx * n_d
-                nb = 0
-                wsum = 0.0
-                if kk > 0:
-                    nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
-                if nb > free:
-                    # the free blocks run out first: fewer steps, the same clock
-                    kk, t_end = _stretch_clock(t, _stretch_blocks(ph, sph, bs, free, n_d), next_a, has_h,
-                                               horizon, dp, c_ctx, n_d, ksum, S)
-                    nb, wsum = _stretch_kv(ph, sph, bs, kk, d0, dlt)
+                kk, t_end, nb, s1, s2 = _stretch_steps(t, hk[0] - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum,
+                                                       S, ph, sph, bs, free, dlt != 0.0)
                 if kk == 0:
                     break
                 in_sys = n_run + n_wait
@@ -1706,7 +1734,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     if ws <= t and t_end <= we:
                         a_occ += x * n_run
                         a_queue += x * n_wait
-                        a_kv += (used0 + nb) * x - wsum
+                        a_kv += (used0 + nb) * x - _kv_weight(s1, s2, d0, dlt)
                     if nm_d > 0:
                         if pure:
                             gapw[n_d] += kk * nm_d

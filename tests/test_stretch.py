@@ -2,7 +2,7 @@
 
 A stretch is a run of engine steps in which only token counts change; the
 kernel advances the clock alone (a running sum, as the reference,
-``_stretch_clock``) and does the bookkeeping (blocks, time integrals,
+``_stretch_steps``) and does the bookkeeping (blocks, time integrals,
 inter-token gaps) in closed form. Each closed form is
 checked here against the loop it replaces, on random inputs (the loops are
 the slow reference implementations); the whole engine with long outputs,
@@ -22,7 +22,15 @@ from fastsim._numba_options import python_entry
 # internal kernel functions have no Python entry of their own
 stretch_blocks = python_entry(K._stretch_blocks)
 stretch_kv = python_entry(K._stretch_kv)
-stretch_clock = python_entry(K._stretch_clock)
+stretch_steps = python_entry(K._stretch_steps)
+
+
+def stretch_clock(t, kmax, next_a, has_h, horizon, d):
+    """`_stretch_steps` with no blocks to allocate: (steps, clock)."""
+    ph = np.zeros(4, np.int64)
+    kk, clock, nb, s1, s2 = stretch_steps(t, kmax, next_a, has_h, horizon, d, 0.0, 1, 0, 0, ph, 0, 4, 0, False)
+    assert (nb, s1, s2) == (0, 0.0, 0.0)
+    return kk, clock
 
 
 def test_internal_kernel_functions_refuse_python_calls():
@@ -32,7 +40,7 @@ def test_internal_kernel_functions_refuse_python_calls():
     ph = np.array([1, 0, 2, 1], np.int64)
     with pytest.raises(TypeError, match=r"_kernel\._stretch_kv is compiled for jitted callers only"):
         K._stretch_kv(ph, 0, 4, 7, 0.1, 0.0)
-    assert stretch_kv(ph, 0, 4, 7, 0.1, 0.0) == K._stretch_kv.py_func(ph, 0, 4, 7, 0.1, 0.0)
+    assert stretch_kv(ph, 0, 4, 7, 0.1, 0.0) == (8, 0.1 * 26)   # (S1 = 1 * 1 + 2 * 2 + 1 * 4 + 1 * 5 + 2 * 6)
 
 
 def test_an_entry_cannot_be_inlined():
@@ -98,7 +106,7 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
 
 
 def clock_by_steps(t, kmax, next_a, has_h, horizon, d):
-    """The step loop `_stretch_clock` replaces, on whole arrays: step i starts at
+    """The step loop `_stretch_steps` replaces, on whole arrays: step i starts at
     the running sum of i durations (np.add.accumulate adds in order, as the
     loop), runs if it starts before the arrival and the horizon; the first
     step that does not run ends the stretch."""
@@ -147,8 +155,44 @@ def test_stretch_clock_is_the_running_sum_bit_for_bit(seed):
             if horizon <= t:
                 horizon = np.nextafter(t, np.inf)
         want = clock_by_steps(t, kmax, next_a, has_h, horizon, d)
-        got = stretch_clock(t, kmax, next_a, has_h, horizon, d, 0.0, 1, 0, 0)
+        got = stretch_clock(t, kmax, next_a, has_h, horizon, d)
         assert got == want, (t, d, kmax, next_a, has_h, horizon, path)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stretch_steps_count_the_blocks_of_the_steps_they_take(seed):
+    """The blocks a stretch allocates, and S1 and S2, against a step loop: a
+    step runs while its new blocks fit in the free ones (and it starts before
+    the arrival); with a constant duration, steps beyond the first 32 go
+    binade by binade (their blocks in closed form); with a context term,
+    step by step."""
+    rng = np.random.default_rng(seed)
+    for _ in range(400):
+        bs = int(rng.choice([1, 4, 16]))
+        ph = random_ph(rng, bs)
+        sph = int(rng.integers(bs))
+        n_d = int(ph.sum())
+        kmax = int(rng.integers(1, 600))
+        free = int(rng.choice([rng.integers(0, 60), 10 ** 6]))
+        t = float(rng.uniform(0.0, 1000.0))
+        d = float(rng.uniform(1e-3, 0.05))
+        c_ctx = float(rng.choice([0.0, 1e-7]))
+        next_a = t + d * float(rng.uniform(0, 1.2 * kmax)) if rng.random() < 0.5 else np.inf
+        ksum, S = int(rng.integers(0, 5000)), int(rng.integers(0, 100))
+        quad = c_ctx != 0.0 and n_d > 0
+        kk, clock, nb, s1, s2 = stretch_steps(t, kmax, next_a, False, 0.0, d, c_ctx, n_d, ksum, S, ph, sph, bs,
+                                              free, quad)
+        # the loop
+        j, x, left = 0, t, free
+        while j < kmax and x < next_a and ph[(sph - j) % bs] <= left:
+            left -= ph[(sph - j) % bs]
+            x = x + (d + c_ctx * (ksum + n_d * (S + j + 1))) if c_ctx != 0.0 else x + d
+            j += 1
+        b = np.array([ph[(sph - i) % bs] for i in range(j)], dtype=np.int64)
+        i = np.arange(j)
+        assert (kk, clock, nb) == (j, x, b.sum()), (bs, ph, sph, kmax, free, next_a, c_ctx)
+        assert s1 == float(b @ i)
+        assert s2 == (float(b @ (i * i)) if quad else 0.0)
 
 
 def test_stretch_clock_at_the_ends_of_the_double_range():
@@ -158,7 +202,7 @@ def test_stretch_clock_at_the_ends_of_the_double_range():
         for t in (5e-324, 1e-310, 2.0 ** -1022, 1.5 * 2.0 ** 1023, 1.7e308):
             for d in (1e-3, 3 * 5e-324, 2.0 ** -1060, 1e300, 1e308):
                 want = clock_by_steps(t, 100, np.inf, False, 0.0, d)
-                assert stretch_clock(t, 100, np.inf, False, 0.0, d, 0.0, 1, 0, 0) == want, (t, d)
+                assert stretch_clock(t, 100, np.inf, False, 0.0, d) == want, (t, d)
 
 
 # --- the whole engine: long stretches, against the reference simulator ---------
@@ -225,28 +269,41 @@ def test_ties_with_arrivals_and_the_horizon_go_as_in_the_reference(step):
                 == fastsim.simulate_requests(sc1, one, backend="reference")["num_tokens"].tolist())
 
 
-def test_long_stretches_take_the_closed_form():
-    """The scenarios above do exercise the closed form: long stretches, with
-    blocks allocated inside them (the engine run as plain Python, counting calls)."""
+@pytest.mark.parametrize("latency", list(LONG))
+def test_long_stretches_take_the_closed_form(latency):
+    """The scenarios above do exercise event skipping: long stretches, with
+    blocks allocated inside them, and with a constant step, steps taken many
+    at once inside a binade, their blocks in closed form (`_stretch_kv`) (the
+    engine run as plain Python, counting calls)."""
     from fastsim._replicate import pack_scenario
 
-    calls = []
-    closed_form = K._stretch_kv.py_func
+    stretches, closed = [], []
+    steps, closed_form = K._stretch_steps.py_func, K._stretch_kv.py_func
 
-    def counting(ph, sph, bs, k, d0, dlt):
+    def counting_steps(*args):
+        out = steps(*args)
+        stretches.append((out[0], out[2]))
+        return out
+
+    def counting_kv(ph, sph, bs, k, d0, dlt):
         blocks, w = closed_form(ph, sph, bs, k, d0, dlt)
-        calls.append((k, blocks))
+        closed.append((k, blocks))
         return blocks, w
 
-    sc = long_scenario(LONG_ENGINES["tight-kv"], LONG["context-term"])
+    sc = long_scenario(LONG_ENGINES["tight-kv"], LONG[latency])
     p = pack_scenario(sc)
     a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, *K.scenario_arrays(p, lat=False))
     ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     with kernel_as_python() as mp:
-        mp.setattr(K, "_stretch_kv", counting)
+        mp.setattr(K, "_stretch_steps", counting_steps)
+        mp.setattr(K, "_stretch_kv", counting_kv)
         K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf,
                     K.engine_variant(p["ipar"]))
-    k = np.array([c[0] for c in calls])
-    assert len(calls) > 10 and k.max() > 4 * 16                  # long stretches ...
-    assert any(blocks > 0 for kk, blocks in calls)                 # ... that allocate blocks
+    k = np.array([c[0] for c in stretches])
+    assert len(stretches) > 10 and k.max() > 4 * 16                  # long stretches ...
+    assert any(blocks > 0 for kk, blocks in stretches)                 # ... that allocate blocks
+    if LONG[latency].ctx_per_token_s == 0.0:
+        assert any(kk > 16 and blocks > 0 for kk, blocks in closed)   # ... also binade by binade
+    else:
+        assert not closed                                             # (only with a constant step)
