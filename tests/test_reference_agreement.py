@@ -31,6 +31,10 @@ GRID = {
     "static-no-chunking": {"scheduler": "static", "enable_chunked_prefill": False,
                            "max_num_batched_tokens": 512, "num_gpu_blocks": 200},
     "static-priority": {"scheduler": "static", "policy": "priority", "num_gpu_blocks": 120},
+    # block sizes other than 16: one that is no power of two (the kernel then
+    # divides where it otherwise shifts), and one token per block
+    "block-size-12": {"block_size": 12, "num_gpu_blocks": 64},
+    "block-size-1": {"block_size": 1, "num_gpu_blocks": 768},
 }
 
 LATENCIES = {

@@ -57,6 +57,22 @@ def test_inline_names_its_allowed_values():
         njit_noalloc(lambda x: x, inline=True)
 
 
+def test_block_arithmetic_by_shifts_is_division():
+    """Blocks for a token count and phases mod block_size: by shifts and masks
+    for powers of two, by division otherwise, as Python's // and %."""
+    log2_exact = python_entry(K._log2_exact)
+    blocks_of = python_entry(K._blocks_of)
+    phase = python_entry(K._phase)
+    for bs in range(1, 70):
+        bsh = log2_exact(bs)
+        assert bsh == (int(np.log2(bs)) if bs & (bs - 1) == 0 else -1)
+        for x in range(-3 * bs - 1, 5 * bs + 2):
+            if x >= 0:
+                assert blocks_of(x, bs, bsh) == -(-x // bs)
+            assert phase(x, bs, bsh) == x % bs
+    assert log2_exact(0) == -1 and log2_exact(1 << 40) == 40
+
+
 def random_ph(rng, bs):
     ph = rng.integers(0, 4, bs)
     ph[rng.random(bs) < 0.4] = 0
