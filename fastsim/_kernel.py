@@ -772,7 +772,7 @@ def _rebuild(run, n_run, oth):
     return n_run
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, bsh, warmup, output, dstate):
     """Make running request ``r`` (which emitted a token at the end of the last
     step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder."""
