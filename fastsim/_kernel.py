@@ -679,7 +679,7 @@ def _arrival_status(p, o, ipar, in_system, reserved):
     bs = ipar[I_BLOCK_SIZE]
     mml = ipar[I_MAX_MODEL_LEN]
     if ((mml > 0 and p + o > mml)
-            or _ceil_div(p + o - 1, bs) > ipar[I_NUM_GPU_BLOCKS]
+            or p + o - 1 > ipar[I_NUM_GPU_BLOCKS] * bs   # (more blocks than the cache: no division)
             or (ipar[I_CHUNKED] == 0 and p + o - 1 > ipar[I_MAX_BATCHED_TOKENS])):
         return ST_REJECTED_TOO_LONG
     admission = ipar[I_ADMISSION]
