@@ -805,6 +805,28 @@ def _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate):
         dstate[2] -= 1
 
 
+@njit_noalloc(inline="numba")
+def _complete_decoders(t, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff, ph, bs, bsh, warmup, dstate, k,
+                       g, blocks, status, finish_t, last_t, prompt, output, admission):
+    """Complete the lazy decoders whose last token came at the end of fast
+    step ``S`` (at ``t``): release their blocks (and KV reservations); return
+    the updated (free blocks, reserved tokens, running requests)."""
+    while hs[0] > 0 and hk[0] == S:
+        r = _heap2_pop(hk, hr, hs)
+        _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate)
+        k[r] = koff[r] + S
+        g[r] = output[r]
+        free += _blocks_of(k[r], bs, bsh)
+        blocks[r] = 0
+        if admission == 2:
+            reserved -= prompt[r] + output[r]
+        status[r] = ST_COMPLETED
+        finish_t[r] = t
+        last_t[r] = t
+        n_run -= 1
+    return free, reserved, n_run
+
+
 @njit_noalloc
 def _heap2_push(hk, hr, hs, key, r):
     pos = hs[0]
@@ -1686,19 +1708,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, dstate[2])
             S += 1
             sph = sph - 1 if sph > 0 else bs - 1
-            while hs[0] > 0 and hk[0] == S:
-                r = _heap2_pop(hk, hr, hs)
-                _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate)
-                k[r] = koff[r] + S
-                g[r] = output[r]
-                free += _blocks_of(k[r], bs, bsh)
-                blocks[r] = 0
-                if admission == 2:
-                    reserved -= prompt[r] + output[r]
-                status[r] = ST_COMPLETED
-                finish_t[r] = t_end
-                last_t[r] = t_end
-                n_run -= 1
+            free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff,
+                                                       ph, bs, bsh, warmup, dstate, k, g, blocks, status, finish_t,
+                                                       last_t, prompt, output, admission)
             m = 0
             for jj in range(n_oth):
                 r = oth[jj]
@@ -1803,19 +1815,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         a_l, a_queue, ws, we)
                 if hk[0] != S:
                     break   # the next arrival, the free blocks or the horizon ended the stretch
-                while hs[0] > 0 and hk[0] == S:
-                    r = _heap2_pop(hk, hr, hs)
-                    _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate)
-                    k[r] = koff[r] + S
-                    g[r] = output[r]
-                    free += _blocks_of(k[r], bs, bsh)
-                    blocks[r] = 0
-                    if admission == 2:
-                        reserved -= prompt[r] + output[r]
-                    status[r] = ST_COMPLETED
-                    finish_t[r] = t
-                    last_t[r] = t
-                    n_run -= 1
+                free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff,
+                                                           ph, bs, bsh, warmup, dstate, k, g, blocks, status,
+                                                           finish_t, last_t, prompt, output, admission)
                 if t >= next_a:
                     break   # an arrival to ingest first
             continue
