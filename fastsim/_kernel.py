@@ -1158,7 +1158,7 @@ def _stretch_steps(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S, ph, 
     clock at their end, blocks B they allocate, S1, S2), with S1 and S2 the
     sums over those steps i = 0, 1, ... of b_i * i and b_i * i * i (S2 only if
     ``quad``, else 0), b_i the blocks step i allocates, ph[(sph - i) mod
-    block_size] (`_stretch_kv` has the KV integral from them).
+    block_size] (`_kv_weight` turns them into the KV integral's W, see `_stretch_kv`).
 
     The clock is a running sum of the steps' durations, the terms and order
     of a fast step's (so ties go as in the reference): one addition per step,
