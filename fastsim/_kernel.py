@@ -1115,8 +1115,8 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
     rounding it to the nearest double gives x + D, D = d rounded to a multiple
     of u; so j steps end at t + j * D exactly. Taken: the most steps whose
     sums stay in the binade, that start before ``next_a`` and the horizon
-    (as the step loop decides). 0 when none can be taken
-    this way: t = 0 (or subnormal), a sum leaving the binade, or a d halfway
+    (as the step loop decides). 0 when none can be taken this way: t = 0
+    (or subnormal), a sum leaving the binade, or a d halfway
     between two multiples of u (a tie, rounded to even: the increment
     alternates)."""
     if not t >= _TINY or jmax < 2:   # (0, or subnormal: u would underflow)
@@ -1151,14 +1151,15 @@ def _binade_steps(t, d, jmax, next_a, has_h, horizon):
 
 
 @njit_noalloc
-def _stretch_steps(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, quad):
+def _stretch_steps(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S, ph, sph, bs, free):
     """The steps of a stretch, at most ``kmax``, that start before the next
     arrival ``next_a`` and the horizon (an arrival during a step does not
     change the step) and whose new blocks fit in ``free``; return (steps,
     clock at their end, blocks B they allocate, S1, S2), with S1 and S2 the
-    sums over those steps i = 0, 1, ... of b_i * i and b_i * i * i (S2 only if
-    ``quad``, else 0), b_i the blocks step i allocates, ph[(sph - i) mod
-    block_size] (`_kv_weight` turns them into the KV integral's W, see `_stretch_kv`).
+    sums over those steps i = 0, 1, ... of b_i * i and b_i * i * i (S2 only
+    with a context term, dlt = c_ctx * n_d != 0, else 0), b_i the blocks step
+    i allocates, ph[(sph - i) mod block_size] (`_kv_weight` turns them into
+    the KV integral's W, see `_stretch_kv`).
 
     The clock is a running sum of the steps' durations, the terms and order
     of a fast step's (so ties go as in the reference): one addition per step,
@@ -1171,6 +1172,7 @@ def _stretch_steps(t, kmax, next_a, has_h, horizon, d, c_ctx, n_d, ksum, S, ph, 
     s1 = 0.0
     s2 = 0.0
     idx = sph
+    quad = c_ctx * n_d != 0.0   # (as `_kv_weight` decides)
     # Short stretches (the common case) are cheaper summed step by step;
     # after _BINADE_AFTER steps, the rest goes binade by binade (a try that
     # fails, at a binade's top or on a tie, is retried that many steps
@@ -1761,7 +1763,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 d0 = dp + c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
                 dlt = c_ctx * n_d
                 kk, t_end, nb, s1, s2 = _stretch_steps(t, hk[0] - S, next_a, has_h, horizon, dp, c_ctx, n_d, ksum,
-                                                       S, ph, sph, bs, free, dlt != 0.0)
+                                                       S, ph, sph, bs, free)
                 if kk == 0:
                     break
                 in_sys = n_run + n_wait
