@@ -600,12 +600,13 @@ def _q_push(q, qs, key, policy, i, front):
     if policy != 0:
         _heap_push(q, qs, key, i)
         return
-    cap = q.size
+    # (0 <= head < cap and size < cap: a conditional wrap, not an integer division)
     if front:
-        qs[1] = (qs[1] - 1) % cap
+        qs[1] = qs[1] - 1 if qs[1] > 0 else q.size - 1
         q[qs[1]] = i
     else:
-        q[(qs[1] + qs[0]) % cap] = i
+        e = qs[1] + qs[0]
+        q[e - q.size if e >= q.size else e] = i
     qs[0] += 1
 
 
@@ -628,7 +629,7 @@ def _q_pop(q, qs, key, policy):
     if policy != 0:
         return _heap_pop(q, qs, key)
     i = q[qs[1]]
-    qs[1] = (qs[1] + 1) % q.size
+    qs[1] = qs[1] + 1 if qs[1] + 1 < q.size else 0
     qs[0] -= 1
     return i
 
