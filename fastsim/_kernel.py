@@ -2671,6 +2671,14 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
     return tuple(c[:n].copy() for c in cols)
 
 
+@functools.lru_cache(maxsize=None)
+def _stream_entries(ipar, fpar, lat, full):
+    """Compile or load the entries `simulate_stream` calls, once per process
+    for the Numba types of its parameter arrays (not their types' lookup on
+    every call)."""
+    compile_entries(_engine_types(ipar, fpar, lat, full).items())
+
+
 def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
     """Simulate one given request stream; return per-request results (status,
     first-token time, finish time, preemptions, tokens, preemptions by swap,
@@ -2682,7 +2690,7 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     prompt, output, prio, sjfk, pgrp, plen = ints
     n = arrival.size
     full = engine_variant(ipar)
-    compile_entries(_engine_types(*(numba.typeof(a) for a in (ipar, fpar, lat)), full).items())
+    _stream_entries(*(numba.typeof(a) for a in (ipar, fpar, lat)), full)
     need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
     wi = np.empty(need_i, np.int64)
     wf = np.empty(need_f)
