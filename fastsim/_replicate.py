@@ -59,6 +59,10 @@ METRIC_DESCRIPTIONS = {
     "kv_utilization_mean": "time-average allocated KV blocks / num_gpu_blocks",
 }
 
+# Per-replication counts, stored as integers.
+_INT_COLUMNS = frozenset(c for c in K.COUNTS if c.startswith("n_")
+                         or c in ("max_blocks_used", "blocks_used_at_end", "max_swap_blocks_used"))
+
 
 def metric_unit(metric: str):
     """Display unit of a metric and the factor from its SI value: ``("ms", 1000.0)``."""
@@ -626,11 +630,6 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
                            seed=entropy, backend=backend, precision=precision,
                            elapsed_s=time.perf_counter() - start)
-
-
-# Per-replication counts, stored as integers.
-_INT_COLUMNS = frozenset(c for c in K.COUNTS if c.startswith("n_")
-                         or c in ("max_blocks_used", "blocks_used_at_end", "max_swap_blocks_used"))
 
 
 def _relative_half_width(est, low, high) -> float:
