@@ -39,6 +39,9 @@ def main():
     ap.add_argument("--replications", type=int, default=2000, help="fastsim replications of 1,000 requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of one run of each, alternating the order")
     args = ap.parse_args()
+    for name in ("requests", "replications", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     lat = fastsim.LatencyModel.default()
     warm_up()
     sc = reference_workload(1000).replace(**{"latency.ttft_overhead_s": 0.0})
