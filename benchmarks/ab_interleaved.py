@@ -1,7 +1,7 @@
 """Interleaved A/B timing of fastsim source trees (a script, not a test).
 
     git worktree add /tmp/base <rev>
-    python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt]
+    python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt|full]
         [--rounds 4] [--replications 1500] [--cold | --small]
 
 On a shared machine single runs vary by 20-40%, so a change is measured
@@ -26,6 +26,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from benchmarks import common  # noqa: E402  (workload names only: nothing is timed in this process)
 
 _WARM = r"""
 import sys, time
@@ -71,9 +75,10 @@ print(statistics.median(times) * 1e3)
 """
 
 
-# --workload: the function of benchmarks/common.py (looked up in each tree, so
-# an older tree needs only the one it runs)
-WORKLOADS = {"reference": "reference_workload", "sharegpt": "sharegpt_80pct", "full": "full_engine_workload"}
+# --workload: a name of benchmarks/common.py's WORKLOADS; each tree's process
+# looks its function up by the function's name, so an older tree needs only
+# the function it runs.
+WORKLOADS = {name: f.__name__ for name, f in common.WORKLOADS.items()}
 
 
 def run(tree, code, args, cache):

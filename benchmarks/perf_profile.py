@@ -1,7 +1,7 @@
 """Profile the compiled kernels with Linux ``perf`` (a script).
 
     perf record -e cpu-clock -F 5000 -o perf.data \\
-        python benchmarks/perf_profile.py [--workload reference|sharegpt] [--replications 4000]
+        python benchmarks/perf_profile.py [--workload reference|sharegpt|full] [--replications 4000]
     perf report -i perf.data --no-children --sort sym
 
 perf cannot name code that Numba compiled at run time. This script compiles
@@ -33,7 +33,7 @@ import numba  # noqa: E402
 
 import fastsim  # noqa: E402
 from fastsim import _kernel  # noqa: E402
-from benchmarks.common import reference_workload, sharegpt_80pct  # noqa: E402
+from benchmarks.common import WORKLOADS  # noqa: E402
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
 
@@ -90,10 +90,11 @@ def write_perf_map():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=("reference", "sharegpt"), default="reference")
+    ap.add_argument("--workload", choices=tuple(WORKLOADS), default="reference",
+                    help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--replications", type=int, default=4000)
     args = ap.parse_args()
-    sc = (reference_workload if args.workload == "reference" else sharegpt_80pct)(1000)
+    sc = WORKLOADS[args.workload](1000)
     fastsim.replicate(sc, n_replications=2, seed=0, progress=False)   # compile
     n, exact = write_perf_map()
     print(f"perf map: {n} functions ({exact} with their size from the object code)")

@@ -47,6 +47,10 @@ def sharegpt_80pct(num_requests=1000):
         latency=fastsim.LatencyModel.default())
 
 
+#: The workloads the benchmark scripts' ``--workload`` option names.
+WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}
+
+
 def warm_up():
     """Compile every kernel (or load it from Numba's cache) outside the timed body."""
     fastsim.replicate(reference_workload(20), n_replications=2, seed=0)
