@@ -637,12 +637,7 @@ def _q_pop(q, qs, key, policy):
 # ==============================================================================
 # The engine
 
-@njit_noalloc(inline="llvm")
-def _ceil_div(a, b):
-    return (a + b - 1) // b
-
-
-# The engine's hot paths divide by block_size with a shift and a mask where it
+# The engine divides by block_size with a shift and a mask where it
 # is a power of two (vLLM's always are): a 64-bit division takes 15-40 cycles,
 # and was 6% of the engine's time. ``bsh``: log2(block_size), or -1.
 
@@ -1832,7 +1827,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             r = dmem[jj]
             k[r] = koff[r] + S
             g[r] = goff[r] + S
-            blocks[r] = _ceil_div(k[r], bs)
+            blocks[r] = _blocks_of(k[r], bs, bsh)
             last_t[r] = t
             dpos[r] = -1
         dstate[0] = 0
@@ -1848,7 +1843,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             # Form a static batch: full KV reservation up front.
             while n_wait > 0 and n_run < mns:
                 w = _q_peek(q, qs, key, policy, status)
-                need_blk = _ceil_div(prompt[w] + output[w] - 1, bs)
+                need_blk = _blocks_of(prompt[w] + output[w] - 1, bs, bsh)
                 if need_blk > free:
                     break
                 if not chunked and prompt[w] > budget:
@@ -1885,7 +1880,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     cap_w = free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt)
                 need_w = prompt[w] + g[w] - h_w * bs
                 c_w = min(need_w, mbt) if chunked else need_w
-                if n_run < mns and _ceil_div(c_w, bs) <= cap_w:
+                if n_run < mns and _blocks_of(c_w, bs, bsh) <= cap_w:
                     break
                 if caching:
                     free = _release_blocks(v, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
@@ -1911,7 +1906,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 continue
             need = prompt[r] + g[r] - k[r]
             s = min(need, budget)
-            new_blk = _ceil_div(k[r] + s, bs) - blocks[r]
+            new_blk = _blocks_of(k[r] + s, bs, bsh) - blocks[r]
             self_preempted = False
             while new_blk > free + cst[2]:   # free + evictable (0 without caching)
                 # Preempt by recompute: fcfs/sjf the last admitted, priority
@@ -1936,7 +1931,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free += blocks[v]
                 blocks[v] = 0
                 npre[v] += 1
-                m_v = _ceil_div(k[v], bs)
+                m_v = _blocks_of(k[v], bs, bsh)
                 if swap and m_v <= swap_cap - swap_used:
                     # by swap: k and g kept, m_v blocks moved out (charged to a step)
                     swap_used += m_v
@@ -1983,12 +1978,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     break
                 else:
                     s = need
-                nb = _ceil_div(k[w] + s, bs)
+                nb = _blocks_of(k[w] + s, bs, bsh)
                 if nb > free:
                     break
                 _heap_pop(sq, sqs, skey)
                 n_sw -= 1
-                m_w = _ceil_div(k[w], bs)
+                m_w = _blocks_of(k[w], bs, bsh)
                 swap_used -= m_w
                 pending_swap += m_w
                 swapped_s[w] += t - swapped_since[w]
@@ -2006,7 +2001,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 s = _first_chunk(prompt[w] + g[w] - h_w * bs, budget, chunked)
                 if s < 0:
                     break
-                nb = _ceil_div(s, bs)
+                nb = _blocks_of(s, bs, bsh)
                 if caching:
                     if nb > free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt):
                         break
@@ -2133,7 +2128,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         r = dmem[jj]
         k[r] = koff[r] + S
         g[r] = goff[r] + S
-        blocks[r] = _ceil_div(k[r], bs)
+        blocks[r] = _blocks_of(k[r], bs, bsh)
     for i in range(n):
         if status[i] == ST_SWAPPED:
             swapped_s[i] += t - swapped_since[i]   # to the stop
