@@ -1088,15 +1088,15 @@ def _plain_step(base, dec_cost, b):
 
 
 @njit_noalloc
-def _steps_within(t, dd, j, limit, strict):
-    """The largest i in [0, j] with t + i * dd <= limit (< limit if ``strict``),
-    the sums exact (`_binade_steps`): estimated by a division, then corrected."""
-    if (t + j * dd < limit) if strict else (t + j * dd <= limit):
+def _steps_within(t, dd, j, limit):
+    """The largest i in [0, j] with t + i * dd < limit, the sums exact
+    (`_binade_steps`): estimated by a division, then corrected."""
+    if t + j * dd < limit:
         return j
     i = min(max(np.int64((limit - t) / dd), np.int64(0)), j) if limit > t else np.int64(0)
-    while i > 0 and ((t + i * dd >= limit) if strict else (t + i * dd > limit)):
+    while i > 0 and t + i * dd >= limit:
         i -= 1
-    while i < j and ((t + (i + 1) * dd < limit) if strict else (t + (i + 1) * dd <= limit)):
+    while i < j and t + (i + 1) * dd < limit:
         i += 1
     return i
 
@@ -1141,7 +1141,7 @@ def _binade_steps(t, d, jmax, limit):
         return 0, t
     # (t + i * D is exact for i <= j: a multiple of u, at most the top)
     # the steps that start before the limit (t is before it)
-    j = _steps_within(t, dd, j - 1, limit, True) + 1
+    j = _steps_within(t, dd, j - 1, limit) + 1
     return j, t + j * dd
 
 
