@@ -34,8 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-from scipy.optimize import least_squares
 
 from ._latency import LatencyModel
 
@@ -350,6 +348,7 @@ def _decode_jac(theta, b):
 
 
 def _multistart(fun, jac, starts, bounds, **kw):
+    from scipy.optimize import least_squares
     best = None
     for x0 in starts:
         x0 = np.clip(np.asarray(x0, dtype=float), bounds[0] + 1e-12, bounds[1] - 1e-12)
@@ -494,6 +493,7 @@ def fit_tpot_traces(path_or_dict=PACKAGED_TRACES, *, prompt_tokens: int | None =
         On missing keys, empty lists, non-positive or non-finite values, or
         fewer than three distinct batch sizes.
     """
+    from scipy import stats
     data = _load_json(path_or_dict, "tpot traces")
     runs = _parse_traces(data)
     if len(runs) < 3 or sum(r["batch_size"] > 1 for r in runs) < 2:
@@ -614,6 +614,7 @@ def _lms_line(x, y):
 
 
 def _fit_ttft(runs, base_s, prompt_tokens):
+    from scipy.optimize import least_squares
     notes = []
     # prompt length per run
     p_list = []
@@ -977,6 +978,8 @@ def fit_bench_serve(path_or_dict, *, fit_prefill: bool = True) -> CalibrationRes
 
 
 def _fit_bench_no_timeline(df, fit_prefill, notes):
+    from scipy import stats
+    from scipy.optimize import least_squares
     nan = float("nan")
     gaps = np.concatenate([g for g in df["itls_s"]]) if len(df) else np.zeros(0)
     gaps = gaps[gaps > 0]

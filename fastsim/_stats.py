@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from ._validation import check_float
 
@@ -49,7 +49,7 @@ def mean_interval(x, confidence_level: float = 0.95):
     if n == 1:
         return est, np.nan, np.nan, np.nan, 1
     se = float(x.std(ddof=1) / np.sqrt(n))
-    q = stats.t.ppf(0.5 + confidence_level / 2.0, df=n - 1)
+    q = special.stdtrit(n - 1, 0.5 + confidence_level / 2.0)   # stats.t.ppf, without importing scipy.stats
     return est, est - q * se, est + q * se, se, n
 
 

@@ -48,8 +48,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import signal, sparse, stats
-from scipy.sparse import linalg as splinalg
 
 from ._config import Scenario
 from ._distributions import (KIND_EMPIRICAL, KIND_FIXED, KIND_LOGNORMAL, KIND_REPLAY, KIND_UNIFORM,
@@ -115,6 +113,7 @@ def mmc_stationary(arrival_rate: float, service_rate: float, servers: int, capac
 
 def length_pmf(dist: LengthDistribution, tail: float = 1e-9) -> np.ndarray:
     """``pmf[k] = P(L = k)`` for ``k = 0..kmax`` (``pmf[0] = 0``), up to a tail mass ``tail``."""
+    from scipy import stats
     parts = []
     for w, kind, p0, p1, values, cdf in dist._components():
         if kind == KIND_FIXED:
@@ -149,6 +148,7 @@ def length_pmf(dist: LengthDistribution, tail: float = 1e-9) -> np.ndarray:
 
 
 def _conv(a, b):
+    from scipy import signal
     return np.maximum(signal.fftconvolve(a, b), 0.0)
 
 
@@ -321,6 +321,7 @@ def _free_space_chain(K, pSK, pa, lam, mu, scv_dep, levels=1024):
     the next departure (a gamma time, mean 1/mu, SCV ``scv_dep``) Poisson(lam) arrivals each
     take their size if it fits. Returns ``fit(s)``: the share of arrival attempts that find
     at least ``s`` free tokens (token-indexed, length K+1)."""
+    from scipy import stats
     g = max(1, -(-K // levels))
     L = K // g
     units = -(-np.arange(K + 1) // g)                 # ceil(s / g): a size needs that many units
@@ -443,6 +444,7 @@ def _scaled_conv(a, b, L):
 
 def _kv_generator(lam, p, L, c, tau, phases, N):
     """States and generator of the KV chain truncated at N (see :func:`kv_ctmc`)."""
+    from scipy import sparse
     sup = np.nonzero(p > 0)[0]
     w = p / p.sum()
     Z = (p[None, :] * tau).sum(axis=1)                 # Z_b = sum_u p(u) tau_b(u)
@@ -577,6 +579,7 @@ def kv_ctmc(arrival_rate, size_pmf, capacity, servers, mean_service, *, phases: 
     -------
     KVChain
     """
+    from scipy.sparse import linalg as splinalg
     lam = float(arrival_rate)
     if not (math.isfinite(lam) and lam > 0):
         raise ValueError(f"arrival_rate must be finite and > 0, got {arrival_rate!r}")
@@ -888,6 +891,7 @@ def _ctmc_waits(ch: KVChain, ci, groups: int = 160):
 
 def _ttft_distribution(inp: _Inputs, sol):
     """TTFT law (as the client sees it) on a grid: returns (t, cdf, mean)."""
+    from scipy import stats
     c, pi, w_arr, mu_n, N = inp.c, sol["pi"], sol["w_arr"], sol["mu_n"], sol["N"]
     lam_eff = float(np.concatenate([sol["lam_n"], [0.0]]) @ pi)
     # service-time SCV (O steps) -> SCV of the inter-departure times of a full batch
@@ -990,6 +994,7 @@ def _decode_laws(inp: _Inputs, sol, pO=None):
     Returns ``dict(itl=(t, cdf, mean), tpot=(t, cdf, mean), D=(values, probs))``;
     the latter is a discrete law on a grid for the E2E convolution.
     """
+    from scipy import stats
     c, pi, N = inp.c, sol["pi"], sol["N"]
     lam_n = np.concatenate([sol["lam_n"], [0.0]])            # rate n -> n+1
     dep = np.concatenate([[0.0], sol["mu_n"]])               # rate n -> n-1
@@ -1143,6 +1148,7 @@ def _quantile_step(vals, cdf, q):
 
 def _accepted_output_law(inp: _Inputs, sol):
     """Output-length law of the admitted requests: ``P(O = o) E_P[P(admit | P + o)]``."""
+    from scipy import signal
     acc = sol.get("accept_by_size")
     if acc is None:
         return inp.pO

@@ -43,7 +43,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ._queueing import erlang_b, mg1_mean_wait  # noqa: F401  (exact references for checks)
 from ._validation import check_choice, check_float
@@ -209,6 +208,7 @@ def compare_results(result_a, result_b, metrics=None, alpha: float = 0.001, *, t
         where not tested), ``status`` (see :data:`STATUSES`) and
         ``equivalent`` (False when the metric differs at level ``alpha``).
     """
+    from scipy import stats
     frame_a = _per_replication("result_a", result_a)
     frame_b = _per_replication("result_b", result_b)
     names = _check_metrics(metrics, frame_a, frame_b, result_a)

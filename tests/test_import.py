@@ -2,13 +2,17 @@
 
 Checked in a fresh interpreter with an empty Numba cache: after the import, no
 kernel function of any fastsim module has a compiled version, and nothing was
-written to the cache.
+written to the cache. Nor does the import load the heavy SciPy subpackages or
+matplotlib (about 1 s of a 2 s import on the development VM): the functions
+that need them import them.
 """
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 _CODE = r"""
 import json, sys
@@ -22,19 +26,31 @@ for name, mod in list(sys.modules.items()):
                 found.append(name + "." + attr)
                 if obj.overloads:
                     compiled.append(name + "." + attr)
-print(json.dumps({"found": sorted(set(found)), "compiled": sorted(set(compiled))}))
+heavy = [m for m in ("scipy.stats", "scipy.optimize", "scipy.signal", "scipy.sparse", "matplotlib")
+         if m in sys.modules]
+print(json.dumps({"found": sorted(set(found)), "compiled": sorted(set(compiled)), "heavy": heavy}))
 """
 
 
-def test_import_compiles_nothing(tmp_path):
-    cache = tmp_path / "numba_cache"
-    cache.mkdir()
+@pytest.fixture(scope="module")
+def fresh_import(tmp_path_factory):
+    """What one fresh interpreter saw after ``import fastsim``, and its Numba cache directory."""
+    cache = tmp_path_factory.mktemp("numba_cache")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
     out = subprocess.run([sys.executable, "-c", _CODE], env=env, capture_output=True, text=True,
                          check=True, timeout=300)
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), cache
+
+
+def test_import_compiles_nothing(fresh_import):
+    seen, cache = fresh_import
     # The check is only as good as what it looks at: the engine must be among the kernels seen.
     assert "fastsim._kernel._simulate" in seen["found"]
     assert len(seen["found"]) > 20
     assert seen["compiled"] == []
     assert [p.name for p in cache.rglob("*") if p.is_file()] == []
+
+
+def test_import_leaves_heavy_modules_out(fresh_import):
+    seen, _cache = fresh_import
+    assert seen["heavy"] == []
