@@ -31,10 +31,13 @@ kernel's 60 internal functions these were about 2 s (9%) of a cold start.
 
 Inlining by measurement. LLVM leaves a few helpers out of line in the
 60 KB engine loop, where a call passes each array argument as seven words.
-``njit_noalloc(inline="numba")`` has Numba inline a function's IR into its
-callers (before typing); ``inline="llvm"`` marks it ``alwaysinline`` for
-LLVM (Numba's ``forceinline``). Which helpers pay, and which way, depends
-on code layout, so each is A/B measured (``benchmarks/ab_interleaved.py``).
+``njit_noalloc(inline="llvm")`` marks such a helper ``alwaysinline`` for
+LLVM (Numba's ``forceinline``). Which helpers pay depends on code layout, so
+each is A/B measured (``benchmarks/ab_interleaved.py``). Numba's own IR
+inlining (``inline="always"``) is not offered: it types and lowers the
+helper again at every call site, and four helpers inlined that way were
+6 s of the engine's 16 s compile on the development VM, for no speed that
+LLVM's inlining does not give as well.
 
 Calls through a pointer where linking costs more than it gives. When a
 jitted function calls another, Numba links the callee's LLVM module into
@@ -104,21 +107,20 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     it); calling it from Python raises TypeError. ``entry=True``: also
     called from Python (cached, with its wrappers). ``inline``, for the few
     hot calls that LLVM leaves out of line in the engine loop (which then
-    passes every array argument as seven words): ``"numba"`` inlines the
-    function's IR into its callers (Numba's ``inline="always"``), ``"llvm"``
-    has LLVM inline it (``forceinline``: the ``alwaysinline`` attribute).
+    passes every array argument as seven words): ``"llvm"`` has LLVM inline
+    it (``forceinline``: the ``alwaysinline`` attribute).
     Measure before adding one: inlining the wrong ones slowed the engine down.
     """
     if func is None:
         return lambda f: njit_noalloc(f, entry=entry, inline=inline)
-    if inline not in (None, "numba", "llvm"):
-        raise ValueError(f"{func.__name__}: inline must be None, 'numba' or 'llvm', got {inline!r}")
+    if inline not in (None, "llvm"):
+        raise ValueError(f"{func.__name__}: inline must be None or 'llvm', got {inline!r}")
     if entry and inline:
         raise ValueError(f"{func.__name__}: an entry (called from Python) cannot be inlined into its callers")
     if entry:
         return njit(func, _nrt=False)
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
-                      inline="always" if inline == "numba" else "never", forceinline=inline == "llvm")
+                      forceinline=inline == "llvm")
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     return dispatcher
 

@@ -51,11 +51,12 @@ def test_an_entry_cannot_be_inlined():
         njit_noalloc(lambda x: x, entry=True, inline="llvm")
 
 
-def test_inline_names_its_allowed_values():
+@pytest.mark.parametrize("inline", [True, "numba", "always"])
+def test_inline_names_its_allowed_values(inline):
     from fastsim._numba_options import njit_noalloc
 
-    with pytest.raises(ValueError, match="inline must be None, 'numba' or 'llvm', got True"):
-        njit_noalloc(lambda x: x, inline=True)
+    with pytest.raises(ValueError, match=f"inline must be None or 'llvm', got {inline!r}"):
+        njit_noalloc(lambda x: x, inline=inline)
 
 
 def test_block_arithmetic_by_shifts_is_division():
