@@ -28,7 +28,8 @@ for name, mod in list(sys.modules.items()):
                     compiled.append(name + "." + attr)
 heavy = [m for m in ("scipy.stats", "scipy.optimize", "scipy.signal", "scipy.sparse", "matplotlib")
          if m in sys.modules]
-print(json.dumps({"found": sorted(set(found)), "compiled": sorted(set(compiled)), "heavy": heavy}))
+print(json.dumps({"found": sorted(set(found)), "compiled": sorted(set(compiled)), "heavy": heavy,
+                  "file": fastsim.__file__}))
 """
 
 
@@ -37,13 +38,17 @@ def fresh_import(tmp_path_factory):
     """What one fresh interpreter saw after ``import fastsim``, and its Numba cache directory."""
     cache = tmp_path_factory.mktemp("numba_cache")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    out = subprocess.run([sys.executable, "-c", _CODE], env=env, capture_output=True, text=True,
+    # From the repository root, so that the fastsim under test is the one imported.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _CODE], env=env, cwd=root, capture_output=True, text=True,
                          check=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1]), cache
 
 
 def test_import_compiles_nothing(fresh_import):
     seen, cache = fresh_import
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    assert os.path.dirname(os.path.realpath(seen["file"])) == os.path.join(here, "fastsim")
     # The check is only as good as what it looks at: the engine must be among the kernels seen.
     assert "fastsim._kernel._simulate" in seen["found"]
     assert len(seen["found"]) > 20
