@@ -2284,6 +2284,13 @@ def _rank_buckets(hist, total, q):
     return b_lo, b_hi, below
 
 
+@njit_noalloc(inline="llvm")
+def _swap_entries(v, w, a, b):
+    """Swap entries ``a`` and ``b`` of the weighted sample ``v``, ``w``."""
+    v[a], v[b] = v[b], v[a]
+    w[a], w[b] = w[b], w[a]
+
+
 @njit_noalloc
 def _gather(v, w, m, lo, scale, marked):
     """Move the entries of ``v[:m]``, ``w[:m]`` whose histogram bucket is
@@ -2292,13 +2299,8 @@ def _gather(v, w, m, lo, scale, marked):
     nb = marked.size
     c = 0
     for e in range(m):
-        x = v[e]
-        if marked[_bucket(x, lo, scale, nb)] != 0:
-            v[e] = v[c]
-            v[c] = x
-            we = w[e]
-            w[e] = w[c]
-            w[c] = we
+        if marked[_bucket(v[e], lo, scale, nb)] != 0:
+            _swap_entries(v, w, e, c)
             c += 1
     return c
 
@@ -2313,13 +2315,8 @@ def _percentile_in_buckets(v, w, m, total, q, lo, scale, nb, b_lo, b_hi, below):
     span = np.uint64(b_hi - b_lo)
     c = 0
     for e in range(m):
-        x = v[e]
-        if np.uint64(_bucket(x, lo, scale, nb) - b_lo) <= span:
-            v[e] = v[c]
-            v[c] = x
-            we = w[e]
-            w[e] = w[c]
-            w[c] = we
+        if np.uint64(_bucket(v[e], lo, scale, nb) - b_lo) <= span:
+            _swap_entries(v, w, e, c)
             c += 1
     x_lo, lt, before, gt, upto = _weighted_select(v, w, 0, c, below, r)
     x_hi = x_lo
