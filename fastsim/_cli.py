@@ -1,4 +1,5 @@
-"""Command line: ``fastsim demo``, ``fastsim run CONFIG.toml``, ``fastsim sweep`` and ``fastsim plot``."""
+"""Command line: ``fastsim demo``, ``fastsim run CONFIG.toml``, ``fastsim sweep``, ``fastsim plot`` and
+``fastsim compile``."""
 
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ def _parser():
     sw.add_argument("--out", type=Path, help="write the tidy table here (.parquet, .csv or .json)")
     sw.add_argument("--cache-dir", type=Path, help="cache finished points here (resume an interrupted sweep)")
     sw.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    cp = sub.add_parser("compile", help="compile the kernels into Numba's cache now (else the first run "
+                                        "on a machine does)")
+    cp.add_argument("--engine", choices=["both", "common", "full"], default="both",
+                    help="common: what most scenarios use; full: for static batching, active priority or swap "
+                         "preemption and prefix caching (default: both)")
 
     pl = sub.add_parser("plot", help="plot a metric of a saved sweep table against a parameter")
     pl.add_argument("table", type=Path, help="a table written by `fastsim sweep --out` (.parquet, .csv, .json)")
@@ -212,12 +219,27 @@ def format_table(summary, scenario=None, result=None) -> str:
     return "\n".join(lines)
 
 
+def _compile_main(args) -> int:
+    import numba
+
+    from ._replicate import compile_kernels
+
+    print("compiling the kernels, or loading them from Numba's cache...", file=sys.stderr)
+    for row in compile_kernels(args.engine).itertuples():
+        print(f"{row.engine} engine: ready in {row.seconds:.1f} s")
+    where = numba.config.CACHE_DIR or "__pycache__ next to the fastsim package (NUMBA_CACHE_DIR moves it)"
+    print(f"Numba's cache: {where}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "sweep":
         return _sweep_main(args)
     if args.command == "plot":
         return _plot_main(args)
+    if args.command == "compile":
+        return _compile_main(args)
     if args.command == "demo" and args.show_config:
         print(EXAMPLE.read_text(), end="")   # the file, byte for byte (`> my.toml`)
         return 0

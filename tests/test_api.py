@@ -172,6 +172,24 @@ def test_cli_reports_bad_input_clearly(tmp_path, capsys):
     assert capsys.readouterr().out == EXAMPLE.read_text()   # the file as shipped, to redirect and edit
 
 
+def test_cli_compile_leaves_both_engines_compiled(capsys):
+    from fastsim import _kernel as K
+
+    assert main(["compile"]) == 0
+    out = capsys.readouterr().out
+    assert "common engine: ready in" in out and "full engine: ready in" in out
+    # What a later run needs is there: the entries for either engine, and the driver for both.
+    assert {sig[-1] for sig in K._simulate.signatures} >= {K.nb_types.none, K.nb_types.int64}
+    assert {sig[-5] for sig in K._run_chunk.signatures} >= {K.nb_types.none, K.nb_types.int64}
+
+
+def test_compile_kernels_one_engine_and_bad_input():
+    frame = fastsim.compile_kernels("common")
+    assert list(frame["engine"]) == ["common"] and (frame["seconds"] >= 0).all()
+    with pytest.raises(ValueError, match="engine must be one of.*got 'gpu'"):
+        fastsim.compile_kernels("gpu")
+
+
 def test_example_config_is_the_demo_scenario():
     from fastsim._cli import _load
 
