@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+# scipy.stats, .signal, .sparse and .optimize are imported inside the functions that use them:
+# at module level they were about 1 s of `import fastsim` (tests/test_import.py).
 
 from ._latency import LatencyModel
 

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+# scipy.stats, .signal, .sparse and .optimize are imported inside the functions that use them:
+# at module level they were about 1 s of `import fastsim` (tests/test_import.py).
 
 from ._config import Scenario
 from ._distributions import (KIND_EMPIRICAL, KIND_FIXED, KIND_LOGNORMAL, KIND_REPLAY, KIND_UNIFORM,
