@@ -214,6 +214,7 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     monkeypatch.undo()
     given_types = {}
     real = K.compile_entries
+    K._stream_entries.cache_clear()   # an earlier test's simulate_requests may have looked these types up
     monkeypatch.setattr(K, "compile_entries", lambda items: (given_types.update(items), real(given_types.items())))
     before = {d: set(d.overloads) for d in (K._simulate, K._ws_need, K._reduce)}
     K.simulate_stream(np.array([0.0, 0.5]), [5, 9], [3, 4], [0, 0], [0, 0], [-1, -1], [0, 0], p["ipar"], p["fpar"],
