@@ -96,15 +96,41 @@ class ColdCompile:
 
     def track_cold_compile_seconds(self, engine, helper):
         workload = {"common": "reference_workload", "full": "full_engine_workload"}[engine]
-        code = ("import time; t = time.perf_counter(); import fastsim; "
-                f"from benchmarks.common import {workload} as w; "
-                "fastsim.replicate(w(20), n_replications=2, seed=0); "
-                "s = fastsim.sample_requests(w(20), seed=0); fastsim.simulate_requests(w(20), s); "
-                "print(time.perf_counter() - t)")
         with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "FASTSIM_COMPILE_HELPER": "1" if helper == "on" else "0"}
-            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                 env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        return float(out.stdout.split()[-1])
+            return _first_run_seconds(workload, NUMBA_CACHE_DIR=cache,
+                                      FASTSIM_COMPILE_HELPER="1" if helper == "on" else "0")
 
     track_cold_compile_seconds.unit = "s"
+
+
+def _first_run_seconds(workload, **env):
+    """Seconds from a fresh interpreter's start to the end of its first
+    `replicate`, `sample_requests` and `simulate_requests` calls on 20
+    requests of ``workload`` (a function of `common`), the import included,
+    with ``env`` added to the environment."""
+    code = ("import time; t = time.perf_counter(); import fastsim; "
+            f"from benchmarks.common import {workload} as w; "
+            "fastsim.replicate(w(20), n_replications=2, seed=0); "
+            "s = fastsim.sample_requests(w(20), seed=0); fastsim.simulate_requests(w(20), s); "
+            "print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         env={**os.environ, **env}, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return float(out.stdout.split()[-1])
+
+
+class Startup:
+    """A fresh interpreter with a warm Numba cache: ``import fastsim`` alone
+    (it compiles nothing and leaves SciPy's heavier subpackages out), and the
+    import with the first calls (the performance issue's warm start)."""
+    timeout = 300
+
+    def setup(self):
+        warm_up()   # compiled into the cache the child processes load from
+
+    def timeraw_import_fastsim(self):
+        return "import fastsim"
+
+    def track_warm_start_seconds(self):
+        return _first_run_seconds("reference_workload")
+
+    track_warm_start_seconds.unit = "s"
