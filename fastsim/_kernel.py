@@ -2376,21 +2376,17 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
         l3, h3, s3 = _rank_buckets(hist, total, q3)
     for b in range(nb):
         hist[b] = 0
-    for j in range(nq):
-        b_lo = l0 if j == 0 else (l1 if j == 1 else (l2 if j == 2 else l3))
-        b_hi = h0 if j == 0 else (h1 if j == 1 else (h2 if j == 2 else h3))
+    for b_lo, b_hi in ((l0, h0), (l1, h1), (l2, h2), (l3, h3)):
         for b in range(b_lo, b_hi + 1):
             hist[b] = 1
     m = _gather(v, w, m, lo, scale, hist)
-    for j in range(nq):
-        if j == 0:
-            row[c] = _percentile_in_buckets(v, w, m, total, q0, lo, scale, nb, l0, h0, s0)
-        elif j == 1:
-            row[c + 1] = _percentile_in_buckets(v, w, m, total, q1, lo, scale, nb, l1, h1, s1)
-        elif j == 2:
-            row[c + 2] = _percentile_in_buckets(v, w, m, total, q2, lo, scale, nb, l2, h2, s2)
-        else:
-            row[c + 3] = _percentile_in_buckets(v, w, m, total, q3, lo, scale, nb, l3, h3, s3)
+    row[c] = _percentile_in_buckets(v, w, m, total, q0, lo, scale, nb, l0, h0, s0)
+    if nq > 1:
+        row[c + 1] = _percentile_in_buckets(v, w, m, total, q1, lo, scale, nb, l1, h1, s1)
+    if nq > 2:
+        row[c + 2] = _percentile_in_buckets(v, w, m, total, q2, lo, scale, nb, l2, h2, s2)
+    if nq > 3:
+        row[c + 3] = _percentile_in_buckets(v, w, m, total, q3, lo, scale, nb, l3, h3, s3)
 
 
 @njit_noalloc
