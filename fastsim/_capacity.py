@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import special
 
 from . import _kernel as K
 from ._config import Scenario
 from ._replicate import METRIC_DESCRIPTIONS, _run, _seed_keys, pack_scenario
+from ._stats import t_quantile
 from ._validation import check_float, check_int
 
 __all__ = ["CapacityResult", "capacity"]
@@ -175,7 +175,7 @@ class _Prober:
             else:
                 est = float(x.mean())
                 se = float(x.std(ddof=1) / math.sqrt(n))
-                q = special.stdtrit(n - 1, 1.0 - self.alpha)   # stats.t.ppf, without importing scipy.stats
+                q = t_quantile(n - 1, 1.0 - self.alpha)
                 low, high = est - q * se, est + q * se
             d = "ok" if high < limit else ("violates" if low > limit else "undecided")
             per_metric.append((metric, limit, est, low, high, d))

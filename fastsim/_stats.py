@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 from ._validation import check_float
 
@@ -23,6 +22,15 @@ class ConfidenceInterval:
 
     def __contains__(self, value) -> bool:
         return bool(self.low <= value <= self.high)
+
+
+def t_quantile(df, p):
+    """Student's t quantile (``scipy.stats.t.ppf``); SciPy is imported here,
+    on first use, not by ``import fastsim`` (``scipy.special`` alone is about
+    0.3 s of the import)."""
+    from scipy import special
+
+    return special.stdtrit(df, p)
 
 
 def check_confidence_level(value) -> float:
@@ -49,7 +57,7 @@ def mean_interval(x, confidence_level: float = 0.95):
     if n == 1:
         return est, np.nan, np.nan, np.nan, 1
     se = float(x.std(ddof=1) / np.sqrt(n))
-    q = special.stdtrit(n - 1, 0.5 + confidence_level / 2.0)   # stats.t.ppf, without importing scipy.stats
+    q = t_quantile(n - 1, 0.5 + confidence_level / 2.0)
     return est, est - q * se, est + q * se, se, n
 
 
