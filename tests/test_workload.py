@@ -153,7 +153,8 @@ def test_normalized_arrivals_end_exactly_at_n_over_rate():
 
 def test_empirical_replay_in_order():
     values = [7, 3, 9]
-    sc = fastsim.Scenario(workload=fastsim.Workload(num_requests=7, prompt_len=fastsim.Empirical(values, order="replay"),
+    sc = fastsim.Scenario(workload=fastsim.Workload(num_requests=7,
+                                                    prompt_len=fastsim.Empirical(values, order="replay"),
                                                     output_len=fastsim.Uniform(1, 5)))
     for rep in range(3):
         assert fastsim.sample_requests(sc, seed=rep, replication=rep)["prompt_len"].tolist() == [7, 3, 9, 7, 3, 9, 7]
