@@ -260,9 +260,8 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
     The first run on a machine compiles the kernels (10-25 s for each
     engine on the 2-core development VM, by the VM's speed) and stores them
     in Numba's cache, from which later processes load them in well under a
-    second. Call this where that cost
-    should be paid, e.g. when a container image or a cluster's environment is
-    built, or before timing anything. The kernels do not depend on the
+    second. Call this where that cost should be paid, e.g. when a container
+    image or a cluster's environment is built, or before timing anything. The kernels do not depend on the
     scenario: one compilation serves every scenario that uses that engine.
 
     Parameters

@@ -21,6 +21,14 @@ from fastsim import _kernel as K
 Z = 5.0
 
 
+def t_point(dof):
+    """The point of Student's t with ``dof`` degrees of freedom whose upper tail is the normal tail
+    beyond Z: the multiplier of a standard error estimated from few replications."""
+    from scipy import stats
+
+    return stats.t.isf(stats.norm.sf(Z), dof)
+
+
 @pytest.fixture(scope="session")
 def tight_kv_scenario():
     """Heavy load on a small KV cache: preemptions happen."""

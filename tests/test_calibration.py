@@ -21,9 +21,14 @@ SHARED_TRACES = "/work/shared/data/vllm-a10g-qwen2.5-1.5b/tpot_traces.json"
 # synthetic data generators
 # ---------------------------------------------------------------------------------------------
 
+# The generators' noise: relative step noise, client timestamp jitter (s), TTFT noise (s). The checks'
+# standard errors below are computed from the same constants.
+STEP_NOISE, JITTER_S, TTFT_NOISE = 0.01, 2e-5, 5e-4
+
+
 def make_traces(rng, *, base=0.008, scale=5e-5, alpha=1.3, prefill=6e-5, overhead=0.012,
-                prompt=20, batch_sizes=(1, 2, 4, 8, 16, 32), n_gaps=47, step_noise=0.01,
-                jitter_s=2e-5, outlier_frac=0.02, stall_batch=16, ttft_noise=5e-4):
+                prompt=20, batch_sizes=(1, 2, 4, 8, 16, 32), n_gaps=47, step_noise=STEP_NOISE,
+                jitter_s=JITTER_S, outlier_frac=0.02, stall_batch=16, ttft_noise=TTFT_NOISE):
     """Traces in the tpot_traces.json layout from a known model, with noise and outliers.
 
     Every run has ``n_gaps`` engine steps of mean ``base + scale (b-1)^alpha`` and 1 %
@@ -54,7 +59,7 @@ def make_traces(rng, *, base=0.008, scale=5e-5, alpha=1.3, prefill=6e-5, overhea
 
 
 def simulate_bench(rng, *, base=0.008, scale=4e-5, alpha=1.2, prefill=5e-5, overhead=0.01,
-                   n=500, jitter_s=2e-5, outlier_frac=0.005):
+                   n=500, jitter_s=JITTER_S, outlier_frac=0.005):
     """A ``vllm bench serve --save-detailed`` result from a simple continuous-batching engine.
 
     Each step decodes every running request and prefills every waiting one in full;
@@ -80,7 +85,7 @@ def simulate_bench(rng, *, base=0.008, scale=4e-5, alpha=1.2, prefill=5e-5, over
         dec, new = list(running), list(waiting)
         waiting.clear()
         d = base + scale * max(len(dec) - 1, 0) ** alpha + prefill * plen[new].sum()
-        d *= 1.0 + 0.01 * rng.standard_normal()
+        d *= 1.0 + STEP_NOISE * rng.standard_normal()
         if rng.random() < outlier_frac:
             d *= 4.0
         t += d
@@ -116,7 +121,7 @@ def _within(est, true, se, k=5.0):   # 5 SE: 6e-7 per check (4 SE was 6e-5, over
 K_FIT = 6.0
 
 
-def _median_se(true_step, n_steps, rel_noise=0.01, jitter_s=2e-5):
+def _median_se(true_step, n_steps, rel_noise=STEP_NOISE, jitter_s=JITTER_S):
     """Standard error of the median of ``n_steps`` distinct steps of mean ``true_step`` seen through client
     gaps (the generators' 1 % step noise, timestamp jitter on both ends): 1.2533 sigma / sqrt(n), an upper
     bound for small n too. All the gaps of one step are one observation of it."""
@@ -147,7 +152,7 @@ def test_trace_fit_recovers_known_model(seed):
     # variance <= (pi / 2) sigma^2 / b): measured |z| <= 2.65, sd 0.79, over 300 seeds.
     inl = ~td["outlier"].to_numpy()
     x = td["prompt_tokens_total"].to_numpy(dtype=float)[inl]
-    var = (math.pi / 2) * 5e-4 ** 2 / td["batch_size"].to_numpy()[inl]   # make_traces' ttft_noise = 5e-4
+    var = (math.pi / 2) * TTFT_NOISE ** 2 / td["batch_size"].to_numpy()[inl]
     w = np.linalg.solve(np.array([[x.size, x.sum()], [x.sum(), x @ x]]), np.vstack([np.ones_like(x), x]))
     assert _within(p["prefill_per_token_s"], true["prefill"], math.sqrt(w[1] ** 2 @ var))
     assert _within(res.ttft_overhead_s, true["overhead"], math.sqrt(w[0] ** 2 @ var + se["base_s"] ** 2))

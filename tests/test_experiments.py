@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import Z
+from conftest import t_point
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("FASTSIM_EXPERIMENT_SEED", "20260611"))
@@ -50,7 +50,7 @@ def assert_sure_above(hi, lo):
     ``hi``, ``lo`` is a table row or a number, and for two rows se(hi) + se(lo) bounds the difference's
     standard error whatever their correlation."""
     (a, sa, na), (b, sb, nb) = [(x, 0.0, np.inf) if np.isscalar(x) else (x.estimate, se(x), x.n) for x in (hi, lo)]
-    crit = stats.t.isf(stats.norm.sf(Z), min(na, nb) - 1)
+    crit = t_point(min(na, nb) - 1)
     assert a - b > crit * (sa + sb), (f"{a:.6g} - {b:.6g}: {(a - b) / (sa + sb):.2f} standard errors, "
                                       f"needs {crit:.2f}", hi, lo)
 

@@ -15,7 +15,7 @@ from scipy import stats
 import fastsim
 from fastsim._validation import KERNEL_PENDING_OPTIONS
 
-from conftest import Z
+from conftest import Z, t_point
 from test_reference_agreement import LATENCIES, assert_same, scenario
 
 
@@ -431,7 +431,7 @@ def test_replicate_backends_agree_with_prefix_caching(name):
 
 def test_hit_rate_grows_with_the_cache():
     """Replication r sees the same requests at every cache size: the paired gain
-    is many standard errors above 0 (one-sided 1e-6 point of t with n - 1 dof)."""
+    is many standard errors above 0 (conftest.t_point(n - 1), the t point with the normal tail beyond Z)."""
     n = 20
     rates = []
     for blocks in (40, 80, 5000):
@@ -441,7 +441,7 @@ def test_hit_rate_grows_with_the_cache():
     # Per replication (1,200 of them, 150 seeds) the gain is 0.117 (sd 0.024) from 40 to 80 blocks and
     # 0.247 (sd 0.026) from 80 to 5,000. With 20 pairs, on 100 fresh seeds: t = 22.9 (sd 3.5, min 15.9)
     # and 44.3 (sd 7.8, min 31.2) against 7.35; noncentral t puts P(t <= 7.35) near 1e-19.
-    crit = stats.t.isf(stats.norm.sf(Z), n - 1)
+    crit = t_point(n - 1)
     for small, large in zip(rates, rates[1:]):
         d = large - small
         assert d.mean() > crit * d.std(ddof=1) / math.sqrt(n), (d.mean(), d.std(ddof=1))

@@ -120,7 +120,7 @@ def _first_run_seconds(workload, **env):
 
 class Startup:
     """A fresh interpreter with a warm Numba cache: ``import fastsim`` alone
-    (it compiles nothing and leaves SciPy's heavier subpackages out), and the
+    (it compiles nothing and leaves SciPy out), and the
     import with the first calls (the performance issue's warm start)."""
     timeout = 300
 
