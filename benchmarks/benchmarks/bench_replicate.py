@@ -4,7 +4,8 @@ import time
 
 import fastsim
 
-from .common import floor_args, numpy_floor, reference_workload, sharegpt_80pct, warm_up
+from .common import (cost_exponent, floor_args, numpy_floor, reference_workload, scaling_points,
+                     sharegpt_80pct, timed_replicate, warm_up)
 
 
 class Replicate:
@@ -127,3 +128,28 @@ class FloorRatio:
         return (time.perf_counter() - start) / floor
 
     track_ratio_to_drawing_floor.unit = "x"
+
+
+class Scaling:
+    """The exponent b of cost ~ size ** b along replications (of 500 requests)
+    and requests (a replication, at 1,500,000 requests per point): the issue's
+    target is a linear cost, b = 1. One pass over three sizes 16x apart;
+    ``benchmarks/scaling.py`` measures it in interleaved rounds with an interval."""
+
+    params = ["replications", "requests"]
+    param_names = ["axis"]
+    timeout = 300
+    sizes = {"replications": (125, 500, 2000), "requests": (250, 1000, 4000)}
+
+    def setup(self, axis):
+        warm_up()
+        self.points = scaling_points(reference_workload, axis, self.sizes[axis], 1_500_000, n_requests=500)
+        for _, scenario, _ in self.points:
+            timed_replicate(scenario, 2)
+
+    def track_cost_exponent(self, axis):
+        seconds = [timed_replicate(scenario, reps) / (reps if axis == "requests" else 1)
+                   for _, scenario, reps in self.points]
+        return cost_exponent([size for size, _, _ in self.points], seconds)
+
+    track_cost_exponent.unit = "exponent"

@@ -79,3 +79,29 @@ def floor_args(scenario):
     w = scenario.workload
     return (w.num_requests, w.arrival_rate, w.prompt_len.median, w.prompt_len.sigma, w.output_len.median,
             w.output_len.sigma)
+
+
+def timed_replicate(scenario, n_replications, n_threads=1, seed=1):
+    """Wall seconds of one ``replicate`` call (compiled beforehand by the caller)."""
+    import time
+
+    start = time.perf_counter()
+    fastsim.replicate(scenario, n_replications=n_replications, seed=seed, n_threads=n_threads, progress=False)
+    return time.perf_counter() - start
+
+
+def cost_exponent(sizes, seconds):
+    """The exponent b of ``seconds ~ sizes ** b``: the least-squares slope of
+    log time on log size (1 for a cost linear in the size)."""
+    return float(np.polyfit(np.log(sizes), np.log(seconds), 1)[0])
+
+
+def scaling_points(workload, axis, sizes, budget, n_requests=1000):
+    """The ``(size, scenario, n_replications)`` of a scaling sweep: along
+    ``"replications"``, ``sizes`` replications of ``n_requests`` requests;
+    along ``"requests"``, ``sizes`` requests a replication with
+    ``budget // size`` replications (the same work at every size)."""
+    if axis == "replications":
+        scenario = workload(n_requests)
+        return [(s, scenario, s) for s in sizes]
+    return [(s, workload(s), max(2, budget // s)) for s in sizes]
