@@ -1,6 +1,6 @@
 """Where the kernel's time goes, relative to the workload-drawing floor (a script).
 
-    python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1]
+    python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1] [--rounds 9]
 
 (Its functions are compiled without Numba's disk cache. They call the
 kernel's entries through the same function pointers as ``replicate``, so
@@ -15,7 +15,10 @@ For the reference workload it also times the performance issue's floor as
 the issue words it: each request's arrival gap and two lognormal lengths
 drawn with Numba's ``np.random`` (Mersenne Twister, seeded per replication),
 nothing else; the issue's target is a simulator within about 2x of it.
-Timings are the best of three runs.
+Timings are the best of three runs. The VM's speed drifts between those
+timings, so the ratio to the floor is then measured again in ``--rounds``
+rounds, each one run of the floor and one of the full replication, the
+order alternating: the figure to quote is the median of those ratios.
 """
 
 import argparse
@@ -84,6 +87,13 @@ def threaded(fn, threads, nrep, *args):
     return out
 
 
+def once(fn, *args):
+    """Seconds of one run."""
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
 def timed(fn, *args, repeat=3):
     """Best of ``repeat`` runs, after one to compile and warm up."""
     fn(*args)
@@ -100,7 +110,11 @@ def main():
     ap.add_argument("--replications", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds for the ratio to the floor")
     args = ap.parse_args()
+    for name in ("replications", "requests", "threads", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     nrep = args.replications
     for name, factory in (("reference workload", reference_workload), ("ShareGPT 80%", sharegpt_80pct)):
         sc = factory(args.requests)
@@ -112,8 +126,10 @@ def main():
         t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs, draw)
         t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
                       full, draw, ws_need, simulate)
-        t_full = timed(lambda: fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads,
-                                                 progress=False))
+        def full_run():
+            fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads, progress=False)
+
+        t_full = timed(full_run)
         work = nrep * args.requests
         print(f"{name} ({args.threads} thread(s)): draw only {work / t_draw:,.0f} req/s; "
               f"draw + simulate {work / t_sim:,.0f} req/s; full replicate {work / t_full:,.0f} req/s. "
@@ -124,6 +140,17 @@ def main():
             print(f"  the issue's floor (gap + two lognormal lengths from Numba's np.random): "
                   f"{work / t_floor:,.0f} req/s; fastsim's own drawing takes {t_draw / t_floor:.2f}x its time, "
                   f"the full replication {t_full / t_floor:.1f}x (the issue's target: about 2x)")
+            floor = (threaded, numpy_floor, args.threads, nrep, *floor_args(sc))
+            ratios = []
+            for i in range(args.rounds):
+                if i % 2 == 0:
+                    t_floor = once(*floor)
+                    ratios.append(once(full_run) / t_floor)
+                else:
+                    t = once(full_run)
+                    ratios.append(t / once(*floor))
+            print(f"  full replication / floor in {args.rounds} interleaved rounds: median "
+                  f"{np.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x")
 
 
 if __name__ == "__main__":
