@@ -49,7 +49,7 @@ loops over replications no longer compiles a second copy of the engine
 
 Two processes for a cold start. Numba compiles one function at a time (a
 global lock), so a cold start is serial: the engine, then the workload
-drawing and the reduction. `compile_entries` compiles the costliest entry
+drawing, the reduction and the driver. `compile_entries` compiles the costliest entry
 here and, at the same time, the others in a helper process that writes them
 to Numba's disk cache, from which this process then loads them. It does so
 only when the costliest entry is in neither memory nor the disk cache and

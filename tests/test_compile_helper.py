@@ -169,19 +169,21 @@ def test_a_stopped_helper_leaves_no_index_entry_it_did_not_finish(toy, reported)
 
 
 def test_the_helper_compiles_fastsims_entries(tmp_path):
-    """The real entries: their array types pickle, the helper imports fastsim's
-    kernel, compiles and reports each (here loaded from this run's cache, or compiled)."""
+    """The real entries: their types pickle (the driver's function types
+    too), the helper imports fastsim's kernel, compiles and reports each
+    (here loaded from this run's cache, or compiled)."""
     import numba
 
     from fastsim._replicate import pack_scenario
     from test_engine_variants import BASE
 
     p = pack_scenario(BASE)
-    rest = list(K._engine_types(*(numba.typeof(p[k]) for k in ("ipar", "fpar", "lat")), None).items())[1:]
+    rest = list(K._driver_types(tuple(numba.typeof(a) for a in K.scenario_arrays(p)), None).items())[1:]
+    assert [d for d, _ in rest] == [K._ws_need, K._reduce, K._draw_workload, K._run_chunk]
     with open(tmp_path / "log", "w+b") as log:
         proc = O._start_helper(rest, log)
         assert proc.wait(300) == 0, log.seek(0) or log.read().decode()
-    assert proc.stdout.read().split() == [b"0", b"1"]
+    assert proc.stdout.read().split() == [b"0", b"1", b"2", b"3"]
 
 
 def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch):
@@ -195,7 +197,7 @@ def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch):
 
 def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled(monkeypatch):
     """The engine is the costliest entry: this process compiles it, the helper
-    the rest; and `simulate_stream`'s calls from Python use exactly the
+    the rest (the driver included); and `simulate_stream`'s calls from Python use exactly the
     versions `compile_entries` was given (no second compilation)."""
     import numba
 
@@ -209,7 +211,7 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)
     K._entry_pointers.__wrapped__(given, None)
     assert seen[0][0] is K._simulate
-    assert {d for d, _ in seen} == {K._simulate, K._ws_need, K._reduce, K._draw_workload}
+    assert {d for d, _ in seen} == {K._simulate, K._ws_need, K._reduce, K._draw_workload, K._run_chunk}
     seen.clear()
     monkeypatch.undo()
     given_types = {}

@@ -75,3 +75,20 @@ def test_the_driver_holds_no_copy_of_the_engine(name):
         assert not [d for d in defined if mangled in d], f"{fn} was linked into the driver"
     for arg in ("draw", "ws_need", "simulate", "reduce"):   # _run_chunk's pointer arguments
         assert re.search(rf"call [^@\n]*%fptr_of_{arg}\.", ir), f"no call through the {arg} pointer"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
+    """`_entry_pointers` compiles `_run_chunk` with the entries (on a cold
+    start, in the helper process), for types it declares before the entries
+    exist: they must be those of `replicate`'s call, pointers included (the
+    entries' declared return types), or that call would compile it again."""
+    p = pack_scenario(SCENARIOS[name])
+    given = K.scenario_arrays(p)
+    full = K.engine_variant(p["ipar"])
+    pointers = K.engine_pointers(given, full)
+    out = np.empty((6, K.N_COLUMNS))   # _replicate._run's rows
+    call = (3, 2, np.uint64(1), np.uint64(2), *given, out[2:4], full, *pointers)   # keys as _replicate draws them
+    declared = K._driver_types(tuple(numba.typeof(a) for a in given), full)[K._run_chunk]
+    assert tuple(numba.typeof(a) for a in call) == declared
+    assert declared in K._run_chunk.overloads
