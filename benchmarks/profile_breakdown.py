@@ -36,7 +36,8 @@ import fastsim  # noqa: E402
 from fastsim import _kernel as K  # noqa: E402
 from fastsim._numba_options import njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
-from benchmarks.common import floor_args, numpy_floor, reference_workload, sharegpt_80pct  # noqa: E402
+from benchmarks.common import (floor_args, interleaved_ratios, numpy_floor, reference_workload,  # noqa: E402
+                               sharegpt_80pct)
 
 
 @njit(cache=False)
@@ -140,15 +141,9 @@ def main():
             print(f"  the issue's floor (gap + two lognormal lengths from Numba's np.random): "
                   f"{work / t_floor:,.0f} req/s; fastsim's own drawing takes {t_draw / t_floor:.2f}x its time, "
                   f"the full replication {t_full / t_floor:.1f}x (the issue's target: about 2x)")
-            floor = (threaded, numpy_floor, args.threads, nrep, *floor_args(sc))
-            ratios = []
-            for i in range(args.rounds):
-                if i % 2 == 0:
-                    t_floor = once(*floor)
-                    ratios.append(once(full_run) / t_floor)
-                else:
-                    t = once(full_run)
-                    ratios.append(t / once(*floor))
+            ratios = interleaved_ratios(lambda: once(full_run),
+                                        lambda: once(threaded, numpy_floor, args.threads, nrep, *floor_args(sc)),
+                                        args.rounds)
             print(f"  full replication / floor in {args.rounds} interleaved rounds: median "
                   f"{np.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x")
 

@@ -4,8 +4,8 @@ import time
 
 import fastsim
 
-from .common import (cost_exponent, floor_args, numpy_floor, reference_workload, scaling_points,
-                     sharegpt_80pct, timed_replicate, warm_up)
+from .common import (cost_exponent, floor_args, median_ratio, numpy_floor, reference_workload,
+                     scaling_points, sharegpt_80pct, timed_replicate, warm_up)
 
 
 class Replicate:
@@ -84,7 +84,9 @@ class Compile:
 
 
 class SimPyRatio:
-    """fastsim (one thread) vs a plain SimPy simulator of the same model, side by side."""
+    """fastsim (one thread) vs a plain SimPy simulator of the same model, side
+    by side: the median ratio of three rounds, one run of each per round, the
+    order alternating (this VM's speed drifts between runs)."""
 
     timeout = 600
 
@@ -94,12 +96,15 @@ class SimPyRatio:
     def track_ratio_vs_simpy(self):
         from .simpy_model import simpy_run
 
-        start = time.perf_counter()
-        simpy_run(5000, 0, fastsim.LatencyModel.default())
-        simpy_rate = 5000 / (time.perf_counter() - start)
-        start = time.perf_counter()
-        fastsim.replicate(reference_workload(1000), n_replications=500, seed=1, n_threads=1, progress=False)
-        return 500 * 1000 / (time.perf_counter() - start) / simpy_rate
+        def simpy_rate():
+            start = time.perf_counter()
+            simpy_run(5000, 0, fastsim.LatencyModel.default())
+            return 5000 / (time.perf_counter() - start)
+
+        def fastsim_rate():
+            return 500 * 1000 / timed_replicate(reference_workload(1000), 500)
+
+        return median_ratio(fastsim_rate, simpy_rate)
 
     track_ratio_vs_simpy.unit = "x"
 
@@ -107,7 +112,8 @@ class SimPyRatio:
 class FloorRatio:
     """A replication's time over the issue's drawing floor (Numba's ``np.random``
     drawing the same requests' gaps and lengths, nothing else), one thread,
-    reference workload: the issue's target is about 2x."""
+    reference workload, the median of three interleaved rounds: the issue's
+    target is about 2x."""
 
     timeout = 300
 
@@ -120,12 +126,12 @@ class FloorRatio:
         numpy_floor(0, 2, *floor_args(self.scenario), self.out)   # compile outside the timing
 
     def track_ratio_to_drawing_floor(self):
-        start = time.perf_counter()
-        numpy_floor(0, 500, *floor_args(self.scenario), self.out)
-        floor = time.perf_counter() - start
-        start = time.perf_counter()
-        fastsim.replicate(self.scenario, n_replications=500, seed=1, n_threads=1, progress=False)
-        return (time.perf_counter() - start) / floor
+        def floor():
+            start = time.perf_counter()
+            numpy_floor(0, 500, *floor_args(self.scenario), self.out)
+            return time.perf_counter() - start
+
+        return median_ratio(lambda: timed_replicate(self.scenario, 500), floor)
 
     track_ratio_to_drawing_floor.unit = "x"
 

@@ -105,3 +105,23 @@ def scaling_points(workload, axis, sizes, budget, n_requests=1000):
         scenario = workload(n_requests)
         return [(s, scenario, s) for s in sizes]
     return [(s, workload(s), max(2, budget // s)) for s in sizes]
+
+
+def interleaved_ratios(numerator, denominator, rounds=3):
+    """``numerator() / denominator()`` in each of ``rounds`` rounds, each
+    calling both once, the order alternating (a shared VM's speed drifts
+    between runs: a ratio of runs taken side by side moves least)."""
+    ratios = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            a = numerator()
+            ratios.append(a / denominator())
+        else:
+            b = denominator()
+            ratios.append(numerator() / b)
+    return ratios
+
+
+def median_ratio(numerator, denominator, rounds=3):
+    """The median of `interleaved_ratios`."""
+    return float(np.median(interleaved_ratios(numerator, denominator, rounds)))
