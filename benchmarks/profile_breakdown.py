@@ -17,8 +17,9 @@ drawn with Numba's ``np.random`` (Mersenne Twister, seeded per replication),
 nothing else; the issue's target is a simulator within about 2x of it.
 Timings are the best of three runs. The VM's speed drifts between those
 timings, so the ratio to the floor is then measured again in ``--rounds``
-rounds, each one run of the floor and one of the full replication, the
-order alternating: the figure to quote is the median of those ratios.
+rounds, each running the full replication, the floor twice and the full
+replication again (`interleaved_ratios`): the figure to quote is the median
+of those ratios.
 """
 
 import argparse
@@ -37,7 +38,7 @@ from fastsim import _kernel as K  # noqa: E402
 from fastsim._numba_options import njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
 from benchmarks.common import (floor_args, interleaved_ratios, numpy_floor, reference_workload,  # noqa: E402
-                               sharegpt_80pct)
+                               seconds, sharegpt_80pct)
 
 
 @njit(cache=False)
@@ -88,13 +89,6 @@ def threaded(fn, threads, nrep, *args):
     return out
 
 
-def once(fn, *args):
-    """Seconds of one run."""
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t
-
-
 def timed(fn, *args, repeat=3):
     """Best of ``repeat`` runs, after one to compile and warm up."""
     fn(*args)
@@ -127,6 +121,7 @@ def main():
         t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs, draw)
         t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
                       full, draw, ws_need, simulate)
+
         def full_run():
             fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads, progress=False)
 
@@ -137,13 +132,12 @@ def main():
               f"Time shares: drawing {t_draw / t_full:.0%}, simulating {(t_sim - t_draw) / t_full:.0%}, "
               f"reduction and Python {(t_full - t_sim) / t_full:.0%}")
         if factory is reference_workload:
-            t_floor = timed(threaded, numpy_floor, args.threads, nrep, *floor_args(sc))
+            floor = (threaded, numpy_floor, args.threads, nrep, *floor_args(sc))
+            t_floor = timed(*floor)
             print(f"  the issue's floor (gap + two lognormal lengths from Numba's np.random): "
                   f"{work / t_floor:,.0f} req/s; fastsim's own drawing takes {t_draw / t_floor:.2f}x its time, "
                   f"the full replication {t_full / t_floor:.1f}x (the issue's target: about 2x)")
-            ratios = interleaved_ratios(lambda: once(full_run),
-                                        lambda: once(threaded, numpy_floor, args.threads, nrep, *floor_args(sc)),
-                                        args.rounds)
+            ratios = interleaved_ratios(lambda: seconds(full_run), lambda: seconds(*floor), args.rounds)
             print(f"  full replication / floor in {args.rounds} interleaved rounds: median "
                   f"{np.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x")
 

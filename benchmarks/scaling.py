@@ -7,19 +7,20 @@ sweeps, each in ``--rounds`` rounds with the sizes in a new random order
 per round (the VM's speed drifts; interleaving spreads the drift over
 all sizes):
 
-* replications: 250 ... 8,000 replications of 1,000 requests;
-* requests: 250 ... 16,000 requests a replication, with 2,000,000 requests in
-  all at every size (2,000,000 / size replications), so that a linear cost
-  gives the same time at every size.
+* replications: 250 ... 8,000 replications of 1,000 requests (the time of
+  the whole run scales with the replications);
+* requests: 250 ... 16,000 requests a replication, with about 2,000,000
+  requests in all at every size (2,000,000 / size replications; the time of
+  one replication scales with its requests).
 
 For each size it prints the median time per request (ns) and its range
 over the rounds. For each sweep it fits ``time ~ size ** b`` in each round
 (least squares on the logs) and prints the mean exponent b with a 95%
-t interval over the rounds; b = 1 is a linear cost (for the requests sweep,
-b is that of the time per replication against its requests, computed from
-the same runs). An exponent below 1 means a cost per request that falls
-with the size: the fixed cost of a call and of a replication (a few
-microseconds each) spread over more requests.
+t interval over the rounds (b = 1: a linear cost), and the exponent between
+neighbouring sizes (median over the rounds), which a single slope over
+the whole range would average away. Meant for one thread: with more, small
+runs are simulated in the calling thread and larger ones on a pool
+(`fastsim._replicate._POOL_MIN_REQUESTS`), two code paths in one fit.
 """
 
 import argparse
@@ -44,30 +45,32 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    for name, low in (("rounds", 2), ("threads", 1)):
+        if getattr(args, name) < low:
+            ap.error(f"--{name} must be an integer >= {low}, got {getattr(args, name)}")
     warm_up()
     rng = np.random.default_rng(0)
-    for axis, sizes in SIZES.items():
-        points = scaling_points(WORKLOADS[args.workload], axis, sizes, BUDGET)
-        for _, scenario, reps in points:   # draw any tables and warm the caches outside the timing
+    for axis, axis_sizes in SIZES.items():
+        points = scaling_points(WORKLOADS[args.workload], axis, axis_sizes, BUDGET)
+        for _, scenario, _, _ in points:   # draw any tables and warm the caches outside the timing
             timed_replicate(scenario, 2, args.threads)
-        per_request = np.empty((args.rounds, len(points)))   # seconds per request
+        run_s = np.empty((args.rounds, len(points)))   # seconds of each run
         for r in range(args.rounds):
             for i in rng.permutation(len(points)):
-                size, scenario, reps = points[i]
-                per_request[r, i] = timed_replicate(scenario, reps, args.threads) / (
-                    reps * scenario.workload.num_requests)
-        sizes = np.array([p[0] for p in points], float)
-        # time of the whole run (replications sweep) or of one replication (requests sweep)
-        unit = np.array([p[0] * p[1].workload.num_requests if axis == "replications" else p[0]
-                         for p in points], float)
-        b = np.array([cost_exponent(sizes, per_request[r] * unit) for r in range(args.rounds)])
-        half = stats.t.ppf(0.975, args.rounds - 1) * b.std(ddof=1) / np.sqrt(args.rounds) if args.rounds > 1 \
-            else np.nan
+                _, scenario, reps, _ = points[i]
+                run_s[r, i] = timed_replicate(scenario, reps, args.threads)
+        size = np.array([p[0] for p in points], float)
+        scaled = run_s / np.array([p[3] for p in points])   # the time that scales with the size
+        b = np.array([cost_exponent(size, scaled[r]) for r in range(args.rounds)])
+        half = stats.t.ppf(0.975, args.rounds - 1) * b.std(ddof=1) / np.sqrt(args.rounds)
+        local = np.median(np.diff(np.log(scaled), axis=1) / np.diff(np.log(size)), axis=0)
+        ns = run_s / np.array([reps * scenario.workload.num_requests for _, scenario, reps, _ in points]) * 1e9
         print(f"{args.workload} workload, {axis} ({args.threads} thread(s), {args.rounds} rounds):")
-        print(f"  {axis:>12s} | replications | ns/request (median) | range")
-        for i, (size, scenario, reps) in enumerate(points):
-            col = per_request[:, i] * 1e9
-            print(f"  {size:>12,} | {reps:>12,} | {np.median(col):>19.0f} | {col.min():.0f}-{col.max():.0f}")
+        print(f"  {axis:>12s} | replications | ns/request (median) | range     | b from the previous size")
+        for i, (sz, _, reps, _) in enumerate(points):
+            step = f"{local[i - 1]:.3f}" if i else ""
+            print(f"  {sz:>12,} | {reps:>12,} | {np.median(ns[:, i]):>19.0f} | {ns[:, i].min():>4.0f}-"
+                  f"{ns[:, i].max():<4.0f} | {step}")
         print(f"  cost ~ {axis} ** b: b = {b.mean():.3f} (95% CI {b.mean() - half:.3f} to {b.mean() + half:.3f})")
 
 

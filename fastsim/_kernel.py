@@ -2653,7 +2653,8 @@ def chunk_runner(arrays, full):
     pointers = engine_pointers(arrays, full)
 
     def run(rep0, nrep, key0, key1, out):
-        return _run_chunk(rep0, nrep, key0, key1, *arrays, out, full, *pointers)
+        # keys as np.uint64 whatever the caller passes: the types `_driver_types` compiled
+        return _run_chunk(rep0, nrep, np.uint64(key0), np.uint64(key1), *arrays, out, full, *pointers)
     return run
 
 

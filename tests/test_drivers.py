@@ -14,6 +14,7 @@ import numba
 import numpy as np
 import pytest
 
+import fastsim
 from fastsim import _kernel as K
 from fastsim._numba_options import function_pointer
 from fastsim._replicate import pack_scenario
@@ -92,3 +93,8 @@ def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
     declared = K._driver_types(tuple(numba.typeof(a) for a in given), full)[K._run_chunk]
     assert tuple(numba.typeof(a) for a in call) == declared
     assert declared in K._run_chunk.overloads
+    # and replicate's real call, in the calling thread and on a pool, compiles no other version
+    before = set(K._run_chunk.overloads)
+    for n_threads, reps in ((1, 2), (2, 200)):
+        fastsim.replicate(SCENARIOS[name], n_replications=reps, seed=4, n_threads=n_threads, progress=False)
+    assert set(K._run_chunk.overloads) == before

@@ -5,7 +5,7 @@ import time
 import fastsim
 
 from .common import (cost_exponent, floor_args, median_ratio, numpy_floor, reference_workload,
-                     scaling_points, sharegpt_80pct, timed_replicate, warm_up)
+                     scaling_points, seconds, sharegpt_80pct, timed_replicate, warm_up)
 
 
 class Replicate:
@@ -85,8 +85,7 @@ class Compile:
 
 class SimPyRatio:
     """fastsim (one thread) vs a plain SimPy simulator of the same model, side
-    by side: the median ratio of three rounds, one run of each per round, the
-    order alternating (this VM's speed drifts between runs)."""
+    by side: the median ratio of three rounds (`interleaved_ratios`)."""
 
     timeout = 600
 
@@ -97,9 +96,7 @@ class SimPyRatio:
         from .simpy_model import simpy_run
 
         def simpy_rate():
-            start = time.perf_counter()
-            simpy_run(5000, 0, fastsim.LatencyModel.default())
-            return 5000 / (time.perf_counter() - start)
+            return 5000 / seconds(simpy_run, 5000, 0, fastsim.LatencyModel.default())
 
         def fastsim_rate():
             return 500 * 1000 / timed_replicate(reference_workload(1000), 500)
@@ -112,8 +109,8 @@ class SimPyRatio:
 class FloorRatio:
     """A replication's time over the issue's drawing floor (Numba's ``np.random``
     drawing the same requests' gaps and lengths, nothing else), one thread,
-    reference workload, the median of three interleaved rounds: the issue's
-    target is about 2x."""
+    reference workload, the median of three rounds (`interleaved_ratios`):
+    the issue's target is about 2x."""
 
     timeout = 300
 
@@ -126,36 +123,34 @@ class FloorRatio:
         numpy_floor(0, 2, *floor_args(self.scenario), self.out)   # compile outside the timing
 
     def track_ratio_to_drawing_floor(self):
-        def floor():
-            start = time.perf_counter()
-            numpy_floor(0, 500, *floor_args(self.scenario), self.out)
-            return time.perf_counter() - start
-
-        return median_ratio(lambda: timed_replicate(self.scenario, 500), floor)
+        return median_ratio(lambda: timed_replicate(self.scenario, 500),
+                            lambda: seconds(numpy_floor, 0, 500, *floor_args(self.scenario), self.out))
 
     track_ratio_to_drawing_floor.unit = "x"
 
 
 class Scaling:
     """The exponent b of cost ~ size ** b along replications (of 500 requests)
-    and requests (a replication, at 1,500,000 requests per point): the issue's
-    target is a linear cost, b = 1. One pass over three sizes 16x apart;
-    ``benchmarks/scaling.py`` measures it in interleaved rounds with an interval."""
+    and requests (a replication, about 1,500,000 requests per point), one
+    thread: the issue's target is a linear cost, b = 1. One pass over three
+    sizes 4x apart (requests from 1,000: below, the reduction's plain
+    selection makes short replications dearer per request, README);
+    ``benchmarks/scaling.py`` measures it in interleaved rounds with an
+    interval and the exponent between neighbouring sizes."""
 
     params = ["replications", "requests"]
     param_names = ["axis"]
     timeout = 300
-    sizes = {"replications": (125, 500, 2000), "requests": (250, 1000, 4000)}
+    sizes = {"replications": (125, 500, 2000), "requests": (1000, 4000, 16000)}
 
     def setup(self, axis):
         warm_up()
         self.points = scaling_points(reference_workload, axis, self.sizes[axis], 1_500_000, n_requests=500)
-        for _, scenario, _ in self.points:
+        for _, scenario, _, _ in self.points:
             timed_replicate(scenario, 2)
 
     def track_cost_exponent(self, axis):
-        seconds = [timed_replicate(scenario, reps) / (reps if axis == "requests" else 1)
-                   for _, scenario, reps in self.points]
-        return cost_exponent([size for size, _, _ in self.points], seconds)
+        return cost_exponent([size for size, _, _, _ in self.points],
+                             [timed_replicate(scenario, reps) / per for _, scenario, reps, per in self.points])
 
     track_cost_exponent.unit = "exponent"

@@ -81,13 +81,19 @@ def floor_args(scenario):
             w.output_len.sigma)
 
 
-def timed_replicate(scenario, n_replications, n_threads=1, seed=1):
-    """Wall seconds of one ``replicate`` call (compiled beforehand by the caller)."""
+def seconds(fn, *args):
+    """Wall seconds of one call ``fn(*args)``."""
     import time
 
     start = time.perf_counter()
-    fastsim.replicate(scenario, n_replications=n_replications, seed=seed, n_threads=n_threads, progress=False)
+    fn(*args)
     return time.perf_counter() - start
+
+
+def timed_replicate(scenario, n_replications, n_threads=1, seed=1):
+    """Wall seconds of one ``replicate`` call (compiled beforehand by the caller)."""
+    return seconds(lambda: fastsim.replicate(scenario, n_replications=n_replications, seed=seed,
+                                             n_threads=n_threads, progress=False))
 
 
 def cost_exponent(sizes, seconds):
@@ -96,29 +102,32 @@ def cost_exponent(sizes, seconds):
     return float(np.polyfit(np.log(sizes), np.log(seconds), 1)[0])
 
 
-def scaling_points(workload, axis, sizes, budget, n_requests=1000):
-    """The ``(size, scenario, n_replications)`` of a scaling sweep: along
-    ``"replications"``, ``sizes`` replications of ``n_requests`` requests;
-    along ``"requests"``, ``sizes`` requests a replication with
-    ``budget // size`` replications (the same work at every size)."""
+def scaling_points(factory, axis, sizes, budget, n_requests=1000):
+    """The points ``(size, scenario, n_replications, per)`` of a scaling
+    sweep of the workload ``factory(num_requests)``, where a run's time
+    divided by ``per`` is the time that scales with ``size``: along
+    ``"replications"``, ``size`` replications of ``n_requests`` requests
+    (the whole run's time, ``per`` = 1); along ``"requests"``, ``size``
+    requests a replication in ``max(2, budget // size)`` replications (the
+    time of one replication, ``per`` = the replications), about ``budget``
+    requests in all at every size."""
     if axis == "replications":
-        scenario = workload(n_requests)
-        return [(s, scenario, s) for s in sizes]
-    return [(s, workload(s), max(2, budget // s)) for s in sizes]
+        scenario = factory(n_requests)
+        return [(s, scenario, s, 1) for s in sizes]
+    return [(s, factory(s), max(2, budget // s), max(2, budget // s)) for s in sizes]
 
 
 def interleaved_ratios(numerator, denominator, rounds=3):
-    """``numerator() / denominator()`` in each of ``rounds`` rounds, each
-    calling both once, the order alternating (a shared VM's speed drifts
-    between runs: a ratio of runs taken side by side moves least)."""
+    """``numerator() / denominator()`` in each of ``rounds`` rounds. A round
+    runs them in the order A B B A and takes (A + A) / (B + B): a shared
+    VM's speed drifts between runs, and a drift steady over the round cancels."""
     ratios = []
-    for i in range(rounds):
-        if i % 2 == 0:
-            a = numerator()
-            ratios.append(a / denominator())
-        else:
-            b = denominator()
-            ratios.append(numerator() / b)
+    for _ in range(rounds):
+        a = numerator()
+        b = denominator()
+        b += denominator()
+        a += numerator()
+        ratios.append(a / b)
     return ratios
 
 
