@@ -2335,12 +2335,13 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
     sample in which each ``v[e]`` occurs ``w[e]`` >= 1 times, into
     ``row[c:c + nq]`` (nan for an empty sample); reorders ``v[:m]``, ``w[:m]``.
 
-    A large sample is first counted into ``hist.size`` buckets of equal width
-    between its minimum and maximum (two cheap passes); the entries of the
-    buckets that hold the percentiles' ranks are gathered to the front (a
-    third pass), and each percentile is selected among those of its own (at
-    most two) buckets. Small samples, and spans too narrow to scale, use plain
-    selection (`_percentile_into`). ``hist`` is scratch."""
+    A sample of ``m`` >= 32 entries is first counted into ``min(hist.size,
+    m // 2)`` buckets of equal width between its minimum and maximum (two
+    cheap passes); the entries of the buckets that hold the percentiles'
+    ranks are gathered to the front (a third pass), and each percentile is
+    selected among those of its own (at most two) buckets. Smaller samples,
+    and spans too narrow to scale, use plain selection (`_percentile_into`).
+    ``hist`` is scratch."""
     total = 0
     lo = np.inf
     hi = -np.inf
@@ -2349,15 +2350,19 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
         x = v[e]
         lo = min(lo, x)
         hi = max(hi, x)
-    nb = hist.size
+    # about two entries a bucket, at most hist.size buckets: for 80-250
+    # entries, 30-45% faster than plain selection (benchmarks: the reduction
+    # of short replications), and no slower from 32 entries up
+    nb = min(hist.size, m // 2)
     scale = nb / (hi - lo) if hi > lo else 0.0
-    if total == 0 or m < nb or not (0.0 < scale < 1e300):
+    if total == 0 or nb < 16 or not (0.0 < scale < 1e300):
         a = 0
         b = 0
         for j in range(nq):
             q = q0 if j == 0 else (q1 if j == 1 else (q2 if j == 2 else q3))
             a, b = _percentile_into(v, w, m, total, q, a, b, row, c + j)
         return
+    hist = hist[:nb]
     for b in range(nb):
         hist[b] = 0
     for e in range(m):
