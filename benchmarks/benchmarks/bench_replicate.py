@@ -133,10 +133,10 @@ class Scaling:
     """The exponent b of cost ~ size ** b along replications (of 500 requests)
     and requests (a replication, about 1,500,000 requests per point), one
     thread: the issue's target is a linear cost, b = 1. One pass over three
-    sizes 4x apart (requests from 1,000: below, the reduction's plain
-    selection makes short replications dearer per request, README);
-    ``benchmarks/scaling.py`` measures it in interleaved rounds with an
-    interval and the exponent between neighbouring sizes."""
+    sizes 4x apart (requests up to 16,000 a replication, where the cost per
+    request has been seen to rise, README); ``benchmarks/scaling.py``
+    measures it in interleaved rounds with an interval and the exponent
+    between neighbouring sizes."""
 
     params = ["replications", "requests"]
     param_names = ["axis"]
