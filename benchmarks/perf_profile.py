@@ -1,7 +1,7 @@
 """Profile the compiled kernels with Linux ``perf`` (a script).
 
     perf record -e cpu-clock -F 5000 -o perf.data \\
-        python benchmarks/perf_profile.py [--workload reference|sharegpt|full] [--replications 4000]
+        python benchmarks/perf_profile.py [--workload reference|sharegpt|full] [--replications 4000] [--requests 1000]
     perf report -i perf.data --no-children --sort sym
 
 perf cannot name code that Numba compiled at run time. This script compiles
@@ -93,16 +93,17 @@ def main():
     ap.add_argument("--workload", choices=tuple(WORKLOADS), default="reference",
                     help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--replications", type=int, default=4000)
+    ap.add_argument("--requests", type=int, default=1000, help="requests a replication")
     args = ap.parse_args()
-    sc = WORKLOADS[args.workload](1000)
+    sc = WORKLOADS[args.workload](args.requests)
     fastsim.replicate(sc, n_replications=2, seed=0, progress=False)   # compile
     n, exact = write_perf_map()
     print(f"perf map: {n} functions ({exact} with their size from the object code)")
     t = time.perf_counter()
     fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=1, progress=False)
     wall = time.perf_counter() - t
-    print(f"{args.replications} x 1000 requests, 1 thread: {wall:.2f} s "
-          f"({args.replications * 1000 / wall:,.0f} requests/s)")
+    print(f"{args.replications} x {args.requests} requests, 1 thread: {wall:.2f} s "
+          f"({args.replications * args.requests / wall:,.0f} requests/s)")
 
 
 if __name__ == "__main__":

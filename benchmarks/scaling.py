@@ -9,7 +9,7 @@ all sizes):
 
 * replications: 250 ... 8,000 replications of 1,000 requests (the time of
   the whole run scales with the replications);
-* requests: 250 ... 16,000 requests a replication, with about 2,000,000
+* requests: 250 ... 256,000 requests a replication, with about 2,000,000
   requests in all at every size (2,000,000 / size replications; the time of
   one replication scales with its requests).
 
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from benchmarks.common import WORKLOADS, cost_exponent, scaling_points, timed_replicate, warm_up  # noqa: E402
 
 SIZES = {"replications": (250, 500, 1000, 2000, 4000, 8000),
-         "requests": (250, 500, 1000, 2000, 4000, 8000, 16000)}
+         "requests": (250, 500, 1000, 2000, 4000, 8000, 16000, 64000, 256000)}
 BUDGET = 2_000_000   # requests per point of the requests sweep
 
 
