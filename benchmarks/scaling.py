@@ -28,11 +28,11 @@ import os
 import sys
 
 import numpy as np
-from scipy import stats
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from benchmarks.common import WORKLOADS, cost_exponent, scaling_points, timed_replicate, warm_up  # noqa: E402
+from fastsim._stats import mean_interval  # noqa: E402
 
 SIZES = {"replications": (250, 500, 1000, 2000, 4000, 8000),
          "requests": (250, 500, 1000, 2000, 4000, 8000, 16000, 64000, 256000)}
@@ -61,8 +61,7 @@ def main():
                 run_s[r, i] = timed_replicate(scenario, reps, args.threads)
         size = np.array([p[0] for p in points], float)
         scaled = run_s / np.array([p[3] for p in points])   # the time that scales with the size
-        b = np.array([cost_exponent(size, scaled[r]) for r in range(args.rounds)])
-        half = stats.t.ppf(0.975, args.rounds - 1) * b.std(ddof=1) / np.sqrt(args.rounds)
+        b, low, high, _, _ = mean_interval([cost_exponent(size, scaled[r]) for r in range(args.rounds)])
         local = np.median(np.diff(np.log(scaled), axis=1) / np.diff(np.log(size)), axis=0)
         ns = run_s / np.array([reps * scenario.workload.num_requests for _, scenario, reps, _ in points]) * 1e9
         print(f"{args.workload} workload, {axis} ({args.threads} thread(s), {args.rounds} rounds):")
@@ -71,7 +70,7 @@ def main():
             step = f"{local[i - 1]:.3f}" if i else ""
             print(f"  {sz:>12,} | {reps:>12,} | {np.median(ns[:, i]):>19.0f} | {ns[:, i].min():>4.0f}-"
                   f"{ns[:, i].max():<4.0f} | {step}")
-        print(f"  cost ~ {axis} ** b: b = {b.mean():.3f} (95% CI {b.mean() - half:.3f} to {b.mean() + half:.3f})")
+        print(f"  cost ~ {axis} ** b: b = {b:.3f} (95% CI {low:.3f} to {high:.3f})")
 
 
 if __name__ == "__main__":

@@ -261,8 +261,9 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
     engine on the 2-core development VM, by the VM's speed) and stores them
     in Numba's cache, from which later processes load them in well under a
     second. Call this where that cost should be paid, e.g. when a container
-    image or a cluster's environment is built, or before timing anything. The kernels do not depend on the
-    scenario: one compilation serves every scenario that uses that engine.
+    image or a cluster's environment is built, or before timing anything.
+    The kernels do not depend on the scenario: one compilation serves every
+    scenario that uses that engine.
 
     Parameters
     ----------
