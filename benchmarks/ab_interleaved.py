@@ -2,14 +2,15 @@
 
     git worktree add /tmp/base <rev>
     python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt|full]
-        [--rounds 4] [--replications 1500] [--cold | --small]
+        [--rounds 4] [--replications 1500] [--requests 1000] [--cold | --small]
 
 On a shared machine single runs vary by 20-40%, so a change is measured
 against its parent in alternation: each round runs every tree once, in a
 fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
 
 * Default: one-thread throughput of ``replicate`` on the benchmark workload
-  (1,000 requests per replication), best of 3 runs after a warm-up. Each tree
+  (``--requests`` a replication, 1,000 by default), best of 3 runs after a
+  warm-up. Each tree
   has its own Numba cache directory, kept across rounds (compiled once).
 * ``--cold``: the cold start, with an empty cache per run: ``replicate``,
   ``sample_requests`` and ``simulate_requests`` on a 20-request workload
@@ -36,7 +37,7 @@ import sys, time
 sys.path.insert(0, "benchmarks")
 import fastsim
 from benchmarks import common
-sc = getattr(common, sys.argv[1])(1000)
+sc = getattr(common, sys.argv[1])(int(sys.argv[3]))
 nrep = int(sys.argv[2])
 fastsim.replicate(sc, n_replications=2, seed=0, progress=False)
 best = float("inf")
@@ -44,7 +45,7 @@ for _ in range(3):
     t = time.perf_counter()
     fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=1, progress=False)
     best = min(best, time.perf_counter() - t)
-print(nrep * 1000 / best / 1e6)
+print(nrep * sc.workload.num_requests / best / 1e6)
 """
 
 _COLD = r"""
@@ -96,10 +97,14 @@ def main():
                     help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--replications", type=int, default=1500, help="per timed run (throughput mode)")
+    ap.add_argument("--requests", type=int, default=1000, help="a replication (throughput mode)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--cold", action="store_true", help="time cold starts instead of throughput")
     mode.add_argument("--small", action="store_true", help="time small replicate calls (8 x 250 requests)")
     args = ap.parse_args()
+    for name in ("rounds", "replications", "requests"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     trees = [os.path.abspath(t) for t in args.trees]
     names = [f"{i}:{os.path.basename(t) or t}" for i, t in enumerate(trees)]
     unit = (f"s (cold start, {args.workload})" if args.cold else "ms (replicate of 8 x 250 requests)" if args.small
@@ -114,7 +119,8 @@ def main():
                 else:
                     cache = os.path.join(root, name.replace(":", "_"))
                     code, extra = ((_SMALL, []) if args.small
-                                   else (_WARM, [WORKLOADS[args.workload], str(args.replications)]))
+                                   else (_WARM, [WORKLOADS[args.workload], str(args.replications),
+                                                    str(args.requests)]))
                     results[name].append(run(tree, code, extra, cache))
             print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.3f}" for n, v in results.items()), flush=True)
     for n, v in results.items():

@@ -41,51 +41,64 @@ from benchmarks.common import (floor_args, interleaved_ratios, numpy_floor, refe
                                seconds, sharegpt_80pct)
 
 
-@njit(cache=False)
-def buffers(ipar):
-    """The request arrays and stream state that `_kernel.run_chunk` allocates."""
-    cap = ipar[K.I_NUM_REQUESTS]
-    return (np.empty(cap), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
-            np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
-            np.empty(K.N_STREAMS, np.uint64))
-
+# The two pipelines take `_kernel._run_chunk`'s arguments, so that `_kernel.run_on`
+# runs them on the same buffers (`_kernel.ChunkBuffers`, a fresh set per chunk, as one replicate call has).
 
 @njit(cache=False)
-def draw_only(rep0, nrep, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges,
-              draw, out):
-    arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
+def draw_only(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
+              prio_cdf, pred_edges, out, state, arrival, prompt, output, prio, sjfk, pgrp, plen, wi, wf, need, full,
+              draw, ws_need, simulate, reduce):
+    """The request streams only (``out[j, 0]`` gets a sum, so that nothing is optimised away)."""
     for j in range(nrep):
-        n = draw(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                 trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-        out[j] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
+        n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
+                 prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        out[j, 0] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
+    return nrep
 
 
 @njit(cache=False)
-def draw_and_simulate(rep0, nrep, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                      prio_cdf, pred_edges, full, draw, ws_need, simulate, out):
-    """`_kernel._run_chunk` without the reduction (the same buffers, reused,
-    and the same compiled entries, called through the same pointers)."""
-    arrival, prompt, output, prio, sjfk, pgrp, plen, state = buffers(ipar)
-    wi = np.empty(1, np.int64)
-    wf = np.empty(1)
+def draw_and_simulate(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace,
+                      prio_val, prio_cdf, pred_edges, out, state, arrival, prompt, output, prio, sjfk, pgrp, plen,
+                      wi, wf, need, full, draw, ws_need, simulate, reduce):
+    """`_kernel._run_chunk` without the reduction (the same compiled entries,
+    called through the same pointers)."""
     for j in range(nrep):
-        n = draw(rep0 + j, np.uint64(1), np.uint64(2), ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
-                 trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
+                 prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
         need_i, need_f = ws_need(n, output, pgrp, plen, ipar)
-        if need_i > wi.size:
-            wi = np.empty(max(need_i, wi.size + wi.size // 2), np.int64)
-        if need_f > wf.size:
-            wf = np.empty(max(need_f, wf.size + wf.size // 2))
-        out[j] = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+        if need_i > wi.size or need_f > wf.size:
+            need[0] = need_i
+            need[1] = need_f
+            return j
+        out[j, 0] = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+    return nrep
+
+
+def chunks(threads, nrep):
+    """``threads`` chunks of ``nrep`` replications, as (first, end) pairs."""
+    size = -(-nrep // threads)
+    return [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
 
 
 def threaded(fn, threads, nrep, *args):
     """Run ``fn(rep0, m, *args, out[rep0:rep0 + m])`` over ``threads`` chunks, as replicate does."""
     out = np.empty(nrep)
-    size = -(-nrep // threads)
-    chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda c: fn(c[0], c[1] - c[0], *args, out[c[0]:c[1]]), chunks))
+        list(pool.map(lambda c: fn(c[0], c[1] - c[0], *args, out[c[0]:c[1]]), chunks(threads, nrep)))
+    return out
+
+
+def threaded_driver(driver, threads, nrep, arrays, full, pointers):
+    """Run ``driver`` (in `_kernel._run_chunk`'s shape) over ``threads`` chunks
+    by `_kernel.run_on`, on fresh buffers per chunk, as one replicate call does."""
+    out = np.empty((nrep, K.N_COLUMNS))
+    num_requests = int(arrays[0][K.I_NUM_REQUESTS])
+
+    def one(c):
+        K.run_on(driver, K.ChunkBuffers(num_requests), c[0], c[1] - c[0], 1, 2, arrays, out[c[0]:c[1]], full,
+                 pointers)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, chunks(threads, nrep)))
     return out
 
 
@@ -115,12 +128,10 @@ def main():
         sc = factory(args.requests)
         p = pack_scenario(sc)
         arrays = K.scenario_arrays(p)
-        tabs = arrays[3:]   # after ipar, fpar, lat
         full = K.engine_variant(p["ipar"])
-        draw, ws_need, simulate, _ = K.engine_pointers(arrays, full)   # replicate's code
-        t_draw = timed(threaded, draw_only, args.threads, nrep, p["ipar"], p["fpar"], *tabs, draw)
-        t_sim = timed(threaded, draw_and_simulate, args.threads, nrep, p["ipar"], p["fpar"], p["lat"], *tabs,
-                      full, draw, ws_need, simulate)
+        pointers = K.engine_pointers(arrays, full)   # replicate's code
+        t_draw = timed(threaded_driver, draw_only, args.threads, nrep, arrays, full, pointers)
+        t_sim = timed(threaded_driver, draw_and_simulate, args.threads, nrep, arrays, full, pointers)
 
         def full_run():
             fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads, progress=False)

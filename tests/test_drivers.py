@@ -43,6 +43,17 @@ def test_function_pointer_refuses_an_internal_function():
         function_pointer(K._stretch_kv, ())
 
 
+def test_a_pointer_has_the_type_numba_would_give_it():
+    """A pointer's Numba type is built once (`_numba_options._typeof_function_pointer`):
+    the one Numba's own typeof of the wrapper address protocol builds on every call."""
+    from numba.experimental.function_type import typeof_function_type
+
+    given = K.scenario_arrays(pack_scenario(CASES["fcfs-tight-kv/a10g"]))
+    for ptr in K.engine_pointers(given, None):
+        assert numba.typeof(ptr) is ptr.numba_type
+        assert typeof_function_type(ptr, None) == ptr.numba_type
+
+
 def prefix_caching():
     engine, workload = OPTIONS["prefix_caching"]
     return scenario(engine, LATENCIES["a10g"]).replace(**workload)
@@ -63,7 +74,8 @@ def test_the_driver_holds_no_copy_of_the_engine(name):
     pointers = K.engine_pointers(given, full)
     fresh = numba.njit(K._run_chunk.py_func, cache=False)
     rows = np.empty((5, K.N_COLUMNS))
-    assert fresh(3, 5, np.uint64(1), np.uint64(2), *given, rows, full, *pointers) == 0
+    buf = K.ChunkBuffers(int(p["ipar"][K.I_NUM_REQUESTS]))
+    assert K.run_on(fresh, buf, 3, 5, 1, 2, given, rows, full, pointers) == 0
     for j in range(5):
         stream = K.draw_workload(3 + j, 1, 2, *K.scenario_arrays(p, lat=False))
         row = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])[-1]
@@ -89,7 +101,8 @@ def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
     full = K.engine_variant(p["ipar"])
     pointers = K.engine_pointers(given, full)
     out = np.empty((6, K.N_COLUMNS))   # _replicate._run's rows
-    call = (3, 2, np.uint64(1), np.uint64(2), *given, out[2:4], full, *pointers)   # keys as _replicate draws them
+    buf = K.ChunkBuffers(int(p["ipar"][K.I_NUM_REQUESTS])).arrays()
+    call = (3, 2, np.uint64(1), np.uint64(2), *given, out[2:4], *buf, full, *pointers)   # keys as _replicate draws them
     declared = K._driver_types(tuple(numba.typeof(a) for a in given), full)[K._run_chunk]
     assert tuple(numba.typeof(a) for a in call) == declared
     assert declared in K._run_chunk.overloads
@@ -98,3 +111,53 @@ def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
     for n_threads, reps in ((1, 2), (2, 200)):
         fastsim.replicate(SCENARIOS[name], n_replications=reps, seed=4, n_threads=n_threads, progress=False)
     assert set(K._run_chunk.overloads) == before
+
+
+def stream_rows(p, reps, key=(1, 2)):
+    """Each replication's metrics row, drawn and simulated on its own (`simulate_stream`)."""
+    return np.array([K.simulate_stream(*K.draw_workload(r, *key, *K.scenario_arrays(p, lat=False)),
+                                       p["ipar"], p["fpar"], p["lat"])[-1] for r in reps])
+
+
+def test_buffers_grow_in_the_middle_of_a_chunk():
+    """`run_on` grows a workspace too small for a later replication of the
+    chunk, runs that replication again, and gets every row right (the
+    trace-rows case: replications of different total output lengths, so of
+    different workspace sizes)."""
+    sc = CASES["trace-rows"]
+    p = pack_scenario(sc)
+    given = K.scenario_arrays(p)
+    full = K.engine_variant(p["ipar"])
+    needs = []
+    for r in range(12):
+        a, _, o, _, _, grp, plen = K.draw_workload(r, 1, 2, *K.scenario_arrays(p, lat=False))
+        needs.append(K._ws_need(a.size, o, grp, plen, p["ipar"]))
+    # start at the replication whose workspace is smallest of those followed by a larger one
+    r0 = min(range(6), key=lambda r: needs[r])
+    assert max(needs[r0:r0 + 6]) > needs[r0]
+    buf = K.ChunkBuffers(sc.workload.num_requests)
+    buf.wi, buf.wf = np.empty(needs[r0][0], np.int64), np.empty(needs[r0][1])
+    first = buf.wi
+    rows = np.empty((6, K.N_COLUMNS))
+    assert K.run_on(K._run_chunk, buf, r0, 6, 1, 2, given, rows, full, K.engine_pointers(given, full)) == 0
+    assert buf.wi is not first and buf.wi.size >= max(n for n, _ in needs[r0:r0 + 6])
+    np.testing.assert_array_equal(rows, stream_rows(p, range(r0, r0 + 6)))
+
+
+@pytest.mark.parametrize("name", ["fcfs-tight-kv/a10g", "bursty-horizon-abandonment", "multi-user"])
+def test_a_runner_reuses_its_buffers_and_results_do_not_depend_on_them(name):
+    """A runner keeps its `ChunkBuffers` from one call to the next, and a
+    replication on buffers that other replications used gives, bit for bit,
+    its row on fresh buffers."""
+    p = pack_scenario(CASES[name])
+    given = K.scenario_arrays(p)
+    full = K.engine_variant(p["ipar"])
+    run = K.chunk_runner(given, full)
+    rows = np.empty((10, K.N_COLUMNS))
+    # later replications first, then earlier ones, on the same runner (so on the same buffers)
+    assert run(5, 5, 1, 2, rows[5:]) == 0
+    kept = run.pool.get_nowait()
+    run.pool.put(kept)
+    assert run(0, 5, 1, 2, rows[:5]) == 0
+    assert run.pool.get_nowait() is kept and run.pool.empty()   # the same set, reused, and no other
+    np.testing.assert_array_equal(rows, stream_rows(p, range(10)))
