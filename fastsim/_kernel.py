@@ -1370,7 +1370,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     caching (every step; ``blocks`` then counts a request's private blocks
     plus the cache entries it references, ``free`` the blocks holding
     nothing). ``nswap`` and ``swapped_s`` get each request's preemptions by
-    swap and its time in the swapped queue, ``ctok`` its cached tokens.
+    swap and its time in the swapped queue, ``ctok`` its cached tokens (the
+    full engine only: the common engine leaves those three as they are).
 
     ``full`` chooses the compiled engine (`engine_variant`): ``None``, the
     *common* engine, without static batching and those three options
@@ -1513,9 +1514,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         g[i] = 0
         blocks[i] = 0
         npre[i] = 0
-        nswap[i] = 0
-        ctok[i] = 0
-        swapped_s[i] = 0.0
         first_t[i] = np.nan
         last_t[i] = np.nan
         finish_t[i] = np.nan
@@ -1523,14 +1521,22 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         if has_aging:
             # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
             key[i] = key[i] + arrival[i] / aging
-        skey[i] = key[i] if policy != 0 else float(i)
         sched[i] = 0
         ever[i] = 0
         dpos[i] = -1
-        fpre[i] = plen[i] // bs if caching and pgrp[i] >= 0 else 0
-        hoff[i + 1] = hoff[i] + fpre[i]
-        private[i] = 0
-        nent[i] = 0
+    if full is not None:
+        # The arrays of swap preemption and prefix caching: the common engine
+        # has neither and leaves them as they are (a quarter less memory
+        # written per request; `_reduce` reads nswap only with swap).
+        for i in range(n):
+            nswap[i] = 0
+            ctok[i] = 0
+            swapped_s[i] = 0.0
+            skey[i] = key[i] if policy != 0 else float(i)
+            fpre[i] = plen[i] // bs if caching and pgrp[i] >= 0 else 0
+            hoff[i + 1] = hoff[i] + fpre[i]
+            private[i] = 0
+            nent[i] = 0
     for j in range(bs):
         ph[j] = 0
     for j in range(cap + 1):
@@ -2443,6 +2449,7 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     o = (WF_HEAD + WF_SCRATCH) * n + N_ACC
     itl_v = wf[o:o + n_itl]
     warmup = ipar[I_WARMUP]
+    swap = ipar[I_SWAP] == 1
     has_ttft = ipar[I_HAS_TTFT_SLO] == 1
     has_tpot = ipar[I_HAS_TPOT_SLO] == 1
     ttft_slo = fpar[F_TTFT_SLO]
@@ -2477,12 +2484,13 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
             c_drop += 1
         elif st == ST_UNFINISHED:
             c_unf += 1
+        ns = nswap[i] if swap else 0   # (written by the engine only with swap preemption)
         c_pre += npre[i]
-        c_swap += nswap[i]
+        c_swap += ns
         if i < warmup:
             continue
         pre_meas += npre[i]
-        swap_meas += nswap[i]
+        swap_meas += ns
         if st == ST_REJECTED_TOO_LONG or st == ST_REJECTED_ADMISSION:
             n_rej_meas += 1
         elif st == ST_DROPPED:
@@ -2806,8 +2814,8 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     full = engine_variant(ipar)
     _stream_entries(*(numba.typeof(a) for a in (ipar, fpar, lat)), full)
     need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
-    wi = np.empty(need_i, np.int64)
-    wf = np.empty(need_f)
+    wi = np.zeros(need_i, np.int64)   # zeros: the common engine leaves the swap and caching columns as they are
+    wf = np.zeros(need_f)
     _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)

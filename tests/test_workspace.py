@@ -76,8 +76,13 @@ def test_a_short_workspace_is_refused_before_any_write(name):
         assert (wi == 7).all() and (wf == 0).all()
 
 
-@pytest.mark.parametrize("name", ["cache-swap-priority", "prefix-cache"])
-def test_a_dirty_reused_workspace_gives_the_fresh_results(name):
+@pytest.mark.parametrize("dirt", ["leftover", "garbage"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_dirty_reused_workspace_gives_the_fresh_results(name, dirt):
+    """Whatever a workspace holds (a larger replication's state, or garbage
+    everywhere), a replication on it gives the row of a fresh one: the engine
+    initialises all it reads (the common engine leaves the swap and caching
+    columns alone, and the reduction reads them only with those options)."""
     sc = CASES[name]
     (n, a, pr, o, c, q, grp, plen), p = stream(sc, rep=3)
     big = sc.replace(**{"workload.num_requests": 40})
@@ -86,6 +91,9 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name):
     wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
     full = K.engine_variant(p["ipar"])
     K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, full)        # leaves state behind
+    if dirt == "garbage":
+        wi[:] = 7
+        wf[:] = np.nan
     K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full)
     row = np.empty(K.N_COLUMNS)
     K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
