@@ -1,6 +1,7 @@
 """Cost against the number of replications and of requests (a script, not a test).
 
     python benchmarks/scaling.py [--workload reference|sharegpt] [--rounds 5] [--threads 1]
+    python benchmarks/scaling.py --paired [--workload ...] [--rounds 5]
 
 The issue's target: a cost linear in replications and in requests. Two
 sweeps, each in ``--rounds`` rounds with the sizes in a new random order
@@ -21,6 +22,15 @@ neighbouring sizes (median over the rounds), which a single slope over
 the whole range would average away. Meant for one thread: with more, small
 runs are simulated in the calling thread and larger ones on a pool
 (`fastsim._replicate._POOL_MIN_REQUESTS`), two code paths in one fit.
+
+``--paired`` measures the cost of long replications against short ones
+more finely than the sweep's medians, which the VM's drift spreads: for
+each long size (``PAIRED``, replications of about 2,000,000 requests in
+all, and the longest in 8 replications too), the time per request relative
+to 2,000 replications of 1,000 requests, in ``--rounds`` rounds of long,
+short, short, long (`interleaved_ratios`). A call's buffers are faulted in
+once per thread (`fastsim._kernel.ChunkBuffers`), a cost that a call of few
+long replications shares among few of them.
 """
 
 import argparse
@@ -31,12 +41,30 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from benchmarks.common import WORKLOADS, cost_exponent, scaling_points, timed_replicate, warm_up  # noqa: E402
+from benchmarks.common import (WORKLOADS, cost_exponent, interleaved_ratios, scaling_points,  # noqa: E402
+                               timed_replicate, warm_up)
 from fastsim._stats import mean_interval  # noqa: E402
 
 SIZES = {"replications": (250, 500, 1000, 2000, 4000, 8000),
          "requests": (250, 500, 1000, 2000, 4000, 8000, 16000, 64000, 256000)}
 BUDGET = 2_000_000   # requests per point of the requests sweep
+PAIRED = ((16_000, 125), (64_000, 31), (256_000, 8), (1_024_000, 2), (1_024_000, 8))   # (requests, replications)
+
+
+def paired(factory, rounds, threads):
+    """`--paired`: each long size's time per request relative to 1,000-request replications."""
+    short = factory(1000)
+    timed_replicate(short, 2, threads)
+    print(f"time per request relative to 2,000 x 1,000 requests ({threads} thread(s), {rounds} rounds "
+          f"of long, short, short, long):")
+    print("      requests | replications | ratio (median) | range")
+    for size, reps in PAIRED:
+        long = factory(size)
+        timed_replicate(long, 2, threads)
+        ratios = interleaved_ratios(lambda: timed_replicate(long, reps, threads) / (reps * size),
+                                    lambda: timed_replicate(short, 2000, threads) / 2_000_000, rounds)
+        print(f"  {size:>12,} | {reps:>12,} | {np.median(ratios):>14.3f} | {min(ratios):.3f}-{max(ratios):.3f}",
+              flush=True)
 
 
 def main():
@@ -44,11 +72,15 @@ def main():
     ap.add_argument("--workload", choices=sorted(set(WORKLOADS) - {"full"}), default="reference")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--paired", action="store_true", help="long replications against short ones, A B B A")
     args = ap.parse_args()
     for name, low in (("rounds", 2), ("threads", 1)):
         if getattr(args, name) < low:
             ap.error(f"--{name} must be an integer >= {low}, got {getattr(args, name)}")
     warm_up()
+    if args.paired:
+        paired(WORKLOADS[args.workload], args.rounds, args.threads)
+        return
     rng = np.random.default_rng(0)
     for axis, axis_sizes in SIZES.items():
         points = scaling_points(WORKLOADS[args.workload], axis, axis_sizes, BUDGET)
