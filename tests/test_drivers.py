@@ -161,3 +161,22 @@ def test_a_runner_reuses_its_buffers_and_results_do_not_depend_on_them(name):
     assert run(0, 5, 1, 2, rows[:5]) == 0
     assert run.pool.get_nowait() is kept and run.pool.empty()   # the same set, reused, and no other
     np.testing.assert_array_equal(rows, stream_rows(p, range(10)))
+
+
+def test_the_pointers_are_looked_up_by_what_numba_types_arrays_by():
+    """`engine_pointers` keys its cache by `_array_key`: arrays that share a key
+    have the same Numba type (a key that missed would only cost a lookup by
+    types), and a hit returns the pointers `_entry_pointers` gave for those types."""
+    base = np.arange(12.0).reshape(3, 4)
+    ro = base.copy()
+    ro.flags.writeable = False
+    variants = [base, base.copy(), np.asfortranarray(base), base[:, ::2], ro, base.astype(np.int64),
+                base.astype(np.float32), base.ravel(), base[0], np.empty(0), np.empty(0, np.int64), base[:1]]
+    for a in variants:
+        for b in variants:
+            if K._array_key(a) == K._array_key(b):
+                assert numba.typeof(a) == numba.typeof(b)
+    assert len({K._array_key(a) for a in variants}) >= len({numba.typeof(a) for a in variants}) == 8
+    given = K.scenario_arrays(pack_scenario(CASES["fcfs-tight-kv/a10g"]))
+    assert K.engine_pointers(given, None) is K._entry_pointers(tuple(numba.typeof(a) for a in given), None)
+    assert K.engine_pointers(tuple(a.copy() for a in given), None) is K.engine_pointers(given, None)
