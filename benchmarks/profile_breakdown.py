@@ -2,9 +2,9 @@
 
     python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1] [--rounds 9]
 
-(Its functions are compiled without Numba's disk cache. They call the
-kernel's entries through the same function pointers as ``replicate``, so
-all three pipelines run the same compiled code.)
+(All three pipelines run ``replicate``'s driver, `_kernel._run_chunk`, on its
+buffers; the two shorter ones with no-op stand-ins, compiled here without
+Numba's disk cache, for the entries they leave out.)
 
 For each benchmark workload, times three nested pipelines over the same
 replications (after compilation): drawing the request stream only (the floor:
@@ -29,49 +29,47 @@ import time
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import fastsim  # noqa: E402
 from fastsim import _kernel as K  # noqa: E402
-from fastsim._numba_options import njit  # noqa: E402
+from fastsim._numba_options import function_pointer, njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
 from benchmarks.common import (floor_args, interleaved_ratios, numpy_floor, reference_workload,  # noqa: E402
                                seconds, sharegpt_80pct)
 
 
-# The two pipelines take `_kernel._run_chunk`'s arguments, so that `_kernel.run_on`
-# runs them on the same buffers (`_kernel.ChunkBuffers`, a fresh set per chunk, as one replicate call has).
+# The two shorter pipelines are the driver itself, `_kernel._run_chunk`, with
+# stand-ins for the entries they leave out, passed as pointers of the same types
+# (so `_run_chunk` is not compiled again).
 
 @njit(cache=False)
-def draw_only(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-              prio_cdf, pred_edges, out, state, arrival, prompt, output, prio, sjfk, pgrp, plen, wi, wf, need, full,
-              draw, ws_need, simulate, reduce):
-    """The request streams only (``out[j, 0]`` gets a sum, so that nothing is optimised away)."""
-    for j in range(nrep):
-        n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                 prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-        out[j, 0] = n + arrival[n - 1] + prompt[n - 1] + output[n - 1]
-    return nrep
+def no_ws_need(n, output, pgrp, plen, ipar):
+    return np.int64(0), np.int64(0)
 
 
 @njit(cache=False)
-def draw_and_simulate(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace,
-                      prio_val, prio_cdf, pred_edges, out, state, arrival, prompt, output, prio, sjfk, pgrp, plen,
-                      wi, wf, need, full, draw, ws_need, simulate, reduce):
-    """`_kernel._run_chunk` without the reduction (the same compiled entries,
-    called through the same pointers)."""
-    for j in range(nrep):
-        n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val,
-                 prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-        need_i, need_f = ws_need(n, output, pgrp, plen, ipar)
-        if need_i > wi.size or need_f > wf.size:
-            need[0] = need_i
-            need[1] = need_f
-            return j
-        out[j, 0] = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
-    return nrep
+def no_simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full):
+    return np.int64(0)
+
+
+@njit(cache=False)
+def no_reduce(n, arrival, output, ipar, fpar, wi, wf, row):
+    pass
+
+
+def pipelines(arrays, full):
+    """The pointers of the three pipelines: drawing only, drawing and
+    simulating, the full replication (`_kernel.engine_pointers`, replicate's code)."""
+    draw, ws_need, simulate, reduce = K.engine_pointers(arrays, full)
+    types = K._driver_types(tuple(numba.typeof(a) for a in arrays), full)
+    stand_in = {d: function_pointer(f, types[d])
+                for d, f in ((K._ws_need, no_ws_need), (K._simulate, no_simulate), (K._reduce, no_reduce))}
+    return ((draw, stand_in[K._ws_need], stand_in[K._simulate], stand_in[K._reduce]),
+            (draw, ws_need, simulate, stand_in[K._reduce]), (draw, ws_need, simulate, reduce))
 
 
 def chunks(threads, nrep):
@@ -88,14 +86,14 @@ def threaded(fn, threads, nrep, *args):
     return out
 
 
-def threaded_driver(driver, threads, nrep, arrays, full, pointers):
-    """Run ``driver`` (in `_kernel._run_chunk`'s shape) over ``threads`` chunks
-    by `_kernel.run_on`, on fresh buffers per chunk, as one replicate call does."""
+def threaded_driver(threads, nrep, arrays, full, pointers):
+    """Run `_kernel._run_chunk` with ``pointers`` over ``threads`` chunks by
+    `_kernel.run_on`, on fresh buffers per chunk, as one replicate call does."""
     out = np.empty((nrep, K.N_COLUMNS))
     num_requests = int(arrays[0][K.I_NUM_REQUESTS])
 
     def one(c):
-        K.run_on(driver, K.ChunkBuffers(num_requests), c[0], c[1] - c[0], 1, 2, arrays, out[c[0]:c[1]], full,
+        K.run_on(K._run_chunk, K.ChunkBuffers(num_requests), c[0], c[1] - c[0], 1, 2, arrays, out[c[0]:c[1]], full,
                  pointers)
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, chunks(threads, nrep)))
@@ -129,9 +127,9 @@ def main():
         p = pack_scenario(sc)
         arrays = K.scenario_arrays(p)
         full = K.engine_variant(p["ipar"])
-        pointers = K.engine_pointers(arrays, full)   # replicate's code
-        t_draw = timed(threaded_driver, draw_only, args.threads, nrep, arrays, full, pointers)
-        t_sim = timed(threaded_driver, draw_and_simulate, args.threads, nrep, arrays, full, pointers)
+        draw_only, draw_and_simulate, _ = pipelines(arrays, full)
+        t_draw = timed(threaded_driver, args.threads, nrep, arrays, full, draw_only)
+        t_sim = timed(threaded_driver, args.threads, nrep, arrays, full, draw_and_simulate)
 
         def full_run():
             fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=args.threads, progress=False)

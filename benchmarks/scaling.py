@@ -53,16 +53,16 @@ PAIRED = ((16_000, 125), (64_000, 31), (256_000, 8), (1_024_000, 2), (1_024_000,
 
 def paired(factory, rounds, threads):
     """`--paired`: each long size's time per request relative to 1,000-request replications."""
-    short = factory(1000)
+    short, short_reps = factory(1000), BUDGET // 1000
     timed_replicate(short, 2, threads)
-    print(f"time per request relative to 2,000 x 1,000 requests ({threads} thread(s), {rounds} rounds "
+    print(f"time per request relative to {short_reps:,} x 1,000 requests ({threads} thread(s), {rounds} rounds "
           f"of long, short, short, long):")
     print("      requests | replications | ratio (median) | range")
     for size, reps in PAIRED:
         long = factory(size)
         timed_replicate(long, 2, threads)
         ratios = interleaved_ratios(lambda: timed_replicate(long, reps, threads) / (reps * size),
-                                    lambda: timed_replicate(short, 2000, threads) / 2_000_000, rounds)
+                                    lambda: timed_replicate(short, short_reps, threads) / BUDGET, rounds)
         print(f"  {size:>12,} | {reps:>12,} | {np.median(ratios):>14.3f} | {min(ratios):.3f}-{max(ratios):.3f}",
               flush=True)
 

@@ -2681,7 +2681,9 @@ def engine_pointers(arrays, full):
 
 class ChunkBuffers:
     """One thread's buffers for `_run_chunk`: the stream state, the request
-    arrays of a replication and the engine's workspace (``wi``, ``wf``).
+    arrays of a replication (``requests``: arrival, prompt, output, priority,
+    SJF key, prefix group, prefix length, as `_draw_workload` fills them) and
+    the engine's workspace (``wi``, ``wf``).
 
     A runner (`chunk_runner`) keeps them from one chunk to the next, and
     grows the workspace with room to spare, so that its pages are faulted in
@@ -2804,11 +2806,10 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
                   prio_val, prio_cdf, pred_edges):
     """The request stream of replication ``rep`` (arrival, prompt, output, priority, SJF key,
     prefix group, prefix length): `_draw_workload` called from Python."""
-    cap = int(ipar[I_NUM_REQUESTS])
-    cols = [np.empty(cap)] + [np.empty(cap, np.int64) for _ in range(6)]
+    buf = ChunkBuffers(int(ipar[I_NUM_REQUESTS]))
     n = _draw_workload(np.int64(rep), np.uint64(key0), np.uint64(key1), ipar, fpar, arr_times, lcomp, lpar, ltab,
-                       lrange, trace, prio_val, prio_cdf, pred_edges, np.empty(N_STREAMS, np.uint64), *cols)
-    return tuple(c[:n].copy() for c in cols)
+                       lrange, trace, prio_val, prio_cdf, pred_edges, buf.state, *buf.requests)
+    return tuple(c[:n].copy() for c in buf.requests)
 
 
 @functools.lru_cache(maxsize=None)

@@ -54,6 +54,12 @@ def test_a_pointer_has_the_type_numba_would_give_it():
         assert typeof_function_type(ptr, None) == ptr.numba_type
 
 
+def stream_rows(p, reps, key=(1, 2)):
+    """Each replication's metrics row, drawn and simulated on its own (`simulate_stream`)."""
+    return np.array([K.simulate_stream(*K.draw_workload(r, *key, *K.scenario_arrays(p, lat=False)),
+                                       p["ipar"], p["fpar"], p["lat"])[-1] for r in reps])
+
+
 def prefix_caching():
     engine, workload = OPTIONS["prefix_caching"]
     return scenario(engine, LATENCIES["a10g"]).replace(**workload)
@@ -76,10 +82,7 @@ def test_the_driver_holds_no_copy_of_the_engine(name):
     rows = np.empty((5, K.N_COLUMNS))
     buf = K.ChunkBuffers(int(p["ipar"][K.I_NUM_REQUESTS]))
     assert K.run_on(fresh, buf, 3, 5, 1, 2, given, rows, full, pointers) == 0
-    for j in range(5):
-        stream = K.draw_workload(3 + j, 1, 2, *K.scenario_arrays(p, lat=False))
-        row = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])[-1]
-        np.testing.assert_array_equal(rows[j], row)
+    np.testing.assert_array_equal(rows, stream_rows(p, range(3, 8)))
     (ir,) = fresh.inspect_llvm().values()
     defined = re.findall(r"^define [^@]*@\"?([^\"(\s]+)", ir, re.M)
     assert any("_run_chunk" in d for d in defined)
@@ -111,12 +114,6 @@ def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
     for n_threads, reps in ((1, 2), (2, 200)):
         fastsim.replicate(SCENARIOS[name], n_replications=reps, seed=4, n_threads=n_threads, progress=False)
     assert set(K._run_chunk.overloads) == before
-
-
-def stream_rows(p, reps, key=(1, 2)):
-    """Each replication's metrics row, drawn and simulated on its own (`simulate_stream`)."""
-    return np.array([K.simulate_stream(*K.draw_workload(r, *key, *K.scenario_arrays(p, lat=False)),
-                                       p["ipar"], p["fpar"], p["lat"])[-1] for r in reps])
 
 
 def test_buffers_grow_in_the_middle_of_a_chunk():

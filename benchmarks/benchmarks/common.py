@@ -1,5 +1,7 @@
 """Scenarios shared by the benchmarks, and the performance issue's drawing floor."""
 
+import time
+
 import numpy as np
 
 import fastsim
@@ -83,8 +85,6 @@ def floor_args(scenario):
 
 def seconds(fn, *args):
     """Wall seconds of one call ``fn(*args)``."""
-    import time
-
     start = time.perf_counter()
     fn(*args)
     return time.perf_counter() - start
