@@ -9,8 +9,9 @@ Each figure is measured in a fresh Python process:
   ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel
   they need), on the issue-7 workload (the common engine) and on the same
   with prefix caching (the engine with every option, `_kernel._simulate`'s
-  ``full``); with the compile helper (a second process compiles the entries
-  other than the engine) and, for the issue-7 workload, without it
+  ``full``); with the compile helper (a second process compiles the
+  engine's callees and the entries other than the engine) and, for the
+  issue-7 workload, without it
   (``FASTSIM_COMPILE_HELPER=0``);
 * warm start: the same call with the cache the cold run left (alone, and
   with the import before it);

@@ -2618,6 +2618,76 @@ def _engine_types(ipar, fpar, lat, full):
             _reduce: (i64, vf, vi, ipar, fpar, vi, vf, vf)}
 
 
+# The internal functions `_simulate` calls, with their argument types (i:
+# int64, f: float64, b: bool, vi and vf: C arrays of int64 and float64), in
+# the order its compilation first asks for them ("full": the full engine's
+# only). On a cold start the compile helper compiles them first, and the
+# engine's compilation here loads them from the disk cache instead of
+# compiling them (`compile_entries`): about 4 s of the engine's 15 s. A
+# missing line, or wrong types, cost only that time (the helper skips a job
+# it cannot compile); tests/test_compile_helper.py checks the list against
+# what compiling each engine asks for.
+_ENGINE_CALLEES = """
+_needs_full_engine vi
+_log2_exact i
+_ws_dims i vi vi vi vi
+_ws_sizes i i i i i i
+_arrival_status i i vi i i
+_q_push vi vi vf i i b
+_heap_push vi vi vf i
+_before i i vf
+_blocks_of i i i
+_q_peek vi vi vf i vi
+_q_pop vi vi vf i
+_heap_pop vi vi vf
+_first_chunk i i b
+_start_running i i vi vi vf i vi vi vi
+_compact_run vi i vi
+_account_step f f f f f i f f f i i i f f
+_arrivals_during_step i i f vf vi vi vi i i i vi vi vi vf f f f f
+_gap_add vf vi i f i
+_complete_decoders f i i i i vi vi vi vi vi vi vi i i i vi vi vi vi vi vf vf vi vi i
+_heap2_pop vi vi vi
+_d_remove i vi vi vi vi i i i vi
+_phase i i i
+_d_add i i i i vi vi vi vi vi vi vi vi i i i vi vi
+_heap2_push vi vi vi i i
+_plain_step f vf i
+_stretch_steps f i f f f i i i vi i i i
+_stretch_blocks vi i i i i
+_binade_steps f f i f
+_steps_within f f i f
+_stretch_kv vi i i i f f
+_kv_weight f f f f
+_elapsed i f f
+full _lookup i vi vi i vi
+full _evictable_hits i i vi i vi
+full _release_blocks i i vi vi vi vi vi vi i vi vi vi vi
+full _lru_append i vi vi vi
+full _take_blocks i i vi vi vi vi
+full _lru_remove i vi vi vi
+full _claim_hits i i vi vi vi i vi vi vi vi vi
+_rebuild vi i vi
+full _register i i i i vi vi vi vi i vi vi vi vi
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _callee_types(full):
+    """`_ENGINE_CALLEES` of the engine ``full`` selects, as ``(dispatcher, argtypes)`` pairs."""
+    codes = {"i": nb_types.int64, "f": nb_types.float64, "b": nb_types.boolean, "vi": _V_I, "vf": _V_F}
+    callees = []
+    for line in _ENGINE_CALLEES.split("\n"):
+        words = line.split()
+        if words and words[0] == "full":
+            if full is None:
+                continue
+            words = words[1:]
+        if words:
+            callees.append((globals()[words[0]], tuple(codes[w] for w in words[1:])))
+    return tuple(callees)
+
+
 # The entries `_run_chunk` calls through pointers, in its argument order.
 _POINTED = (_draw_workload, _ws_need, _simulate, _reduce)
 
@@ -2639,7 +2709,11 @@ def _driver_types(given, full):
     types[_run_chunk] = (i64, i64, u64, u64, *given, nb_types.Array(nb_types.float64, 2, "C"),
                          _V_U, vf, vi, vi, vi, vi, vi, vi, vi, vf, vi,     # ChunkBuffers.arrays()
                          nb_types.none if full is None else i64, *pointers)
-    return types
+    # The engine first (`compile_entries` compiles it here), then the others
+    # from the costliest down: the helper takes them from the front and this
+    # process from the back, and the one the helper is at when they meet,
+    # which this process waits for, is then a short one.
+    return {d: types[d] for d in (_simulate, _reduce, _draw_workload, _ws_need, _run_chunk)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -2650,7 +2724,7 @@ def _entry_pointers(given, full):
     in a helper process, so that a cold start waits for the engine only).
     `engine_pointers` is the way in."""
     types = _driver_types(given, full)
-    compile_entries(types.items())
+    compile_entries(types.items(), _callee_types(full))
     return tuple(function_pointer(d, types[d]) for d in _POINTED)
 
 
@@ -2817,7 +2891,7 @@ def _stream_entries(ipar, fpar, lat, full):
     """Compile or load the entries `simulate_stream` calls, once per process
     for the Numba types of its parameter arrays (not their types' lookup on
     every call)."""
-    compile_entries(_engine_types(ipar, fpar, lat, full).items())
+    compile_entries(_engine_types(ipar, fpar, lat, full).items(), _callee_types(full))
 
 
 def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):

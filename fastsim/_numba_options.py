@@ -24,10 +24,12 @@ requires anyway. The update calls had been most of the cost of an engine
 step with events (about 40 per step).
 
 No Python entry for internal functions. Numba gives every compiled function
-a CPython wrapper, a C wrapper and a disk-cache entry, although only the
-few functions that Python calls (``entry=True``) need them: the code of the
-others is linked into, and cached with, their jitted callers. For the
-kernel's 60 internal functions these were about 2 s (9%) of a cold start.
+a CPython wrapper and a C wrapper, although only the few functions that
+Python calls (``entry=True``) need them: the code of the others is linked
+into, and cached with, their jitted callers. For the kernel's 60 internal
+functions these (with their disk-cache entries) were about 2 s (9%) of a
+cold start. Internal functions are read from the disk cache, but written
+there only by a cold start's helper process (below).
 
 Inlining by measurement. LLVM leaves a few helpers out of line in the
 60 KB engine loop, where a call passes each array argument as seven words.
@@ -51,10 +53,15 @@ Two processes for a cold start. Numba compiles one function at a time (a
 global lock), so a cold start is serial: the engine, then the workload
 drawing, the reduction and the driver. `compile_entries` compiles the costliest entry
 here and, at the same time, the others in a helper process that writes them
-to Numba's disk cache, from which this process then loads them. It does so
-only when the costliest entry is in neither memory nor the disk cache and
-two CPUs are usable; ``FASTSIM_COMPILE_HELPER=0`` turns it off. If the
-helper fails or is stopped, this process compiles what it left.
+to Numba's disk cache, from which this process then loads them. The
+helper first compiles the internal functions the engine calls (about 4 of
+its 15 s when compiled here), which the engine's compilation then loads as
+it asks for them, waiting for the helper where it must; at the end, this
+process takes the jobs the helper has not begun, from the last back (a
+process claims a job by creating a file). It does so only when the costliest entry is in neither memory nor
+the disk cache and two CPUs are usable; ``FASTSIM_COMPILE_HELPER=0`` turns
+it off. If the helper fails or is stopped, this process compiles what it
+left.
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ import time
 import warnings
 
 import numba
+from numba.core import sigutils
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.registry import CPUDispatcher
 from numba.core.types import FunctionType, WrapperAddressProtocol
 from numba.extending import typeof_impl
@@ -103,9 +112,10 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     """:func:`njit` without Numba's runtime, for functions that allocate no array.
 
     By default the function is *internal*: only jitted code calls it, so it
-    gets no Python entry (no CPython or C wrapper) and no disk-cache entry
-    of its own (its code is compiled into the cached functions that call
-    it); calling it from Python raises TypeError. ``entry=True``: also
+    gets no Python entry (no CPython or C wrapper; its code is compiled
+    into the cached functions that call it), and its disk-cache entries are
+    written by a cold start's helper process only (`_InternalCache`);
+    calling it from Python raises TypeError. ``entry=True``: also
     called from Python (cached, with its wrappers). ``inline``, for the few
     hot calls that LLVM leaves out of line in the engine loop (which then
     passes every array argument as seven words): ``"llvm"`` has LLVM inline
@@ -120,10 +130,60 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
         raise ValueError(f"{func.__name__}: an entry (called from Python) cannot be inlined into its callers")
     if entry:
         return njit(func, _nrt=False)
+    # fastmath given, not inherited from the caller: the disk cache's key
+    # does not hold it, and a cached copy must be what any caller would get
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
-                      forceinline=inline == "llvm")
+                      forceinline=inline == "llvm", fastmath=False)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
+    dispatcher._cache = _InternalCache(dispatcher.py_func)
     return dispatcher
+
+
+#: The helper `compile_entries` runs (a `_Helper`), None when none runs.
+_helper = None
+
+
+class _DataFirstCacheFile(IndexDataCacheFile):
+    """Numba's index and data files, the data file written before the index
+    names it. (Numba writes the index first: until the data file follows,
+    and for good if the writer is killed in between, the index can name a
+    stale data file of an older version of the source, as numbering starts
+    again at 1.)"""
+
+    def save(self, key, data):
+        overloads = self._load_index()
+        name = overloads.get(key)
+        if name is None:
+            taken = set(overloads.values())
+            name = next(n for n in map(self._data_name, range(1, len(taken) + 2)) if n not in taken)
+        self._save_data(name, data)
+        overloads = self._load_index()   # as it is now
+        overloads[key] = name
+        self._save_index(overloads)
+
+
+class _InternalCache(FunctionCache):
+    """Numba's disk cache for an internal function: every process reads it,
+    but only a cold start's helper process writes it, and only the argument
+    types it was given as jobs (``saving``). Data files are written before
+    the index names them (`_DataFirstCacheFile`). While a helper runs, this
+    process loads only what the helper has reported saved, and waits for
+    what it is about to save (`_Helper.ready`)."""
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        self._cache_file.__class__ = _DataFirstCacheFile
+        self.saving = set()
+
+    def load_overload(self, sig, target_context):
+        helper = _helper
+        if helper is not None and not helper.ready(self, sigutils.normalize_signature(sig)[0]):
+            return None
+        return super().load_overload(sig, target_context)
+
+    def save_overload(self, sig, data):
+        if sigutils.normalize_signature(sig)[0] in self.saving:
+            super().save_overload(sig, data)
 
 
 def python_entry(dispatcher):
@@ -187,7 +247,8 @@ def function_pointer(dispatcher, argtypes):
 
 #: `compile_entries` waits for its helper as long as its own compilation took
 #: (the helper has the smaller share), and at least this long (seconds: the
-#: helper's start-up), before it stops the helper and compiles the rest itself.
+#: helper's start-up), before it stops the helper and compiles the rest itself;
+#: and at most this long for each callee of the engine the helper is to save.
 HELPER_GRACE_S = 10.0
 
 _compile_lock = threading.Lock()
@@ -224,23 +285,40 @@ def _cache_path(dispatcher):
         return None
 
 
-_HELPER_CODE = ("import pickle, sys; paths = pickle.load(sys.stdin.buffer); sys.path[:] = paths; "
-                f"from {__name__} import _helper_main; _helper_main()")
+_HELPER_CODE = f"""
+import importlib.util, pickle, sys, types
+sys.path[:] = pickle.load(sys.stdin.buffer)
+# {__package__} without its __init__ (pandas and the rest): the helper needs
+# the kernel only, and importing all of it would take about half a second
+# more of the time the engine's compilation waits for its callees
+spec = importlib.util.find_spec({__package__!r})
+package = sys.modules[spec.name] = types.ModuleType(spec.name)
+package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+import os
+report = os.fdopen(os.dup(1), "w")   # the reports: what else prints goes to stderr
+os.dup2(2, 1)
+from {__name__} import _helper_main
+_helper_main(report)
+"""
 
 
-def _start_helper(entries, log):
-    """A process that compiles ``entries`` into Numba's disk cache, or None if
-    it cannot be started. It imports the modules this process imported (its
-    ``sys.path``) and writes where this process's dispatchers read (it skips
-    an entry whose cache path differs); it prints each entry's index when
-    that entry is compiled and saved. Its stderr goes to the file ``log``."""
+def _start_helper(jobs, log, claims):
+    """A process that compiles ``jobs`` into Numba's disk cache, in order,
+    or None if it cannot be started. It imports the modules this process
+    imported (its ``sys.path``) and writes where this process's dispatchers
+    read). It claims each job before it begins it (`_claim` in the
+    directory ``claims``) and leaves the jobs this process has claimed; on
+    its stdout it reports each job's index when that job is saved, or
+    "skip" and the index for one it leaves (a job for another cache path,
+    or an internal function that failed to compile). Everything else it
+    writes goes to the file ``log``."""
     env = dict(os.environ)
     env.pop("NUMBA_CACHE_DIR", None)
     if numba.config.CACHE_DIR:
         env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
-    jobs = [(d.py_func.__module__, d.py_func.__name__, argtypes, _cache_path(d)) for d, argtypes in entries]
+    jobs = [(d.py_func.__module__, _name_in_module(d), argtypes, _cache_path(d)) for d, argtypes in jobs]
     try:
-        data = pickle.dumps(list(sys.path)) + pickle.dumps(jobs)
+        data = pickle.dumps(list(sys.path)) + pickle.dumps((claims, jobs))
         proc = subprocess.Popen([sys.executable, "-c", _HELPER_CODE], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, env=env)
     except Exception:   # nothing to start, or types that do not pickle: this process compiles everything
@@ -257,54 +335,199 @@ def _start_helper(entries, log):
     return proc
 
 
-def _helper_main():
-    """The helper process: compile each job read from stdin, then print its index."""
-    for i, (module, name, argtypes, path) in enumerate(pickle.load(sys.stdin.buffer)):
-        dispatcher = getattr(importlib.import_module(module), name)
-        if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
-            continue
-        dispatcher.compile(argtypes)
-        print(i, flush=True)
+def _name_in_module(dispatcher):
+    """The name under which ``dispatcher`` is found in its module (not
+    always its function's name)."""
+    module = sys.modules[dispatcher.py_func.__module__]
+    return next((k for k, v in vars(module).items() if v is dispatcher), dispatcher.py_func.__name__)
 
 
-def _stop_helper(helper, rest, timeout):
-    """Wait up to ``timeout`` s for the helper and stop it if it is still
-    running. Unless it exited normally, empty the cache index of each entry
-    it did not report done: a helper stopped between writing an entry's
-    index and its data would leave an index that points at an older data
-    file. Returns the helper's exit code, None if it was stopped."""
+def _claim(claims, i):
+    """Claim job ``i``: create its file in the directory ``claims``,
+    exclusively. False if the other process has it (or the directory is
+    gone)."""
     try:
-        helper.wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        stopped = helper.poll() is None
-        if stopped:
-            helper.kill()
-            helper.wait()
-    done = {int(line) for line in helper.stdout.read().split()}
-    helper.stdout.close()
-    if stopped or helper.returncode != 0:
-        for i, (d, _) in enumerate(rest):
-            if i not in done:
-                try:
-                    d._cache.flush()
-                except Exception:
-                    pass
-    return None if stopped else helper.returncode
+        os.close(os.open(os.path.join(claims, str(i)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        return False
+    return True
 
 
-def compile_entries(entries):
+def _helper_main(report):
+    """The helper process: compile each job read from stdin that it can
+    claim, in order, and write its index to the file ``report`` when it is
+    saved ("skip" and the index for a job it leaves to the parent process,
+    or could not compile: an internal function; its traceback goes to
+    stderr). An internal function's job signature is saved even when it is
+    compiled for an earlier job."""
+    claims, jobs = pickle.load(sys.stdin.buffer)
+    dispatchers = [getattr(importlib.import_module(module), name) for module, name, _, _ in jobs]
+    for d, (_, _, argtypes, _) in zip(dispatchers, jobs):
+        if isinstance(d._cache, _InternalCache):
+            d._cache.saving.add(tuple(argtypes))
+    for i, (dispatcher, (_, _, argtypes, path)) in enumerate(zip(dispatchers, jobs)):
+        if not _claim(claims, i):   # the parent process has it
+            continue
+        if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
+            print("skip", i, file=report, flush=True)
+            continue
+        try:
+            dispatcher.compile(argtypes)
+        except Exception:
+            if not isinstance(dispatcher._cache, _InternalCache):
+                raise   # an entry: the parent compiles it again and says why
+            import traceback
+
+            traceback.print_exc()   # a wrong `_kernel._ENGINE_CALLEES` line: the engine compiles its own
+            print("skip", i, file=report, flush=True)
+            continue
+        print(i, file=report, flush=True)
+
+
+class _Helper:
+    """A running helper process as this one sees it: its ``jobs``, the
+    claims directory, the jobs this process claimed (``mine``) and those
+    the helper reported done (``done``, read as they come by a thread)."""
+
+    def __init__(self, proc, jobs, claims):
+        self.proc, self.jobs, self.claims = proc, jobs, claims
+        self.index = {(d._cache, argtypes): i for i, (d, argtypes) in enumerate(jobs)}
+        self.mine, self.done, self.skipped, self.exited = set(), set(), set(), False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        try:
+            for line in self.proc.stdout:
+                words = line.split()
+                if not words or not words[-1].isdigit():
+                    continue
+                with self._changed:
+                    (self.skipped if len(words) > 1 else self.done).add(int(words[-1]))
+                    self._changed.notify_all()
+        finally:
+            with self._changed:
+                self.exited = True
+                self._changed.notify_all()
+
+    def claim(self, i):
+        """Claim job ``i`` for this process (False: the helper has it)."""
+        if _claim(self.claims, i):
+            self.mine.add(i)
+            return True
+        return False
+
+    def ready(self, cache, argtypes):
+        """Whether this process may load an internal function from the disk
+        cache: no if it is not a job; yes once the helper has reported it
+        saved, which this waits for (at most `HELPER_GRACE_S`; the helper
+        compiles the callees first, in the order they are asked for). Not
+        compiling it here while the helper does keeps one copy of each
+        callee in the engine: a callee the helper compiled holds its own
+        copies of the functions it calls."""
+        i = self.index.get((cache, argtypes))
+        if i is None:
+            return False
+        with self._changed:
+            self._changed.wait_for(lambda: i in self.done or i in self.skipped or self.exited, HELPER_GRACE_S)
+            return i in self.done
+
+    def stop(self, timeout):
+        """Wait up to ``timeout`` s for the helper and stop it if it is still
+        running. Unless it exited normally, empty the cache index of each
+        entry it did not report done and this process did not claim: a
+        helper stopped between writing an entry's index and its data would
+        leave an index that points at an older data file. (Internal
+        functions write their data first.) Returns the helper's exit code,
+        None if it was stopped."""
+        proc = self.proc
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:   # on an interrupt too
+            stopped = proc.poll() is None
+            if stopped:
+                proc.kill()
+                proc.wait()
+            self._reader.join()   # to the end of its output
+            proc.stdout.close()
+            if stopped or proc.returncode != 0:
+                for i, (d, _) in enumerate(self.jobs):
+                    if i not in self.done and i not in self.mine and not isinstance(d._cache, _InternalCache):
+                        try:
+                            d._cache.flush()
+                        except Exception:
+                            pass
+        return None if stopped else proc.returncode
+
+
+def _compile_with_helper(first, first_types, rest, callees):
+    """`compile_entries` on a cold start: a helper compiles ``callees`` and
+    then ``rest`` while this process compiles ``first``, which loads each
+    callee when the helper has saved it. Then this process claims the jobs
+    the helper has not begun, from the last back, and compiles the entries
+    among them, until it reaches the one the helper is at; it waits for
+    that one as long as ``first`` took (at least `HELPER_GRACE_S`).
+    Whatever is left, `compile_entries` compiles."""
+    global _helper
+    jobs = callees + rest
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as claims:
+        proc = _start_helper(jobs, log, claims)
+        if proc is None:
+            first.compile(first_types)
+            return
+        timeout = 0.0   # on an error or an interrupt: stop the helper at once
+        try:
+            _helper = helper = _Helper(proc, jobs, claims)
+            start = time.perf_counter()
+            first.compile(first_types)
+            took = time.perf_counter() - start
+            for i in reversed(range(len(jobs))):
+                if not helper.claim(i):
+                    if i >= len(callees):   # an entry the helper is at: wait for it
+                        timeout = max(HELPER_GRACE_S, took)
+                    break
+                if i >= len(callees):   # (a callee left is of no use now)
+                    d, argtypes = jobs[i]
+                    d.compile(argtypes)
+        finally:
+            try:
+                rc = helper.stop(timeout) if _helper is not None else _kill(proc)
+            finally:
+                _helper = None
+        if rc:   # it failed by itself
+            log.seek(0)
+            tail = log.read()[-2000:].decode(errors="replace").strip()
+            warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "
+                          f"(FASTSIM_COMPILE_HELPER=0 turns it off): {tail}", RuntimeWarning, stacklevel=4)
+
+
+def _kill(proc):
+    """Stop a helper that `_Helper` could not take over."""
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def compile_entries(entries, callees=()):
     """Compile entries ``[(dispatcher, argtypes), ...]``, the costliest first.
 
     When the first is in neither this process nor Numba's disk cache (a cold
     start), two cores are usable and ``FASTSIM_COMPILE_HELPER`` is not
     ``0``/``false``/``no``/``off``, a helper process compiles the others
-    into the disk cache while this process compiles the first; this process
-    then loads them from the cache. It waits for the helper as long as the
+    into the disk cache while this process compiles the first. ``callees``
+    (``[(internal function, argtypes), ...]``, in the order the first
+    entry's compilation asks for them) are the helper's first jobs: the
+    first entry's compilation loads each from the disk cache when it asks
+    for it (waiting for the helper to save it) instead of compiling it.
+    When this process is done with the first entry, it takes the entries
+    the helper has not begun, from the last back, so that the two finish
+    about together; it waits for the one the helper is at as long as the
     first took (at least `HELPER_GRACE_S`), then compiles whatever the
-    helper did not finish, with a warning if the helper failed. The
-    compiled code is the same either way.
+    helper did not finish, with a warning if the helper failed. The results
+    are the same either way.
     """
     entries = [(d, tuple(argtypes)) for d, argtypes in entries]
     with _compile_lock:   # threads of one run: one of them compiles, the others then find it done
@@ -312,20 +535,8 @@ def compile_entries(entries):
         rest = [(d, a) for d, a in rest if a not in d.overloads]
         if rest and first_types not in first.overloads and _helper_wanted() \
                 and not _in_disk_cache(first, first_types):
-            with tempfile.TemporaryFile() as log:
-                helper = _start_helper(rest, log)
-                timeout = 0.0   # on an error or an interrupt: stop the helper at once
-                try:
-                    start = time.perf_counter()
-                    first.compile(first_types)
-                    timeout = max(HELPER_GRACE_S, time.perf_counter() - start)
-                finally:
-                    rc = _stop_helper(helper, rest, timeout) if helper is not None else 0
-                if rc:   # it failed by itself
-                    log.seek(0)
-                    tail = log.read()[-2000:].decode(errors="replace").strip()
-                    warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "
-                                  f"(FASTSIM_COMPILE_HELPER=0 turns it off): {tail}", RuntimeWarning, stacklevel=3)
+            callees = [(d, tuple(a)) for d, a in callees if tuple(a) not in d.overloads]
+            _compile_with_helper(first, first_types, rest, callees)
         else:
             first.compile(first_types)
         for d, argtypes in rest:

@@ -9,6 +9,7 @@ compiled what (``dispatcher.stats``).
 import importlib
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -21,10 +22,15 @@ from fastsim import _numba_options as O
 
 TOY = '''
 import numba
+from fastsim._numba_options import njit_noalloc
+
+@njit_noalloc
+def inner(x):
+    return x * 3
 
 @numba.njit(cache=True)
 def first(x):
-    return x + 1
+    return inner(x) + 1
 
 @numba.njit(cache=True)
 def second(x):
@@ -33,6 +39,10 @@ def second(x):
 @numba.njit(cache=True)
 def third(x):
     return x - 3
+
+@numba.njit(cache=True)
+def fourth(x):
+    return x // 2
 '''
 
 SIG = (types.int64,)
@@ -62,14 +72,94 @@ def loaded_from_cache(dispatcher):
     return sum(dispatcher.stats.cache_hits.values())
 
 
-def test_a_helper_compiles_the_others_on_a_cold_start(toy):
+def first_after_the_helper(toy, monkeypatch, jobs_done):
+    """The first entry's compilation starts once the helper has reported
+    ``jobs_done`` jobs (the toy's entries compile too fast to leave it any)."""
+    real = toy.first.compile
+
+    def compile(argtypes):
+        deadline = time.monotonic() + 120
+        while len(O._helper.done) < jobs_done and not O._helper.exited and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real(argtypes)
+
+    monkeypatch.setattr(toy.first, "compile", compile)
+
+
+def test_a_helper_compiles_the_others_on_a_cold_start(toy, monkeypatch):
+    first_after_the_helper(toy, monkeypatch, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         O.compile_entries(entries(toy))
     assert compiled_here(toy.first) == 1
     for d in (toy.second, toy.third):
         assert (compiled_here(d), loaded_from_cache(d)) == (0, 1), "the helper did not compile it"
-    assert (toy.first(4), toy.second(4), toy.third(4)) == (5, 10.0, 1)
+    assert (toy.first(4), toy.second(4), toy.third(4)) == (13, 10.0, 1)
+
+
+def test_the_first_entry_waits_for_its_callees_and_loads_them(toy):
+    """The first entry's compilation asks for ``inner`` while the helper is
+    still starting: it waits for the helper to save it, then loads it."""
+    O.compile_entries(entries(toy), callees=[(toy.inner, SIG)])
+    assert (compiled_here(toy.inner), loaded_from_cache(toy.inner)) == (0, 1)
+    assert toy.first(4) == 13
+
+
+def test_this_process_reads_internal_functions_but_never_writes_them(toy):
+    toy.inner.compile(SIG)
+    assert compiled_here(toy.inner) == 1 and not O._in_disk_cache(toy.inner, SIG)
+    fresh = importlib.reload(toy)
+    fresh.inner._cache.saving.add(SIG)   # as in a helper
+    fresh.inner.compile(SIG)
+    assert O._in_disk_cache(fresh.inner, SIG)
+    again = importlib.reload(toy)
+    again.inner.compile(SIG)
+    assert (compiled_here(again.inner), loaded_from_cache(again.inner)) == (0, 1)
+
+
+def test_while_a_helper_runs_an_internal_function_is_loaded_only_once_it_reported_it(toy, tmp_path):
+    """An index entry on disk is not enough: the helper may be between
+    writing it and its data file (which could then be a stale one)."""
+    toy.inner._cache.saving.add(SIG)
+    toy.inner.compile(SIG)   # on disk now
+    fresh = importlib.reload(toy)
+    O._claim(str(tmp_path), 0)   # the helper's claim
+    proc = fake_helper("import sys; sys.exit(0)")(None, subprocess.DEVNULL, None)   # reports nothing
+    helper = O._Helper(proc, [(fresh.inner, SIG)], str(tmp_path))
+    O._helper = helper
+    try:
+        fresh.inner.compile(SIG)
+    finally:
+        O._helper = None
+        helper.stop(60)
+    assert (compiled_here(fresh.inner), loaded_from_cache(fresh.inner)) == (1, 0)
+
+
+def test_this_process_takes_the_jobs_the_helper_has_not_begun_from_the_last_back(toy, monkeypatch, tmp_path):
+    """The helper is at the second of three jobs: this process compiles the
+    third, and leaves the second to the helper while it runs (here it is
+    stopped, and this process then compiles what it left)."""
+    def at_the_second_job(jobs, log, claims):
+        O._claim(claims, 1)
+        return fake_helper("import time; time.sleep(600)")(jobs, log, claims)
+
+    seen = []
+    real_stop = O._Helper.stop
+    monkeypatch.setattr(O, "_start_helper", at_the_second_job)
+    monkeypatch.setattr(O._Helper, "stop", lambda self, timeout: seen.append(
+        [compiled_here(d) for d in (toy.second, toy.third, toy.fourth)]) or real_stop(self, 0.1))
+    O.compile_entries(entries(toy) + [(toy.fourth, SIG)])
+    assert seen == [[0, 0, 1]]
+    assert [compiled_here(d) for d in (toy.first, toy.second, toy.third, toy.fourth)] == [1, 1, 1, 1]
+
+
+def test_the_helper_leaves_the_jobs_this_process_claimed(toy, tmp_path):
+    O._claim(str(tmp_path), 0)
+    with open(tmp_path / "log", "w+b") as log:
+        proc = O._start_helper([(toy.second, SIG), (toy.third, SIG)], log, str(tmp_path))
+        assert proc.wait(120) == 0, log.seek(0) or log.read().decode()
+    assert proc.stdout.read().split() == [b"1"]
+    assert (O._in_disk_cache(toy.second, SIG), O._in_disk_cache(toy.third, SIG)) == (False, True)
 
 
 @pytest.mark.parametrize("setting", ["0", "off", "False"])
@@ -104,7 +194,7 @@ def test_no_helper_when_the_first_is_cached(toy, monkeypatch):
 
 def fake_helper(code):
     """`_start_helper` replaced by a process that runs ``code``."""
-    def start(rest, log):
+    def start(jobs, log, claims):
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=log)
     return start
@@ -132,7 +222,7 @@ def test_a_helper_that_cannot_start_leaves_the_work_to_this_process(toy, monkeyp
 def test_a_helper_that_hangs_is_stopped(toy, monkeypatch):
     started = []
     hang = fake_helper("import time; time.sleep(600)")
-    monkeypatch.setattr(O, "_start_helper", lambda rest, log: started.append(hang(rest, log)) or started[-1])
+    monkeypatch.setattr(O, "_start_helper", lambda *args: started.append(hang(*args)) or started[-1])
     monkeypatch.setattr(O, "HELPER_GRACE_S", 0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # stopped, not failed: no warning
@@ -145,26 +235,26 @@ def test_a_failed_first_compile_stops_the_helper(toy, monkeypatch):
     from numba.core.errors import TypingError
 
     started, real = [], O._start_helper
-    monkeypatch.setattr(O, "_start_helper", lambda rest, log: started.append(real(rest, log)) or started[-1])
+    monkeypatch.setattr(O, "_start_helper", lambda *args: started.append(real(*args)) or started[-1])
     with pytest.raises(TypingError):
-        O.compile_entries([(toy.first, (types.unicode_type,))] + entries(toy)[1:])   # "x" + 1
+        O.compile_entries([(toy.first, (types.unicode_type,))] + entries(toy)[1:])   # inner("x") * 3: no NRT
     assert started and started[0].returncode is not None   # stopped and reaped, not left running
 
 
 @pytest.mark.parametrize("reported", [False, True])
-def test_a_stopped_helper_leaves_no_index_entry_it_did_not_finish(toy, reported):
+def test_a_stopped_helper_leaves_no_index_entry_it_did_not_finish(toy, reported, tmp_path):
     """Stopped between writing an entry's index and its data, the helper would
     leave an index that points at an older data file: the entries it did not
     report done are taken out of the index."""
     toy.second.compile(SIG)
     assert O._in_disk_cache(toy.second, SIG)
     code = ("print(0, flush=True); " if reported else "") + "import time; time.sleep(600)"
-    proc = fake_helper(code)(None, subprocess.DEVNULL)
+    proc = fake_helper(code)(None, subprocess.DEVNULL, None)
     if reported:   # wait until it has said so (without reading it)
         import select
 
         assert select.select([proc.stdout], [], [], 60)[0]
-    assert O._stop_helper(proc, [(toy.second, SIG)], 0.1) is None   # stopped
+    assert O._Helper(proc, [(toy.second, SIG)], str(tmp_path)).stop(0.1) is None   # stopped
     assert O._in_disk_cache(toy.second, SIG) == reported
 
 
@@ -179,19 +269,19 @@ def test_the_helper_compiles_fastsims_entries(tmp_path):
 
     p = pack_scenario(BASE)
     rest = list(K._driver_types(tuple(numba.typeof(a) for a in K.scenario_arrays(p)), None).items())[1:]
-    assert [d for d, _ in rest] == [K._ws_need, K._reduce, K._draw_workload, K._run_chunk]
+    assert [d for d, _ in rest] == [K._reduce, K._draw_workload, K._ws_need, K._run_chunk]
     with open(tmp_path / "log", "w+b") as log:
-        proc = O._start_helper(rest, log)
+        proc = O._start_helper(rest, log, str(tmp_path))
         assert proc.wait(300) == 0, log.seek(0) or log.read().decode()
     assert proc.stdout.read().split() == [b"0", b"1", b"2", b"3"]
 
 
-def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch):
+def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch, tmp_path):
     monkeypatch.setattr(O, "_cache_path", lambda d: "/somewhere/else")   # what this process reads
     with open(toy.__file__ + ".log", "w+b") as log:
-        proc = O._start_helper([(toy.second, SIG)], log)
+        proc = O._start_helper([(toy.second, SIG)], log, str(tmp_path))
         assert proc.wait(120) == 0
-    assert proc.stdout.read() == b""
+    assert proc.stdout.read().split() == [b"skip", b"0"]
     assert not O._in_disk_cache(toy.second, SIG)
 
 
@@ -207,7 +297,7 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     p = pack_scenario(BASE)
     given = tuple(numba.typeof(a) for a in K.scenario_arrays(p))
     seen = []
-    monkeypatch.setattr(K, "compile_entries", lambda items: seen.extend(items))
+    monkeypatch.setattr(K, "compile_entries", lambda items, callees: seen.extend(items))
     monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)
     K._entry_pointers.__wrapped__(given, None)
     assert seen[0][0] is K._simulate
@@ -217,7 +307,8 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     given_types = {}
     real = K.compile_entries
     K._stream_entries.cache_clear()   # an earlier test's simulate_requests may have looked these types up
-    monkeypatch.setattr(K, "compile_entries", lambda items: (given_types.update(items), real(given_types.items())))
+    monkeypatch.setattr(K, "compile_entries",
+                        lambda items, callees: (given_types.update(items), real(given_types.items(), callees)))
     before = {d: set(d.overloads) for d in (K._simulate, K._ws_need, K._reduce)}
     K.simulate_stream(np.array([0.0, 0.5]), [5, 9], [3, 4], [0, 0], [0, 0], [-1, -1], [0, 0], p["ipar"], p["fpar"],
                       p["lat"])
@@ -225,3 +316,87 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     for d, old in before.items():
         assert set(d.overloads) - old <= {given_types[d]}, f"{d.py_func.__name__} compiled another version"
         assert given_types[d] in d.overloads
+
+
+_ASKED = r"""
+import json
+from numba.core import event
+from fastsim import _kernel as K, _numba_options as O
+
+full = {full}
+asked = []
+
+
+class Record(event.Listener):
+    def on_start(self, ev):
+        d = ev.data["dispatcher"]
+        if isinstance(d, O._InternalDispatcher):
+            asked.append((O._name_in_module(d), [str(t) for t in ev.data["args"]]))
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Record())
+K._simulate.compile(K._engine_types(K._V_I, K._V_F, K._V_F, full)[K._simulate])
+print(json.dumps(asked))
+"""
+
+
+def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_asks_for(tmp_path):
+    """`_kernel._ENGINE_CALLEES`, for each engine: the internal functions its
+    compilation asks for, with their argument types, in that order (the
+    helper's order of work). Each engine is compiled in a fresh process
+    with an empty cache (both at once)."""
+    import json
+    import os
+
+    procs = {}
+    for full in (None, 1):
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"cache_{full}"), FASTSIM_COMPILE_HELPER="0")
+        procs[full] = subprocess.Popen([sys.executable, "-c", _ASKED.format(full=full)], env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for full, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        asked = [(name, argtypes) for name, argtypes in json.loads(out.splitlines()[-1])]
+        listed = [(O._name_in_module(d), [str(t) for t in argtypes]) for d, argtypes in K._callee_types(full)]
+        code = {str(t): c for c, t in (("i", types.int64), ("f", types.float64), ("b", types.boolean),
+                                         ("vi", K._V_I), ("vf", K._V_F))}
+        assert listed == asked, f"engine {full}: _ENGINE_CALLEES should list, in this order:\n" + "\n".join(
+            " ".join([name] + [code.get(t, t) for t in argtypes]) for name, argtypes in asked)
+
+
+def test_the_helper_skips_an_internal_function_it_cannot_compile(toy, tmp_path):
+    """(A wrong line of `_kernel._ENGINE_CALLEES`.) It says so and goes on."""
+    with open(tmp_path / "log", "w+b") as log:
+        proc = O._start_helper([(toy.inner, (types.unicode_type,)), (toy.third, SIG)], log, str(tmp_path))
+        assert proc.wait(120) == 0, log.seek(0) or log.read().decode()
+        log.seek(0)
+        assert b"TypingError" in log.read()
+    assert proc.stdout.read().split() == [b"skip", b"0", b"1"]
+
+
+def test_the_reports_ignore_what_else_the_helper_prints(tmp_path):
+    proc = fake_helper("print('[cache] data saved'); print(); print(0); print('skip 1'); print('2')")(
+        None, subprocess.DEVNULL, None)
+    helper = O._Helper(proc, [], str(tmp_path))
+    assert helper.stop(60) == 0
+    assert (helper.done, helper.skipped, helper.exited) == ({0, 2}, {1}, True)
+
+
+def test_an_internal_function_is_named_in_the_index_only_once_its_data_is_written(toy, monkeypatch):
+    """A helper stopped between the two writes leaves nothing to load (Numba
+    itself writes the index first, which could then name a stale file)."""
+    def stopped(self, overloads):
+        raise KeyboardInterrupt
+
+    toy.inner._cache.saving.add(SIG)
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(O._DataFirstCacheFile, "_save_index", stopped)
+        toy.inner.compile(SIG)
+    assert not O._in_disk_cache(toy.inner, SIG)
+    fresh = importlib.reload(toy)
+    fresh.inner._cache.saving.add(SIG)
+    fresh.inner.compile(SIG)
+    assert O._in_disk_cache(fresh.inner, SIG)

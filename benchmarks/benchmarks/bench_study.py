@@ -87,8 +87,9 @@ class ColdCompile:
     a fresh process: the reference workload ("common": the engine without
     static batching, priority/swap preemption and prefix caching) or the same
     with prefix caching ("full": the engine with every option); with the
-    compile helper (a second process compiles the entries other than the
-    engine, ``_numba_options.compile_entries``) or without it
+    compile helper (a second process compiles the engine's callees and the
+    entries other than the engine, ``_numba_options.compile_entries``) or
+    without it
     (``FASTSIM_COMPILE_HELPER=0``: one process compiles everything)."""
     timeout = 600
     params = (["common", "full"], ["on", "off"])
