@@ -118,8 +118,9 @@ def test_this_process_reads_internal_functions_but_never_writes_them(toy):
 
 
 def test_while_a_helper_runs_an_internal_function_is_loaded_only_once_it_reported_it(toy, tmp_path):
-    """An index entry on disk is not enough: the helper may be between
-    writing it and its data file (which could then be a stale one)."""
+    """An index entry on disk (here from an earlier run) is not enough: the
+    engine takes its callees from the running helper only, as the helper
+    reports them, so that it holds one copy of each function they call."""
     toy.inner._cache.saving.add(SIG)
     toy.inner.compile(SIG)   # on disk now
     fresh = importlib.reload(toy)
