@@ -58,10 +58,10 @@ helper first compiles the internal functions the engine calls (about 4 of
 its 15 s when compiled here), which the engine's compilation then loads as
 it asks for them, waiting for the helper where it must; at the end, this
 process takes the jobs the helper has not begun, from the last back (a
-process claims a job by creating a file). It does so only when the costliest entry is in neither memory nor
-the disk cache and two CPUs are usable; ``FASTSIM_COMPILE_HELPER=0`` turns
-it off. If the helper fails or is stopped, this process compiles what it
-left.
+process claims a job by creating a file). It does so only when the
+costliest entry is in neither memory nor the disk cache and two CPUs are
+usable; ``FASTSIM_COMPILE_HELPER=0`` turns it off. If the helper fails or
+is stopped, this process compiles what it left.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def _start_helper(jobs, log, claims):
     """A process that compiles ``jobs`` into Numba's disk cache, in order,
     or None if it cannot be started. It imports the modules this process
     imported (its ``sys.path``) and writes where this process's dispatchers
-    read). It claims each job before it begins it (`_claim` in the
+    read. It claims each job before it begins it (`_claim` in the
     directory ``claims``) and leaves the jobs this process has claimed; on
     its stdout it reports each job's index when that job is saved, or
     "skip" and the index for one it leaves (a job for another cache path,
@@ -395,7 +395,13 @@ class _Helper:
         self.mine, self.done, self.skipped, self.exited = set(), set(), set(), False
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        try:
+            self._reader.start()
+        except BaseException:   # no thread to read its reports: no helper
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            raise
 
     def _read(self):
         try:
@@ -478,9 +484,10 @@ def _compile_with_helper(first, first_types, rest, callees):
         if proc is None:
             first.compile(first_types)
             return
+        helper = _Helper(proc, jobs, claims)
         timeout = 0.0   # on an error or an interrupt: stop the helper at once
         try:
-            _helper = helper = _Helper(proc, jobs, claims)
+            _helper = helper
             start = time.perf_counter()
             first.compile(first_types)
             took = time.perf_counter() - start
@@ -494,7 +501,7 @@ def _compile_with_helper(first, first_types, rest, callees):
                     d.compile(argtypes)
         finally:
             try:
-                rc = helper.stop(timeout) if _helper is not None else _kill(proc)
+                rc = helper.stop(timeout)
             finally:
                 _helper = None
         if rc:   # it failed by itself
@@ -502,13 +509,6 @@ def _compile_with_helper(first, first_types, rest, callees):
             tail = log.read()[-2000:].decode(errors="replace").strip()
             warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "
                           f"(FASTSIM_COMPILE_HELPER=0 turns it off): {tail}", RuntimeWarning, stacklevel=4)
-
-
-def _kill(proc):
-    """Stop a helper that `_Helper` could not take over."""
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
 
 
 def compile_entries(entries, callees=()):
