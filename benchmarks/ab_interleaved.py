@@ -2,7 +2,7 @@
 
     git worktree add /tmp/base <rev>
     python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt|full]
-        [--rounds 4] [--replications 1500] [--requests 1000] [--cold | --small]
+        [--rounds 4] [--replications 1500] [--requests 1000] [--cold | --small | --same-process]
 
 On a shared machine single runs vary by 20-40%, so a change is measured
 against its parent in alternation: each round runs every tree once, in a
@@ -17,12 +17,22 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   (``--workload full``: with prefix caching, the full engine).
 * ``--small``: the overhead of a small call, the median time of 30
   ``replicate`` calls of 8 x 250 requests (default threads), after a warm-up.
+* ``--same-process``: the throughput, with every tree's ``fastsim`` imported
+  into one process (each package copied under its own name) and its
+  ``replicate`` calls alternated there, the order reversed every other round.
+  A change to the kernels is then measured against the same interpreter,
+  memory layout and moment, not against another process: one run gives the
+  ratio of each tree's time to the first tree's, round by round, and checks
+  that every tree gives the first tree's results (per replication, to the
+  bit). The workload is built by this checkout's ``benchmarks/common.py``.
 
 Prints each round, then the median and range per tree.
 """
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,11 +92,80 @@ print(statistics.median(times) * 1e3)
 WORKLOADS = {name: f.__name__ for name, f in common.WORKLOADS.items()}
 
 
-def run(tree, code, args, cache):
+# One process, every tree's package (copied as fastsim_ab0, fastsim_ab1, ...):
+# the scenario, built by this checkout's `common`, is pickled once and
+# unpickled with each package's classes.
+_SAME = r"""
+import importlib, io, json, pickle, sys, time
+pkgs, workload, nrep, nreq, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+names = sys.argv[6:]
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, pkgs)
+from benchmarks import common
+blob = pickle.dumps(getattr(common, workload)(nreq))
+
+class Remap(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "fastsim" or module.startswith("fastsim."):
+            module = self.package + module[len("fastsim"):]
+        return super().find_class(module, name)
+
+def scenario_for(package):
+    u = Remap(io.BytesIO(blob))
+    u.package = package
+    return u.load()
+
+runs = []
+for name in names:
+    pkg = importlib.import_module(name)
+    sc = scenario_for(name)
+    pkg.replicate(sc, n_replications=2, seed=0, progress=False)   # compile (or load), outside the timing
+    runs.append((pkg, sc))
+times = [[] for _ in names]
+first = [None] * len(names)
+for r in range(rounds):
+    for j in (range(len(names)) if r % 2 == 0 else reversed(range(len(names)))):
+        pkg, sc = runs[j]
+        t = time.perf_counter()
+        res = pkg.replicate(sc, n_replications=nrep, seed=0, n_threads=1, progress=False)
+        times[j].append(time.perf_counter() - t)
+        if first[j] is None:
+            first[j] = res.per_replication
+    print(json.dumps([t[-1] for t in times]), flush=True)   # a round's seconds, per tree
+print(json.dumps([bool(f.equals(first[0])) for f in first]))   # each tree's results equal the first's
+"""
+
+
+def _child_env(cache, **more):
+    """This environment for a child process, with its own Numba cache and none of the settings that
+    would make it import another fastsim or compile differently."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_OPT")}
-    env.update(PYTHONPATH=tree, NUMBA_CACHE_DIR=cache)
-    out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=env, capture_output=True,
-                         text=True, check=True)
+    env.update(NUMBA_CACHE_DIR=cache, **more)
+    return env
+
+
+def run_same_process(trees, root, args):
+    """`_SAME` in a child process for ``trees``: yield each round's seconds per tree, then (the
+    last item) whether each tree's results equal the first tree's."""
+    pkgs = os.path.join(root, "packages")
+    names = [f"fastsim_ab{i}" for i in range(len(trees))]
+    for tree, name in zip(trees, names):
+        shutil.copytree(os.path.join(tree, "fastsim"), os.path.join(pkgs, name),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-c", _SAME, pkgs, WORKLOADS[args.workload], str(args.replications),
+           str(args.requests), str(args.rounds), *names]
+    with subprocess.Popen(cmd, cwd=here, env=_child_env(os.path.join(root, "cache")), stdout=subprocess.PIPE,
+                          text=True) as child:
+        for line in child.stdout:
+            yield json.loads(line)
+    if child.returncode != 0:
+        raise SystemExit(f"the same-process run failed (exit status {child.returncode}; its error is above)")
+
+
+def run(tree, code, args, cache):
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=_child_env(cache, PYTHONPATH=tree),
+                         capture_output=True, text=True, check=True)
     return float(out.stdout.split()[-1])
 
 
@@ -101,6 +180,8 @@ def main():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--cold", action="store_true", help="time cold starts instead of throughput")
     mode.add_argument("--small", action="store_true", help="time small replicate calls (8 x 250 requests)")
+    mode.add_argument("--same-process", action="store_true",
+                      help="time the throughput with every tree in one process, alternating calls")
     args = ap.parse_args()
     for name in ("rounds", "replications", "requests"):
         if getattr(args, name) < 1:
@@ -110,6 +191,25 @@ def main():
     unit = (f"s (cold start, {args.workload})" if args.cold else "ms (replicate of 8 x 250 requests)" if args.small
             else f"M requests/s ({args.workload}, 1 thread)")
     results = {n: [] for n in names}
+    if args.same_process:
+        size = args.replications * args.requests
+        times = []
+        with tempfile.TemporaryDirectory(prefix="fastsim_ab_") as root:
+            for r, got in enumerate(run_same_process(trees, root, args)):
+                if r == args.rounds:
+                    same = got
+                    break
+                times.append(got)
+                print(f"round {r + 1}: " + ", ".join(f"{n} {size / t / 1e6:.3f}" for n, t in zip(names, got)),
+                      flush=True)
+        for j, n in enumerate(names):
+            line = f"{n}: median {statistics.median(size / t[j] / 1e6 for t in times):.3f} {unit}"
+            if j > 0:
+                ratios = [t[j] / t[0] for t in times]
+                line += (f"; time / {names[0]}'s, by round: median {statistics.median(ratios):.3f}, range "
+                         f"{min(ratios):.3f}-{max(ratios):.3f}; {'the same' if same[j] else 'DIFFERENT'} results")
+            print(line)
+        return
     with tempfile.TemporaryDirectory(prefix="fastsim_ab_") as root:
         for r in range(args.rounds):
             for name, tree in zip(names, trees):

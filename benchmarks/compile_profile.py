@@ -1,6 +1,6 @@
 """Where a cold start's compile time goes (a script, not a test).
 
-    python benchmarks/compile_profile.py [--top 12] [--full]
+    python benchmarks/compile_profile.py [--top 12] [--full] [--callees]
 
 Compiles the kernels behind ``replicate`` into an empty Numba cache, in one
 thread and one process (no compile helper; for the issue-7 workload: the common engine; ``--full``: the same
@@ -18,6 +18,13 @@ with prefix caching, the engine with every option), and prints
   function passes, module passes (the whole module, with every function it
   links in) and code generation.
 
+With ``--callees`` it does what a cold start's helper process does first
+instead: it compiles the internal functions the engine calls
+(`_kernel._ENGINE_CALLEES`), in order, into the disk cache, and prints the
+time each took (with the functions it calls that were not compiled yet),
+their total and LLVM's share: the helper must be done with them about when
+the engine's compilation asks for them (``cold_trace.py`` shows when it does).
+
 ``startup_memory.py`` gives the end-to-end cold and warm start figures.
 """
 
@@ -33,10 +40,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=12, help="functions to list")
     ap.add_argument("--full", action="store_true", help="compile the engine with every option")
+    ap.add_argument("--callees", action="store_true", help="compile the engine's callees only, as the helper does")
     args = ap.parse_args()
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_compile_")   # before numba is imported
     os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # every function compiled (and timed) in this process
     os.environ["NUMBA_LLVM_PASS_TIMINGS"] = "1"
+    if args.callees:
+        return callees(args.full)
     from numba.core import event
 
     stack, own = [], collections.Counter()
@@ -91,6 +101,27 @@ def main():
                         "module" if key.startswith("Module passes") else "codegen")
                 llvm[kind] += timing.get_total_time()
             print(f"  {name:28s} {llvm['function']:6.2f} {llvm['module']:6.2f} {llvm['codegen']:6.2f}")
+
+
+def callees(full):
+    """Compile the engine's callees in the helper's order, saving them as the helper does."""
+    from fastsim import _kernel
+
+    t0 = time.perf_counter()
+    jobs = _kernel._callee_types(1 if full else None)
+    for dispatcher, argtypes in jobs:
+        dispatcher._cache.saving.add(tuple(argtypes))
+    print(f"{len(jobs)} callees of the {'full' if full else 'common'} engine "
+          f"(seconds each, with what it calls that was not compiled yet):")
+    for dispatcher, argtypes in jobs:
+        t = time.perf_counter()
+        dispatcher.compile(argtypes)
+        print(f"  {dispatcher.py_func.__name__:28s} {time.perf_counter() - t:6.3f}")
+    total = time.perf_counter() - t0
+    llvm = sum(timing.get_total_time() for dispatcher in {d for d, _ in jobs}
+               for cres in dispatcher.overloads.values() for _, timing in cres.library.recorded_timings)
+    print(f"all callees: {total:.2f} s, of which LLVM {llvm:.2f} s in their own libraries "
+          f"(the first one's time includes setting up Numba's target)")
 
 
 if __name__ == "__main__":
