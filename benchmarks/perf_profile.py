@@ -14,9 +14,26 @@ one thread. Functions that LLVM inlined are counted in their caller. The
 compilation itself shows up in the profile as LLVM and Python frames; only the
 ``fastsim...`` symbols and libm (``__ieee754_exp_fma``, ``__ieee754_log_fma``, ...)
 belong to the timed run.
+
+By source line (the samples inside one kernel function, the code LLVM
+inlined into it included):
+
+    perf record -e cpu-clock -F 10000 -o perf.data \
+        python benchmarks/perf_profile.py --workload sharegpt --replications 8000 --lines DIR
+    python benchmarks/perf_profile.py --report perf.data --lines DIR [--function _simulate] [--top 40]
+
+With ``--lines``, the kernels are compiled with line tables
+(``NUMBA_DEBUGINFO=1``: the same optimisation, plus debug information) and
+each entry's object code is written to DIR with the address it was loaded
+at. ``--report`` then reads the samples' addresses (``perf script``), finds
+each one's source line in the object code (binutils' ``objdump -dl``, which
+gives an inlined instruction the line of the innermost function it came
+from, or of its call site), and prints the lines that hold the most samples.
 """
 
 import argparse
+import collections
+import json
 import os
 import re
 import subprocess
@@ -24,9 +41,13 @@ import sys
 import tempfile
 import time
 
-# Before Numba is imported: a fresh cache, so that everything is compiled here.
-os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
-os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
+_REPORT = "--report" in sys.argv
+if not _REPORT:
+    # Before Numba is imported: a fresh cache, so that everything is compiled here.
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
+    os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
+    if "--lines" in sys.argv:
+        os.environ["NUMBA_DEBUGINFO"] = "1"
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numba  # noqa: E402
@@ -36,6 +57,7 @@ from fastsim import _kernel  # noqa: E402
 from benchmarks.common import WORKLOADS  # noqa: E402
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
+_ENTRIES = ("_simulate", "_draw_workload", "_reduce")   # the functions --lines writes out
 
 
 def _symbol_sizes(lib):
@@ -88,17 +110,114 @@ def write_perf_map():
     return len(entries), sum(1 for _, size in entries.values() if size)
 
 
+def write_objects(directory):
+    """Write the object code of each of `_ENTRIES` (every compiled version) to
+    ``directory``, with ``index.json``: {function: [object file, load address]}
+    for every function defined in them (`report_lines` reads it)."""
+    os.makedirs(directory, exist_ok=True)
+    index = {}
+    for name in _ENTRIES:
+        for i, cres in enumerate(getattr(_kernel, name).overloads.values()):
+            path = os.path.abspath(os.path.join(directory, f"{name}_{i}.o"))
+            with open(path, "wb") as f:
+                f.write(cres.library._get_compiled_object())
+            for fn in _DEFINE.findall(cres.library.get_llvm_str()):
+                addr = cres.library.get_pointer_to_function(fn)
+                if addr:
+                    index[fn] = [path, addr]
+    with open(os.path.join(directory, "index.json"), "w") as f:
+        json.dump(index, f)
+
+
+def _line_table(path):
+    """{address in the object file: (file, line)} from ``objdump -dl``."""
+    out = subprocess.run(["objdump", "-dl", "--no-show-raw-insn", path], capture_output=True, text=True,
+                         check=True).stdout
+    table, where = {}, None
+    for line in out.splitlines():
+        m = re.match(r"^(/\S+):(\d+)", line)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        m = re.match(r"^\s+([0-9a-f]+):", line)
+        if m:
+            table.setdefault(int(m.group(1), 16), where)
+    return table
+
+
+def report_lines(data, directory, function, top):
+    """Print the source lines of ``function`` (a kernel entry) that hold the
+    most of its samples in perf's ``data``."""
+    with open(os.path.join(directory, "index.json")) as f:
+        index = json.load(f)
+    names = [fn for fn in index if re.match(rf"_ZN7fastsim7_kernel\d+{re.escape(function)}B", fn)]
+    if not names:
+        raise SystemExit(f"--function {function!r}: not among the functions written to {directory} "
+                         f"({', '.join(_ENTRIES)})")
+    path, base = index[names[0]]
+    size = None
+    for line in subprocess.run(["nm", "-S", "--defined-only", path], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == names[0]:
+            start, size = int(parts[0], 16), int(parts[1], 16)
+    if size is None:
+        raise SystemExit(f"{names[0]} not found in {path}")
+    ips = subprocess.run(["perf", "script", "-i", data, "-F", "ip"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    counts = collections.Counter(int(ip, 16) - base for ip in ips)
+    table = _line_table(path)
+    by_line = collections.Counter()
+    for off, c in counts.items():
+        if 0 <= off < size:
+            by_line[table.get(start + off)] += c
+    total = sum(by_line.values())
+    if total == 0:
+        raise SystemExit(f"no samples in {function} (was {data} recorded with this --lines directory?)")
+    print(f"{function}: {total} samples ({total / len(ips):.1%} of all), by source line:")
+    sources = {}
+    for where, c in by_line.most_common(top):
+        text = ""
+        if where is not None:
+            if where[0] not in sources:
+                try:
+                    with open(where[0]) as f:
+                        sources[where[0]] = f.read().splitlines()
+                except OSError:
+                    sources[where[0]] = []
+            lines = sources[where[0]]
+            text = lines[where[1] - 1].strip() if 0 < where[1] <= len(lines) else ""
+        label = f"{os.path.basename(where[0])}:{where[1]}" if where else "?"
+        print(f"{c / total:6.1%}  {label:<18} {text[:90]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=tuple(WORKLOADS), default="reference",
                     help="full: the reference workload with prefix caching (the full engine)")
     ap.add_argument("--replications", type=int, default=4000)
     ap.add_argument("--requests", type=int, default=1000, help="requests a replication")
+    ap.add_argument("--lines", metavar="DIR", help="compile with line tables and write the entries' object "
+                    "code to DIR (for --report)")
+    ap.add_argument("--report", metavar="PERF_DATA", help="print the samples by source line, from a run "
+                    "recorded with --lines DIR")
+    ap.add_argument("--function", default="_simulate", choices=_ENTRIES, help="with --report")
+    ap.add_argument("--top", type=int, default=40, help="with --report: lines to print")
     args = ap.parse_args()
+    for name in ("replications", "requests", "top"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+    if args.report:
+        if not args.lines:
+            ap.error("--report needs --lines DIR, the directory the recorded run wrote")
+        report_lines(args.report, args.lines, args.function, args.top)
+        return
     sc = WORKLOADS[args.workload](args.requests)
     fastsim.replicate(sc, n_replications=2, seed=0, progress=False)   # compile
     n, exact = write_perf_map()
     print(f"perf map: {n} functions ({exact} with their size from the object code)")
+    if args.lines:
+        write_objects(args.lines)
     t = time.perf_counter()
     fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=1, progress=False)
     wall = time.perf_counter() - t
