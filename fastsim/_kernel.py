@@ -1510,22 +1510,36 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     # that integer keys and aged keys share one heap (integers are exact).
     # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
     hoff[0] = 0
+    # (one array a loop: LLVM makes each a memset or a vector loop, where one
+    # loop over all of them stores one element at a time)
     for i in range(n):
         status[i] = ST_PENDING
+    for i in range(n):
         k[i] = 0
+    for i in range(n):
         g[i] = 0
+    for i in range(n):
         blocks[i] = 0
+    for i in range(n):
         npre[i] = 0
-        first_t[i] = np.nan
-        last_t[i] = np.nan
-        finish_t[i] = np.nan
-        key[i] = float(prio[i]) if policy == 1 else float(sjfk[i])
-        if has_aging:
-            # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
-            key[i] = key[i] + arrival[i] / aging
+    for i in range(n):
         sched[i] = 0
+    for i in range(n):
         ever[i] = 0
+    for i in range(n):
         dpos[i] = -1
+    for i in range(n):
+        first_t[i] = np.nan
+    for i in range(n):
+        last_t[i] = np.nan
+    for i in range(n):
+        finish_t[i] = np.nan
+    if policy != 0 or has_aging or prio_preempt:   # (fcfs has no keys)
+        for i in range(n):
+            key[i] = float(prio[i]) if policy == 1 else float(sjfk[i])
+            if has_aging:
+                # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
+                key[i] = key[i] + arrival[i] / aging
     if full is not None:
         # The arrays of swap preemption and prefix caching: the common engine
         # has neither and leaves them as they are (a quarter less memory
@@ -2475,6 +2489,7 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     c_swap = 0
     for i in range(n):
         ones[i] = 1
+    for i in range(n):
         st = status[i]
         if st == ST_COMPLETED:
             c_done += 1
