@@ -2487,6 +2487,8 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     c_unf = 0
     c_pre = 0
     c_swap = 0
+    end = acc[A_END]
+    sojourn = 0.0
     for i in range(n):
         ones[i] = 1
     for i in range(n):
@@ -2504,6 +2506,12 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
         ns = nswap[i] if swap else 0   # (written by the engine only with swap preemption)
         c_pre += npre[i]
         c_swap += ns
+        # Little's law bookkeeping: sojourn of every accepted request, from
+        # arrival to completion, drop, or the end of the run.
+        if st == ST_COMPLETED or st == ST_DROPPED:
+            sojourn += finish_t[i] - arrival[i]
+        elif st == ST_UNFINISHED:
+            sojourn += end - arrival[i]
         if i < warmup:
             continue
         pre_meas += npre[i]
@@ -2528,16 +2536,6 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
                     ok = False
             if ok:
                 n_good += 1
-    # Little's law bookkeeping: sojourn of every accepted request, from arrival
-    # to completion, drop, or the end of the run.
-    end = acc[A_END]
-    sojourn = 0.0
-    for i in range(n):
-        st = status[i]
-        if st == ST_COMPLETED or st == ST_DROPPED:
-            sojourn += finish_t[i] - arrival[i]
-        elif st == ST_UNFINISHED:
-            sojourn += end - arrival[i]
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
