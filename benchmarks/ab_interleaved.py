@@ -28,8 +28,9 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   to the bit). The workload is built by this checkout's
   ``benchmarks/common.py``. On a noisy VM, many short calls resolve best,
   by the ratio of the fastest: ``--rounds 150 --replications 100`` (20-40 s
-  a tree) told two copies of one tree apart by 0.1-0.5%, where 9 rounds of
-  600 replications gave medians of 0.94-1.02 (`benchmarks/HISTORY.md`).
+  a tree) told two copies of one tree apart by 0.05-0.5% in ten runs of
+  eleven (2.1% in the eleventh), where 9 rounds of 600 replications gave
+  medians of 0.94-1.02 (`benchmarks/HISTORY.md`).
 
 Prints each round, then the median and range per tree.
 """
