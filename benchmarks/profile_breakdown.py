@@ -41,8 +41,8 @@ import fastsim  # noqa: E402
 from fastsim import _kernel as K  # noqa: E402
 from fastsim._numba_options import function_pointer, njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
-from benchmarks.common import (floor_args, interleaved_ratios, numpy_floor, reference_workload,  # noqa: E402
-                               seconds, sharegpt_80pct)
+from benchmarks.common import (alternating_seconds, floor_args, interleaved_ratios, numpy_floor,  # noqa: E402
+                               reference_workload, seconds, sharegpt_80pct)
 
 
 # The two shorter pipelines are the driver itself, `_kernel._run_chunk`, with
@@ -116,17 +116,11 @@ def timed(fn, *args, repeat=3):
 
 def short_call_times(sc, threads, nrep, calls):
     """Seconds of ``calls`` full replications of ``nrep`` replications and of
-    as many floor runs, alternated (the order reversed every other call): on
-    a noisy VM the fastest of many short calls reads a speed most steadily."""
-    floor = (threaded, numpy_floor, threads, nrep, *floor_args(sc))
-    t_full, t_floor = [], []
-    for c in range(calls):
-        pair = [(t_full, lambda: fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=threads,
-                                                   progress=False)),
-                (t_floor, lambda: floor[0](*floor[1:]))]
-        for times, fn in (pair if c % 2 == 0 else pair[::-1]):
-            times.append(seconds(fn))
-    return t_full, t_floor
+    as many floor runs, alternated (`alternating_seconds`)."""
+    floor = (numpy_floor, threads, nrep, *floor_args(sc))
+    return alternating_seconds(
+        lambda: fastsim.replicate(sc, n_replications=nrep, seed=0, n_threads=threads, progress=False),
+        lambda: threaded(*floor), calls)
 
 
 def main():
