@@ -1510,8 +1510,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     # that integer keys and aged keys share one heap (integers are exact).
     # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
     hoff[0] = 0
-    # (one array a loop: LLVM makes each a memset or a vector loop, where one
-    # loop over all of them stores one element at a time)
+    # (one loop per array: LLVM turns each into a memset or a vector loop,
+    # where one loop over all the arrays stores one element at a time)
     for i in range(n):
         status[i] = ST_PENDING
     for i in range(n):
