@@ -82,8 +82,13 @@ def chunks(threads, nrep):
 
 
 def threaded(fn, threads, nrep, *args):
-    """Run ``fn(rep0, m, *args, out[rep0:rep0 + m])`` over ``threads`` chunks, as replicate does."""
+    """Run ``fn(rep0, m, *args, out[rep0:rep0 + m])`` over ``threads`` chunks,
+    as replicate does; on one thread, in this one (the floor pays no pool:
+    starting one took 0.5 ms, 4% of a floor run of 100 replications)."""
     out = np.empty(nrep)
+    if threads == 1:
+        fn(0, nrep, *args, out)
+        return out
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda c: fn(c[0], c[1] - c[0], *args, out[c[0]:c[1]]), chunks(threads, nrep)))
     return out
