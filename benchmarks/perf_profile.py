@@ -60,10 +60,18 @@ _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
 _ENTRIES = ("_simulate", "_draw_workload", "_reduce")   # the functions --lines writes out
 
 
+def _nm_functions(path):
+    """{name: (offset, size)} of the functions defined in the object file
+    ``path`` (binutils' ``nm -S``)."""
+    out = subprocess.run(["nm", "-S", "--defined-only", path], capture_output=True, text=True,
+                         check=True).stdout
+    return {parts[3]: (int(parts[0], 16), int(parts[1], 16))
+            for parts in (line.split() for line in out.splitlines()) if len(parts) == 4 and parts[2] in "tT"}
+
+
 def _symbol_sizes(lib):
-    """{name: size} of the functions in ``lib``'s object code (``nm -S``),
-    or None where that cannot be had (no ``nm``, or a Numba without the
-    object code kept)."""
+    """{name: size} of the functions in ``lib``'s object code, or None where
+    that cannot be had (no ``nm``, or a Numba without the object code kept)."""
     try:
         code = lib._get_compiled_object()   # what MCJIT loaded (kept for Numba's cache)
     except Exception:
@@ -72,16 +80,9 @@ def _symbol_sizes(lib):
         f.write(code)
         f.flush()
         try:
-            out = subprocess.run(["nm", "-S", "--defined-only", f.name], capture_output=True, text=True,
-                                 check=True).stdout
+            return {name: size for name, (_, size) in _nm_functions(f.name).items()}
         except (OSError, subprocess.CalledProcessError):
             return None
-    sizes = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2] in "tT":
-            sizes[parts[3]] = int(parts[1], 16)
-    return sizes
 
 
 def write_perf_map():
@@ -155,14 +156,10 @@ def report_lines(data, directory, function, top):
         raise SystemExit(f"--function {function!r}: not among the functions written to {directory} "
                          f"({', '.join(_ENTRIES)})")
     path, base = index[names[0]]
-    size = None
-    for line in subprocess.run(["nm", "-S", "--defined-only", path], capture_output=True, text=True,
-                               check=True).stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[3] == names[0]:
-            start, size = int(parts[0], 16), int(parts[1], 16)
-    if size is None:
+    found = _nm_functions(path).get(names[0])
+    if found is None:
         raise SystemExit(f"{names[0]} not found in {path}")
+    start, size = found
     ips = subprocess.run(["perf", "script", "-i", data, "-F", "ip"], capture_output=True, text=True,
                          check=True).stdout.split()
     counts = collections.Counter(int(ip, 16) - base for ip in ips)
