@@ -41,8 +41,7 @@ import sys
 import tempfile
 import time
 
-_REPORT = "--report" in sys.argv
-if not _REPORT:
+if "--report" not in sys.argv:   # (--report only reads a recorded run)
     # Before Numba is imported: a fresh cache, so that everything is compiled here.
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
     os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
