@@ -484,11 +484,11 @@ class ReplicateResult:
         check_choice("metric", metric, self.metrics)
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
         _, low, high, _, _ = mean_interval(self.per_replication[metric].to_numpy(), level)
-        return ConfidenceInterval(low, high)
+        return ConfidenceInterval(float(low), float(high))   # (Python floats: a plain repr)
 
     def estimate(self, metric: str) -> float:
         check_choice("metric", metric, self.metrics)
-        return mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[0]
+        return float(mean_interval(self.per_replication[metric].to_numpy(), self.confidence_level)[0])
 
     def relative_half_width(self, metric: str) -> float:
         """CI half-width divided by the absolute estimate (0 if every replication

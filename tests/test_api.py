@@ -40,6 +40,9 @@ def test_confidence_interval_api(result):
     assert ci99.low < ci95.low < ci95.high < ci99.high
     assert result.estimate("ttft_mean") in ci95
     assert ci95.half_width == pytest.approx((ci95.high - ci95.low) / 2)
+    # Python floats, so that the interval prints as ConfidenceInterval(low=0.03..., high=...)
+    assert type(ci95.low) is float and type(ci95.high) is float and type(result.estimate("ttft_mean")) is float
+    assert "np.float64" not in repr(ci95)
     with pytest.raises(ValueError, match="metric must be one of"):
         result.confidence_interval("ttft_p42")
 
