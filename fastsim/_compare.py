@@ -154,7 +154,7 @@ class CompareResult:
     def confidence_interval(self, scenario: str, metric: str) -> ConfidenceInterval:
         """The paired interval of ``scenario - baseline`` for one metric."""
         row = self._row(scenario, metric)
-        return ConfidenceInterval(float(row["ci_low"]), float(row["ci_high"]))
+        return ConfidenceInterval(row["ci_low"], row["ci_high"])
 
     def save(self, path) -> Path:
         """Write :attr:`frame` to ``.csv``, ``.json`` or ``.parquet`` (by suffix)."""

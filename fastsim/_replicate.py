@@ -484,7 +484,7 @@ class ReplicateResult:
         check_choice("metric", metric, self.metrics)
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
         _, low, high, _, _ = mean_interval(self.per_replication[metric].to_numpy(), level)
-        return ConfidenceInterval(float(low), float(high))   # (Python floats: a plain repr)
+        return ConfidenceInterval(low, high)
 
     def estimate(self, metric: str) -> float:
         check_choice("metric", metric, self.metrics)

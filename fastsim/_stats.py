@@ -16,6 +16,11 @@ class ConfidenceInterval:
     low: float
     high: float
 
+    def __post_init__(self):
+        # Python floats, however computed (a NumPy scalar would print as np.float64(...))
+        object.__setattr__(self, "low", float(self.low))
+        object.__setattr__(self, "high", float(self.high))
+
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2.0

@@ -43,6 +43,7 @@ def test_confidence_interval_api(result):
     # Python floats, so that the interval prints as ConfidenceInterval(low=0.03..., high=...)
     assert type(ci95.low) is float and type(ci95.high) is float and type(result.estimate("ttft_mean")) is float
     assert "np.float64" not in repr(ci95)
+    assert repr(fastsim.ConfidenceInterval(np.float64(0.25), np.float64(0.5))) == "ConfidenceInterval(low=0.25, high=0.5)"
     with pytest.raises(ValueError, match="metric must be one of"):
         result.confidence_interval("ttft_p42")
 
