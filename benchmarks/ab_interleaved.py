@@ -169,11 +169,6 @@ def run_same_process(trees, root, args):
         raise SystemExit(f"the same-process run failed (exit status {child.returncode}; its error is above)")
 
 
-def _decile(sorted_times):
-    """The 10th percentile of ``sorted_times`` (the lower neighbour's value)."""
-    return sorted_times[(len(sorted_times) - 1) // 10]
-
-
 def run(tree, code, args, cache):
     out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=_child_env(cache, PYTHONPATH=tree),
                          capture_output=True, text=True, check=True)
@@ -222,7 +217,7 @@ def main():
                 first = sorted(t[0] for t in times)
                 line += (f"; time / {names[0]}'s, by round: median {statistics.median(ratios):.4f}, range "
                          f"{min(ratios):.3f}-{max(ratios):.3f}; of the fastest calls {mine[0] / first[0]:.4f}, "
-                         f"of the 10th percentiles {_decile(mine) / _decile(first):.4f}; "
+                         f"of the 10th percentiles {common.decile(mine) / common.decile(first):.4f}; "
                          f"{'the same' if same[j] else 'DIFFERENT'} results")
             print(line)
         return

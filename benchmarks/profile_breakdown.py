@@ -41,8 +41,8 @@ import fastsim  # noqa: E402
 from fastsim import _kernel as K  # noqa: E402
 from fastsim._numba_options import function_pointer, njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
-from benchmarks.common import (alternating_seconds, floor_args, interleaved_ratios, numpy_floor,  # noqa: E402
-                               reference_workload, seconds, sharegpt_80pct)
+from benchmarks.common import (alternating_seconds, decile, floor_args, interleaved_ratios,  # noqa: E402
+                               numpy_floor, reference_workload, seconds, sharegpt_80pct)
 
 
 # The two shorter pipelines are the driver itself, `_kernel._run_chunk`, with
@@ -176,7 +176,7 @@ def main():
                 print(f"  by {args.short_calls} alternating short calls of {args.short_replications} x "
                       f"{args.requests} requests each: fastest full replication / fastest floor "
                       f"{min(t_full) / min(t_floor):.2f}x, of the 10th percentiles "
-                      f"{np.percentile(t_full, 10) / np.percentile(t_floor, 10):.2f}x")
+                      f"{decile(t_full) / decile(t_floor):.2f}x")
 
 
 if __name__ == "__main__":

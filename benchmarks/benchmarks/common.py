@@ -142,6 +142,14 @@ def alternating_seconds(first, second, calls):
     return times
 
 
+def decile(times):
+    """The 10th percentile of ``times``: the sorted values' lower neighbour,
+    not interpolated (the figure `ab_interleaved.py` and
+    `profile_breakdown.py` give beside the fastest call)."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 10]
+
+
 def median_ratio(numerator, denominator, rounds=3):
     """The median of `interleaved_ratios`."""
     return float(np.median(interleaved_ratios(numerator, denominator, rounds)))
