@@ -22,16 +22,19 @@ inlined into it included):
         python benchmarks/perf_profile.py --workload sharegpt --replications 8000 --lines DIR
     python benchmarks/perf_profile.py --report perf.data --lines DIR [--function _simulate] [--top 40]
 
-With ``--lines``, the kernels are compiled with line tables
-(``NUMBA_DEBUGINFO=1``: the same optimisation, plus debug information) and
+With ``--lines``, the kernels are compiled with line tables and no other
+debug information (`_line_tables_only`: the optimisation of a normal build) and
 each entry's object code is written to DIR with the address it was loaded
 at. ``--report`` then reads the samples' addresses (``perf script``), finds
-each one's source line in the object code (binutils' ``objdump -dl``, which
-gives an inlined instruction the line of the innermost function it came
-from, or of its call site), and prints the lines that hold the most samples.
+each one's source line in the object code's line table (binutils'
+``readelf --debug-dump=decodedline``, which gives an inlined instruction the
+line of the innermost function it came from; line 0, code LLVM merged from
+several lines, is reported as "(no line)"), and prints the lines that hold
+the most samples.
 """
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -45,11 +48,33 @@ if "--report" not in sys.argv:   # (--report only reads a recorded run)
     # Before Numba is imported: a fresh cache, so that everything is compiled here.
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
     os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
-    if "--lines" in sys.argv:
-        os.environ["NUMBA_DEBUGINFO"] = "1"
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numba  # noqa: E402
+from numba.core.cpu import CPUTargetOptions  # noqa: E402
+
+
+def _line_tables_only():
+    """Make every CPU compilation of this process emit line tables and
+    nothing else of debug information. Numba's full debug information
+    (``NUMBA_DEBUGINFO=1``) also marks every function ``noinline``, turns
+    bounds checks on and extends variables' lifetimes: a different program
+    (helpers such as `_account_step`, `_d_remove` and `_mix64` stayed calls
+    that the normal build inlines), whose samples by line misled."""
+    finalize = CPUTargetOptions.finalize
+
+    def lines_only(self, flags, options):
+        flags.debuginfo = True
+        flags.dbg_directives_only = True   # (no noinline: Numba adds it for full debug information only)
+        flags.dbg_extend_lifetimes = False
+        flags.boundscheck = False
+        finalize(self, flags, options)
+
+    CPUTargetOptions.finalize = lines_only
+
+
+if "--lines" in sys.argv and "--report" not in sys.argv:
+    _line_tables_only()
 
 import fastsim  # noqa: E402
 from fastsim import _kernel  # noqa: E402
@@ -130,19 +155,32 @@ def write_objects(directory):
 
 
 def _line_table(path):
-    """{address in the object file: (file, line)} from ``objdump -dl``."""
-    out = subprocess.run(["objdump", "-dl", "--no-show-raw-insn", path], capture_output=True, text=True,
+    """The object file's line table as two sorted lists: the addresses where a
+    row starts, and each row's (file, line), None for line 0 (code LLVM
+    merged from several lines) and for a sequence's end (``readelf
+    --debug-dump=decodedline``; of rows at one address, the last holds)."""
+    out = subprocess.run(["readelf", "--debug-dump=decodedline", path], capture_output=True, text=True,
                          check=True).stdout
-    table, where = {}, None
+    rows = []
     for line in out.splitlines():
-        m = re.match(r"^(/\S+):(\d+)", line)
+        m = re.match(r"^(\S+)\s+(\d+|-)\s+(0x[0-9a-f]+|\d+)\b", line)
         if m:
-            where = (m.group(1), int(m.group(2)))
-            continue
-        m = re.match(r"^\s+([0-9a-f]+):", line)
-        if m:
-            table.setdefault(int(m.group(1), 16), where)
-    return table
+            where = (m.group(1), int(m.group(2))) if m.group(2) not in ("-", "0") else None
+            rows.append((int(m.group(3), 0), where))
+    rows.sort(key=lambda row: row[0])   # (stable: rows at one address keep their order)
+    return [a for a, _ in rows], [w for _, w in rows]
+
+
+def _source_lines(name):
+    """The lines of source file ``name`` (a bare name is looked up in the
+    fastsim package: the line table names its own files without a directory),
+    or [] where it cannot be read."""
+    path = name if os.path.isabs(name) else os.path.join(os.path.dirname(fastsim.__file__), name)
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
 
 
 def report_lines(data, directory, function, top):
@@ -162,11 +200,12 @@ def report_lines(data, directory, function, top):
     ips = subprocess.run(["perf", "script", "-i", data, "-F", "ip"], capture_output=True, text=True,
                          check=True).stdout.split()
     counts = collections.Counter(int(ip, 16) - base for ip in ips)
-    table = _line_table(path)
+    addrs, rows = _line_table(path)
     by_line = collections.Counter()
     for off, c in counts.items():
         if 0 <= off < size:
-            by_line[table.get(start + off)] += c
+            i = bisect.bisect_right(addrs, start + off) - 1
+            by_line[rows[i] if i >= 0 else None] += c
     total = sum(by_line.values())
     if total == 0:
         raise SystemExit(f"no samples in {function} (was {data} recorded with this --lines directory?)")
@@ -176,14 +215,10 @@ def report_lines(data, directory, function, top):
         text = ""
         if where is not None:
             if where[0] not in sources:
-                try:
-                    with open(where[0]) as f:
-                        sources[where[0]] = f.read().splitlines()
-                except OSError:
-                    sources[where[0]] = []
+                sources[where[0]] = _source_lines(where[0])
             lines = sources[where[0]]
             text = lines[where[1] - 1].strip() if 0 < where[1] <= len(lines) else ""
-        label = f"{os.path.basename(where[0])}:{where[1]}" if where else "?"
+        label = f"{os.path.basename(where[0])}:{where[1]}" if where else "(no line)"
         print(f"{c / total:6.1%}  {label:<18} {text[:90]}")
 
 
