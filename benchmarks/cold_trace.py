@@ -33,7 +33,7 @@ def main():
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_cold_")   # before numba is imported
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastsim
-    from fastsim import _kernel as K
+    from fastsim import kernel as K
     from fastsim import _numba_options as O
     from benchmarks import common
 
@@ -64,8 +64,8 @@ def main():
     fastsim.simulate_requests(scenario, fastsim.sample_requests(scenario, seed=0))
     stamp("sample_requests and simulate_requests done")
     full = K.engine_variant(fastsim._replicate.pack_scenario(scenario)["ipar"])
-    loaded = [d.py_func.__name__ for d, _ in K._callee_types(full) if sum(d.stats.cache_hits.values())]
-    here = [d.py_func.__name__ for d, _ in K._callee_types(full) if sum(d.stats.cache_misses.values())]
+    loaded = [d.py_func.__name__ for d, _ in K.drivers._callee_types(full) if sum(d.stats.cache_hits.values())]
+    here = [d.py_func.__name__ for d, _ in K.drivers._callee_types(full) if sum(d.stats.cache_misses.values())]
     print(f"engine callees loaded from the cache: {len(loaded)}; compiled here: {len(here)} {here}")
 
 

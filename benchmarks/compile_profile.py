@@ -20,7 +20,7 @@ with prefix caching, the engine with every option), and prints
 
 With ``--callees`` it does what a cold start's helper process does first
 instead: it compiles the internal functions the engine calls
-(`_kernel._ENGINE_CALLEES`), in order, into the disk cache, and prints the
+(`kernel.drivers._ENGINE_CALLEES`), in order, into the disk cache, and prints the
 time each took (with the functions it calls that were not compiled yet),
 their total and LLVM's share: the helper must be done with them about when
 the engine's compilation asks for them (``cold_trace.py`` shows when it does).
@@ -65,7 +65,7 @@ def main():
     event.register("numba:compile", Timer())
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastsim
-    from fastsim import _kernel
+    from fastsim import kernel
     from benchmarks.common import full_engine_workload, reference_workload
 
     t = time.perf_counter()
@@ -80,7 +80,7 @@ def main():
     rest = sum(own.values()) - sum(s for _, s in own.most_common(args.top))
     print(f"  {'(the other functions)':28s} {rest:6.2f}")
     passes = collections.Counter()
-    for obj in vars(_kernel).values():
+    for obj in kernel.namespace().values():
         for cres in getattr(obj, "overloads", {}).values():
             for key, timing in cres.metadata.get("pipeline_times", {}).get("nopython", {}).items():
                 passes[key.split("_", 1)[1]] += timing.run
@@ -94,7 +94,7 @@ def main():
     print("LLVM, by library (s): function passes, module passes, code generation")
     shown = [name for name, _ in own.most_common(4)]
     for name in shown + [n for n in ("_run_chunk",) if n not in shown]:   # and the driver (see its comment)
-        for cres in getattr(getattr(_kernel, name, None), "overloads", {}).values():
+        for cres in getattr(kernel.namespace().get(name), "overloads", {}).values():
             llvm = collections.Counter()
             for key, timing in cres.library.recorded_timings:
                 kind = ("function" if key.startswith("Function passes") else
@@ -105,10 +105,10 @@ def main():
 
 def callees(full):
     """Compile the engine's callees in the helper's order, saving them as the helper does."""
-    from fastsim import _kernel
+    from fastsim import kernel
 
     t0 = time.perf_counter()
-    jobs = _kernel._callee_types(1 if full else None)
+    jobs = kernel.drivers._callee_types(1 if full else None)
     for dispatcher, argtypes in jobs:
         dispatcher._cache.saving.add(tuple(argtypes))
     print(f"{len(jobs)} callees of the {'full' if full else 'common'} engine "

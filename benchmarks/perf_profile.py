@@ -77,7 +77,7 @@ if "--lines" in sys.argv and "--report" not in sys.argv:
     _line_tables_only()
 
 import fastsim  # noqa: E402
-from fastsim import _kernel  # noqa: E402
+from fastsim import kernel  # noqa: E402
 from benchmarks.common import WORKLOADS  # noqa: E402
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
@@ -113,7 +113,7 @@ def write_perf_map():
     """Write /tmp/perf-<pid>.map for every function the kernel's dispatchers
     compiled; return (functions, how many have their exact size)."""
     entries = {}
-    for obj in vars(_kernel).values():
+    for obj in kernel.namespace().values():
         if not isinstance(obj, numba.core.registry.CPUDispatcher):
             continue
         for cres in obj.overloads.values():
@@ -142,7 +142,7 @@ def write_objects(directory):
     os.makedirs(directory, exist_ok=True)
     index = {}
     for name in _ENTRIES:
-        for i, cres in enumerate(getattr(_kernel, name).overloads.values()):
+        for i, cres in enumerate(kernel.namespace()[name].overloads.values()):
             path = os.path.abspath(os.path.join(directory, f"{name}_{i}.o"))
             with open(path, "wb") as f:
                 f.write(cres.library._get_compiled_object())
@@ -188,7 +188,7 @@ def report_lines(data, directory, function, top):
     most of its samples in perf's ``data``."""
     with open(os.path.join(directory, "index.json")) as f:
         index = json.load(f)
-    names = [fn for fn in index if re.match(rf"_ZN7fastsim7_kernel\d+{re.escape(function)}B", fn)]
+    names = [fn for fn in index if re.match(rf"_ZN7fastsim6kernel\d+[A-Za-z_]+\d+{re.escape(function)}B", fn)]
     if not names:
         raise SystemExit(f"--function {function!r}: not among the functions written to {directory} "
                          f"({', '.join(_ENTRIES)})")

@@ -3,7 +3,7 @@
     python benchmarks/profile_breakdown.py [--replications 1000] [--requests 1000] [--threads 1] [--rounds 9]
         [--short-calls 150] [--short-replications 100]
 
-(All three pipelines run ``replicate``'s driver, `_kernel._run_chunk`, on its
+(All three pipelines run ``replicate``'s driver, `kernel.drivers._run_chunk`, on its
 buffers; the two shorter ones with no-op stand-ins, compiled here without
 Numba's disk cache, for the entries they leave out.)
 
@@ -38,14 +38,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 import fastsim  # noqa: E402
-from fastsim import _kernel as K  # noqa: E402
+from fastsim import kernel as K  # noqa: E402
 from fastsim._numba_options import function_pointer, njit  # noqa: E402
 from fastsim._replicate import pack_scenario  # noqa: E402
 from benchmarks.common import (alternating_seconds, decile, floor_args, interleaved_ratios,  # noqa: E402
                                numpy_floor, reference_workload, seconds, sharegpt_80pct)
 
 
-# The two shorter pipelines are the driver itself, `_kernel._run_chunk`, with
+# The two shorter pipelines are the driver itself, `kernel.drivers._run_chunk`, with
 # stand-ins for the entries they leave out, passed as pointers of the same types
 # (so `_run_chunk` is not compiled again).
 
@@ -66,9 +66,9 @@ def no_reduce(n, arrival, output, ipar, fpar, wi, wf, row):
 
 def pipelines(arrays, full):
     """The pointers of the three pipelines: drawing only, drawing and
-    simulating, the full replication (`_kernel.engine_pointers`, replicate's code)."""
+    simulating, the full replication (`kernel.drivers.engine_pointers`, replicate's code)."""
     draw, ws_need, simulate, reduce = K.engine_pointers(arrays, full)
-    types = K._driver_types(tuple(numba.typeof(a) for a in arrays), full)
+    types = K.drivers._driver_types(tuple(numba.typeof(a) for a in arrays), full)
     stand_in = {d: function_pointer(f, types[d])
                 for d, f in ((K._ws_need, no_ws_need), (K._simulate, no_simulate), (K._reduce, no_reduce))}
     return ((draw, stand_in[K._ws_need], stand_in[K._simulate], stand_in[K._reduce]),
@@ -95,8 +95,8 @@ def threaded(fn, threads, nrep, *args):
 
 
 def threaded_driver(threads, nrep, arrays, full, pointers):
-    """Run `_kernel._run_chunk` with ``pointers`` over ``threads`` chunks by
-    `_kernel.run_on`, on fresh buffers per chunk, as one replicate call does."""
+    """Run `kernel.drivers._run_chunk` with ``pointers`` over ``threads`` chunks by
+    `kernel.drivers.run_on`, on fresh buffers per chunk, as one replicate call does."""
     out = np.empty((nrep, K.N_COLUMNS))
     num_requests = int(arrays[0][K.I_NUM_REQUESTS])
 

@@ -29,7 +29,7 @@ each long size (``PAIRED``, replications of about 2,000,000 requests in
 all, and the longest in 8 replications too), the time per request relative
 to 2,000 replications of 1,000 requests, in ``--rounds`` rounds of long,
 short, short, long (`interleaved_ratios`). A call's buffers are faulted in
-once per thread (`fastsim._kernel.ChunkBuffers`), a cost that a call of few
+once per thread (`fastsim.kernel.ChunkBuffers`), a cost that a call of few
 long replications shares among few of them.
 """
 

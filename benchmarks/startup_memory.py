@@ -8,7 +8,7 @@ Each figure is measured in a fresh Python process:
 * cold start: the first ``replicate``, ``sample_requests`` and
   ``simulate_requests`` calls with an empty Numba cache (JIT of every kernel
   they need), on the issue-7 workload (the common engine) and on the same
-  with prefix caching (the engine with every option, `_kernel._simulate`'s
+  with prefix caching (the engine with every option, `kernel.replica._simulate`'s
   ``full``); with the compile helper (a second process compiles the
   engine's callees and the entries other than the engine) and, for the
   issue-7 workload, without it

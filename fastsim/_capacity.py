@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import _kernel as K
+from . import kernel as K
 from ._config import Scenario
 from ._replicate import METRIC_DESCRIPTIONS, _run, _seed_keys, pack_scenario
 from ._stats import t_quantile

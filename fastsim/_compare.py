@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ._io import save_table
-from . import _kernel as K
+from . import kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
 from ._replicate import _check_backend, _seed_keys, pack_scenario, replicate

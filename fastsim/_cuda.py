@@ -1,8 +1,8 @@
 """GPU backend: the CPU kernel's own functions, compiled as CUDA device functions.
 
-One source of truth. Every engine function of ``fastsim/_kernel.py`` is
+One source of truth. Every engine function of ``fastsim/kernel/`` is
 written without allocation (the replication state is carved out of a flat
-workspace, see ``_kernel._ws_need``), so the same Python source compiles with
+workspace, see ``kernel.workspace._ws_need``), so the same Python source compiles with
 ``numba.njit`` for the CPU and with ``numba.cuda.jit(device=True)`` here. The
 CUDA copies are built by re-binding each function's code to a namespace in
 which its callees are the CUDA versions; only the two ``__global__`` entry
@@ -33,12 +33,12 @@ import warnings
 
 import numpy as np
 
-from . import _kernel as K
+from . import kernel as K
 
 __all__ = ["BackendUnavailableError", "cuda_unavailable_reason", "check_cuda_available", "compile_ptx",
            "run_replications_cuda"]
 
-#: Compiled functions of ``_kernel`` that allocate (the CPU driver): never compiled for the GPU.
+#: Compiled functions of the kernel package that allocate (the CPU driver): never compiled for the GPU.
 _CPU_ONLY = frozenset({"_run_chunk"})
 
 #: Threads per block. Replications are independent and divergent; small blocks
@@ -132,13 +132,14 @@ def _rebind(func, namespace):
 
 
 def _namespace():
-    """A copy of ``_kernel``'s globals in which every engine function is its
-    CUDA device-function version (compiled on first use)."""
+    """A copy of the kernel package's `namespace` (the globals of all its
+    modules) in which every engine function is its CUDA device-function
+    version (compiled on first use)."""
     from numba import cuda
     from numba.core.registry import CPUDispatcher
 
-    ns = dict(vars(K))
-    for name, obj in vars(K).items():
+    ns = K.namespace()
+    for name, obj in list(ns.items()):
         if isinstance(obj, CPUDispatcher) and name not in _CPU_ONLY:
             ns[name] = cuda.jit(device=True)(_rebind(obj.py_func, ns))
     ns["cuda"] = cuda

@@ -2,7 +2,7 @@
 
 Lengths are integer token counts >= 1. Every law here is encoded into flat
 arrays that the kernel samples from with its own counter-based generator
-(`fastsim/_kernel.py`), so the laws are defined once, here, and sampled the
+(`fastsim/kernel/`), so the laws are defined once, here, and sampled the
 same way by every backend.
 """
 

@@ -19,7 +19,7 @@ No reference counting in the engine. :func:`njit_noalloc` compiles a function
 without Numba's runtime (NRT): passing, slicing and returning arrays then
 costs no atomic reference-count updates. Such a function cannot allocate an
 array, and need not: the engine works in a workspace that its caller
-allocated and keeps alive (``fastsim/_kernel.py``), as the CUDA target
+allocated and keeps alive (``fastsim/kernel/workspace.py``), as the CUDA target
 requires anyway. The update calls had been most of the cost of an engine
 step with events (about 40 per step).
 
@@ -66,6 +66,8 @@ is stopped, this process compiles what it left.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
 import pickle
@@ -84,6 +86,45 @@ from numba.core.types import FunctionType, WrapperAddressProtocol
 from numba.extending import typeof_impl
 
 NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
+
+#: The package whose functions are cached under `kernel_source_stamp`.
+KERNEL_PACKAGE = f"{__package__}.kernel"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_source_stamp():
+    """A stamp over every source file of the kernel package (and of this
+    module, whose options shape the compiled code): their names and
+    contents, hashed.
+
+    Numba's disk cache stamps an entry with its own source file's time and
+    size only, so an entry whose function calls, inlines or reads a
+    constant of another module would be served stale after an edit of that
+    module. Every function of the kernel package is cached under this stamp
+    instead (`_stamp`): an edit of any kernel file drops every cached
+    kernel function. (Contents, not times: a checkout that touches the
+    files without changing them keeps the cache.)"""
+    root = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.join(root, "kernel")
+    paths = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+    digest = hashlib.sha256()
+    for path in paths + [os.path.abspath(__file__)]:
+        digest.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
+    return ("fastsim-kernel-sources", digest.hexdigest())
+
+
+def _stamp(dispatcher):
+    """Cache ``dispatcher`` under `kernel_source_stamp` if its function is
+    the kernel package's (Numba's own stamp otherwise)."""
+    cache = getattr(dispatcher, "_cache", None)
+    module = getattr(dispatcher.py_func, "__module__", "") or ""
+    if cache is not None and hasattr(cache, "_cache_file") and (
+            module == KERNEL_PACKAGE or module.startswith(KERNEL_PACKAGE + ".")):
+        cache._cache_file._source_stamp = kernel_source_stamp()
+    return dispatcher
 
 
 def _one_specialisation(dispatcher):
@@ -136,7 +177,7 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
                       forceinline=inline == "llvm", fastmath=False)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     dispatcher._cache = _InternalCache(dispatcher.py_func)
-    return dispatcher
+    return _stamp(dispatcher)
 
 
 #: The helper `compile_entries` runs (a `_Helper`), None when none runs.
@@ -197,9 +238,9 @@ def njit(*args, **kwargs):
     """``numba.njit`` with fastsim's options (keyword arguments override)."""
     options = {**NUMBA_OPTIONS, **kwargs}
     if args and callable(args[0]):
-        return _one_specialisation(numba.njit(**options)(args[0]))
+        return _stamp(_one_specialisation(numba.njit(**options)(args[0])))
     decorator = numba.njit(*args, **options)
-    return lambda func: _one_specialisation(decorator(func))
+    return lambda func: _stamp(_one_specialisation(decorator(func)))
 
 
 class _FunctionPointer(WrapperAddressProtocol):
@@ -378,7 +419,7 @@ def _helper_main(report):
                 raise   # an entry: the parent compiles it again and says why
             import traceback
 
-            traceback.print_exc()   # a wrong `_kernel._ENGINE_CALLEES` line: the engine compiles its own
+            traceback.print_exc()   # a wrong `kernel.drivers._ENGINE_CALLEES` line: the engine compiles its own
             print("skip", i, file=report, flush=True)
             continue
         print(i, file=report, flush=True)

@@ -1,6 +1,6 @@
 """A slow, plain-Python reference simulator of ``docs/engine-model.md``.
 
-This module exists to check the fast Numba kernel (``fastsim/_kernel.py``)
+This module exists to check the fast Numba kernel (``fastsim/kernel/``)
 against an independent, deliberately simple implementation of the same
 specification. It shares no simulation code with the kernel: it uses only the
 configuration (:class:`EngineConfig`) and the latency model

@@ -1,6 +1,6 @@
 """``backend="reference"``: replications run by the pure-Python reference
 simulator, with metrics computed here in plain NumPy from its per-request
-output, independently of the kernel's own reduction (``_kernel._reduce``).
+output, independently of the kernel's own reduction (``kernel.metrics._reduce``).
 
 Only the workload sampling is shared with the kernel (by design: the two
 backends must simulate the same request streams).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernel as K
+from . import kernel as K
 from ._reference import (COMPLETED, DROPPED, REJECTED_ADMISSION, REJECTED_TOO_LONG, UNFINISHED,
                          simulate_reference)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ._io import save_table
-from . import _kernel as K
+from . import kernel as K
 from ._config import BucketPredictor, EngineConfig, Scenario, Workload
 from ._distributions import KIND_EMPIRICAL, LogNormal
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
@@ -80,7 +80,7 @@ def metric_unit(metric: str):
 
 def pack_scenario(scenario: Scenario) -> dict:
     """The kernel's view of a scenario: parameter vectors and flat tables
-    (the names `_kernel.SCENARIO_ARRAYS`; `_kernel.scenario_arrays` orders them)."""
+    (the names `kernel.drivers.SCENARIO_ARRAYS`; `kernel.drivers.scenario_arrays` orders them)."""
     e, w = scenario.engine, scenario.workload
     ipar = np.zeros(K.N_IPAR, np.int64)
     fpar = np.zeros(K.N_FPAR, np.float64)

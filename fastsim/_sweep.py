@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ._io import check_table_path, save_table
-from . import _kernel as K
+from . import kernel as K
 from ._config import Scenario
 from ._parallel import check_n_jobs, run_parallel
 from ._replicate import _check_backend, as_seed_sequence, replicate, reproducible_seed

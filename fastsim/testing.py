@@ -78,7 +78,7 @@ def _per_replication(name, result) -> pd.DataFrame:
 def _default_metrics(result, frame):
     names = getattr(result, "metrics", None)
     if names is None:
-        from ._kernel import METRICS
+        from .kernel import METRICS
 
         known = [m for m in METRICS if m in frame.columns]
         names = known or [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c])]

@@ -13,7 +13,7 @@ import pytest
 from numba.core.dispatcher import Dispatcher
 
 import fastsim
-from fastsim import _kernel as K
+from fastsim import kernel as K
 
 # Multiplier of the standard error used by statistical assertions: a correct
 # implementation fails one of them with probability ~1e-6, so the suite passes
@@ -56,10 +56,23 @@ def within(estimate, truth, std_error, z=Z):
 
 @contextlib.contextmanager
 def kernel_as_python():
-    """Every compiled function of ``fastsim._kernel`` replaced by its Python
-    source (then NumPy bounds-checks every access); yields the MonkeyPatch."""
+    """Every compiled function of the kernel package replaced by its Python
+    source in every kernel module (then NumPy bounds-checks every access);
+    yields the MonkeyPatch."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, obj in list(vars(K).items()):
-            if isinstance(obj, Dispatcher):
-                mp.setattr(K, name, obj.py_func)
+        for module in (K,) + K.MODULES:
+            for name, obj in list(vars(module).items()):
+                if isinstance(obj, Dispatcher):
+                    mp.setattr(module, name, obj.py_func)
         yield mp
+
+
+def patch_kernel(mp, name, value):
+    """Bind ``name`` to ``value`` in every kernel module that binds it
+    (a function is looked up in the globals of the module that calls it)."""
+    found = False
+    for module in (K,) + K.MODULES:
+        if name in vars(module):
+            mp.setattr(module, name, value)
+            found = True
+    assert found, f"no kernel module binds {name!r}"

@@ -177,14 +177,14 @@ def test_cli_reports_bad_input_clearly(tmp_path, capsys):
 
 
 def test_cli_compile_leaves_both_engines_compiled(capsys):
-    from fastsim import _kernel as K
+    from fastsim import kernel as K
 
     assert main(["compile"]) == 0
     out = capsys.readouterr().out
     assert "common engine: ready in" in out and "full engine: ready in" in out
     # What a later run needs is there: the entries for either engine, and the driver for both.
-    assert {sig[-1] for sig in K._simulate.signatures} >= {K.nb_types.none, K.nb_types.int64}
-    assert {sig[-5] for sig in K._run_chunk.signatures} >= {K.nb_types.none, K.nb_types.int64}
+    assert {sig[-1] for sig in K._simulate.signatures} >= {K.drivers.nb_types.none, K.drivers.nb_types.int64}
+    assert {sig[-5] for sig in K._run_chunk.signatures} >= {K.drivers.nb_types.none, K.drivers.nb_types.int64}
 
 
 def test_compile_kernels_one_engine_and_bad_input():

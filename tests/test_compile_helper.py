@@ -17,7 +17,7 @@ import pytest
 from numba import types
 
 import fastsim._parallel
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim import _numba_options as O
 
 TOY = '''
@@ -269,7 +269,7 @@ def test_the_helper_compiles_fastsims_entries(tmp_path):
     from test_engine_variants import BASE
 
     p = pack_scenario(BASE)
-    rest = list(K._driver_types(tuple(numba.typeof(a) for a in K.scenario_arrays(p)), None).items())[1:]
+    rest = list(K.drivers._driver_types(tuple(numba.typeof(a) for a in K.scenario_arrays(p)), None).items())[1:]
     assert [d for d, _ in rest] == [K._reduce, K._draw_workload, K._ws_need, K._run_chunk]
     with open(tmp_path / "log", "w+b") as log:
         proc = O._start_helper(rest, log, str(tmp_path))
@@ -298,17 +298,17 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
     p = pack_scenario(BASE)
     given = tuple(numba.typeof(a) for a in K.scenario_arrays(p))
     seen = []
-    monkeypatch.setattr(K, "compile_entries", lambda items, callees: seen.extend(items))
-    monkeypatch.setattr(K, "function_pointer", lambda d, argtypes: d)
-    K._entry_pointers.__wrapped__(given, None)
+    monkeypatch.setattr(K.drivers, "compile_entries", lambda items, callees: seen.extend(items))
+    monkeypatch.setattr(K.drivers, "function_pointer", lambda d, argtypes: d)
+    K.drivers._entry_pointers.__wrapped__(given, None)
     assert seen[0][0] is K._simulate
     assert {d for d, _ in seen} == {K._simulate, K._ws_need, K._reduce, K._draw_workload, K._run_chunk}
     seen.clear()
     monkeypatch.undo()
     given_types = {}
-    real = K.compile_entries
-    K._stream_entries.cache_clear()   # an earlier test's simulate_requests may have looked these types up
-    monkeypatch.setattr(K, "compile_entries",
+    real = K.drivers.compile_entries
+    K.drivers._stream_entries.cache_clear()   # an earlier test's simulate_requests may have looked these types up
+    monkeypatch.setattr(K.drivers, "compile_entries",
                         lambda items, callees: (given_types.update(items), real(given_types.items(), callees)))
     before = {d: set(d.overloads) for d in (K._simulate, K._ws_need, K._reduce)}
     K.simulate_stream(np.array([0.0, 0.5]), [5, 9], [3, 4], [0, 0], [0, 0], [-1, -1], [0, 0], p["ipar"], p["fpar"],
@@ -322,7 +322,7 @@ def test_the_engine_is_compiled_first_and_the_direct_calls_use_what_was_compiled
 _ASKED = r"""
 import json
 from numba.core import event
-from fastsim import _kernel as K, _numba_options as O
+from fastsim import kernel as K, _numba_options as O
 
 full = {full}
 asked = []
@@ -339,13 +339,13 @@ class Record(event.Listener):
 
 
 event.register("numba:compile", Record())
-K._simulate.compile(K._engine_types(K._V_I, K._V_F, K._V_F, full)[K._simulate])
+K._simulate.compile(K.drivers._engine_types(K.drivers._V_I, K.drivers._V_F, K.drivers._V_F, full)[K._simulate])
 print(json.dumps(asked))
 """
 
 
 def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_asks_for(tmp_path):
-    """`_kernel._ENGINE_CALLEES`, for each engine: the internal functions its
+    """`kernel.drivers._ENGINE_CALLEES`, for each engine: the internal functions its
     compilation asks for, with their argument types, in that order (the
     helper's order of work). Each engine is compiled in a fresh process
     with an empty cache (both at once)."""
@@ -361,15 +361,15 @@ def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         asked = [(name, argtypes) for name, argtypes in json.loads(out.splitlines()[-1])]
-        listed = [(O._name_in_module(d), [str(t) for t in argtypes]) for d, argtypes in K._callee_types(full)]
+        listed = [(O._name_in_module(d), [str(t) for t in argtypes]) for d, argtypes in K.drivers._callee_types(full)]
         code = {str(t): c for c, t in (("i", types.int64), ("f", types.float64), ("b", types.boolean),
-                                         ("vi", K._V_I), ("vf", K._V_F))}
+                                         ("vi", K.drivers._V_I), ("vf", K.drivers._V_F))}
         assert listed == asked, f"engine {full}: _ENGINE_CALLEES should list, in this order:\n" + "\n".join(
             " ".join([name] + [code.get(t, t) for t in argtypes]) for name, argtypes in asked)
 
 
 def test_the_helper_skips_an_internal_function_it_cannot_compile(toy, tmp_path):
-    """(A wrong line of `_kernel._ENGINE_CALLEES`.) It says so and goes on."""
+    """(A wrong line of `kernel.drivers._ENGINE_CALLEES`.) It says so and goes on."""
     with open(tmp_path / "log", "w+b") as log:
         proc = O._start_helper([(toy.inner, (types.unicode_type,)), (toy.third, SIG)], log, str(tmp_path))
         assert proc.wait(120) == 0, log.seek(0) or log.read().decode()

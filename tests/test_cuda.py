@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim._cuda import _groups, cuda_unavailable_reason
 
 REAL_GPU = cuda_unavailable_reason() is None and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "1"
@@ -92,7 +92,7 @@ SIM_SCRIPT = textwrap.dedent("""
     sc = build("tight-kv")
     p = pack_scenario(sc)
     k0, k1, _ = _seed_keys(7)
-    small = np.empty((N_REP, len(fastsim._kernel.COLUMNS)))
+    small = np.empty((N_REP, len(fastsim.kernel.COLUMNS)))
     _cuda.run_replications_cuda(p, k0, k1, 0, N_REP, small, chunk=4, memory_budget=1, threads_per_block=2)
     out["tight-kv/chunked"] = small.tolist()
     print("RESULT" + json.dumps(out))

@@ -1,6 +1,6 @@
 """The CPU driver calls the engine through function pointers (`_numba_options.function_pointer`).
 
-`_kernel._run_chunk` takes the compiled `_draw_workload`, `_ws_need`,
+`kernel.drivers._run_chunk` takes the compiled `_draw_workload`, `_ws_need`,
 `_simulate` and `_reduce` as first-class functions, so its own compilation
 does not link in (and have LLVM optimise again) the engine. These tests check
 that the pointers call the same code as the Python entries, and that the
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim._numba_options import function_pointer
 from fastsim._replicate import pack_scenario
 from test_engine_variants import CASES, LATENCIES, OPTIONS, scenario
@@ -40,7 +40,7 @@ def test_the_drivers_take_the_scenario_arrays_in_that_order():
 
 def test_function_pointer_refuses_an_internal_function():
     with pytest.raises(TypeError, match="needs an entry"):
-        function_pointer(K._stretch_kv, ())
+        function_pointer(K.stretch._stretch_kv, ())
 
 
 def test_a_pointer_has_the_type_numba_would_give_it():
@@ -106,7 +106,7 @@ def test_the_driver_is_compiled_for_the_call_replicate_makes(name):
     out = np.empty((6, K.N_COLUMNS))   # _replicate._run's rows
     buf = K.ChunkBuffers(int(p["ipar"][K.I_NUM_REQUESTS])).arrays()
     call = (3, 2, np.uint64(1), np.uint64(2), *given, out[2:4], *buf, full, *pointers)   # keys as _replicate draws them
-    declared = K._driver_types(tuple(numba.typeof(a) for a in given), full)[K._run_chunk]
+    declared = K.drivers._driver_types(tuple(numba.typeof(a) for a in given), full)[K._run_chunk]
     assert tuple(numba.typeof(a) for a in call) == declared
     assert declared in K._run_chunk.overloads
     # and replicate's real call, in the calling thread and on a pool, compiles no other version
@@ -171,9 +171,9 @@ def test_the_pointers_are_looked_up_by_what_numba_types_arrays_by():
                 base.astype(np.float32), base.ravel(), base[0], np.empty(0), np.empty(0, np.int64), base[:1]]
     for a in variants:
         for b in variants:
-            if K._array_key(a) == K._array_key(b):
+            if K.drivers._array_key(a) == K.drivers._array_key(b):
                 assert numba.typeof(a) == numba.typeof(b)
-    assert len({K._array_key(a) for a in variants}) >= len({numba.typeof(a) for a in variants}) == 8
+    assert len({K.drivers._array_key(a) for a in variants}) >= len({numba.typeof(a) for a in variants}) == 8
     given = K.scenario_arrays(pack_scenario(CASES["fcfs-tight-kv/a10g"]))
-    assert K.engine_pointers(given, None) is K._entry_pointers(tuple(numba.typeof(a) for a in given), None)
+    assert K.engine_pointers(given, None) is K.drivers._entry_pointers(tuple(numba.typeof(a) for a in given), None)
     assert K.engine_pointers(tuple(a.copy() for a in given), None) is K.engine_pointers(given, None)

@@ -1,4 +1,4 @@
-"""The two compilations of the engine (`_kernel._simulate`'s ``full``).
+"""The two compilations of the engine (`kernel.replica._simulate`'s ``full``).
 
 ``full=None`` compiles the *common* engine: static batching, active priority
 preemption, swap preemption and prefix caching are constants there, and
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import fastsim
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 from test_reference_agreement import GRID, LATENCIES, scenario
 

@@ -8,13 +8,13 @@ sorting; they must be exactly numpy's linear-interpolation percentiles.
 import numpy as np
 import pytest
 
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim._numba_options import python_entry
 
 # internal kernel functions have no Python entry of their own
-_weighted_stats = python_entry(K._weighted_stats)
-_percentiles = python_entry(K._percentiles)
-_percentile_into = python_entry(K._percentile_into)
+_weighted_stats = python_entry(K.metrics._weighted_stats)
+_percentiles = python_entry(K.metrics._percentiles)
+_percentile_into = python_entry(K.metrics._percentile_into)
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "many-ties"])

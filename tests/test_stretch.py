@@ -1,4 +1,4 @@
-"""Event skipping in closed form (``_kernel._stretch_*``) against step-by-step loops.
+"""Event skipping in closed form (``kernel._stretch_*``) against step-by-step loops.
 
 A stretch is a run of engine steps in which only token counts change; the
 kernel advances the clock alone (a running sum, as the reference,
@@ -15,14 +15,14 @@ import pandas as pd
 import pytest
 
 import fastsim
-from conftest import kernel_as_python
-from fastsim import _kernel as K
+from conftest import kernel_as_python, patch_kernel
+from fastsim import kernel as K
 from fastsim._numba_options import python_entry
 
 # internal kernel functions have no Python entry of their own
-stretch_blocks = python_entry(K._stretch_blocks)
-stretch_kv = python_entry(K._stretch_kv)
-stretch_steps = python_entry(K._stretch_steps)
+stretch_blocks = python_entry(K.stretch._stretch_blocks)
+stretch_kv = python_entry(K.stretch._stretch_kv)
+stretch_steps = python_entry(K.stretch._stretch_steps)
 
 
 def stretch_clock(t, kmax, next_a, has_h, horizon, d):
@@ -39,8 +39,8 @@ def test_internal_kernel_functions_refuse_python_calls():
     error (not a jump into a wrapper that does not exist); python_entry
     compiles a callable twin."""
     ph = np.array([1, 0, 2, 1], np.int64)
-    with pytest.raises(TypeError, match=r"_kernel\._stretch_kv is compiled for jitted callers only"):
-        K._stretch_kv(ph, 0, 4, 7, 0.1, 0.0)
+    with pytest.raises(TypeError, match=r"kernel\.stretch\._stretch_kv is compiled for jitted callers only"):
+        K.stretch._stretch_kv(ph, 0, 4, 7, 0.1, 0.0)
     assert stretch_kv(ph, 0, 4, 7, 0.1, 0.0) == (8, 0.1 * 26)   # (S1 = 1 * 1 + 2 * 2 + 1 * 4 + 1 * 5 + 2 * 6)
 
 
@@ -62,9 +62,9 @@ def test_inline_names_its_allowed_values(inline):
 def test_block_arithmetic_by_shifts_is_division():
     """Blocks for a token count and phases mod block_size: by shifts and masks
     for powers of two, by division otherwise, as Python's // and %."""
-    log2_exact = python_entry(K._log2_exact)
-    blocks_of = python_entry(K._blocks_of)
-    phase = python_entry(K._phase)
+    log2_exact = python_entry(K.kv_cache._log2_exact)
+    blocks_of = python_entry(K.kv_cache._blocks_of)
+    phase = python_entry(K.kv_cache._phase)
     for bs in range(1, 70):
         bsh = log2_exact(bs)
         assert bsh == (int(np.log2(bs)) if bs & (bs - 1) == 0 else -1)
@@ -91,7 +91,7 @@ def test_stretch_blocks_is_the_step_by_step_count(seed):
         free = int(rng.integers(0, 200))
         got = stretch_blocks(ph, sph, bs, free, ph.sum())
         if ph.sum() == 0:
-            assert got == K._UNBOUNDED
+            assert got == K.stretch._UNBOUNDED
             continue
         j, idx, left = 0, sph, free          # the loop: a step runs while its new blocks fit
         while ph[idx] <= left:
@@ -113,14 +113,14 @@ def test_stretch_kv_sums_blocks_and_weighted_times(seed):
         dlt = float(rng.choice([0.0, rng.uniform(0, 1e-4)]))
         blocks, w = stretch_kv(ph, sph, bs, k, d0, dlt)
         b = np.array([ph[(sph - i) % bs] for i in range(k)], dtype=np.int64)
-        el = np.array([K._elapsed.py_func(i, d0, dlt) for i in range(k)])
+        el = np.array([K.stretch._elapsed.py_func(i, d0, dlt) for i in range(k)])
         assert blocks == b.sum()
         assert w == pytest.approx(float(b @ el), rel=1e-12, abs=1e-300)
         # ... which gives the KV integral sum_j d_j * (used0 + b_0 + ... + b_j)
         used0 = 7
         d = d0 + dlt * np.arange(k)
         direct = float(d @ (used0 + np.cumsum(b)))
-        assert (used0 + blocks) * K._elapsed.py_func(k, d0, dlt) - w == pytest.approx(direct, rel=1e-11)
+        assert (used0 + blocks) * K.stretch._elapsed.py_func(k, d0, dlt) - w == pytest.approx(direct, rel=1e-11)
 
 
 def clock_by_steps(t, kmax, next_a, has_h, horizon, d):
@@ -295,7 +295,7 @@ def test_long_stretches_take_the_closed_form(latency):
     from fastsim._replicate import pack_scenario
 
     stretches, closed = [], []
-    steps, closed_form = K._stretch_steps.py_func, K._stretch_kv.py_func
+    steps, closed_form = K.stretch._stretch_steps.py_func, K.stretch._stretch_kv.py_func
 
     def counting_steps(*args):
         out = steps(*args)
@@ -313,8 +313,8 @@ def test_long_stretches_take_the_closed_form(latency):
     ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     with kernel_as_python() as mp:
-        mp.setattr(K, "_stretch_steps", counting_steps)
-        mp.setattr(K, "_stretch_kv", counting_kv)
+        patch_kernel(mp, "_stretch_steps", counting_steps)
+        patch_kernel(mp, "_stretch_kv", counting_kv)
         K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf,
                     K.engine_variant(p["ipar"]))
     k = np.array([c[0] for c in stretches])

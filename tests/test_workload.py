@@ -8,7 +8,7 @@ from scipy import stats
 
 import fastsim
 from conftest import within
-from fastsim import _kernel as K
+from fastsim import kernel as K
 
 N = 200_000
 
@@ -46,10 +46,10 @@ def _normals(n, key, tail):
     """n variates of the kernel's standard normal sampler (``tail``: of its
     tail beyond R alone), from one stream."""
     state = np.zeros(1, dtype=np.uint64)
-    K._seed_streams(key, np.uint64(0), 0, state)
+    K.rng._seed_streams(key, np.uint64(0), 0, state)
     out = np.empty(n)
     for j in range(n):
-        out[j] = K._normal_tail(state, 0) if tail else K._normal(state, 0)
+        out[j] = K.rng._normal_tail(state, 0) if tail else K.rng._normal(state, 0)
     return out
 
 
@@ -58,34 +58,34 @@ def _key():
 
 
 def test_ziggurat_layers_have_equal_areas_and_exact_thresholds():
-    """Every layer of `_kernel._normal` holds the same area of the unnormalised
+    """Every layer of `kernel.rng._normal` holds the same area of the unnormalised
     density f(x) = exp(-x^2 / 2), layer 0's being the rectangle [0, R] x
     [0, f(R)] plus the tail (scipy's normal sf); the immediate-acceptance
     thresholds are the layers' width ratios in units of 2^-53."""
-    x = K._ZIG_W * 2.0 ** 53
-    f = K._ZIG_F
-    assert x.size == 256 and f.size == 257 and f[-1] == 1.0 and f[1] == np.exp(-0.5 * K._ZIG_R ** 2)
-    area0 = K._ZIG_R * f[1] + np.sqrt(2 * np.pi) * stats.norm.sf(K._ZIG_R)
+    x = K.rng._ZIG_W * 2.0 ** 53
+    f = K.rng._ZIG_F
+    assert x.size == 256 and f.size == 257 and f[-1] == 1.0 and f[1] == np.exp(-0.5 * K.rng._ZIG_R ** 2)
+    area0 = K.rng._ZIG_R * f[1] + np.sqrt(2 * np.pi) * stats.norm.sf(K.rng._ZIG_R)
     np.testing.assert_allclose(x[0] * f[1], area0, rtol=1e-13)
     np.testing.assert_allclose(x[1:] * (f[2:] - f[1:-1]), area0, rtol=1e-12)   # layers 1 .. 255
-    np.testing.assert_array_equal(K._ZIG_K, np.floor(np.append(x[1:], 0.0) / x * 2.0 ** 53).astype(np.uint64))
+    np.testing.assert_array_equal(K.rng._ZIG_K, np.floor(np.append(x[1:], 0.0) / x * 2.0 ** 53).astype(np.uint64))
 
 
 def test_normal_sampler_fits_the_normal_law_layer_by_layer():
-    """The ziggurat sampler (`_kernel._normal`), checked where it could go
+    """The ziggurat sampler (`kernel.rng._normal`), checked where it could go
     wrong: bins that split each of its 256 layers in four (a wrong table
     entry or wedge test shows as a misfit within a layer), the mass beyond
     +-R and symmetry; the tail's own algorithm, `_normal_tail`, on a
     million draws of it."""
     x = _normals(8_000_000, _key(), False)
-    edges = np.append(0.0, K._ZIG_W[:0:-1] * 2.0 ** 53)          # 0 = x_256 < x_255 < ... < x_1 = R
+    edges = np.append(0.0, K.rng._ZIG_W[:0:-1] * 2.0 ** 53)          # 0 = x_256 < x_255 < ... < x_1 = R
     half = np.append(np.concatenate([np.linspace(a, b, 4, endpoint=False) for a, b in zip(edges, edges[1:])]),
                      edges[-1])
     cuts = np.concatenate([-half[:0:-1], half])                 # 0, +-R and three cuts inside each layer
     cdf = np.concatenate([[0.0], stats.norm.cdf(cuts), [1.0]])
     counts = np.bincount(np.searchsorted(cuts, x, side="right"), minlength=cuts.size + 1)
     assert stats.chisquare(counts, np.diff(cdf) * x.size).pvalue > 1e-6
-    r = K._ZIG_R
+    r = K.rng._ZIG_R
     assert stats.binomtest(int((x < -r).sum()), int((np.abs(x) > r).sum())).pvalue > 1e-6
     tail = _normals(1_000_000, _key(), True)
     assert tail.min() > r
@@ -230,7 +230,7 @@ def test_requests_per_user_needs_users():
 
 def test_one_component_lognormal_fast_path_draws_as_the_general_path():
     """The kernel draws a one-component lognormal law without its general
-    sampler (`_kernel._draw_workload`); a mixture of copies of the same law
+    sampler (`kernel.workload._draw_workload`); a mixture of copies of the same law
     takes the general path (its component uniforms come from a stream of
     their own) and must give the very same lengths, with or without the SJF
     length predictor, whose key is drawn by the same function."""

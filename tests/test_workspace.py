@@ -1,4 +1,4 @@
-"""The engine's workspace layout (``_kernel._ws_need``) is exact.
+"""The engine's workspace layout (``kernel.workspace._ws_need``) is exact.
 
 `_simulate` carves its whole state out of two flat arrays whose sizes
 `_ws_need` states. Run as plain Python (`kernel_as_python`), NumPy raises IndexError
@@ -13,7 +13,7 @@ import pytest
 
 import fastsim
 from conftest import kernel_as_python
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 
 CASES = {

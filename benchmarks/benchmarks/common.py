@@ -22,7 +22,7 @@ def reference_workload(num_requests=1000):
 
 def full_engine_workload(num_requests=1000):
     """The reference workload with prefix caching: its first run compiles the
-    engine with every option (`_kernel._simulate`'s ``full``), not the common one."""
+    engine with every option (`kernel.replica._simulate`'s ``full``), not the common one."""
     return reference_workload(num_requests).replace(**{"engine.enable_prefix_caching": True})
 
 

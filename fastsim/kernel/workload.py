@@ -1,0 +1,240 @@
+"""Drawing a replication's request stream: arrival times (renewal,
+given times or multi-user), prompt and output lengths (mixture laws or trace
+rows), priority classes, SJF keys and prefix groups, each from a random stream
+of its own (`layout.S_*`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._numba_options import njit_noalloc
+from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_USER_REQUESTS,
+    I_ARRIVAL_KIND, I_HAS_HORIZON, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
+    I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
+    S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
+from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
+
+_MAX_LEN_FLOAT = 2.0 ** 40  # longer draws are rejected as too long anyway
+
+
+@njit_noalloc
+def _search_cdf(cdf, lo, hi, u):
+    """First index j in [lo, hi) with cdf[j] >= u (cdf[hi - 1] == 1 >= u)."""
+    hi -= 1  # the last entry is always a valid answer
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cdf[mid] >= u:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit_noalloc
+def _lognormal_length(state, s, median, sigma):
+    """ceil(median * exp(sigma * Z)), Z standard normal from stream ``s``."""
+    x = median * math.exp(sigma * _normal(state, s))
+    # X > 0, so ceil(X) >= 1; max() only guards against exp() underflowing.
+    return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
+
+
+@njit_noalloc
+def _one_lognormal(lo, hi, lcomp, lpar):
+    """(median, sigma) of the law in components [lo, hi) if it is one
+    lognormal component, else (-1.0, 0.0)."""
+    if hi - lo == 1 and lcomp[lo, 0] == 1:
+        return lpar[lo, 0], lpar[lo, 1]
+    return -1.0, 0.0
+
+
+@njit_noalloc
+def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
+    """The length of request ``i`` from the law stored in components [lo, hi)."""
+    j = lo
+    if hi - lo > 1:
+        u = _uniform(state, s_comp)
+        while j < hi - 1 and lpar[j, 2] < u:
+            j += 1
+    kind = lcomp[j, 0]
+    if kind == 0:  # fixed
+        return np.int64(lpar[j, 0])
+    if kind == 1:
+        return _lognormal_length(state, s_val, lpar[j, 0], lpar[j, 1])
+    if kind == 2:  # integer uniform on [low, high]
+        low = np.int64(lpar[j, 0])
+        width = np.int64(lpar[j, 1]) - low + 1
+        k = np.int64(_uniform(state, s_val) * width)
+        return low + min(k, width - 1)
+    # tables: rows [start, start + n) of ltab hold (value, cdf)
+    start = lcomp[j, 1]
+    if kind == 4:  # replayed in order
+        return np.int64(ltab[start + i % lcomp[j, 2], 0])
+    row = _search_cdf(ltab[:, 1], start, start + lcomp[j, 2], _uniform(state, s_val))
+    return np.int64(ltab[row, 0])
+
+
+@njit_noalloc
+def _heapsort(x, n):
+    """Sort ``x[:n]`` in place (no allocation, so that GPU threads can use it too)."""
+    for start in range(n // 2 - 1, -1, -1):
+        _sift_down(x, start, n)
+    for end in range(n - 1, 0, -1):
+        tmp = x[0]
+        x[0] = x[end]
+        x[end] = tmp
+        _sift_down(x, 0, end)
+
+
+@njit_noalloc
+def _sift_down(x, pos, end):
+    while True:
+        c = 2 * pos + 1
+        if c >= end:
+            return
+        if c + 1 < end and x[c + 1] > x[c]:
+            c += 1
+        if x[c] <= x[pos]:
+            return
+        tmp = x[c]
+        x[c] = x[pos]
+        x[pos] = tmp
+        pos = c
+
+
+@njit_noalloc
+def _multi_user_arrivals(ipar, fpar, state, arrival):
+    """Merged arrival times of a multi-user workload; return their count."""
+    lo = ipar[I_USERS_LO]
+    width = ipar[I_USERS_HI] - lo + 1
+    users = lo + min(np.int64(_uniform(state, S_USERS) * width), width - 1)
+    rate = fpar[F_RATE]
+    n = 0
+    for _u in range(users):
+        m = _poisson(state, S_USERS, fpar[F_USER_REQUESTS], ipar[I_USER_CAP])
+        t = 0.0
+        for _j in range(m):
+            t += -math.log(_uniform(state, S_ARRIVAL)) / rate
+            arrival[n] = t
+            n += 1
+    _heapsort(arrival, n)
+    if ipar[I_HAS_HORIZON] == 1:
+        m = 0
+        while m < n and arrival[m] < fpar[F_HORIZON]:
+            m += 1
+        n = m
+    return n
+
+
+@njit_noalloc(entry=True)
+def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
+                   trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
+    """Fill the request arrays of replication ``rep``; return the arrival count.
+
+    ``sjfk`` gets the SJF keys q_i: the true output length, or with a
+    lognormal length predictor ceil(O_i * exp(sigma * Z_i)), Z_i standard
+    normal from the dedicated stream S_PREDICT (so the other columns do not
+    depend on the predictor). ``pgrp`` and ``plen`` get the prefix group
+    (-1: none) and the prefix length min(L, P_i - 1) (streams of their own)."""
+    _seed_streams(key0, key1, rep, state)
+    n_cap = ipar[I_NUM_REQUESTS]
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    n = 0
+    if ipar[I_ARRIVAL_KIND] == 1:
+        for i in range(n_cap):
+            if has_h and arr_times[i] >= horizon:
+                break
+            arrival[i] = arr_times[i]
+            n += 1
+    elif ipar[I_ARRIVAL_KIND] == 2:
+        n = _multi_user_arrivals(ipar, fpar, state, arrival)
+    else:
+        rate = fpar[F_RATE]
+        shape = fpar[F_BURSTINESS]
+        normalize = ipar[I_NORMALIZE_ARRIVALS] == 1
+        t = 0.0
+        # Gaps ~ Gamma(shape=burstiness, mean=1/rate) (exponential if 1). By
+        # default the first request arrives at time 0. `vllm bench serve`
+        # instead sums n gaps (the first included) and rescales them so that
+        # the last request is sent at exactly n / rate.
+        for i in range(n_cap):
+            if i > 0 or normalize:
+                if shape == 1.0:
+                    t += -math.log(_uniform(state, S_ARRIVAL)) / rate
+                else:
+                    t += _gamma(state, S_ARRIVAL, shape) / (shape * rate)
+            if has_h and t >= horizon and not normalize:
+                break
+            arrival[i] = t
+            n += 1
+        if normalize:
+            # As vLLM, rescale only when the last delay is positive (very
+            # bursty gamma gaps can all underflow to 0: everything at t = 0).
+            factor = (n_cap / rate) / arrival[n_cap - 1] if arrival[n_cap - 1] > 0.0 else 1.0
+            n = 0
+            for i in range(n_cap):
+                arrival[i] = arrival[i] * factor
+                if has_h and arrival[i] >= horizon:
+                    break
+                n += 1
+    mode = ipar[I_TRACE_MODE]
+    nrows = trace.shape[0]
+    npri = prio_val.size
+    # A law of one lognormal component (the usual case) is drawn here, from
+    # the same stream as `_sample_length` would: that call, with its table
+    # arguments, made the drawing a third slower (96 vs 73 ns per request).
+    p_med, p_sig, o_med, o_sig = -1.0, 0.0, -1.0, 0.0
+    if mode == 0:
+        p_med, p_sig = _one_lognormal(lrange[0], lrange[1], lcomp, lpar)
+        o_med, o_sig = _one_lognormal(lrange[2], lrange[3], lcomp, lpar)
+    for i in range(n):
+        if mode == 0:
+            if p_med > 0.0:
+                prompt[i] = _lognormal_length(state, S_PROMPT_VALUE, p_med, p_sig)
+            else:
+                prompt[i] = _sample_length(state, S_PROMPT_COMPONENT, S_PROMPT_VALUE,
+                                           lrange[0], lrange[1], lcomp, lpar, ltab, i)
+            if o_med > 0.0:
+                output[i] = _lognormal_length(state, S_OUTPUT_VALUE, o_med, o_sig)
+            else:
+                output[i] = _sample_length(state, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE,
+                                           lrange[2], lrange[3], lcomp, lpar, ltab, i)
+        else:
+            if mode == 1:
+                row = i % nrows
+            else:
+                row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
+            prompt[i] = trace[row, 0]
+            output[i] = trace[row, 1]
+        if npri > 1:
+            prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
+        else:
+            prio[i] = prio_val[0]
+        if ipar[I_PREDICTOR] == 1:
+            sjfk[i] = _lognormal_length(state, S_PREDICT, float(output[i]), fpar[F_PRED_SIGMA])
+        elif ipar[I_PREDICTOR] == 2:
+            # bucket classifier: buckets [e_b, e_{b+1}) with e_0 = 1 (pred_edges =
+            # e_0 .. e_{B-1}); right with probability F_PRED_ACCURACY, else a
+            # uniformly drawn other bucket; the key is its lower edge
+            nb = pred_edges.size
+            b = 0
+            while b + 1 < nb and output[i] >= pred_edges[b + 1]:
+                b += 1
+            if nb > 1 and _uniform(state, S_PREDICT) >= fpar[F_PRED_ACCURACY]:
+                o = min(np.int64(_uniform(state, S_PREDICT) * (nb - 1)), nb - 2)
+                b = o + 1 if o >= b else o
+            sjfk[i] = np.int64(pred_edges[b])
+        else:
+            sjfk[i] = output[i]
+        if ipar[I_PREFIX] == 1:
+            pgrp[i] = _sample_length(state, S_PREFIX_GROUP, S_PREFIX_GROUP, lrange[6], lrange[7],
+                                     lcomp, lpar, ltab, i)
+            ln = _sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lrange[4], lrange[5], lcomp, lpar, ltab, i)
+            plen[i] = min(ln, prompt[i] - 1)
+        else:
+            pgrp[i] = -1
+            plen[i] = 0
+    return n
