@@ -18,10 +18,11 @@ import numpy as np
 from numba.core import types as nb_types
 
 from .._numba_options import compile_entries, function_pointer, njit
-from .layout import I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
+from .layout import I_BLOCK_SIZE, I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
-from .workspace import WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP, WI_STATUS, _ws_need
-from .replica import _simulate, engine_variant
+from .workspace import (RF_CLOCK, WF_FINISH, WF_FIRST, WF_SCALARS, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
+                        WI_SCALARS, WI_STATUS, Stream, _ws_need)
+from .replica import _advance_until, _finish_replica, _init_replica, _simulate, engine_variant
 from .metrics import _reduce
 
 # The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
@@ -51,77 +52,13 @@ def _engine_types(ipar, fpar, lat, full):
             _reduce: (i64, vf, vi, ipar, fpar, vi, vf, vf)}
 
 
-# The internal functions `_simulate` calls, with their argument types (i:
-# int64, f: float64, b: bool, vi and vf: C arrays of int64 and float64), in
-# the order its compilation first asks for them ("full": the full engine's
-# only). On a cold start the compile helper compiles them first, and the
-# engine's compilation here loads them from the disk cache instead of
-# compiling them (`compile_entries`): about 4 s of the engine's 15 s. A
-# missing line, or wrong types, cost only that time (the helper skips a job
-# it cannot compile); tests/test_compile_helper.py checks the list against
-# what compiling each engine asks for.
-_ENGINE_CALLEES = """
-_needs_full_engine vi
-_log2_exact i
-_ws_dims i vi vi vi vi
-_ws_sizes i i i i i i
-_arrival_status i i vi i i
-_q_push vi vi vf i i b
-_heap_push vi vi vf i
-_before i i vf
-_blocks_of i i i
-_q_peek vi vi vf i vi
-_q_pop vi vi vf i
-_heap_pop vi vi vf
-_first_chunk i i b
-_start_running i i vi vi vf i vi vi vi
-_compact_run vi i vi
-_account_step f f f f f i f f f i i i f f
-_arrivals_during_step i i f vf vi vi vi i i i vi vi vi vf f f f f
-_gap_add vf vi i f i
-_complete_decoders f i i i i vi vi vi vi vi vi vi i i i vi vi vi vi vi vf vf vi vi i
-_heap2_pop vi vi vi
-_d_remove i vi vi vi vi i i i vi
-_phase i i i
-_d_add i i i i vi vi vi vi vi vi vi vi i i i vi vi
-_heap2_push vi vi vi i i
-_plain_step f vf i
-_stretch_steps f i f f f i i i vi i i i
-_stretch_blocks vi i i i i
-_binade_steps f f i f
-_steps_within f f i f
-_stretch_kv vi i i i f f
-_kv_weight f f f f
-_elapsed i f f
-full _lookup i vi vi i vi
-full _evictable_hits i i vi i vi
-full _release_blocks i i vi vi vi vi vi vi i vi vi vi vi
-full _lru_append i vi vi vi
-full _take_blocks i i vi vi vi vi
-full _lru_remove i vi vi vi
-full _claim_hits i i vi vi vi i vi vi vi vi vi
-_rebuild vi i vi
-full _register i i i i vi vi vi vi i vi vi vi vi
-"""
-
-
 @functools.lru_cache(maxsize=None)
 def _callee_types(full):
-    """`_ENGINE_CALLEES` of the engine ``full`` selects, as ``(dispatcher, argtypes)`` pairs."""
-    from . import namespace   # (the package imports this module first)
+    """The internal functions the engine ``full`` selects asks for, with
+    their argument types, in order (`callees.TABLE`): the helper's first jobs."""
+    from . import callees   # (it reads the package's namespace)
 
-    ns = namespace()
-    codes = {"i": nb_types.int64, "f": nb_types.float64, "b": nb_types.boolean, "vi": _V_I, "vf": _V_F}
-    callees = []
-    for line in _ENGINE_CALLEES.split("\n"):
-        words = line.split()
-        if words and words[0] == "full":
-            if full is None:
-                continue
-            words = words[1:]
-        if words:
-            callees.append((ns[words[0]], tuple(codes[w] for w in words[1:])))
-    return tuple(callees)
+    return callees.callee_types(full)
 
 
 # The entries `_run_chunk` calls through pointers, in its argument order.
@@ -348,7 +285,81 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
+    return _per_request(n, wi, wf) + (row,)
+
+
+def _per_request(n, wi, wf):
+    """Per-request results of a workspace: (status, first-token time, finish
+    time, preemptions, tokens, preemptions by swap, time swapped, cached tokens)."""
     def col(a, j):
         return a[j * n:(j + 1) * n].copy()
     return (col(wi, WI_STATUS).astype(np.int8), col(wf, WF_FIRST), col(wf, WF_FINISH), col(wi, WI_NPRE),
-            col(wi, WI_G), col(wi, WI_NSWAP), col(wf, WF_SWAPPED), col(wi, WI_CTOK), row)
+            col(wi, WI_G), col(wi, WI_NSWAP), col(wf, WF_SWAPPED), col(wi, WI_CTOK))
+
+
+class Replica:
+    """One replica of the engine over a given request stream, advanced from
+    Python in as many calls as wanted (`replica._advance_until`): the way a
+    router, or a test, drives it. Run to the end in any number of calls, it
+    gives the bits of `simulate_stream`.
+
+    Parameters
+    ----------
+    arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
+        The request stream, sorted by arrival (`draw_workload`'s columns).
+    ipar, fpar, lat : ndarray
+        The parameter records (`_replicate.pack_scenario`).
+    """
+
+    def __init__(self, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
+        arrival = np.array(arrival, dtype=np.float64)
+        ints = [np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen)]
+        self.stream = Stream(arrival, *ints)
+        self.n = np.int64(arrival.size)
+        self.params = (ipar, fpar, lat)
+        self.full = engine_variant(ipar)
+        need_i, need_f = _ws_need(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar)
+        self.wi = np.zeros(need_i, np.int64)
+        self.wf = np.zeros(need_f)
+        rc = _init_replica(self.n, self.stream, ipar, fpar, lat, self.wi, self.wf, self.full)
+        if rc < 0:
+            raise RuntimeError(f"the replica could not be set up (code {rc})")
+        self.finished = False
+
+    def advance_until(self, t):
+        """Run every step that ends at or before ``t`` (a step that starts
+        before ``t`` and ends after it stays in flight); return
+        ``"paused"``, ``"idle"`` or ``"done"`` (the horizon reached)."""
+        if self.finished:
+            raise RuntimeError("the replica is finished")
+        rc = _advance_until(self.n, self.stream, *self.params, self.wi, self.wf, float(t), self.full)
+        return ("paused", "idle", "done")[rc]
+
+    @property
+    def clock(self):
+        """The time the replica has reached: the start of its step in flight,
+        or the end of its last step."""
+        return float(self.wf[_offset_of_scalars(self.n, self.stream, self.params[0])[1] + RF_CLOCK])
+
+    def finish(self):
+        """End the run where it stands (what is in the system is
+        unfinished); return `simulate_stream`'s per-request results and row."""
+        if not self.finished:
+            _finish_replica(self.n, self.stream, *self.params, self.wi, self.wf, self.full)
+            self.finished = True
+        ipar, fpar, _ = self.params
+        row = np.empty(N_COLUMNS)
+        _reduce(self.n, self.stream.arrival, self.stream.output, ipar, fpar, self.wi, self.wf, row)
+        return _per_request(int(self.n), self.wi, self.wf) + (row,)
+
+
+def _offset_of_scalars(n, stream, ipar):
+    """Where the replica's scalars (`workspace.WI_SCALARS`, `WF_SCALARS`) start in ``wi`` and ``wf``."""
+    from . import as_python
+
+    n = int(n)
+    bs = int(ipar[I_BLOCK_SIZE])
+    cap, ncnt, nheld, nitl, _ = as_python("_ws_dims")(n, stream.output, stream.pgrp, stream.plen, ipar)
+    offset = as_python("_offset")
+    return (offset(as_python("_int_sizes")(n, bs, cap, ncnt, nheld, nitl), WI_SCALARS),
+            offset(as_python("_float_sizes")(n, cap, nitl), WF_SCALARS))

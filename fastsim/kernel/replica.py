@@ -1,5 +1,50 @@
-"""The engine: one replica of a vLLM-style server run over a request stream
-(`_simulate`), in the common or the full compiled variant (`engine_variant`).
+"""The engine: one replica of a vLLM-style server over a request stream.
+
+A replica is initialised (`_init_replica`), advanced (`_advance_until`:
+every step that ends at or before a given time) any number of times, and
+finished (`_finish_replica`); `_simulate` does the three at once. Its whole
+state lives in a workspace (`workspace`), so a replica can be paused and
+resumed: between two calls its scalars are kept at the ``RI_*``/``RF_*``
+slots. Semantics: ``docs/engine-model.md``; reading guide:
+``docs/architecture.md``.
+
+An engine step reads as its phases: ingest arrivals, abandonment, schedule
+(a fast or a slow step), the step's duration (`latency`), then, when the
+step ends, the arrivals during it and its completions. Two paths compute the
+same steps. A *fast step* applies when every running request can be
+scheduled in full (their token needs fit the budget and their new KV blocks
+fit the free blocks), so that the order of the running batch and preemption
+play no role; requests that are plainly decoding are then handled in
+aggregate as lazy decoders (`decoders`), O(1) per step, and their
+inter-token gaps are one weighted sample, or, for a step with no prefill and
+no context term, a count in ``gapw`` by decoder count (entered once at the
+end, as the step duration d; the reference takes differences of clock
+readings, fl(t + d) - t, which differ from d by up to ulp(t) / 2). Any other
+step is a *slow step*: the lazy decoders are materialised and the step is
+scheduled request by request in admission order (preemption included). Both
+paths add the same terms in the same order as the reference simulator, so
+every request's times are bit-identical to the reference's. Event skipping
+runs a *stretch* of fast steps in which nothing happens but token counts
+(`stretch`); its run-level figures agree with the reference to rounding.
+
+Where a replica may pause. ``_advance_until(.., t_stop)`` schedules a step
+only if it starts before ``t_stop`` and ends a step only if it ends at or
+before ``t_stop``; a step that ends later stays *in flight* (scheduled and
+counted, its end not applied), and a stretch that would end later is not
+taken (the replica waits at its start, and plans it again on the next
+call). A request that arrives at or after ``t_stop`` can so be handed to the
+replica between calls and be treated as if it had been known from the
+start, and a replica run in many calls gives the bits of one call.
+
+The options that act on scheduling (active priority preemption, swap
+preemption, prefix caching) are implemented in the slow step only, and force
+it (correctness first). ``full`` chooses the compiled engine
+(`engine_variant`): ``None``, the *common* engine, without static batching
+and those three options, or ``1``, the engine with all of them. When
+``full`` is None, Numba prunes the branches of the options before typing
+(every function below that reads an option takes ``full`` and tests it
+first), so the common engine compiles faster; both run the same code
+otherwise.
 """
 
 from __future__ import annotations
@@ -7,27 +52,42 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
-    A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, F_AGING, F_HORIZON, F_MAX_DELAY,
-    I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING, I_HAS_DELAY, I_HAS_HORIZON,
-    I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP,
-    I_SWAP_BLOCKS, I_WARMUP, N_ACC, N_HIST, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
-    ST_UNFINISHED, ST_WAITING)
-from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
-from .kv_cache import _blocks_of, _log2_exact, _phase
-from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release_blocks, _take_blocks
-from .arrivals import _arrival_status, _arrivals_during_step
-from .scheduler import _compact_run, _first_chunk, _rebuild, _start_running
 from .accounting import _account_step, _gap_add
+from .arrivals import _arrival_status, _arrivals_during_step
 from .decoders import _complete_decoders, _d_add
-from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SCRATCH, WF_SWAPPED, WI_BLOCKS, WI_CTOK,
-    WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_STATUS, _ws_dims, _ws_sizes)
-from .latency import _plain_step
+from .kv_cache import _blocks_of, _log2_exact, _phase
+from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
+from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
+                     A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
+                     F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
+                     I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
+                     I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS,
+                     POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
+                     ST_UNFINISHED, ST_WAITING)
+from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release_blocks, _take_blocks
+from .scheduler import _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
+from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
+from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
+                        RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
+                        RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
+                        RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims,
+                        _ws_sizes)
 
 # Static batching, active priority preemption, swap preemption, prefix
 # caching: the options only the full engine has (`_simulate`'s ``full``).
 _FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
+
+# Where a paused replica stands (``RI_MODE``).
+MODE_BETWEEN_STEPS = 0   # the next step is not scheduled
+MODE_FAST_STEP = 1       # a fast step is in flight (scheduled and counted, its end not applied)
+MODE_SLOW_STEP = 2       # a slow step is in flight
+MODE_STRETCH = 3         # a fast step ended: stretches may follow
+
+# What `_advance_until` returns.
+ADVANCE_PAUSED = 0       # the next step starts, or the step in flight ends, after ``t_stop``
+ADVANCE_IDLE = 1         # nothing to do until another request is handed to it
+ADVANCE_DONE = 2         # the horizon is reached
 
 
 def _full_engine_needed(ipar):
@@ -49,855 +109,1016 @@ def engine_variant(ipar):
     return 1 if _full_engine_needed(ipar) else None
 
 
+# ------------------------------------------------------------------------------
+# Entries
+
 @njit_noalloc(entry=True)
 def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full):
     """Run one replication of the engine model over requests ``0..n-1``.
 
-    Fills the per-request arrays (``status``, ``first_t``, ``finish_t``,
-    ``npre``, ``g``), the inter-token gaps of measured requests as weighted
-    samples (``itl_v`` values, ``itl_w`` multiplicities; their count in
-    ``acc[A_N_ITL]``) and the run-level accumulators ``acc``.
-    Semantics: ``docs/engine-model.md``.
+    Parameters
+    ----------
+    n : int
+        The number of requests.
+    arrival, prompt, output, prio, sjfk, pgrp, plen : 1-D arrays
+        Each request's arrival time, prompt and output lengths, priority
+        class, SJF key, prefix group (-1: none) and prefix length
+        (`workload._draw_workload` fills them), sorted by arrival.
+    ipar, fpar, lat : 1-D arrays
+        The integer, float and latency parameter records (`layout`).
+    wi, wf : 1-D int64 and float64 arrays
+        The workspace, at least `workspace._ws_need` entries.
+    full : None or int
+        The compiled engine (`engine_variant`).
 
-    Two paths compute the same steps. A *fast step* applies when every
-    running request can be scheduled in full (their token needs fit the
-    budget and their new KV blocks fit the free blocks), so that the order of
-    the running batch and preemption play no role. Then requests that are
-    plainly decoding (they emitted a token at the end of the previous step)
-    are handled in aggregate, O(1) per step: their computed and generated
-    tokens are ``koff + S`` and ``goff + S`` with ``S`` the number of fast
-    steps so far, the blocks they need this step are counted by a histogram
-    of ``koff mod block_size``, their completions come from a heap keyed by
-    the step at which they finish, and their inter-token gaps (all equal to
-    the step duration) are one weighted sample, or, for a step with no
-    prefill and no context term, a count in ``gapw`` by decoder count (entered
-    once at the end, as the step duration d; the reference takes differences
-    of clock readings, fl(t + d) - t, which differ from d by up to ulp(t) / 2:
-    relative to d, 1e-13 for clocks below 1e3 s, but 1e-5 for a clock near
-    1.7e9 s, epoch timestamps). Any other step is a *slow
-    step*: the lazy decoders are materialised and the step is scheduled
-    request by request in admission order (preemption included). Both paths
-    add the same terms in the same order as the reference simulator, so
-    every request's times are bit-identical to the reference's
-    (tests/test_reference_agreement.py).
-    Event skipping runs a *stretch* of fast steps in which nothing happens but
-    token counts: the clock is the reference's running sum bit for bit
-    (`_stretch_steps`: one addition per step, or many steps at once inside a
-    binade), the blocks are counted in that loop (in closed form, O(block_size),
-    for steps taken many at once), the time integrals and the inter-token
-    gaps are in closed form (O(steps) for the gaps with a context term);
-    those run-level figures then agree with the reference to rounding
-    (tests/test_stretch.py). A stretch ends with the step of the next
-    completion or during which the next request arrives, or sooner.
-
-    The options of issue 10 that act on scheduling are implemented in the
-    slow step only, and force it (correctness first): active priority
-    preemption while a request waits (phase 0), and swap preemption while a
-    request is swapped out (phase 2, pending transfer time), and prefix
-    caching (every step; ``blocks`` then counts a request's private blocks
-    plus the cache entries it references, ``free`` the blocks holding
-    nothing). ``nswap`` and ``swapped_s`` get each request's preemptions by
-    swap and its time in the swapped queue, ``ctok`` its cached tokens (the
-    full engine only: the common engine leaves those three as they are).
-
-    ``full`` chooses the compiled engine (`engine_variant`): ``None``, the
-    *common* engine, without static batching and those three options
-    (-2 is returned if ``ipar`` asks for one of them), or ``1``, the engine
-    with all of them. When ``full`` is None, Numba prunes the branches of
-    the options before typing, so the common engine compiles faster; both
-    run the same code otherwise.
-    Returns the number of inter-token gap entries, or -1 if the workspace
-    is too small.
+    Fills the per-request columns of the workspace (status, first-token and
+    finish times, preemptions, tokens), the inter-token gaps of measured
+    requests as weighted samples and the run-level accumulators
+    (`layout.A_*`). Returns the number of inter-token gap entries, or -1 if
+    the workspace is too small, or -2 if the common engine was asked for an
+    option it does not have.
     """
+    stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
+    rc = _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+    if rc < 0:
+        return rc
+    _advance_until(n, stream, ipar, fpar, lat, wi, wf, np.inf, full)
+    return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+
+
+@njit_noalloc
+def _views(n, stream, ipar, wi, wf):
+    """The workspace's views (`workspace._carve`), block_size, its log2 (or
+    -1) and the most prefix blocks of a request (the sizes are checked by
+    `_init_replica`)."""
+    bs = ipar[I_BLOCK_SIZE]
+    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, stream.output, stream.pgrp, stream.plen, ipar)
+    views = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    return views, bs, _log2_exact(bs), jmax
+
+
+@njit_noalloc(entry=True)
+def _init_replica(n, stream, ipar, fpar, lat, wi, wf, full):
+    """Set up a replica for the requests of ``stream`` (the arguments of
+    `_simulate`); return 0, -1 if the workspace is too small, or -2 if the
+    common engine (``full`` None) was asked for an option it lacks."""
+    if full is None and _needs_full_engine(ipar):
+        return -2
+    bs = ipar[I_BLOCK_SIZE]
+    cap, ncnt, nheld, nitl, _jmax = _ws_dims(n, stream.output, stream.pgrp, stream.plen, ipar)
+    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
+    if need_i > wi.size or need_f > wf.size:
+        return -1
+    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
+    _init_requests(n, req, ipar, fpar)
+    if full is not None:
+        _init_full_engine(n, req, swap, cache, ipar, bs)
+    _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld)
+    for j in range(N_RI):
+        sc.ri[j] = 0
+    for j in range(N_RF):
+        sc.rf[j] = 0.0
+    sc.ri[RI_N] = n
+    sc.ri[RI_FREE] = ipar[I_NUM_GPU_BLOCKS]
+    warmup = ipar[I_WARMUP]
+    # Measurement window start: the run's start (time 0, when a benchmark
+    # client starts its clock) without warm-up, else the first measured arrival.
+    rec.acc[A_WINDOW_START] = 0.0 if warmup == 0 else (stream.arrival[warmup] if n > warmup else np.inf)
+    return 0
+
+
+@njit_noalloc
+def _init_requests(n, req, ipar, fpar):
+    """Every request pending, nothing computed; the waiting-queue keys e_i
+    (docs/engine-model.md, "Waiting-queue order"): the priority class c_i
+    or the SJF key q_i, aged; unused for fcfs. Doubles, so that integer keys
+    and aged keys share one heap (integers are exact)."""
+    # (one loop per array: LLVM turns each into a memset or a vector loop,
+    # where one loop over all the arrays stores one element at a time)
+    for i in range(n):
+        req.status[i] = ST_PENDING
+    for i in range(n):
+        req.k[i] = 0
+    for i in range(n):
+        req.g[i] = 0
+    for i in range(n):
+        req.blocks[i] = 0
+    for i in range(n):
+        req.npre[i] = 0
+    for i in range(n):
+        req.sched[i] = 0
+    for i in range(n):
+        req.ever[i] = 0
+    for i in range(n):
+        req.first_t[i] = np.nan
+    for i in range(n):
+        req.last_t[i] = np.nan
+    for i in range(n):
+        req.finish_t[i] = np.nan
+    policy = ipar[I_POLICY]
+    has_aging = ipar[I_HAS_AGING] == 1
+    if policy != POLICY_FCFS or has_aging or ipar[I_PRIO_PREEMPT] == 1:
+        aging = fpar[F_AGING]
+        for i in range(n):
+            req.key[i] = float(req.prio[i]) if policy == POLICY_PRIORITY else float(req.sjfk[i])
+            if has_aging:
+                # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
+                req.key[i] = req.key[i] + req.arrival[i] / aging
+
+
+@njit_noalloc
+def _init_full_engine(n, req, swap, cache, ipar, bs):
+    """The arrays of swap preemption and prefix caching (the common engine
+    has neither and leaves them as they are: a quarter less memory written
+    per request; the reduction reads ``nswap`` only with swap)."""
+    caching = ipar[I_CACHING] == 1
+    fcfs = ipar[I_POLICY] == POLICY_FCFS
+    cache.hoff[0] = 0
+    for i in range(n):
+        swap.nswap[i] = 0
+        cache.ctok[i] = 0
+        swap.swapped_s[i] = 0.0
+        # the swapped queue is a heap ordered by (e_i, i), by i for fcfs
+        swap.skey[i] = req.key[i] if not fcfs else float(i)
+        cache.fpre[i] = req.plen[i] // bs if caching and req.pgrp[i] >= 0 else 0
+        cache.hoff[i + 1] = cache.hoff[i] + cache.fpre[i]
+        cache.private[i] = 0
+        cache.nent[i] = 0
+
+
+@njit_noalloc
+def _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld):
+    """Empty queues, no lazy decoders, an empty prefix cache, no gaps, the
+    accumulators at zero, and the decode term by batch size."""
+    cache.hoff[0] = 0
+    for j in range(bs):
+        dec.ph[j] = 0
+    for j in range(rec.gapw.size):
+        rec.gapw[j] = 0
+    batch.qs[0] = 0
+    batch.qs[1] = 0
+    dec.hs[0] = 0
+    swap.sqs[0] = 0
+    for j in range(3):
+        dec.dstate[j] = 0
+    for j in range(ncnt):
+        cache.cnt[j] = -1
+    for j in range(nheld):
+        cache.held[j] = 0
+    cache.cst[0] = -1
+    cache.cst[1] = -1
+    cache.cst[2] = 0
+    cache.cst[3] = 0
+    _fill_decode_costs(lat, rec.dec_cost)
+    for j in range(N_ACC):
+        rec.acc[j] = 0.0
+
+
+@njit_noalloc(entry=True)
+def _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full):
+    """End a replica's run where `_advance_until` left it: materialise the
+    lazy decoders; whatever is in the system (or in flight) is unfinished;
+    store the accumulators and the inter-token gaps of pure decode steps.
+    Returns the number of inter-token gap entries."""
     if full is None:
-        # The common engine: these flags are constants, so Numba drops the
-        # branches they guard (and their helpers) before typing them.
-        if _needs_full_engine(ipar):
-            return -2
+        caching = False
+    else:
+        caching = ipar[I_CACHING] == 1
+    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
+    ri, rf, acc = sc.ri, sc.rf, rec.acc
+    t = rf[RF_CLOCK]
+    S = ri[RI_FAST_STEPS]
+    for jj in range(dec.dstate[0]):
+        r = dec.dmem[jj]
+        req.k[r] = dec.koff[r] + S
+        req.g[r] = dec.goff[r] + S
+        req.blocks[r] = _blocks_of(req.k[r], bs, bsh)
+    for i in range(n):
+        if req.status[i] == ST_SWAPPED:
+            swap.swapped_s[i] += t - swap.swapped_since[i]   # to the stop
+        if req.status[i] == ST_WAITING or req.status[i] == ST_RUNNING or req.status[i] == ST_SWAPPED:
+            req.status[i] = ST_UNFINISHED
+    n_itl = ri[RI_N_ITL]
+    for b in range(rec.gapw.size):
+        if rec.gapw[b] > 0:
+            n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, _decode_step_time(lat, rec.dec_cost, b), rec.gapw[b])
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    acc[A_OCC_INT] = rf[RF_OCC] / ipar[I_MAX_NUM_SEQS]
+    acc[A_QUEUE_INT] = rf[RF_QUEUE]
+    acc[A_KV_INT] = rf[RF_KV] / nblk
+    acc[A_L_INT] = rf[RF_L]
+    acc[A_STEPS] = rf[RF_STEPS]
+    acc[A_MAX_BLOCKS] = ri[RI_MAX_USED]
+    acc[A_END] = t
+    acc[A_BLOCKS_END] = nblk - ri[RI_FREE] - cache.cst[2]
+    # prefix hit rate: measured requests of a group that were admitted at least once
+    if caching:
+        for i in range(ipar[I_WARMUP], n):
+            if req.pgrp[i] >= 0 and req.ever[i]:
+                acc[A_HIT_TOK] += cache.ctok[i]
+                acc[A_QUERY_TOK] += req.prompt[i]
+    acc[A_N_ITL] = n_itl
+    return n_itl
+
+
+# ------------------------------------------------------------------------------
+# The engine loop
+
+@njit_noalloc(entry=True)
+def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
+    """Advance a replica (`_init_replica`) through every step that ends at or
+    before ``t_stop`` (`np.inf`: to the end); a step that starts before
+    ``t_stop`` and ends after it is left in flight. Returns
+    `ADVANCE_PAUSED`, `ADVANCE_IDLE` (every known request has left the
+    system) or `ADVANCE_DONE` (the horizon is reached)."""
+    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
+    ri, rf = sc.ri, sc.rf
+    # the scalar state in locals for the loop (registers), stored back at the end
+    nxt, drop_ptr, n_run, rl, n_oth = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS]
+    S, sph, n_wait, free, reserved = ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED]
+    n_itl, n_sw, swap_used, pending_swap = ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP]
+    mode, n_dec, n_pf = ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL]
+    t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
+    acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
+    we = horizon if has_h else np.inf
+    rc = ADVANCE_PAUSED
+    while True:
+        if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
+            if t_end > t_stop:
+                break
+            nxt, n_wait, reserved, acc5 = _arrivals_at_step_end(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
+                                                                n_wait, reserved, acc5, ws, we)
+            if mode == MODE_FAST_STEP:
+                free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
+                    req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
+                    lat, bs, bsh)
+                mode = MODE_STRETCH
+            else:
+                free, reserved, n_run, rl, n_oth, n_itl = _end_slow_step(
+                    req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
+                mode = MODE_BETWEEN_STEPS
+            t = t_end
+        if mode == MODE_STRETCH:
+            paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
+                n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
+                n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
+            if paused:
+                break
+            mode = MODE_BETWEEN_STEPS
+            continue
+        # -- between steps
+        if n_run == 0 and n_wait == 0 and n_sw == 0:
+            if nxt >= n:
+                rc = ADVANCE_IDLE
+                break
+            if stream.arrival[nxt] > t:
+                if stream.arrival[nxt] >= t_stop:
+                    break
+                t = stream.arrival[nxt]   # idle: jump to the next arrival
+        if has_h and t >= horizon:
+            rc = ADVANCE_DONE
+            break
+        if t >= t_stop:
+            break   # (before ingesting: a request handed at t_stop is seen by this step)
+        nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait + n_sw, n_wait, reserved)
+        drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
+        if n_run == 0 and n_wait == 0 and n_sw == 0:
+            continue
+        if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+            free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
+                req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
+            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
+            mode = MODE_FAST_STEP
+            n_in_queue = n_wait
+        else:
+            _materialise_decoders(req, dec, t, S, bs, bsh)
+            rl = _compact_run(batch.run, rl, req.status)
+            (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
+             n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
+                                     pending_swap, bs, bsh, jmax, full)
+            rl = n_run
+            if not ran:   # only preemptions happened; nothing ran
+                n_oth = _rebuild(batch.run, n_run, batch.oth)
+                continue
+            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
+            pending_swap = 0
+            mode = MODE_SLOW_STEP
+            n_in_queue = n_wait + n_sw
+        t_end = t + d
+        a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+        acc5 = _account_step(a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_in_queue,
+                             ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
+    ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS] = nxt, drop_ptr, n_run, rl, n_oth
+    ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
+    ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP] = n_itl, n_sw, swap_used, pending_swap
+    ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, n_dec, n_pf
+    rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
+    rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
+    return rc
+
+
+@njit_noalloc(inline="llvm")
+def _ingest(n, req, batch, ipar, t, nxt, in_system, n_wait, reserved):
+    """Ingest the arrivals up to and including ``t`` (the engine idle or at a
+    step's start): reject them or queue them. Return the updated (next
+    arrival, waiting, reserved tokens)."""
+    kv_reservation = ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION
+    while nxt < n and req.arrival[nxt] <= t:
+        i = nxt
+        nxt += 1
+        req.status[i] = _arrival_status(req.prompt[i], req.output[i], ipar, in_system, reserved)
+        if req.status[i] == ST_WAITING:
+            if kv_reservation:
+                reserved += req.prompt[i] + req.output[i]
+            n_wait += 1
+            in_system += 1
+            _q_push(batch.q, batch.qs, req.key, ipar[I_POLICY], i, False)
+    return nxt, n_wait, reserved
+
+
+@njit_noalloc(inline="llvm")
+def _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved):
+    """Abandonment, observed at a step's start: a request that has waited
+    ``max_queue_delay_s`` without ever being scheduled leaves. Return the
+    updated (next request to check, waiting, reserved tokens)."""
+    if ipar[I_HAS_DELAY] != 1:
+        return drop_ptr, n_wait, reserved
+    max_delay = fpar[F_MAX_DELAY]
+    while drop_ptr < nxt and req.arrival[drop_ptr] + max_delay <= t:
+        i = drop_ptr
+        drop_ptr += 1
+        if req.status[i] == ST_WAITING and not req.ever[i]:
+            req.status[i] = ST_DROPPED
+            req.finish_t[i] = t
+            n_wait -= 1
+            if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
+                reserved -= req.prompt[i] + req.output[i]
+    return drop_ptr, n_wait, reserved
+
+
+@njit_noalloc(inline="llvm")
+def _arrivals_at_step_end(n, req, batch, ipar, t_end, nxt, n_in_step, n_wait, reserved, acc5, ws, we):
+    """The arrivals during a step that ends at ``t_end``: they see it before
+    its completions (`arrivals._arrivals_during_step`; skipped, with its many
+    array arguments, when none falls inside the step). ``ws``, ``we``: the
+    measurement window."""
+    if not (nxt < n and req.arrival[nxt] < t_end):
+        return nxt, n_wait, reserved, acc5
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+    nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
+        nxt, n, t_end, req.arrival, req.prompt, req.output, ipar, n_in_step, n_wait, reserved, req.status,
+        batch.q, batch.qs, req.key, a_l, a_queue, ws, we)
+    return nxt, n_wait, reserved, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+
+
+# ------------------------------------------------------------------------------
+# The fast step
+
+@njit_noalloc(inline="llvm")
+def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+    """Whether every running request can be scheduled in full this step (its
+    token need fits the budget, its new blocks the free blocks), so that the
+    step can be a fast one."""
+    if full is None:
         static = False
         prio_preempt = False
-        swap = False
         caching = False
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
-        swap = ipar[I_SWAP] == 1
         caching = ipar[I_CACHING] == 1
+    if static:
+        return False
+    need_tok = dec.dstate[0]
+    need_blk = dec.ph[sph]   # lazy decoders whose k is a multiple of block_size
+    for jj in range(n_oth):
+        r = batch.oth[jj]
+        s = req.prompt[r] + req.g[r] - req.k[r]
+        need_tok += s
+        need_blk += _blocks_of(req.k[r] + s, bs, bsh) - req.blocks[r]
+    fast = need_tok <= ipar[I_MAX_BATCHED_TOKENS] and need_blk <= free
+    # Correctness first: with active priority preemption and a waiting
+    # request, phase 0 may preempt, so the step is always a slow one.
+    if prio_preempt and n_wait > 0:
+        fast = False
+    # Likewise with a swapped request (phase 2) or transfers to charge.
+    if n_sw > 0 or pending_swap > 0:
+        fast = False
+    # And always with prefix caching (shared blocks, registration, LRU).
+    if caching:
+        fast = False
+    return fast
+
+
+@njit_noalloc(inline="llvm")
+def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh):
+    """Schedule a fast step: every running request in full (the lazy
+    decoders in aggregate), then admit waiting requests as the slow step
+    would. Return the updated (free blocks, waiting, running, run length,
+    others) and the batch composition (decoders, prefill tokens, context tokens)."""
+    n_d = dec.dstate[0]
+    budget = ipar[I_MAX_BATCHED_TOKENS] - n_d
+    free -= dec.ph[sph]
+    for jj in range(n_oth):
+        r = batch.oth[jj]
+        s = req.prompt[r] + req.g[r] - req.k[r]
+        nb = _blocks_of(req.k[r] + s, bs, bsh) - req.blocks[r]
+        req.blocks[r] += nb
+        free -= nb
+        req.sched[r] = s
+        budget -= s
     mns = ipar[I_MAX_NUM_SEQS]
-    mbt = ipar[I_MAX_BATCHED_TOKENS]
-    bs = ipar[I_BLOCK_SIZE]
-    bsh = _log2_exact(bs)
+    policy = ipar[I_POLICY]
+    chunked = ipar[I_CHUNKED] == 1
+    while n_wait > 0 and budget > 0 and n_run < mns:
+        w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
+        s = _first_chunk(req.prompt[w] + req.g[w], budget, chunked)
+        if s < 0:
+            break
+        nb = _blocks_of(s, bs, bsh)
+        if nb > free:
+            break
+        _start_running(w, nb, batch.q, batch.qs, req.key, policy, req.status, req.ever, req.blocks)
+        n_wait -= 1
+        free -= nb
+        req.sched[w] = s
+        budget -= s
+        if rl == batch.run.size:
+            rl = _compact_run(batch.run, rl, req.status)
+        batch.run[rl] = w
+        rl += 1
+        batch.oth[n_oth] = w
+        n_oth += 1
+        n_run += 1
+    n_dec = n_d
+    n_pf = 0
+    n_ctx = dec.dstate[1] + n_d * (S + 1)
+    for jj in range(n_oth):
+        r = batch.oth[jj]
+        s = req.sched[r]
+        if s == 1 and req.g[r] >= 1 and req.k[r] == req.prompt[r] + req.g[r] - 1:
+            n_dec += 1
+        else:
+            n_pf += s
+        n_ctx += req.k[r] + s
+    return free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx
+
+
+@njit_noalloc(inline="llvm")
+def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
+                   lat, bs, bsh):
+    """The end of a fast step at ``t_end``: the lazy decoders emit one token
+    each (and those at their last complete), the others emit, complete or
+    become lazy decoders. Return the updated (free blocks, reserved tokens,
+    running, others, fast steps, phase, gap entries)."""
+    dstate = dec.dstate
+    if dstate[2] > 0:
+        if _constant_in_step(lat) and n_pf == 0:
+            rec.gapw[n_dec] += dstate[2]
+        else:
+            n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, dstate[2])
+    S += 1
+    sph = sph - 1 if sph > 0 else bs - 1
+    warmup = ipar[I_WARMUP]
+    admission = ipar[I_ADMISSION]
+    free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec.hk, dec.hr, dec.hs, dec.dmem,
+                                               dec.dpos, dec.koff, dec.ph, bs, bsh, warmup, dstate, req.k, req.g,
+                                               req.blocks, req.status, req.finish_t, req.last_t, req.prompt,
+                                               req.output, admission)
+    m = 0
+    for jj in range(n_oth):
+        r = batch.oth[jj]
+        s = req.sched[r]
+        req.sched[r] = 0
+        req.k[r] += s
+        emitted = False
+        if req.k[r] == req.prompt[r] + req.g[r]:
+            req.g[r] += 1
+            emitted = True
+            if req.g[r] == 1:
+                req.first_t[r] = t_end
+            elif r >= warmup:
+                n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - req.last_t[r], 1)
+            req.last_t[r] = t_end
+        if req.g[r] == req.output[r]:
+            req.status[r] = ST_COMPLETED
+            req.finish_t[r] = t_end
+            free += req.blocks[r]
+            req.blocks[r] = 0
+            if admission == ADMISSION_KV_RESERVATION:
+                reserved -= req.prompt[r] + req.output[r]
+            n_run -= 1
+        elif emitted:
+            _d_add(r, req.k[r], req.g[r], S, dec.dmem, dec.dpos, dec.koff, dec.goff, dec.ph, dec.hk, dec.hr, dec.hs,
+                   bs, bsh, warmup, req.output, dstate)
+        else:
+            batch.oth[m] = r
+            m += 1
+    return free, reserved, n_run, m, S, sph, n_itl
+
+
+# ------------------------------------------------------------------------------
+# Stretches of decode steps (event skipping, `stretch`)
+
+@njit_noalloc(inline="llvm")
+def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw, S,
+               sph, n_itl, acc5, ws, we, bs, bsh, full):
+    """While every running request is a lazy decoder and nothing else can
+    happen (no admission, no abandonment, enough free blocks), run the next
+    steps as one stretch, up to the step of the next completion or the one
+    during which the next request arrives: the clock step by step (the same
+    running sum as the reference's), the rest in closed form. After a
+    completion, with nobody waiting and no arrival yet, the next stretch
+    follows at once. (Not with active priority preemption and a waiting
+    request: phase 0.) A stretch that would end after ``t_stop`` is not
+    taken: the first value returned is then True (paused)."""
+    if full is None:
+        prio_preempt = False
+    else:
+        prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+    mns = ipar[I_MAX_NUM_SEQS]
+    has_delay = ipar[I_HAS_DELAY] == 1
     nblk = ipar[I_NUM_GPU_BLOCKS]
+    dstate = dec.dstate
+    slope = _context_slope(lat)
+    while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
+                                                                      and not prio_preempt)):
+        n_d = dstate[0]
+        ksum = dstate[1]
+        next_a = req.arrival[nxt] if nxt < n else np.inf
+        dp = _decode_step_time(lat, rec.dec_cost, n_d)
+        # every running request is a lazy decoder, so the heap is not
+        # empty: the stretch ends with the step of the next completion
+        d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
+        dlt = slope * n_d
+        kk, t_end, nb, s1, s2 = _stretch_steps(t, dec.hk[0] - S, min(next_a, we), dp, slope, n_d, ksum, S,
+                                               dec.ph, sph, bs, free)
+        if kk == 0:
+            break
+        if t_end > t_stop:
+            return True, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+        a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+        in_sys = n_run + n_wait
+        nm_d = dstate[2]
+        if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
+            # the stretch lies inside the window or outside it
+            x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
+            used0 = nblk - free
+            free -= nb
+            used = nblk - free
+            if used > a_max:
+                a_max = used
+            a_steps += kk
+            a_l += in_sys * x
+            if ws <= t and t_end <= we:
+                a_occ += x * n_run
+                a_queue += x * n_wait
+                a_kv += (used0 + nb) * x - _kv_weight(s1, s2, d0, dlt)
+            if nm_d > 0:
+                if _constant_in_step(lat):
+                    rec.gapw[n_d] += kk * nm_d
+                else:
+                    for jj in range(kk):
+                        n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, d0 + jj * dlt, nm_d)
+            S += kk
+            sph -= _phase(kk, bs, bsh)
+            if sph < 0:
+                sph += bs
+            t = t_end
+        else:
+            # a window edge falls inside: the same steps one by one
+            # (`_account_step`'s operations, on the lazy decoders)
+            for _j in range(kk):
+                free -= dec.ph[sph]
+                used = nblk - free
+                d = dp + slope * (ksum + n_d * (S + 1))
+                t_end = t + d
+                a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                    a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws, we)
+                if nm_d > 0:
+                    n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
+                S += 1
+                sph = sph - 1 if sph > 0 else bs - 1
+                t = t_end
+        acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+        # the stretch's last step, as a fast step ends: arrivals during
+        # it (they see it before its completions), then completions
+        nxt, n_wait, reserved, acc5 = _arrivals_at_step_end(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
+                                                            acc5, ws, we)
+        if dec.hk[0] != S:
+            break   # the next arrival, the free blocks or the horizon ended the stretch
+        free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec.hk, dec.hr, dec.hs, dec.dmem,
+                                                   dec.dpos, dec.koff, dec.ph, bs, bsh, ipar[I_WARMUP], dstate,
+                                                   req.k, req.g, req.blocks, req.status, req.finish_t, req.last_t,
+                                                   req.prompt, req.output, ipar[I_ADMISSION])
+        if t >= next_a:
+            break   # an arrival to ingest first
+    return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+
+
+# ------------------------------------------------------------------------------
+# The slow step
+
+@njit_noalloc
+def _materialise_decoders(req, dec, t, S, bs, bsh):
+    """Give the lazy decoders their own token counts and blocks again (a slow
+    step schedules request by request), and empty their aggregate."""
+    for jj in range(dec.dstate[0]):
+        r = dec.dmem[jj]
+        req.k[r] = dec.koff[r] + S
+        req.g[r] = dec.goff[r] + S
+        req.blocks[r] = _blocks_of(req.k[r], bs, bsh)
+        req.last_t[r] = t
+        dec.dpos[r] = -1
+    dec.dstate[0] = 0
+    dec.dstate[1] = 0
+    dec.dstate[2] = 0
+    dec.hs[0] = 0
+    for jj in range(bs):
+        dec.ph[jj] = 0
+
+
+@njit_noalloc(inline="llvm")
+def _victim(run, n_run, key, keyed):
+    """The position in ``run`` of the request to preempt: the last admitted,
+    or with ``keyed`` the largest (key, arrival index)."""
+    vpos = n_run - 1
+    if keyed:
+        for jj in range(n_run - 1):
+            a = run[jj]
+            b = run[vpos]
+            if key[a] > key[b] or (key[a] == key[b] and a > b):
+                vpos = jj
+    return vpos
+
+
+@njit_noalloc(inline="llvm")
+def _release(r, free, req, cache, jmax, caching):
+    """Release the KV blocks of request ``r`` (with prefix caching, its
+    private blocks and its references to cache entries); return the free blocks."""
+    if caching:
+        free = _release_blocks(r, free, cache.private, cache.nent, req.pgrp, cache.fpre, cache.held, cache.hoff,
+                               jmax, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+    else:
+        free += req.blocks[r]
+    req.blocks[r] = 0
+    return free
+
+
+@njit_noalloc(inline="llvm")
+def _remove_running(run, n_run, vpos):
+    """Drop position ``vpos`` of ``run[:n_run]``, keeping the order; return the new count."""
+    for jj in range(vpos, n_run - 1):
+        run[jj] = run[jj + 1]
+    return n_run - 1
+
+
+@njit_noalloc(inline="llvm")
+def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used, pending_swap, bs,
+                   bsh, jmax, full):
+    """Schedule a slow step in vLLM's phases: a static batch (static
+    batching), phase 0 (active priority preemption), the running requests in
+    admission order with preemption (phase 1), the swapped ones (phase 2),
+    then admission of waiting requests (phase 3). Return the updated (free
+    blocks, waiting, running, swapped, swap blocks used, blocks moved), whether
+    anything runs, and the batch composition."""
+    if full is None:
+        static = False
+        prio_preempt = False
+        swap_on = False
+    else:
+        static = ipar[I_STATIC] == 1
+        prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+        swap_on = ipar[I_SWAP] == 1
+    mbt = ipar[I_MAX_BATCHED_TOKENS]
+    if static and n_run == 0:
+        free, n_wait, n_run = _form_static_batch(req, batch, ipar, free, n_wait, n_run, bs, bsh)
+    if prio_preempt and n_wait > 0:
+        free, n_wait, n_run = _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, jmax,
+                                                   full)
+    (free, budget, n_wait, n_run, n_sw, swap_used, pending_swap,
+     preempted) = _schedule_running(req, batch, swap, cache, rec, ipar, t, free, mbt, n_wait, n_run, n_sw,
+                                    swap_used, pending_swap, bs, bsh, jmax, full)
+    if swap_on and not preempted:
+        free, budget, n_run, n_sw, swap_used, pending_swap = _resume_swapped(
+            req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh)
+    if not static and not preempted and n_sw == 0:
+        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh,
+                                                     jmax, full)
+    n_dec, n_pf, n_ctx = _composition(req, batch, n_run, static)
+    return free, n_wait, n_run, n_sw, swap_used, pending_swap, n_dec + n_pf > 0, n_dec, n_pf, n_ctx
+
+
+@njit_noalloc
+def _form_static_batch(req, batch, ipar, free, n_wait, n_run, bs, bsh):
+    """Static batching: form a batch, with the KV blocks of every member's
+    whole output reserved up front."""
+    budget = ipar[I_MAX_BATCHED_TOKENS]
     chunked = ipar[I_CHUNKED] == 1
     policy = ipar[I_POLICY]
-    admission = ipar[I_ADMISSION]
-    warmup = ipar[I_WARMUP]
-    has_delay = ipar[I_HAS_DELAY] == 1
-    has_h = ipar[I_HAS_HORIZON] == 1
-    max_delay = fpar[F_MAX_DELAY]
-    horizon = fpar[F_HORIZON]
-    base, dscale, dalpha, c_prefill, c_ctx = lat[0], lat[1], lat[2], lat[3], lat[4]
-    has_aging = ipar[I_HAS_AGING] == 1
-    aging = fpar[F_AGING]
+    while n_wait > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
+        w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
+        need_blk = _blocks_of(req.prompt[w] + req.output[w] - 1, bs, bsh)
+        if need_blk > free:
+            break
+        if not chunked and req.prompt[w] > budget:
+            break
+        _start_running(w, need_blk, batch.q, batch.qs, req.key, policy, req.status, req.ever, req.blocks)
+        n_wait -= 1
+        free -= need_blk
+        batch.run[n_run] = w
+        n_run += 1
+        if not chunked:
+            budget -= req.prompt[w]
+    return free, n_wait, n_run
+
+
+@njit_noalloc
+def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, jmax, full):
+    """Phase 0, active priority preemption: while the waiting head w could
+    not be scheduled (a seat and the blocks of its first chunk) and the
+    victim's key is strictly larger than w's, preempt the victim by
+    recompute (nothing is scheduled yet: nothing to refund)."""
+    if full is None:
+        caching = False
+    else:
+        caching = ipar[I_CACHING] == 1
+    mbt = ipar[I_MAX_BATCHED_TOKENS]
+    w = _q_peek(batch.q, batch.qs, req.key, ipar[I_POLICY], req.status)
+    while n_run > 0:
+        vpos = _victim(batch.run, n_run, req.key, True)
+        v = batch.run[vpos]
+        if not req.key[v] > req.key[w]:
+            break
+        # could w be scheduled? (re-evaluated, lookup included, after each preemption)
+        h_w = 0
+        cap_w = free
+        if caching:
+            h_w = _lookup(w, req.pgrp, cache.fpre, jmax, cache.cnt)
+            cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, jmax, cache.cnt)
+        need_w = req.prompt[w] + req.g[w] - h_w * bs
+        c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
+        if n_run < ipar[I_MAX_NUM_SEQS] and _blocks_of(c_w, bs, bsh) <= cap_w:
+            break
+        free = _release(v, free, req, cache, jmax, caching)
+        req.k[v] = 0
+        req.npre[v] += 1
+        req.status[v] = ST_WAITING
+        n_run = _remove_running(batch.run, n_run, vpos)
+        n_wait += 1
+        _q_push(batch.q, batch.qs, req.key, ipar[I_POLICY], v, True)
+    return free, n_wait, n_run
+
+
+@njit_noalloc(inline="llvm")
+def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wait, n_run, n_sw, swap_used,
+                      pending_swap, bs, bsh, jmax, full):
+    """Phase 1: the running requests in admission order, each its need cut to
+    the budget; where its new blocks do not fit, preempt (by swap or
+    recompute) until they do, or preempt itself. Return the updated (free
+    blocks, budget, waiting, running, swapped, swap blocks used, blocks
+    moved) and whether anything was preempted."""
+    if full is None:
+        static = False
+        prio_preempt = False
+        swap_on = False
+        caching = False
+    else:
+        static = ipar[I_STATIC] == 1
+        prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+        swap_on = ipar[I_SWAP] == 1
+        caching = ipar[I_CACHING] == 1
+    policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
-    keyed_victim = policy == 1 or (policy == 2 and prio_preempt)
-    swap_cap = ipar[I_SWAP_BLOCKS]
-    c_swap = lat[5]
-
-    # Carve the state out of the workspace (layout: _ws_need, which also checks the sizes).
-    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, output, pgrp, plen, ipar)
-    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
-    if need_i > wi.size or need_f > wf.size:
-        return -1
-    status = wi[WI_STATUS * n:(WI_STATUS + 1) * n]
-    k = wi[WI_K * n:(WI_K + 1) * n]
-    g = wi[WI_G * n:(WI_G + 1) * n]
-    blocks = wi[WI_BLOCKS * n:(WI_BLOCKS + 1) * n]
-    npre = wi[WI_NPRE * n:(WI_NPRE + 1) * n]
-    nswap = wi[WI_NSWAP * n:(WI_NSWAP + 1) * n]
-    ctok = wi[WI_CTOK * n:(WI_CTOK + 1) * n]
-    o = WI_HEAD * n + N_HIST
-    itl_w = wi[o:o + nitl]
-    o += nitl
-    q = wi[o:o + 2 * n + 2]
-    o += 2 * n + 2
-    qs = wi[o:o + 2]                    # (size incl. stale entries, ring head)
-    o += 2
-    run = wi[o:o + 2 * cap]             # running requests in admission order (+ completed, until compacted)
-    o += 2 * cap
-    sched = wi[o:o + n]                 # tokens scheduled for each request this step
-    o += n
-    ever = wi[o:o + n]                  # 1: ever scheduled (abandonment applies otherwise)
-    o += n
-    # lazy decoders (fast steps)
-    dmem = wi[o:o + cap]
-    o += cap
-    dpos = wi[o:o + n]
-    o += n
-    koff = wi[o:o + n]
-    o += n
-    goff = wi[o:o + n]
-    o += n
-    ph = wi[o:o + bs]
-    o += bs
-    hk = wi[o:o + cap]
-    o += cap
-    hr = wi[o:o + cap]
-    o += cap
-    hs = wi[o:o + 1]
-    o += 1
-    dstate = wi[o:o + 3]                # (count, sum of koff, measured count)
-    o += 3
-    oth = wi[o:o + cap]                 # the other running requests (unordered)
-    o += cap
-    sq = wi[o:o + n + 1]                # swapped queue (preemption_mode="swap")
-    o += n + 1
-    sqs = wi[o:o + 1]
-    o += 1
-    fpre = wi[o:o + n]                  # prefix cache: f_i, the prefix blocks request i can share
-    o += n
-    hoff = wi[o:o + n + 1]
-    o += n + 1
-    cnt = wi[o:o + ncnt]
-    o += ncnt
-    lprev = wi[o:o + ncnt]
-    o += ncnt
-    lnext = wi[o:o + ncnt]
-    o += ncnt
-    cst = wi[o:o + 4]
-    o += 4
-    held = wi[o:o + nheld]
-    o += nheld
-    private = wi[o:o + n]
-    o += n
-    nent = wi[o:o + n]
-    o += n
-    gapw = wi[o:o + cap + 1]            # inter-token gaps of pure decode steps, by decoder count
-    first_t = wf[WF_FIRST * n:(WF_FIRST + 1) * n]
-    last_t = wf[WF_LAST * n:(WF_LAST + 1) * n]
-    finish_t = wf[WF_FINISH * n:(WF_FINISH + 1) * n]
-    swapped_s = wf[WF_SWAPPED * n:(WF_SWAPPED + 1) * n]
-    acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
-    o = (WF_HEAD + WF_SCRATCH) * n + N_ACC
-    itl_v = wf[o:o + nitl]
-    o += nitl
-    key = wf[o:o + n]
-    o += n
-    dec_cost = wf[o:o + cap + 1]
-    o += cap + 1
-    skey = wf[o:o + n]
-    o += n
-    swapped_since = wf[o:o + n]
-
-    # Queue keys e_i (docs/engine-model.md, "Waiting-queue order"): the
-    # priority class c_i or the SJF key q_i; unused for fcfs. Doubles, so
-    # that integer keys and aged keys share one heap (integers are exact).
-    # The swapped queue is a heap ordered by (e_i, i), by i for fcfs.
-    hoff[0] = 0
-    # (one loop per array: LLVM turns each into a memset or a vector loop,
-    # where one loop over all the arrays stores one element at a time)
-    for i in range(n):
-        status[i] = ST_PENDING
-    for i in range(n):
-        k[i] = 0
-    for i in range(n):
-        g[i] = 0
-    for i in range(n):
-        blocks[i] = 0
-    for i in range(n):
-        npre[i] = 0
-    for i in range(n):
-        sched[i] = 0
-    for i in range(n):
-        ever[i] = 0
-    for i in range(n):
-        dpos[i] = -1
-    for i in range(n):
-        first_t[i] = np.nan
-    for i in range(n):
-        last_t[i] = np.nan
-    for i in range(n):
-        finish_t[i] = np.nan
-    if policy != 0 or has_aging or prio_preempt:   # (fcfs has no keys)
-        for i in range(n):
-            key[i] = float(prio[i]) if policy == 1 else float(sjfk[i])
-            if has_aging:
-                # e_i = c_i + a_i / A: a_i / A first, then added to the integer as a double
-                key[i] = key[i] + arrival[i] / aging
-    if full is not None:
-        # The arrays of swap preemption and prefix caching: the common engine
-        # has neither and leaves them as they are (a quarter less memory
-        # written per request; `_reduce` reads nswap only with swap).
-        for i in range(n):
-            nswap[i] = 0
-            ctok[i] = 0
-            swapped_s[i] = 0.0
-            skey[i] = key[i] if policy != 0 else float(i)
-            fpre[i] = plen[i] // bs if caching and pgrp[i] >= 0 else 0
-            hoff[i + 1] = hoff[i] + fpre[i]
-            private[i] = 0
-            nent[i] = 0
-    for j in range(bs):
-        ph[j] = 0
-    for j in range(cap + 1):
-        gapw[j] = 0
-    qs[0] = 0
-    qs[1] = 0
-    hs[0] = 0
-    sqs[0] = 0
-    for j in range(3):
-        dstate[j] = 0
-    for j in range(ncnt):
-        cnt[j] = -1
-    for j in range(nheld):
-        held[j] = 0
-    cst[0] = -1
-    cst[1] = -1
-    cst[2] = 0
-    cst[3] = 0
-    # decode term of the step time by batch size: the same expression as below, computed once
-    dec_cost[0] = 0.0
-    dec_cost[1] = 0.0
-    for b in range(2, cap + 1):
-        dec_cost[b] = dscale * (b - 1.0) ** dalpha
-    # Without a context term, a step with no prefill lasts base + dec_cost[b]
-    # for b decoders (the other terms add 0.0): the inter-token gaps of such
-    # steps are counted by b in `gapw` and entered once at the end, as that
-    # duration (the reference takes differences of clock readings, which agree
-    # to rounding). Most gaps are of this kind: far fewer entries to select from.
-    pure = c_ctx == 0.0
-    for j in range(N_ACC):
-        acc[j] = 0.0
-    n_sw = 0            # swapped requests
-    swap_used = 0       # blocks they hold in CPU swap space
-    pending_swap = 0    # blocks moved since the last step with a duration (charged to the next one)
-
-    # Measurement window start: the run's start (time 0, when a benchmark
-    # client starts its clock) without warm-up, else the first measured arrival.
-    ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
-    we = horizon if has_h else np.inf   # window end (else the end of the run)
-    acc[A_WINDOW_START] = ws
-    # Run-level accumulators live in registers; stored in `acc` at the end.
-    a_occ = 0.0     # integral over the window of running requests
-    a_queue = 0.0   # ... of waiting requests
-    a_kv = 0.0      # ... of used blocks
-    a_l = 0.0       # integral over the run of the number in system
-    a_steps = 0.0
-    a_max = 0       # most blocks used
-    n_run = 0       # running requests (lazy decoders + others)
-    rl = 0          # length of `run`, completed entries included
-    n_oth = 0
-    S = 0           # fast steps so far
-    sph = 0         # (-S) mod block_size, kept incrementally (no integer division per step)
-    n_wait = 0
-    free = nblk
-    reserved = 0
-    nxt = 0
-    drop_ptr = 0
-    n_itl = 0
-    t = 0.0
-
-    while True:
-        if n_run == 0 and n_wait == 0 and n_sw == 0:
-            if nxt >= n:
-                break
-            if arrival[nxt] > t:
-                t = arrival[nxt]   # idle: jump to the next arrival
-        if has_h and t >= horizon:
-            break
-        # -- ingest arrivals up to and including t (engine idle or step start)
-        while nxt < n and arrival[nxt] <= t:
-            i = nxt
-            nxt += 1
-            status[i] = _arrival_status(prompt[i], output[i], ipar, n_run + n_wait + n_sw, reserved)
-            if status[i] == ST_WAITING:
-                if admission == 2:
-                    reserved += prompt[i] + output[i]
-                n_wait += 1
-                _q_push(q, qs, key, policy, i, False)
-        # -- abandonment, observed at step start
-        if has_delay:
-            while drop_ptr < nxt and arrival[drop_ptr] + max_delay <= t:
-                i = drop_ptr
-                drop_ptr += 1
-                if status[i] == ST_WAITING and not ever[i]:
-                    status[i] = ST_DROPPED
-                    finish_t[i] = t
-                    n_wait -= 1
-                    if admission == 2:
-                        reserved -= prompt[i] + output[i]
-        if n_run == 0 and n_wait == 0 and n_sw == 0:
-            continue
-
-        n_d = dstate[0]
-        # -- can every running request be scheduled in full? (fast step)
-        fast = False
-        if not static:
-            need_tok = n_d
-            need_blk = ph[sph]   # lazy decoders whose k is a multiple of block_size
-            for jj in range(n_oth):
-                r = oth[jj]
-                s = prompt[r] + g[r] - k[r]
-                need_tok += s
-                need_blk += _blocks_of(k[r] + s, bs, bsh) - blocks[r]
-            fast = need_tok <= mbt and need_blk <= free
-            # Correctness first: with active priority preemption and a waiting
-            # request, phase 0 may preempt, so the step is always a slow one.
-            if prio_preempt and n_wait > 0:
-                fast = False
-            # Likewise with a swapped request (phase 2) or transfers to charge.
-            if n_sw > 0 or pending_swap > 0:
-                fast = False
-            # And always with prefix caching (shared blocks, registration, LRU).
-            if caching:
-                fast = False
-
-        if fast:
-            budget = mbt - n_d
-            free -= ph[sph]
-            n_dec = n_d
-            n_pf = 0
-            n_ctx = dstate[1] + n_d * (S + 1)
-            for jj in range(n_oth):
-                r = oth[jj]
-                s = prompt[r] + g[r] - k[r]
-                nb = _blocks_of(k[r] + s, bs, bsh) - blocks[r]
-                blocks[r] += nb
-                free -= nb
-                sched[r] = s
-                budget -= s
-            # admission of waiting requests, as in the slow step
-            while n_wait > 0 and budget > 0 and n_run < mns:
-                w = _q_peek(q, qs, key, policy, status)
-                s = _first_chunk(prompt[w] + g[w], budget, chunked)
-                if s < 0:
-                    break
-                nb = _blocks_of(s, bs, bsh)
-                if nb > free:
-                    break
-                _start_running(w, nb, q, qs, key, policy, status, ever, blocks)
-                n_wait -= 1
-                free -= nb
-                sched[w] = s
-                budget -= s
-                if rl == run.size:
-                    rl = _compact_run(run, rl, status)
-                run[rl] = w
-                rl += 1
-                oth[n_oth] = w
-                n_oth += 1
-                n_run += 1
-            for jj in range(n_oth):
-                r = oth[jj]
-                s = sched[r]
-                if s == 1 and g[r] >= 1 and k[r] == prompt[r] + g[r] - 1:
-                    n_dec += 1
-                else:
-                    n_pf += s
-                n_ctx += k[r] + s
-            d = base
-            if n_dec > 1:
-                d += dec_cost[n_dec]
-            d += c_prefill * n_pf
-            d += c_ctx * n_ctx
-            t_end = t + d
-            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, nblk - free, ws, we)
-            if nxt < n and arrival[nxt] < t_end:
-                nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
-                    nxt, n, t_end, arrival, prompt, output, ipar, n_run, n_wait, reserved, status, q, qs, key,
-                    a_l, a_queue, ws, we)
-            # -- apply: lazy decoders emit one token each
-            if dstate[2] > 0:
-                if pure and n_pf == 0:
-                    gapw[n_dec] += dstate[2]
-                else:
-                    n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, dstate[2])
-            S += 1
-            sph = sph - 1 if sph > 0 else bs - 1
-            free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff,
-                                                       ph, bs, bsh, warmup, dstate, k, g, blocks, status, finish_t,
-                                                       last_t, prompt, output, admission)
-            m = 0
-            for jj in range(n_oth):
-                r = oth[jj]
-                s = sched[r]
-                sched[r] = 0
-                k[r] += s
-                emitted = False
-                if k[r] == prompt[r] + g[r]:
-                    g[r] += 1
-                    emitted = True
-                    if g[r] == 1:
-                        first_t[r] = t_end
-                    elif r >= warmup:
-                        n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - last_t[r], 1)
-                    last_t[r] = t_end
-                if g[r] == output[r]:
-                    status[r] = ST_COMPLETED
-                    finish_t[r] = t_end
-                    free += blocks[r]
-                    blocks[r] = 0
-                    if admission == 2:
-                        reserved -= prompt[r] + output[r]
-                    n_run -= 1
-                elif emitted:
-                    _d_add(r, k[r], g[r], S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, bsh, warmup, output,
-                           dstate)
-                else:
-                    oth[m] = r
-                    m += 1
-            n_oth = m
-            t = t_end
-            # -- event skipping: while every running request is a lazy decoder
-            # and nothing else can happen (no admission, no abandonment, enough
-            # free blocks), run the next steps as one stretch, up to the step of
-            # the next completion or the one during which the next request
-            # arrives: the clock step by step (the same running sum as the
-            # reference's), the rest in closed form. After a completion, with
-            # nobody waiting and no arrival yet, the next stretch follows at once.
-            # (Not with active priority preemption and a waiting request: phase 0.)
-            while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
-                                                                              and not prio_preempt)):
-                n_d = dstate[0]
-                ksum = dstate[1]
-                next_a = arrival[nxt] if nxt < n else np.inf
-                dp = _plain_step(base, dec_cost, n_d)
-                # every running request is a lazy decoder, so the heap is not
-                # empty: the stretch ends with the step of the next completion
-                d0 = dp + c_ctx * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
-                dlt = c_ctx * n_d
-                kk, t_end, nb, s1, s2 = _stretch_steps(t, hk[0] - S, min(next_a, horizon) if has_h else next_a, dp,
-                                                       c_ctx, n_d, ksum, S, ph, sph, bs, free)
-                if kk == 0:
-                    break
-                in_sys = n_run + n_wait
-                nm_d = dstate[2]
-                if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
-                    # the stretch lies inside the window or outside it
-                    x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
-                    used0 = nblk - free
-                    free -= nb
-                    used = nblk - free
-                    if used > a_max:
-                        a_max = used
-                    a_steps += kk
-                    a_l += in_sys * x
-                    if ws <= t and t_end <= we:
-                        a_occ += x * n_run
-                        a_queue += x * n_wait
-                        a_kv += (used0 + nb) * x - _kv_weight(s1, s2, d0, dlt)
-                    if nm_d > 0:
-                        if pure:
-                            gapw[n_d] += kk * nm_d
-                        else:
-                            for jj in range(kk):
-                                n_itl = _gap_add(itl_v, itl_w, n_itl, d0 + jj * dlt, nm_d)
-                    S += kk
-                    sph -= _phase(kk, bs, bsh)
-                    if sph < 0:
-                        sph += bs
-                    t = t_end
-                else:
-                    # a window edge falls inside: the same steps one by one
-                    # (`_account_step`'s operations, on the lazy decoders)
-                    for _j in range(kk):
-                        free -= ph[sph]
-                        used = nblk - free
-                        d = dp + c_ctx * (ksum + n_d * (S + 1))
-                        t_end = t + d
-                        a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                            a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws,
-                            we)
-                        if nm_d > 0:
-                            n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - t, nm_d)
-                        S += 1
-                        sph = sph - 1 if sph > 0 else bs - 1
-                        t = t_end
-                # the stretch's last step, as a fast step ends: arrivals during
-                # it (they see it before its completions), then completions
-                if nxt < n and arrival[nxt] < t:
-                    nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
-                        nxt, n, t, arrival, prompt, output, ipar, n_run, n_wait, reserved, status, q, qs, key,
-                        a_l, a_queue, ws, we)
-                if hk[0] != S:
-                    break   # the next arrival, the free blocks or the horizon ended the stretch
-                free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff,
-                                                           ph, bs, bsh, warmup, dstate, k, g, blocks, status,
-                                                           finish_t, last_t, prompt, output, admission)
-                if t >= next_a:
-                    break   # an arrival to ingest first
-            continue
-
-        # -- slow step: materialise the lazy decoders, schedule in admission order
-        for jj in range(n_d):
-            r = dmem[jj]
-            k[r] = koff[r] + S
-            g[r] = goff[r] + S
-            blocks[r] = _blocks_of(k[r], bs, bsh)
-            last_t[r] = t
-            dpos[r] = -1
-        dstate[0] = 0
-        dstate[1] = 0
-        dstate[2] = 0
-        hs[0] = 0
-        for jj in range(bs):
-            ph[jj] = 0
-        rl = _compact_run(run, rl, status)
-        budget = mbt
-        preempted = False
-        if static and n_run == 0:
-            # Form a static batch: full KV reservation up front.
-            while n_wait > 0 and n_run < mns:
-                w = _q_peek(q, qs, key, policy, status)
-                need_blk = _blocks_of(prompt[w] + output[w] - 1, bs, bsh)
-                if need_blk > free:
-                    break
-                if not chunked and prompt[w] > budget:
-                    break
-                _start_running(w, need_blk, q, qs, key, policy, status, ever, blocks)
-                n_wait -= 1
-                free -= need_blk
-                run[n_run] = w
-                n_run += 1
-                if not chunked:
-                    budget -= prompt[w]
-            budget = mbt
-        if prio_preempt and n_wait > 0:
-            # Phase 0, active priority preemption: while the waiting head w
-            # could not be scheduled (a seat and the blocks of its first chunk)
-            # and the victim's key is strictly larger than w's, preempt the
-            # victim by recompute (nothing is scheduled yet: nothing to refund).
-            w = _q_peek(q, qs, key, policy, status)
-            while n_run > 0:
-                vpos = n_run - 1
-                for jj in range(n_run - 1):
-                    a_ = run[jj]
-                    b_ = run[vpos]
-                    if key[a_] > key[b_] or (key[a_] == key[b_] and a_ > b_):
-                        vpos = jj
-                v = run[vpos]
-                if not key[v] > key[w]:
-                    break
-                # could w be scheduled? (re-evaluated, lookup included, after each preemption)
-                h_w = 0
-                cap_w = free
-                if caching:
-                    h_w = _lookup(w, pgrp, fpre, jmax, cnt)
-                    cap_w = free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt)
-                need_w = prompt[w] + g[w] - h_w * bs
-                c_w = min(need_w, mbt) if chunked else need_w
-                if n_run < mns and _blocks_of(c_w, bs, bsh) <= cap_w:
-                    break
-                if caching:
-                    free = _release_blocks(v, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
-                                           lprev, lnext)
-                else:
-                    free += blocks[v]
-                blocks[v] = 0
-                k[v] = 0
-                npre[v] += 1
-                status[v] = ST_WAITING
-                for jj in range(vpos, n_run - 1):
-                    run[jj] = run[jj + 1]
-                n_run -= 1
-                n_wait += 1
-                _q_push(q, qs, key, policy, v, True)
-        kk = 0
-        while kk < n_run and budget > 0:
-            r = run[kk]
-            if static and g[r] == output[r]:
-                sched[r] = 1   # padding token of a finished batch member
-                budget -= 1
-                kk += 1
-                continue
-            need = prompt[r] + g[r] - k[r]
-            s = min(need, budget)
-            new_blk = _blocks_of(k[r] + s, bs, bsh) - blocks[r]
-            self_preempted = False
-            while new_blk > free + cst[2]:   # free + evictable (0 without caching)
-                # Preempt by recompute: fcfs/sjf the last admitted, priority
-                # (and sjf with priority preemption) the largest (key, arrival index).
-                vpos = n_run - 1
-                if keyed_victim:
-                    for jj in range(n_run - 1):
-                        a_ = run[jj]
-                        b_ = run[vpos]
-                        if key[a_] > key[b_] or (key[a_] == key[b_] and a_ > b_):
-                            vpos = jj
-                v = run[vpos]
-                if vpos < kk:
-                    budget += sched[v]
-                    kk -= 1
-                sched[v] = 0
-                if caching:
-                    # its refunded tokens' blocks are private: release them all
-                    free = _release_blocks(v, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
-                                           lprev, lnext)
-                else:
-                    free += blocks[v]
-                blocks[v] = 0
-                npre[v] += 1
-                m_v = _blocks_of(k[v], bs, bsh)
-                if swap and m_v <= swap_cap - swap_used:
-                    # by swap: k and g kept, m_v blocks moved out (charged to a step)
-                    swap_used += m_v
-                    if swap_used > acc[A_MAX_SWAP]:
-                        acc[A_MAX_SWAP] = swap_used
-                    pending_swap += m_v
-                    nswap[v] += 1
-                    swapped_since[v] = t
-                    status[v] = ST_SWAPPED
-                    _heap_push(sq, sqs, skey, v)
-                    n_sw += 1
-                else:
-                    k[v] = 0
-                    status[v] = ST_WAITING
-                    n_wait += 1
-                    _q_push(q, qs, key, policy, v, True)
-                for jj in range(vpos, n_run - 1):
-                    run[jj] = run[jj + 1]
-                n_run -= 1
-                preempted = True
-                if v == r:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                break
-            if new_blk > 0:
-                blocks[r] += new_blk
-                if caching:
-                    free = _take_blocks(new_blk, free, cst, cnt, lprev, lnext)
-                    private[r] += new_blk
-                else:
-                    free -= new_blk
-            sched[r] = s
-            budget -= s
+    keyed = policy == POLICY_PRIORITY or (policy == POLICY_SJF and prio_preempt)
+    run = batch.run
+    preempted = False
+    kk = 0
+    while kk < n_run and budget > 0:
+        r = run[kk]
+        if static and req.g[r] == req.output[r]:
+            req.sched[r] = 1   # padding token of a finished batch member
+            budget -= 1
             kk += 1
-        if swap and not preempted:
-            # Phase 2: resume swapped requests (head first) before any new prefill.
-            while n_sw > 0 and budget > 0 and n_run < mns:
-                w = sq[0]
-                need = prompt[w] + g[w] - k[w]
-                if chunked:
-                    s = min(need, budget)
-                elif need > budget:
-                    break
-                else:
-                    s = need
-                nb = _blocks_of(k[w] + s, bs, bsh)
-                if nb > free:
-                    break
-                _heap_pop(sq, sqs, skey)
-                n_sw -= 1
-                m_w = _blocks_of(k[w], bs, bsh)
-                swap_used -= m_w
-                pending_swap += m_w
-                swapped_s[w] += t - swapped_since[w]
-                status[w] = ST_RUNNING
-                blocks[w] = nb
-                free -= nb
-                sched[w] = s
-                budget -= s
-                run[n_run] = w
-                n_run += 1
-        if not static and not preempted and n_sw == 0:
-            while n_wait > 0 and budget > 0 and n_run < mns:
-                w = _q_peek(q, qs, key, policy, status)
-                h_w = _lookup(w, pgrp, fpre, jmax, cnt) if caching else 0
-                s = _first_chunk(prompt[w] + g[w] - h_w * bs, budget, chunked)
-                if s < 0:
-                    break
-                nb = _blocks_of(s, bs, bsh)
-                if caching:
-                    if nb > free + cst[2] - _evictable_hits(w, h_w, pgrp, jmax, cnt):
-                        break
-                elif nb > free:
-                    break
-                _q_pop(q, qs, key, policy)
-                n_wait -= 1
-                status[w] = ST_RUNNING
-                if caching:
-                    if not ever[w]:
-                        ctok[w] = h_w * bs       # at its first admission
-                    _claim_hits(w, h_w, pgrp, held, hoff, jmax, nent, cst, cnt, lprev, lnext)
-                    k[w] = h_w * bs
-                    free = _take_blocks(nb, free, cst, cnt, lprev, lnext)
-                    private[w] = nb
-                    blocks[w] = h_w + nb
-                else:
-                    blocks[w] = nb
-                    free -= nb
-                ever[w] = 1
-                sched[w] = s
-                budget -= s
-                run[n_run] = w
-                n_run += 1
-        rl = n_run
-
-        # -- step duration from the batch composition
-        n_dec = 0
-        n_pf = 0
-        n_ctx = 0
-        for jj in range(n_run):
-            r = run[jj]
-            s = sched[r]
-            if s == 0:
-                continue
-            if s == 1 and g[r] >= 1 and (k[r] == prompt[r] + g[r] - 1 or (static and g[r] == output[r])):
-                n_dec += 1
-            else:
-                n_pf += s
-            n_ctx += k[r] + s
-        if n_dec + n_pf == 0:
-            # only preemptions happened; nothing ran
-            n_oth = _rebuild(run, n_run, oth)
             continue
-        # Same operation order as LatencyModel.step_time, so that the kernel
-        # and the reference agree to the last bit.
-        d = base
-        if n_dec > 1:
-            d += dec_cost[n_dec]
-        d += c_prefill * n_pf
-        d += c_ctx * n_ctx
-        if pending_swap > 0:
-            d += c_swap * pending_swap   # the swap term last (docs/engine-model.md)
-            pending_swap = 0
-        t_end = t + d
-        a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-            a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait + n_sw, nblk - free - cst[2],
-            ws, we)
-        if nxt < n and arrival[nxt] < t_end:
-            nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
-                nxt, n, t_end, arrival, prompt, output, ipar, n_run + n_sw, n_wait, reserved, status, q, qs, key,
-                a_l, a_queue, ws, we)
-        # -- apply the step: token emission and completion
-        for jj in range(n_run):
-            r = run[jj]
-            s = sched[r]
-            if s == 0:
-                continue
-            sched[r] = 0
-            if static and g[r] == output[r]:
-                continue
-            k[r] += s
-            if caching and fpre[r] > 0:
-                _register(r, k[r] - s, k[r], bs, pgrp, fpre, held, hoff, jmax, private, nent, cst, cnt)
-            if k[r] == prompt[r] + g[r]:
-                g[r] += 1
-                if g[r] == 1:
-                    first_t[r] = t_end
-                elif r >= warmup:
-                    n_itl = _gap_add(itl_v, itl_w, n_itl, t_end - last_t[r], 1)
-                last_t[r] = t_end
-            if g[r] == output[r] and not static:
-                status[r] = ST_COMPLETED
-                finish_t[r] = t_end
-        if static:
-            done_batch = True
-            for jj in range(n_run):
-                if g[run[jj]] < output[run[jj]]:
-                    done_batch = False
-            if done_batch:
-                for jj in range(n_run):
-                    r = run[jj]
-                    status[r] = ST_COMPLETED
-                    finish_t[r] = t_end
-        m = 0
-        n_oth = 0
-        for jj in range(n_run):
-            r = run[jj]
-            if status[r] == ST_COMPLETED:
-                if caching:
-                    free = _release_blocks(r, free, private, nent, pgrp, fpre, held, hoff, jmax, cst, cnt,
-                                           lprev, lnext)
-                else:
-                    free += blocks[r]
-                blocks[r] = 0
-                if admission == 2:
-                    reserved -= prompt[r] + output[r]
+        s = min(req.prompt[r] + req.g[r] - req.k[r], budget)
+        new_blk = _blocks_of(req.k[r] + s, bs, bsh) - req.blocks[r]
+        self_preempted = False
+        while new_blk > free + cache.cst[2]:   # free + evictable (0 without caching)
+            vpos = _victim(run, n_run, req.key, keyed)
+            v = run[vpos]
+            if vpos < kk:
+                budget += req.sched[v]
+                kk -= 1
+            req.sched[v] = 0
+            # (with caching, its refunded tokens' blocks are private: all released)
+            free = _release(v, free, req, cache, jmax, caching)
+            req.npre[v] += 1
+            m_v = _blocks_of(req.k[v], bs, bsh)
+            if swap_on and m_v <= ipar[I_SWAP_BLOCKS] - swap_used:
+                # by swap: k and g kept, m_v blocks moved out (charged to a step)
+                swap_used += m_v
+                if swap_used > rec.acc[A_MAX_SWAP]:
+                    rec.acc[A_MAX_SWAP] = swap_used
+                pending_swap += m_v
+                swap.nswap[v] += 1
+                swap.swapped_since[v] = t
+                req.status[v] = ST_SWAPPED
+                _heap_push(swap.sq, swap.sqs, swap.skey, v)
+                n_sw += 1
             else:
-                run[m] = r
-                m += 1
-                # decoders that emitted at t_end become lazy; the rest are "others"
-                if not static and not caching and last_t[r] == t_end and k[r] == prompt[r] + g[r] - 1:
-                    _d_add(r, k[r], g[r], S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, bsh, warmup, output,
-                           dstate)
-                else:
-                    oth[n_oth] = r
-                    n_oth += 1
-        n_run = m
-        rl = m
-        t = t_end
+                req.k[v] = 0
+                req.status[v] = ST_WAITING
+                n_wait += 1
+                _q_push(batch.q, batch.qs, req.key, policy, v, True)
+            n_run = _remove_running(run, n_run, vpos)
+            preempted = True
+            if v == r:
+                self_preempted = True
+                break
+        if self_preempted:
+            break
+        if new_blk > 0:
+            req.blocks[r] += new_blk
+            if caching:
+                free = _take_blocks(new_blk, free, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+                cache.private[r] += new_blk
+            else:
+                free -= new_blk
+        req.sched[r] = s
+        budget -= s
+        kk += 1
+    return free, budget, n_wait, n_run, n_sw, swap_used, pending_swap, preempted
 
-    # -- end of run: materialise lazy decoders; whatever is in the system is unfinished
-    for jj in range(dstate[0]):
-        r = dmem[jj]
-        k[r] = koff[r] + S
-        g[r] = goff[r] + S
-        blocks[r] = _blocks_of(k[r], bs, bsh)
-    for i in range(n):
-        if status[i] == ST_SWAPPED:
-            swapped_s[i] += t - swapped_since[i]   # to the stop
-        if status[i] == ST_WAITING or status[i] == ST_RUNNING or status[i] == ST_SWAPPED:
-            status[i] = ST_UNFINISHED
-    for b in range(cap + 1):
-        if gapw[b] > 0:
-            n_itl = _gap_add(itl_v, itl_w, n_itl, _plain_step(base, dec_cost, b), gapw[b])
-    acc[A_OCC_INT] = a_occ / mns
-    acc[A_QUEUE_INT] = a_queue
-    acc[A_KV_INT] = a_kv / nblk
-    acc[A_L_INT] = a_l
-    acc[A_STEPS] = a_steps
-    acc[A_MAX_BLOCKS] = a_max
-    acc[A_END] = t
-    acc[A_BLOCKS_END] = nblk - free - cst[2]
-    # prefix hit rate: measured requests of a group that were admitted at least once
-    if caching:
-        for i in range(warmup, n):
-            if pgrp[i] >= 0 and ever[i]:
-                acc[A_HIT_TOK] += ctok[i]
-                acc[A_QUERY_TOK] += prompt[i]
-    acc[A_N_ITL] = n_itl
-    return n_itl
+
+@njit_noalloc
+def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh):
+    """Phase 2: resume swapped requests (head first) before any new prefill."""
+    chunked = ipar[I_CHUNKED] == 1
+    while n_sw > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
+        w = swap.sq[0]
+        need = req.prompt[w] + req.g[w] - req.k[w]
+        if chunked:
+            s = min(need, budget)
+        elif need > budget:
+            break
+        else:
+            s = need
+        nb = _blocks_of(req.k[w] + s, bs, bsh)
+        if nb > free:
+            break
+        _heap_pop(swap.sq, swap.sqs, swap.skey)
+        n_sw -= 1
+        m_w = _blocks_of(req.k[w], bs, bsh)
+        swap_used -= m_w
+        pending_swap += m_w
+        swap.swapped_s[w] += t - swap.swapped_since[w]
+        req.status[w] = ST_RUNNING
+        req.blocks[w] = nb
+        free -= nb
+        req.sched[w] = s
+        budget -= s
+        batch.run[n_run] = w
+        n_run += 1
+    return free, budget, n_run, n_sw, swap_used, pending_swap
+
+
+@njit_noalloc(inline="llvm")
+def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh, jmax, full):
+    """Phase 3: admit waiting requests in queue order while a seat, the
+    budget and the blocks of the first chunk (after prefix-cache hits) allow."""
+    if full is None:
+        caching = False
+    else:
+        caching = ipar[I_CACHING] == 1
+    policy = ipar[I_POLICY]
+    chunked = ipar[I_CHUNKED] == 1
+    while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
+        w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
+        h_w = _lookup(w, req.pgrp, cache.fpre, jmax, cache.cnt) if caching else 0
+        s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
+        if s < 0:
+            break
+        nb = _blocks_of(s, bs, bsh)
+        if caching:
+            if nb > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, jmax, cache.cnt):
+                break
+        elif nb > free:
+            break
+        _q_pop(batch.q, batch.qs, req.key, policy)
+        n_wait -= 1
+        req.status[w] = ST_RUNNING
+        if caching:
+            if not req.ever[w]:
+                cache.ctok[w] = h_w * bs       # at its first admission
+            _claim_hits(w, h_w, req.pgrp, cache.held, cache.hoff, jmax, cache.nent, cache.cst, cache.cnt,
+                        cache.lprev, cache.lnext)
+            req.k[w] = h_w * bs
+            free = _take_blocks(nb, free, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+            cache.private[w] = nb
+            req.blocks[w] = h_w + nb
+        else:
+            req.blocks[w] = nb
+            free -= nb
+        req.ever[w] = 1
+        req.sched[w] = s
+        budget -= s
+        batch.run[n_run] = w
+        n_run += 1
+    return free, budget, n_wait, n_run
+
+
+@njit_noalloc(inline="llvm")
+def _composition(req, batch, n_run, static):
+    """The batch composition of a slow step: (decoders, prefill tokens, context tokens)."""
+    n_dec = 0
+    n_pf = 0
+    n_ctx = 0
+    for jj in range(n_run):
+        r = batch.run[jj]
+        s = req.sched[r]
+        if s == 0:
+            continue
+        if s == 1 and req.g[r] >= 1 and (req.k[r] == req.prompt[r] + req.g[r] - 1
+                                         or (static and req.g[r] == req.output[r])):
+            n_dec += 1
+        else:
+            n_pf += s
+        n_ctx += req.k[r] + s
+    return n_dec, n_pf, n_ctx
+
+
+@njit_noalloc(inline="llvm")
+def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full):
+    """The end of a slow step at ``t_end``: token emission (and, with prefix
+    caching, registration of full blocks), completions and their blocks'
+    release; decoders that emitted become lazy, the rest are "others".
+    Return the updated (free blocks, reserved tokens, running, run length,
+    others, gap entries)."""
+    if full is None:
+        static = False
+        caching = False
+    else:
+        static = ipar[I_STATIC] == 1
+        caching = ipar[I_CACHING] == 1
+    warmup = ipar[I_WARMUP]
+    run = batch.run
+    for jj in range(n_run):
+        r = run[jj]
+        s = req.sched[r]
+        if s == 0:
+            continue
+        req.sched[r] = 0
+        if static and req.g[r] == req.output[r]:
+            continue
+        req.k[r] += s
+        if caching and cache.fpre[r] > 0:
+            _register(r, req.k[r] - s, req.k[r], bs, req.pgrp, cache.fpre, cache.held, cache.hoff, jmax,
+                      cache.private, cache.nent, cache.cst, cache.cnt)
+        if req.k[r] == req.prompt[r] + req.g[r]:
+            req.g[r] += 1
+            if req.g[r] == 1:
+                req.first_t[r] = t_end
+            elif r >= warmup:
+                n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - req.last_t[r], 1)
+            req.last_t[r] = t_end
+        if req.g[r] == req.output[r] and not static:
+            req.status[r] = ST_COMPLETED
+            req.finish_t[r] = t_end
+    if static:
+        _end_static_batch(req, run, n_run, t_end)
+    m = 0
+    n_oth = 0
+    for jj in range(n_run):
+        r = run[jj]
+        if req.status[r] == ST_COMPLETED:
+            free = _release(r, free, req, cache, jmax, caching)
+            if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
+                reserved -= req.prompt[r] + req.output[r]
+        else:
+            run[m] = r
+            m += 1
+            # decoders that emitted at t_end become lazy; the rest are "others"
+            if not static and not caching and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
+                _d_add(r, req.k[r], req.g[r], S, dec.dmem, dec.dpos, dec.koff, dec.goff, dec.ph, dec.hk, dec.hr,
+                       dec.hs, bs, bsh, warmup, req.output, dec.dstate)
+            else:
+                batch.oth[n_oth] = r
+                n_oth += 1
+    return free, reserved, m, m, n_oth, n_itl
+
+
+@njit_noalloc
+def _end_static_batch(req, run, n_run, t_end):
+    """Static batching: the batch completes together, when its last member has."""
+    for jj in range(n_run):
+        if req.g[run[jj]] < req.output[run[jj]]:
+            return
+    for jj in range(n_run):
+        r = run[jj]
+        req.status[r] = ST_COMPLETED
+        req.finish_t[r] = t_end
