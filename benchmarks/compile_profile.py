@@ -20,7 +20,7 @@ with prefix caching, the engine with every option), and prints
 
 With ``--callees`` it does what a cold start's helper process does first
 instead: it compiles the internal functions the engine calls
-(`kernel.drivers._ENGINE_CALLEES`), in order, into the disk cache, and prints the
+(`kernel.callees.TABLE`), in order, into the disk cache, and prints the
 time each took (with the functions it calls that were not compiled yet),
 their total and LLVM's share: the helper must be done with them about when
 the engine's compilation asks for them (``cold_trace.py`` shows when it does).

@@ -76,6 +76,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 
 import numba
@@ -225,6 +226,27 @@ class _InternalCache(FunctionCache):
     def save_overload(self, sig, data):
         if sigutils.normalize_signature(sig)[0] in self.saving:
             super().save_overload(sig, data)
+
+
+def python_version(dispatcher):
+    """A jitted function as plain Python: its source run by the interpreter,
+    with every jitted function it calls (through its module's globals,
+    recursively) plain Python too: Python's exact integers and NumPy's
+    bounds-checked indexing, for sizes computed without overflow, types
+    read off real values, and tests."""
+    versions = {}
+
+    def version(d):
+        if d not in versions:
+            f = d.py_func
+            namespace = dict(f.__globals__)
+            versions[d] = types.FunctionType(f.__code__, namespace, f.__name__, f.__defaults__, f.__closure__)
+            for key, obj in list(namespace.items()):
+                if isinstance(obj, CPUDispatcher):
+                    namespace[key] = version(obj)
+        return versions[d]
+
+    return version(dispatcher)
 
 
 def python_entry(dispatcher):
@@ -419,7 +441,7 @@ def _helper_main(report):
                 raise   # an entry: the parent compiles it again and says why
             import traceback
 
-            traceback.print_exc()   # a wrong `kernel.drivers._ENGINE_CALLEES` line: the engine compiles its own
+            traceback.print_exc()   # a stale `kernel.callees.TABLE` line: the engine compiles its own
             print("skip", i, file=report, flush=True)
             continue
         print(i, file=report, flush=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from contextlib import contextmanager
 
 import joblib
 
@@ -62,6 +63,22 @@ def threads_per_worker(n_workers: int) -> int:
     return max(1, available_cores() // max(int(n_workers), 1))
 
 
+@contextmanager
+def _numba_threads(n_threads):
+    """Set Numba's thread count (the CPU kernel's default thread count) for a block."""
+    import numba
+
+    if n_threads is None:
+        yield
+        return
+    old = numba.get_num_threads()
+    numba.set_num_threads(n_threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
+
 class _WorkerCall:
     """``func`` wrapped with the dispatching process's warning filters and a
     Numba thread count; picklable, so it travels to loky workers."""
@@ -72,8 +89,6 @@ class _WorkerCall:
         self.warning_filters = warning_filters
 
     def __call__(self, *args):
-        from ._replicate import _numba_threads
-
         n_threads = self.n_threads
         if n_threads is not None:
             import numba

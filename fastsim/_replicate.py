@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,22 +201,6 @@ def _seed_keys(seed):
     ss = as_seed_sequence(seed)
     k0, k1 = ss.generate_state(2, dtype=np.uint64)
     return np.uint64(k0), np.uint64(k1), reproducible_seed(ss)
-
-
-@contextmanager
-def _numba_threads(n_threads):
-    """Set Numba's thread count (the CPU kernel's default thread count) for a block."""
-    import numba
-
-    if n_threads is None:
-        yield
-        return
-    old = numba.get_num_threads()
-    numba.set_num_threads(n_threads)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def _thread_count(n_threads):

@@ -60,3 +60,64 @@ def test_import_compiles_nothing(fresh_import):
 def test_import_leaves_heavy_modules_out(fresh_import):
     seen, _cache = fresh_import
     assert seen["heavy"] == []
+
+
+def _import_graph():
+    """fastsim's modules and, for each, the fastsim modules it imports
+    (anywhere in it, functions included). ``from . import x`` imports the
+    submodule x when there is one, else the package."""
+    import ast
+    import pathlib
+
+    import fastsim
+
+    root = pathlib.Path(fastsim.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        modules[".".join(parts)] = (path, is_package)
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        package = name if is_package else name.rsplit(".", 1)[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
+                edges.update(subs if subs else ([target] if target in modules else []))
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_circles():
+    """No module of fastsim imports, directly or through others, a module
+    that imports it (a package's ``__init__`` importing its own modules
+    aside: they never import it back)."""
+    graph = _import_graph()
+    assert "fastsim.kernel.replica" in graph and "fastsim._numba_options" in graph
+    circles = []
+    state = {}
+
+    def visit(v, path):
+        state[v] = "open"
+        for w in sorted(graph[v]):
+            if state.get(w) == "open":
+                circles.append(path[path.index(w):] + [w])
+            elif w not in state:
+                visit(w, path + [w])
+        state[v] = "done"
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v, [v])
+    assert circles == []

@@ -45,9 +45,7 @@ any module invalidates every cached kernel function.
 
 from __future__ import annotations
 
-import types
-
-from . import (accounting, arrivals, decoders, drivers, kv_cache, latency, layout, metrics,  # noqa: F401
+from . import (accounting, arrivals, callees, decoders, drivers, kv_cache, latency, layout, metrics,  # noqa: F401
                prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
 from .drivers import (SCENARIO_ARRAYS, ChunkBuffers, _run_chunk, chunk_runner, draw_workload,  # noqa: F401
                       engine_pointers, run_chunk, run_on, scenario_arrays, simulate_stream)
@@ -80,18 +78,3 @@ def namespace():
             ns[name] = obj
     return ns
 
-
-def as_python(name):
-    """The kernel function ``name`` as plain Python: its source run by the
-    interpreter, every kernel function it calls plain Python too (Python's
-    exact integers, NumPy's bounds-checked indexing). For sizes computed
-    without overflow, types read off real values, and tests."""
-    from numba.core.dispatcher import Dispatcher
-
-    ns = namespace()
-    py = dict(ns)
-    for key, obj in ns.items():
-        if isinstance(obj, Dispatcher):
-            f = obj.py_func
-            py[key] = types.FunctionType(f.__code__, py, f.__name__, f.__defaults__, f.__closure__)
-    return py[name]

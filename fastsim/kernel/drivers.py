@@ -17,7 +17,8 @@ import numba
 import numpy as np
 from numba.core import types as nb_types
 
-from .._numba_options import compile_entries, function_pointer, njit
+from .._numba_options import compile_entries, function_pointer, njit, python_version
+from . import callees
 from .layout import I_BLOCK_SIZE, I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
 from .workspace import (RF_CLOCK, WF_FINISH, WF_FIRST, WF_SCALARS, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
@@ -38,26 +39,14 @@ def scenario_arrays(packed, lat=True):
     return tuple(packed[name] for name in SCENARIO_ARRAYS if lat or name != "lat")
 
 
-_V_I, _V_F, _V_U = (nb_types.Array(t, 1, "C") for t in (nb_types.int64, nb_types.float64, nb_types.uint64))
-
-
-def _engine_types(ipar, fpar, lat, full):
-    """Argument types of `_simulate` (the engine ``full`` selects), `_ws_need`
-    and `_reduce`, for parameter arrays of Numba types ``ipar``, ``fpar``,
-    ``lat`` and the buffers the drivers allocate."""
-    i64, vi, vf = nb_types.int64, _V_I, _V_F
-    return {_simulate: (i64, vf, vi, vi, vi, vi, vi, vi, ipar, fpar, lat, vi, vf,
-                        nb_types.none if full is None else i64),
-            _ws_need: (i64, vi, vi, vi, ipar),
-            _reduce: (i64, vf, vi, ipar, fpar, vi, vf, vf)}
+_V_I, _V_F, _V_U = callees.V_I, callees.V_F, callees.V_U
+_engine_types = callees.engine_types
 
 
 @functools.lru_cache(maxsize=None)
 def _callee_types(full):
     """The internal functions the engine ``full`` selects asks for, with
     their argument types, in order (`callees.TABLE`): the helper's first jobs."""
-    from . import callees   # (it reads the package's namespace)
-
     return callees.callee_types(full)
 
 
@@ -355,11 +344,11 @@ class Replica:
 
 def _offset_of_scalars(n, stream, ipar):
     """Where the replica's scalars (`workspace.WI_SCALARS`, `WF_SCALARS`) start in ``wi`` and ``wf``."""
-    from . import as_python
+    from . import workspace as W
 
     n = int(n)
     bs = int(ipar[I_BLOCK_SIZE])
-    cap, ncnt, nheld, nitl, _ = as_python("_ws_dims")(n, stream.output, stream.pgrp, stream.plen, ipar)
-    offset = as_python("_offset")
-    return (offset(as_python("_int_sizes")(n, bs, cap, ncnt, nheld, nitl), WI_SCALARS),
-            offset(as_python("_float_sizes")(n, cap, nitl), WF_SCALARS))
+    cap, ncnt, nheld, nitl, _ = python_version(W._ws_dims)(n, stream.output, stream.pgrp, stream.plen, ipar)
+    offset = python_version(W._offset)
+    return (offset(python_version(W._int_sizes)(n, bs, cap, ncnt, nheld, nitl), WI_SCALARS),
+            offset(python_version(W._float_sizes)(n, cap, nitl), WF_SCALARS))
