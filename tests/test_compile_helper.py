@@ -364,7 +364,7 @@ def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_
         asked = [(name, argtypes) for name, argtypes in json.loads(out.splitlines()[-1])]
         listed = [(O._name_in_module(d), [str(t) for t in argtypes]) for d, argtypes in K.drivers._callee_types(full)]
         assert listed == asked, (f"engine {full}: kernel.callees.TABLE is stale; "
-                                 f"write it again with: python -m fastsim.kernel.callees")
+                                 "write it again with: python -c 'from fastsim.kernel import callees; callees.main()'")
 
 
 def test_the_helper_skips_an_internal_function_it_cannot_compile(toy, tmp_path):

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 from .._numba_options import njit_noalloc
 
+
 @njit_noalloc
-def _account_step(a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws, we):
-    """Run-level bookkeeping of one step [t, t_end) of duration d; time
-    integrals count its overlap with the window [ws, we]. Return the updated
-    accumulators (scalars, not an array: the call then inlines).
-    The occupancy and KV integrals are of running requests and used blocks;
-    `_simulate` divides them by max_num_seqs and num_gpu_blocks once at the
-    end, not every step (a division costs more than the rest of a step)."""
+def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we):
+    """Run-level bookkeeping of one step [t, t_end) of duration d, with
+    ``n_run`` running, ``n_wait`` waiting and ``used`` blocks; time integrals
+    count its overlap with the window [ws, we]. ``acc``: the accumulators
+    (occupancy, queue, KV and number-in-system integrals, steps, most blocks
+    used), returned updated (scalars in a tuple, not an array: the call then
+    inlines and they stay in registers). The occupancy and KV integrals are
+    of running requests and used blocks; `replica._finish_replica` divides
+    them by max_num_seqs and num_gpu_blocks once at the end, not every step
+    (a division costs more than the rest of a step)."""
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc
     if used > a_max:
         a_max = used
     a_steps += 1.0

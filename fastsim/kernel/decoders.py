@@ -11,60 +11,66 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import ST_COMPLETED
 from .kv_cache import _blocks_of, _phase
+from .layout import ADMISSION_KV_RESERVATION, I_ADMISSION, I_WARMUP, ST_COMPLETED
+
 
 @njit_noalloc(inline="llvm")
-def _d_add(r, kk, gg, S, dmem, dpos, koff, goff, ph, hk, hr, hs, bs, bsh, warmup, output, dstate):
+def _d_add(r, kk, gg, S, dec, output, warmup, bs, bsh):
     """Make running request ``r`` (which emitted a token at the end of the last
-    step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder."""
+    step and holds ``kk`` computed tokens, ``gg`` generated) a lazy decoder
+    of ``dec`` (`workspace.Decoders`), ``S`` fast steps into the run."""
+    dstate = dec.dstate
     n_d = dstate[0]
-    dmem[n_d] = r
-    dpos[r] = n_d
+    dec.dmem[n_d] = r
+    dec.dpos[r] = n_d
     dstate[0] = n_d + 1
-    koff[r] = kk - S
-    goff[r] = gg - S
-    ph[_phase(kk - S, bs, bsh)] += 1
+    dec.koff[r] = kk - S
+    dec.goff[r] = gg - S
+    dec.ph[_phase(kk - S, bs, bsh)] += 1
     dstate[1] += kk - S
     if r >= warmup:
         dstate[2] += 1
     # completion heap keyed by the fast-step count at which g reaches output
-    _heap2_push(hk, hr, hs, S + output[r] - gg, r)
+    _heap2_push(dec.hk, dec.hr, dec.hs, S + output[r] - gg, r)
 
 
 @njit_noalloc
-def _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate):
+def _d_remove(r, dec, warmup, bs, bsh):
+    """Take request ``r`` out of the lazy decoders."""
+    dstate = dec.dstate
     n_d = dstate[0] - 1
-    pos = dpos[r]
-    last = dmem[n_d]
-    dmem[pos] = last
-    dpos[last] = pos
-    dpos[r] = -1
+    pos = dec.dpos[r]
+    last = dec.dmem[n_d]
+    dec.dmem[pos] = last
+    dec.dpos[last] = pos
+    dec.dpos[r] = -1
     dstate[0] = n_d
-    ph[_phase(koff[r], bs, bsh)] -= 1
-    dstate[1] -= koff[r]
+    dec.ph[_phase(dec.koff[r], bs, bsh)] -= 1
+    dstate[1] -= dec.koff[r]
     if r >= warmup:
         dstate[2] -= 1
 
 
 @njit_noalloc(inline="llvm")
-def _complete_decoders(t, S, free, reserved, n_run, hk, hr, hs, dmem, dpos, koff, ph, bs, bsh, warmup, dstate, k,
-                       g, blocks, status, finish_t, last_t, prompt, output, admission):
+def _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh):
     """Complete the lazy decoders whose last token came at the end of fast
     step ``S`` (at ``t``): release their blocks (and KV reservations); return
     the updated (free blocks, reserved tokens, running requests)."""
-    while hs[0] > 0 and hk[0] == S:
-        r = _heap2_pop(hk, hr, hs)
-        _d_remove(r, dmem, dpos, koff, ph, bs, bsh, warmup, dstate)
-        k[r] = koff[r] + S
-        g[r] = output[r]
-        free += _blocks_of(k[r], bs, bsh)
-        blocks[r] = 0
-        if admission == 2:
-            reserved -= prompt[r] + output[r]
-        status[r] = ST_COMPLETED
-        finish_t[r] = t
-        last_t[r] = t
+    warmup = ipar[I_WARMUP]
+    kv_reservation = ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION
+    while dec.hs[0] > 0 and dec.hk[0] == S:
+        r = _heap2_pop(dec.hk, dec.hr, dec.hs)
+        _d_remove(r, dec, warmup, bs, bsh)
+        req.k[r] = dec.koff[r] + S
+        req.g[r] = req.output[r]
+        free += _blocks_of(req.k[r], bs, bsh)
+        req.blocks[r] = 0
+        if kv_reservation:
+            reserved -= req.prompt[r] + req.output[r]
+        req.status[r] = ST_COMPLETED
+        req.finish_t[r] = t
+        req.last_t[r] = t
         n_run -= 1
     return free, reserved, n_run
 

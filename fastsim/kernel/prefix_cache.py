@@ -12,7 +12,9 @@ from .._numba_options import njit_noalloc
 
 
 @njit_noalloc
-def _lru_append(e, cst, lprev, lnext):
+def _lru_append(e, cache):
+    """Entry ``e`` joins the tail of the evictable list."""
+    cst, lprev, lnext = cache.cst, cache.lprev, cache.lnext
     lprev[e] = cst[1]
     lnext[e] = -1
     if cst[1] >= 0:
@@ -24,7 +26,9 @@ def _lru_append(e, cst, lprev, lnext):
 
 
 @njit_noalloc
-def _lru_remove(e, cst, lprev, lnext):
+def _lru_remove(e, cache):
+    """Entry ``e`` leaves the evictable list."""
+    cst, lprev, lnext = cache.cst, cache.lprev, cache.lnext
     p = lprev[e]
     q = lnext[e]
     if p >= 0:
@@ -39,84 +43,88 @@ def _lru_remove(e, cst, lprev, lnext):
 
 
 @njit_noalloc
-def _take_blocks(nb, free, cst, cnt, lprev, lnext):
+def _take_blocks(nb, free, cache):
     """Take ``nb`` blocks for private use: free ones first, then evict the
     head of the evictable list. Return the new number of free blocks."""
     while free < nb:
-        e = cst[0]
-        _lru_remove(e, cst, lprev, lnext)
-        cnt[e] = -1
-        cst[3] -= 1
+        e = cache.cst[0]
+        _lru_remove(e, cache)
+        cache.cnt[e] = -1
+        cache.cst[3] -= 1
         free += 1
     return free - nb
 
 
 @njit_noalloc
-def _release_blocks(r, free, private, nent, grp, fpre, held, hoff, jmax, cst, cnt, lprev, lnext):
+def _release_blocks(r, free, grp, cache, jmax):
     """Spec, "Release": r's private blocks become free; the counts of the
     entries it references drop in descending j (a count reaching 0 joins the
-    tail of the evictable list). Return the new number of free blocks."""
-    free += private[r]
-    private[r] = 0
-    if nent[r] > 0:
+    tail of the evictable list). ``grp``: each request's prefix group.
+    Return the new number of free blocks."""
+    free += cache.private[r]
+    cache.private[r] = 0
+    if cache.nent[r] > 0:
         base = grp[r] * jmax
-        for j in range(fpre[r] - 1, -1, -1):
+        held, hoff, cnt = cache.held, cache.hoff, cache.cnt
+        for j in range(cache.fpre[r] - 1, -1, -1):
             if held[hoff[r] + j]:
                 held[hoff[r] + j] = 0
                 e = base + j
                 cnt[e] -= 1
                 if cnt[e] == 0:
-                    _lru_append(e, cst, lprev, lnext)
-        nent[r] = 0
+                    _lru_append(e, cache)
+        cache.nent[r] = 0
     return free
 
 
 @njit_noalloc
-def _lookup(w, grp, fpre, jmax, cnt):
+def _lookup(w, grp, cache, jmax):
     """Spec, "Lookup": the longest run of cached entries (G_w, 0 .. h-1), h <= f_w."""
     h = 0
-    if fpre[w] > 0:
+    f = cache.fpre[w]
+    if f > 0:
         base = grp[w] * jmax
-        while h < fpre[w] and cnt[base + h] >= 0:
+        while h < f and cache.cnt[base + h] >= 0:
             h += 1
     return h
 
 
 @njit_noalloc
-def _evictable_hits(w, h, grp, jmax, cnt):
+def _evictable_hits(w, h, grp, cache, jmax):
     """How many of w's h hit entries are evictable (not free capacity for w)."""
     m = 0
     base = grp[w] * jmax
     for j in range(h):
-        if cnt[base + j] == 0:
+        if cache.cnt[base + j] == 0:
             m += 1
     return m
 
 
 @njit_noalloc
-def _claim_hits(w, h, grp, held, hoff, jmax, nent, cst, cnt, lprev, lnext):
+def _claim_hits(w, h, grp, cache, jmax):
+    """Request ``w`` takes a reference to each of its ``h`` hit entries."""
     base = grp[w] * jmax
     for j in range(h):
         e = base + j
-        if cnt[e] == 0:
-            _lru_remove(e, cst, lprev, lnext)
-        cnt[e] += 1
-        held[hoff[w] + j] = 1
-    nent[w] = h
+        if cache.cnt[e] == 0:
+            _lru_remove(e, cache)
+        cache.cnt[e] += 1
+        cache.held[cache.hoff[w] + j] = 1
+    cache.nent[w] = h
 
 
 @njit_noalloc
-def _register(r, k0, k1, bs, grp, fpre, held, hoff, jmax, private, nent, cst, cnt):
+def _register(r, k0, k1, bs, grp, cache, jmax):
     """Spec, "Registration": r's blocks j in [k0 // bs, min(k1 // bs, f_r))
     become entries (count 1) unless the cache already holds (G_r, j)."""
-    hi = min(k1 // bs, fpre[r])
+    hi = min(k1 // bs, cache.fpre[r])
     base = grp[r] * jmax
     for j in range(k0 // bs, hi):
         e = base + j
-        if cnt[e] >= 0:
+        if cache.cnt[e] >= 0:
             continue
-        cnt[e] = 1
-        cst[3] += 1
-        held[hoff[r] + j] = 1
-        nent[r] += 1
-        private[r] -= 1
+        cache.cnt[e] = 1
+        cache.cst[3] += 1
+        cache.held[cache.hoff[r] + j] = 1
+        cache.nent[r] += 1
+        cache.private[r] -= 1

@@ -53,7 +53,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .accounting import _account_step, _gap_add
-from .arrivals import _arrival_status, _arrivals_during_step
+from .arrivals import _abandon, _arrivals_during_step, _ingest
 from .decoders import _complete_decoders, _d_add
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
@@ -349,7 +349,7 @@ def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
         if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
             if t_end > t_stop:
                 break
-            nxt, n_wait, reserved, acc5 = _arrivals_at_step_end(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
+            nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
                                                                 n_wait, reserved, acc5, ws, we)
             if mode == MODE_FAST_STEP:
                 free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
@@ -408,8 +408,7 @@ def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
             mode = MODE_SLOW_STEP
             n_in_queue = n_wait + n_sw
         t_end = t + d
-        a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-        acc5 = _account_step(a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_in_queue,
+        acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
                              ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
     ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS] = nxt, drop_ptr, n_run, rl, n_oth
     ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
@@ -418,60 +417,6 @@ def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
     rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
     rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
     return rc
-
-
-@njit_noalloc(inline="llvm")
-def _ingest(n, req, batch, ipar, t, nxt, in_system, n_wait, reserved):
-    """Ingest the arrivals up to and including ``t`` (the engine idle or at a
-    step's start): reject them or queue them. Return the updated (next
-    arrival, waiting, reserved tokens)."""
-    kv_reservation = ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION
-    while nxt < n and req.arrival[nxt] <= t:
-        i = nxt
-        nxt += 1
-        req.status[i] = _arrival_status(req.prompt[i], req.output[i], ipar, in_system, reserved)
-        if req.status[i] == ST_WAITING:
-            if kv_reservation:
-                reserved += req.prompt[i] + req.output[i]
-            n_wait += 1
-            in_system += 1
-            _q_push(batch.q, batch.qs, req.key, ipar[I_POLICY], i, False)
-    return nxt, n_wait, reserved
-
-
-@njit_noalloc(inline="llvm")
-def _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved):
-    """Abandonment, observed at a step's start: a request that has waited
-    ``max_queue_delay_s`` without ever being scheduled leaves. Return the
-    updated (next request to check, waiting, reserved tokens)."""
-    if ipar[I_HAS_DELAY] != 1:
-        return drop_ptr, n_wait, reserved
-    max_delay = fpar[F_MAX_DELAY]
-    while drop_ptr < nxt and req.arrival[drop_ptr] + max_delay <= t:
-        i = drop_ptr
-        drop_ptr += 1
-        if req.status[i] == ST_WAITING and not req.ever[i]:
-            req.status[i] = ST_DROPPED
-            req.finish_t[i] = t
-            n_wait -= 1
-            if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
-                reserved -= req.prompt[i] + req.output[i]
-    return drop_ptr, n_wait, reserved
-
-
-@njit_noalloc(inline="llvm")
-def _arrivals_at_step_end(n, req, batch, ipar, t_end, nxt, n_in_step, n_wait, reserved, acc5, ws, we):
-    """The arrivals during a step that ends at ``t_end``: they see it before
-    its completions (`arrivals._arrivals_during_step`; skipped, with its many
-    array arguments, when none falls inside the step). ``ws``, ``we``: the
-    measurement window."""
-    if not (nxt < n and req.arrival[nxt] < t_end):
-        return nxt, n_wait, reserved, acc5
-    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-    nxt, n_wait, reserved, a_l, a_queue = _arrivals_during_step(
-        nxt, n, t_end, req.arrival, req.prompt, req.output, ipar, n_in_step, n_wait, reserved, req.status,
-        batch.q, batch.qs, req.key, a_l, a_queue, ws, we)
-    return nxt, n_wait, reserved, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
 
 
 # ------------------------------------------------------------------------------
@@ -584,10 +529,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
     sph = sph - 1 if sph > 0 else bs - 1
     warmup = ipar[I_WARMUP]
     admission = ipar[I_ADMISSION]
-    free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec.hk, dec.hr, dec.hs, dec.dmem,
-                                               dec.dpos, dec.koff, dec.ph, bs, bsh, warmup, dstate, req.k, req.g,
-                                               req.blocks, req.status, req.finish_t, req.last_t, req.prompt,
-                                               req.output, admission)
+    free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
     m = 0
     for jj in range(n_oth):
         r = batch.oth[jj]
@@ -612,8 +554,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
                 reserved -= req.prompt[r] + req.output[r]
             n_run -= 1
         elif emitted:
-            _d_add(r, req.k[r], req.g[r], S, dec.dmem, dec.dpos, dec.koff, dec.goff, dec.ph, dec.hk, dec.hr, dec.hs,
-                   bs, bsh, warmup, req.output, dstate)
+            _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
         else:
             batch.oth[m] = r
             m += 1
@@ -697,7 +638,7 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
                 d = dp + slope * (ksum + n_d * (S + 1))
                 t_end = t + d
                 a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                    a_occ, a_queue, a_kv, a_l, a_steps, a_max, t, t_end, d, n_run, n_wait, used, ws, we)
+                    (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run, n_wait, used, ws, we)
                 if nm_d > 0:
                     n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
                 S += 1
@@ -706,14 +647,11 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
         # the stretch's last step, as a fast step ends: arrivals during
         # it (they see it before its completions), then completions
-        nxt, n_wait, reserved, acc5 = _arrivals_at_step_end(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
+        nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
                                                             acc5, ws, we)
         if dec.hk[0] != S:
             break   # the next arrival, the free blocks or the horizon ended the stretch
-        free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec.hk, dec.hr, dec.hs, dec.dmem,
-                                                   dec.dpos, dec.koff, dec.ph, bs, bsh, ipar[I_WARMUP], dstate,
-                                                   req.k, req.g, req.blocks, req.status, req.finish_t, req.last_t,
-                                                   req.prompt, req.output, ipar[I_ADMISSION])
+        free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
         if t >= next_a:
             break   # an arrival to ingest first
     return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
@@ -760,8 +698,7 @@ def _release(r, free, req, cache, jmax, caching):
     """Release the KV blocks of request ``r`` (with prefix caching, its
     private blocks and its references to cache entries); return the free blocks."""
     if caching:
-        free = _release_blocks(r, free, cache.private, cache.nent, req.pgrp, cache.fpre, cache.held, cache.hoff,
-                               jmax, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+        free = _release_blocks(r, free, req.pgrp, cache, jmax)
     else:
         free += req.blocks[r]
     req.blocks[r] = 0
@@ -857,8 +794,8 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         h_w = 0
         cap_w = free
         if caching:
-            h_w = _lookup(w, req.pgrp, cache.fpre, jmax, cache.cnt)
-            cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, jmax, cache.cnt)
+            h_w = _lookup(w, req.pgrp, cache, jmax)
+            cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
         c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
         if n_run < ipar[I_MAX_NUM_SEQS] and _blocks_of(c_w, bs, bsh) <= cap_w:
@@ -945,7 +882,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         if new_blk > 0:
             req.blocks[r] += new_blk
             if caching:
-                free = _take_blocks(new_blk, free, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+                free = _take_blocks(new_blk, free, cache)
                 cache.private[r] += new_blk
             else:
                 free -= new_blk
@@ -999,13 +936,13 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
-        h_w = _lookup(w, req.pgrp, cache.fpre, jmax, cache.cnt) if caching else 0
+        h_w = _lookup(w, req.pgrp, cache, jmax) if caching else 0
         s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
         if s < 0:
             break
         nb = _blocks_of(s, bs, bsh)
         if caching:
-            if nb > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, jmax, cache.cnt):
+            if nb > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
                 break
         elif nb > free:
             break
@@ -1015,10 +952,9 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
         if caching:
             if not req.ever[w]:
                 cache.ctok[w] = h_w * bs       # at its first admission
-            _claim_hits(w, h_w, req.pgrp, cache.held, cache.hoff, jmax, cache.nent, cache.cst, cache.cnt,
-                        cache.lprev, cache.lnext)
+            _claim_hits(w, h_w, req.pgrp, cache, jmax)
             req.k[w] = h_w * bs
-            free = _take_blocks(nb, free, cache.cst, cache.cnt, cache.lprev, cache.lnext)
+            free = _take_blocks(nb, free, cache)
             cache.private[w] = nb
             req.blocks[w] = h_w + nb
         else:
@@ -1077,8 +1013,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             continue
         req.k[r] += s
         if caching and cache.fpre[r] > 0:
-            _register(r, req.k[r] - s, req.k[r], bs, req.pgrp, cache.fpre, cache.held, cache.hoff, jmax,
-                      cache.private, cache.nent, cache.cst, cache.cnt)
+            _register(r, req.k[r] - s, req.k[r], bs, req.pgrp, cache, jmax)
         if req.k[r] == req.prompt[r] + req.g[r]:
             req.g[r] += 1
             if req.g[r] == 1:
@@ -1104,8 +1039,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             m += 1
             # decoders that emitted at t_end become lazy; the rest are "others"
             if not static and not caching and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
-                _d_add(r, req.k[r], req.g[r], S, dec.dmem, dec.dpos, dec.koff, dec.goff, dec.ph, dec.hk, dec.hr,
-                       dec.hs, bs, bsh, warmup, req.output, dec.dstate)
+                _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
             else:
                 batch.oth[n_oth] = r
                 n_oth += 1
