@@ -99,3 +99,44 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name, dirt):
     K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     *_, row_fresh = K.simulate_stream(a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])
     assert np.array_equal(row, row_fresh, equal_nan=True)
+
+
+def test_the_views_are_the_segments_of_the_layout():
+    """`workspace._carve` takes each segment where `_int_sizes` and
+    `_float_sizes` (the one statement of the layout, in ``WI_*``/``WF_*``
+    order) put it, with its size, and the segments tile the workspace."""
+    from fastsim._numba_options import python_version
+    from fastsim.kernel import workspace as W
+
+    dims = (5, 4, 3, 7, 11, 13)   # n, block_size, seats, cache entries, prefix references, gap samples
+    si = python_version(W._int_sizes)(*dims)
+    sf = python_version(W._float_sizes)(dims[0], dims[2], dims[5])
+    need_i, need_f = python_version(W._ws_sizes)(*dims)
+    assert (need_i, need_f) == (sum(si), sum(sf)) and len(si) == W.N_WI and len(sf) == W.N_WF
+    wi, wf = np.arange(need_i, dtype=np.int64), np.arange(need_f, dtype=np.float64)
+    stream = W.Stream(np.zeros(5), *(np.zeros(5, np.int64),) * 6)
+    req, batch, dec, swap, cache, rec, sc = python_version(W._carve)(stream, dims, wi, wf)
+    ints = {"WI_STATUS": req.status, "WI_K": req.k, "WI_G": req.g, "WI_BLOCKS": req.blocks, "WI_NPRE": req.npre,
+            "WI_NSWAP": swap.nswap, "WI_CTOK": cache.ctok, "WI_ITL_W": rec.itl_w, "WI_QUEUE": batch.q,
+            "WI_QUEUE_STATE": batch.qs, "WI_RUN": batch.run, "WI_SCHED": req.sched, "WI_EVER": req.ever,
+            "WI_DMEM": dec.dmem, "WI_DPOS": dec.dpos, "WI_KOFF": dec.koff, "WI_GOFF": dec.goff,
+            "WI_PHASES": dec.ph, "WI_HEAP_KEY": dec.hk, "WI_HEAP_REQ": dec.hr, "WI_HEAP_SIZE": dec.hs,
+            "WI_DSTATE": dec.dstate, "WI_OTHERS": batch.oth, "WI_SWAPQ": swap.sq, "WI_SWAPQ_SIZE": swap.sqs,
+            "WI_FPRE": cache.fpre, "WI_HOFF": cache.hoff, "WI_CNT": cache.cnt, "WI_LPREV": cache.lprev,
+            "WI_LNEXT": cache.lnext, "WI_CST": cache.cst, "WI_HELD": cache.held, "WI_PRIVATE": cache.private,
+            "WI_NENT": cache.nent, "WI_GAPW": rec.gapw, "WI_SCALARS": sc.ri}
+    floats = {"WF_FIRST": req.first_t, "WF_LAST": req.last_t, "WF_FINISH": req.finish_t,
+              "WF_SWAPPED": swap.swapped_s, "WF_ACC": rec.acc, "WF_ITL_V": rec.itl_v, "WF_KEY": req.key,
+              "WF_DEC_COST": rec.dec_cost, "WF_SKEY": swap.skey, "WF_SWAPPED_SINCE": swap.swapped_since,
+              "WF_SCALARS": sc.rf}
+    for views, sizes in ((ints, si), (floats, sf)):
+        for name, view in views.items():
+            j = getattr(W, name)
+            assert view.size == sizes[j], name
+            assert view.size == 0 or view[0] == sum(sizes[:j]), name
+    # the per-request columns are where the reduction and the drivers read them (column j at j * n)
+    for j in (W.WI_STATUS, W.WI_G, W.WI_NPRE, W.WI_NSWAP, W.WI_CTOK, W.WI_ONES):
+        assert sum(si[:j]) == j * dims[0]
+    for j in (W.WF_FIRST, W.WF_FINISH, W.WF_SWAPPED):
+        assert sum(sf[:j]) == j * dims[0]
+    assert sum(sf[:W.WF_ACC]) == W.WF_HEAD * dims[0] and sum(si[:W.WI_HIST]) == W.WI_HEAD * dims[0]

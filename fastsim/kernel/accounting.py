@@ -35,7 +35,7 @@ def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we):
 def _gap_add(itl_v, itl_w, n_itl, x, w):
     """Record ``w`` inter-token gaps of value ``x``; return the new entry count.
     A gap equal to the last entry's value adds to its multiplicity (steps of
-    one batch composition repeat their duration: 3-10x fewer entries)."""
+    one batch composition repeat their duration: far fewer entries)."""
     if n_itl > 0 and itl_v[n_itl - 1] == x:
         itl_w[n_itl - 1] += w
         return n_itl

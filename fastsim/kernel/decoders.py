@@ -104,8 +104,8 @@ def _heap2_pop(hk, hr, hs):
             if c >= last:
                 break
             if c + 1 < last:
-                # the smaller child as arithmetic, not a branch: 7% faster on
-                # ShareGPT (64 seats), the same on the issue-7 workload (32)
+                # the smaller child as arithmetic, not a branch: which child
+                # is smaller is a coin toss the branch predictor loses
                 c += np.int64(hk[c + 1] < hk[c])
             if hk[c] >= key:
                 break

@@ -23,7 +23,7 @@ from .layout import I_BLOCK_SIZE, I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
 from .workspace import (RF_CLOCK, WF_FINISH, WF_FIRST, WF_SCALARS, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_SCALARS, WI_STATUS, Stream, _ws_need)
-from .replica import _advance_until, _finish_replica, _init_replica, _simulate, engine_variant
+from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, _replica_step, _simulate, engine_variant
 from .metrics import _reduce
 
 # The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
@@ -104,10 +104,9 @@ def engine_pointers(arrays, full):
     """`_draw_workload`, `_ws_need`, `_simulate` (the engine ``full``
     selects) and `_reduce` as function pointers for the scenario ``arrays``
     (`scenario_arrays`), compiled or loaded on the first call for their types.
-    Looked up by the arrays' `_array_key`: their Numba types, and the
-    `_entry_pointers` cache keyed by those types, made `chunk_runner` take
-    180 us a call, against 20 us now (a `replicate` call of 8 x 250
-    requests takes about 2 ms)."""
+    Looked up by the arrays' `_array_key`, which is much cheaper than their
+    Numba types (`numba.typeof`), so that a small `replicate` call is not
+    dominated by the lookup (`benchmarks/HISTORY.md`)."""
     key = (full,) + tuple(_array_key(a) for a in arrays)
     pointers = _POINTERS.get(key)
     if pointers is None:
@@ -123,13 +122,9 @@ class ChunkBuffers:
 
     A runner (`chunk_runner`) keeps them from one chunk to the next, and
     grows the workspace with room to spare, so that its pages are faulted in
-    about once per thread and call. The driver used to allocate them per
-    chunk and grow the workspace to exactly what a replication needed, so
-    long replications paid the page faults of a fresh workspace nearly every
-    time (~80 MB at 256,000 requests): the reference workload at 256,000
-    requests a replication ran at 1.8-1.9 M requests/s, and at 2.4-2.9 M
-    with the buffers kept (one thread, 7 replications, 5 interleaved rounds:
-    ``benchmarks/ab_interleaved.py OLD . --replications 7 --requests 256000``)."""
+    about once per thread and call: buffers allocated per chunk, grown to
+    exactly what a replication needed, made long replications pay the page
+    faults of a fresh workspace nearly every time (`benchmarks/HISTORY.md`)."""
 
     def __init__(self, num_requests):
         self.state = np.empty(N_STREAMS, np.uint64)
@@ -310,7 +305,7 @@ class Replica:
         need_i, need_f = _ws_need(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar)
         self.wi = np.zeros(need_i, np.int64)
         self.wf = np.zeros(need_f)
-        rc = _init_replica(self.n, self.stream, ipar, fpar, lat, self.wi, self.wf, self.full)
+        rc = _replica_step(self.n, self.stream, ipar, fpar, lat, self.wi, self.wf, 0.0, self.full, STEP_INIT)
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")
         self.finished = False
@@ -321,7 +316,7 @@ class Replica:
         ``"paused"``, ``"idle"`` or ``"done"`` (the horizon reached)."""
         if self.finished:
             raise RuntimeError("the replica is finished")
-        rc = _advance_until(self.n, self.stream, *self.params, self.wi, self.wf, float(t), self.full)
+        rc = _replica_step(self.n, self.stream, *self.params, self.wi, self.wf, float(t), self.full, STEP_ADVANCE)
         return ("paused", "idle", "done")[rc]
 
     @property
@@ -334,7 +329,7 @@ class Replica:
         """End the run where it stands (what is in the system is
         unfinished); return `simulate_stream`'s per-request results and row."""
         if not self.finished:
-            _finish_replica(self.n, self.stream, *self.params, self.wi, self.wf, self.full)
+            _replica_step(self.n, self.stream, *self.params, self.wi, self.wf, 0.0, self.full, STEP_FINISH)
             self.finished = True
         ipar, fpar, _ = self.params
         row = np.empty(N_COLUMNS)
@@ -349,6 +344,6 @@ def _offset_of_scalars(n, stream, ipar):
     n = int(n)
     bs = int(ipar[I_BLOCK_SIZE])
     cap, ncnt, nheld, nitl, _ = python_version(W._ws_dims)(n, stream.output, stream.pgrp, stream.plen, ipar)
-    offset = python_version(W._offset)
-    return (offset(python_version(W._int_sizes)(n, bs, cap, ncnt, nheld, nitl), WI_SCALARS),
-            offset(python_version(W._float_sizes)(n, cap, nitl), WF_SCALARS))
+    si = python_version(W._int_sizes)(n, bs, cap, ncnt, nheld, nitl)
+    sf = python_version(W._float_sizes)(n, cap, nitl)
+    return sum(si[:WI_SCALARS]), sum(sf[:WF_SCALARS])

@@ -212,9 +212,8 @@ def _percentiles(v, w, m, hist, q0, q1, q2, q3, nq, row, c):
         x = v[e]
         lo = min(lo, x)
         hi = max(hi, x)
-    # About two entries a bucket, at most hist.size: the reduction of a
-    # replication of 80-250 requests took 30-45% less time than with plain
-    # selection below hist.size entries, and no more at 40 (b366c06)
+    # About two entries a bucket, at most hist.size: cheaper than plain
+    # selection from a few dozen entries up (`benchmarks/HISTORY.md`)
     nb = min(hist.size, m // 2)
     scale = nb / (hi - lo) if hi > lo else 0.0
     if total == 0 or nb < 16 or not (0.0 < scale < 1e300):

@@ -146,6 +146,24 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
 
 
+# What `_replica_step` does.
+STEP_INIT, STEP_ADVANCE, STEP_FINISH = 0, 1, 2
+
+
+@njit_noalloc(entry=True)
+def _replica_step(n, stream, ipar, fpar, lat, wi, wf, t_stop, full, what):
+    """`_init_replica`, `_advance_until` (to ``t_stop``) or `_finish_replica`,
+    as ``what`` (`STEP_INIT`, `STEP_ADVANCE`, `STEP_FINISH`) says: the one
+    entry from Python into a replica driven call by call
+    (`drivers.Replica`). Compiled only when used: `_simulate`, what the
+    drivers run, calls the three itself."""
+    if what == STEP_INIT:
+        return _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+    if what == STEP_ADVANCE:
+        return _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full)
+    return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+
+
 @njit_noalloc
 def _views(n, stream, ipar, wi, wf):
     """The workspace's views (`workspace._carve`), block_size, its log2 (or
@@ -157,7 +175,7 @@ def _views(n, stream, ipar, wi, wf):
     return views, bs, _log2_exact(bs), jmax
 
 
-@njit_noalloc(entry=True)
+@njit_noalloc
 def _init_replica(n, stream, ipar, fpar, lat, wi, wf, full):
     """Set up a replica for the requests of ``stream`` (the arguments of
     `_simulate`); return 0, -1 if the workspace is too small, or -2 if the
@@ -274,7 +292,7 @@ def _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld):
         rec.acc[j] = 0.0
 
 
-@njit_noalloc(entry=True)
+@njit_noalloc
 def _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full):
     """End a replica's run where `_advance_until` left it: materialise the
     lazy decoders; whatever is in the system (or in flight) is unfinished;
@@ -324,7 +342,7 @@ def _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full):
 # ------------------------------------------------------------------------------
 # The engine loop
 
-@njit_noalloc(entry=True)
+@njit_noalloc
 def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
     """Advance a replica (`_init_replica`) through every step that ends at or
     before ``t_stop`` (`np.inf`: to the end); a step that starts before

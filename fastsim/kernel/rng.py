@@ -49,11 +49,9 @@ def _uniform(state, s):
 # were a rectangle of width V / f(R)); layer i >= 1 is [0, x_i] x [f(x_i),
 # f(x_{i+1})]. One 64-bit output gives the layer (bits 0-7), the sign (bit 8)
 # and a 53-bit position (bits 11-63); a point left of the next layer's edge
-# lies under f and is taken at once (98.5% of draws), the others take a wedge
-# test or, in layer 0, the tail. Box-Muller, which this replaced, spends two
-# outputs, a log, a sqrt and a cos per variate: the reference workload's
-# drawing took ~75 ns per request with it, ~36 ns with the ziggurat and
-# ~25 ns with its common case inlined (`benchmarks/profile_breakdown.py`).
+# lies under f and is taken at once (almost every draw), the others take a
+# wedge test or, in layer 0, the tail. (Box-Muller spends two outputs, a log,
+# a sqrt and a cos per variate.)
 
 _ZIG_R = 3.6541528853610088   # x_1, for which the 256th layer ends at x = 0 (Marsaglia and Tsang)
 

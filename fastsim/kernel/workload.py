@@ -185,7 +185,7 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     npri = prio_val.size
     # A law of one lognormal component (the usual case) is drawn here, from
     # the same stream as `_sample_length` would: that call, with its table
-    # arguments, made the drawing a third slower (96 vs 73 ns per request).
+    # arguments, is a noticeable share of the drawing's time.
     p_med, p_sig, o_med, o_sig = -1.0, 0.0, -1.0, 0.0
     if mode == 0:
         p_med, p_sig = _one_lognormal(lrange[0], lrange[1], lcomp, lpar)

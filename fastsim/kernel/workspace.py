@@ -121,26 +121,25 @@ def _float_sizes(n, cap, nitl):
 
 
 @njit_noalloc
-def _offset(sizes, j):
-    """Where segment ``j`` of a layout (`_int_sizes`, `_float_sizes`) starts."""
+def _total(sizes):
+    """The entries of a layout (`_int_sizes`, `_float_sizes`)."""
     o = 0
-    for i in range(j):
-        o += sizes[i]
+    for x in sizes:
+        o += x
     return o
 
 
-@njit_noalloc
-def _span(sizes, j):
-    """The slice of segment ``j`` of a layout (a function compiled without
-    Numba's runtime cannot return a view, so callers slice)."""
-    o = _offset(sizes, j)
-    return slice(o, o + sizes[j])
+@njit_noalloc(inline="llvm")
+def _take(o, size):
+    """The slice of the segment of ``size`` entries that starts at ``o``, and
+    where the next one starts (`_carve` walks a layout's segments in order)."""
+    return slice(o, o + size), o + size
 
 
 @njit_noalloc
 def _ws_sizes(n, bs, cap, ncnt, nheld, nitl):
     """The workspace sizes (int64 entries, float64 entries) from the dimensions `_ws_dims` gives."""
-    return _offset(_int_sizes(n, bs, cap, ncnt, nheld, nitl), N_WI), _offset(_float_sizes(n, cap, nitl), N_WF)
+    return _total(_int_sizes(n, bs, cap, ncnt, nheld, nitl)), _total(_float_sizes(n, cap, nitl))
 
 
 # The engine's views of a workspace, grouped by concept (`_carve`): named
@@ -175,26 +174,73 @@ def _carve(stream, dims, wi, wf):
     """The engine's views (`Requests`, `Batch`, `Decoders`, `Swap`,
     `PrefixCache`, `Record`, `Scalars`) of the workspace ``wi``/``wf`` for
     the requests of ``stream`` and the dimensions ``dims`` (`_ws_dims`:
-    seats, cache entries, prefix references, gap samples; n first)."""
+    seats, cache entries, prefix references, gap samples; n first): each
+    layout's segments taken in their order, ``WI_*`` 0, 1, ... (checked by
+    tests/test_workspace.py)."""
     n, bs, cap, ncnt, nheld, nitl = dims
     si = _int_sizes(n, bs, cap, ncnt, nheld, nitl)
+    o = 0
+    status, o = _take(o, si[WI_STATUS])
+    k, o = _take(o, si[WI_K])
+    g, o = _take(o, si[WI_G])
+    blocks, o = _take(o, si[WI_BLOCKS])
+    npre, o = _take(o, si[WI_NPRE])
+    nswap, o = _take(o, si[WI_NSWAP])
+    ctok, o = _take(o, si[WI_CTOK])
+    _ones, o = _take(o, si[WI_ONES])
+    _hist, o = _take(o, si[WI_HIST])
+    itl_w, o = _take(o, si[WI_ITL_W])
+    q, o = _take(o, si[WI_QUEUE])
+    qs, o = _take(o, si[WI_QUEUE_STATE])
+    run, o = _take(o, si[WI_RUN])
+    sched, o = _take(o, si[WI_SCHED])
+    ever, o = _take(o, si[WI_EVER])
+    dmem, o = _take(o, si[WI_DMEM])
+    dpos, o = _take(o, si[WI_DPOS])
+    koff, o = _take(o, si[WI_KOFF])
+    goff, o = _take(o, si[WI_GOFF])
+    ph, o = _take(o, si[WI_PHASES])
+    hk, o = _take(o, si[WI_HEAP_KEY])
+    hr, o = _take(o, si[WI_HEAP_REQ])
+    hs, o = _take(o, si[WI_HEAP_SIZE])
+    dstate, o = _take(o, si[WI_DSTATE])
+    oth, o = _take(o, si[WI_OTHERS])
+    sq, o = _take(o, si[WI_SWAPQ])
+    sqs, o = _take(o, si[WI_SWAPQ_SIZE])
+    fpre, o = _take(o, si[WI_FPRE])
+    hoff, o = _take(o, si[WI_HOFF])
+    cnt, o = _take(o, si[WI_CNT])
+    lprev, o = _take(o, si[WI_LPREV])
+    lnext, o = _take(o, si[WI_LNEXT])
+    cst, o = _take(o, si[WI_CST])
+    held, o = _take(o, si[WI_HELD])
+    private, o = _take(o, si[WI_PRIVATE])
+    nent, o = _take(o, si[WI_NENT])
+    gapw, o = _take(o, si[WI_GAPW])
+    ri, o = _take(o, si[WI_SCALARS])
     sf = _float_sizes(n, cap, nitl)
+    o = 0
+    first_t, o = _take(o, sf[WF_FIRST])
+    last_t, o = _take(o, sf[WF_LAST])
+    finish_t, o = _take(o, sf[WF_FINISH])
+    swapped_s, o = _take(o, sf[WF_SWAPPED])
+    acc, o = _take(o, sf[WF_ACC])
+    _ttft, o = _take(o, sf[WF_TTFT])
+    _e2e, o = _take(o, sf[WF_E2E])
+    _tpot, o = _take(o, sf[WF_TPOT])
+    itl_v, o = _take(o, sf[WF_ITL_V])
+    key, o = _take(o, sf[WF_KEY])
+    dec_cost, o = _take(o, sf[WF_DEC_COST])
+    skey, o = _take(o, sf[WF_SKEY])
+    swapped_since, o = _take(o, sf[WF_SWAPPED_SINCE])
+    rf, o = _take(o, sf[WF_SCALARS])
     req = Requests(stream.arrival, stream.prompt, stream.output, stream.prio, stream.sjfk, stream.pgrp, stream.plen,
-                   wi[_span(si, WI_STATUS)], wi[_span(si, WI_K)], wi[_span(si, WI_G)],
-                   wi[_span(si, WI_BLOCKS)], wi[_span(si, WI_NPRE)], wi[_span(si, WI_SCHED)],
-                   wi[_span(si, WI_EVER)], wf[_span(sf, WF_FIRST)], wf[_span(sf, WF_LAST)],
-                   wf[_span(sf, WF_FINISH)], wf[_span(sf, WF_KEY)])
-    batch = Batch(wi[_span(si, WI_QUEUE)], wi[_span(si, WI_QUEUE_STATE)], wi[_span(si, WI_RUN)],
-                  wi[_span(si, WI_OTHERS)])
-    dec = Decoders(wi[_span(si, WI_DMEM)], wi[_span(si, WI_DPOS)], wi[_span(si, WI_KOFF)],
-                   wi[_span(si, WI_GOFF)], wi[_span(si, WI_PHASES)], wi[_span(si, WI_HEAP_KEY)],
-                   wi[_span(si, WI_HEAP_REQ)], wi[_span(si, WI_HEAP_SIZE)], wi[_span(si, WI_DSTATE)])
-    swap = Swap(wi[_span(si, WI_SWAPQ)], wi[_span(si, WI_SWAPQ_SIZE)], wf[_span(sf, WF_SKEY)],
-                wf[_span(sf, WF_SWAPPED_SINCE)], wi[_span(si, WI_NSWAP)], wf[_span(sf, WF_SWAPPED)])
-    cache = PrefixCache(wi[_span(si, WI_FPRE)], wi[_span(si, WI_HOFF)], wi[_span(si, WI_CNT)],
-                        wi[_span(si, WI_LPREV)], wi[_span(si, WI_LNEXT)], wi[_span(si, WI_CST)],
-                        wi[_span(si, WI_HELD)], wi[_span(si, WI_PRIVATE)], wi[_span(si, WI_NENT)],
-                        wi[_span(si, WI_CTOK)])
-    rec = Record(wf[_span(sf, WF_ITL_V)], wi[_span(si, WI_ITL_W)], wi[_span(si, WI_GAPW)],
-                 wf[_span(sf, WF_DEC_COST)], wf[_span(sf, WF_ACC)])
-    return req, batch, dec, swap, cache, rec, Scalars(wi[_span(si, WI_SCALARS)], wf[_span(sf, WF_SCALARS)])
+                   wi[status], wi[k], wi[g], wi[blocks], wi[npre], wi[sched], wi[ever], wf[first_t], wf[last_t],
+                   wf[finish_t], wf[key])
+    return (req, Batch(wi[q], wi[qs], wi[run], wi[oth]),
+            Decoders(wi[dmem], wi[dpos], wi[koff], wi[goff], wi[ph], wi[hk], wi[hr], wi[hs], wi[dstate]),
+            Swap(wi[sq], wi[sqs], wf[skey], wf[swapped_since], wi[nswap], wf[swapped_s]),
+            PrefixCache(wi[fpre], wi[hoff], wi[cnt], wi[lprev], wi[lnext], wi[cst], wi[held], wi[private],
+                        wi[nent], wi[ctok]),
+            Record(wf[itl_v], wi[itl_w], wi[gapw], wf[dec_cost], wf[acc]),
+            Scalars(wi[ri], wf[rf]))
