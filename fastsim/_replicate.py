@@ -626,7 +626,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
         with fewer.
     backend : {"numba", "cuda", "reference"}
         The compiled CPU kernel; the same kernel on an NVIDIA GPU, one GPU
-        thread per replication (needs ``pip install 'fastsim[gpu]'`` and a
+        thread per replication (needs ``pip install 'fastsim-llm[gpu]'`` and a
         GPU; see ``fastsim/_cuda.py``); or the slow reference simulator (for
         checks). ``"cuda"`` gives the CPU kernel's results to floating-point
         tolerance (the GPU fuses multiply-adds and has its own ``exp``/``log``;
