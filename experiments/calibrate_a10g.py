@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from fastsim._calibration import PACKAGED_TRACES, PRESETS, fit_tpot_traces  # noqa: E402
 
 OUT = ROOT / "experiments" / "output"
-SWEEP = Path("/work/shared/data/vllm-a10g-qwen2.5-1.5b/serving_sweep.csv")
+SWEEP = ROOT / "experiments" / "data" / "serving_sweep.csv"   # the published sweep, unmodified
 LENGTHS = ROOT / "fastsim" / "data" / "sharegpt_lengths.csv"
 
 
