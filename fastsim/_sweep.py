@@ -299,7 +299,9 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
         Worker processes (-1: all cores); on a local joblib backend (loky by
         default) each runs Numba with ``cores // n_jobs`` threads; on a
         Dask cluster, the workers' own thread counts apply
-        (:mod:`fastsim._parallel`). Does not change the results.
+        (:mod:`fastsim._parallel`). Does not change the results. The
+        default, 1, is usually fastest on one machine: each point's
+        replications already use every core (``docs/study-tools.md``).
     confidence_level : float
         Level of the intervals.
     points : list of dict, optional
