@@ -532,6 +532,28 @@ class ReplicateResult:
             frame["partial"] = True   # the file outlives the message that said so
         return save_table(frame, path)
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: every metric's estimate and interval, in display units."""
+        import html
+
+        level = self.confidence_level
+        name = self.scenario.name or "scenario"
+        head = (f"<b>{html.escape(name)}</b>: {self.n_replications} replications x "
+                f"{self.scenario.workload.num_requests} requests, seed {html.escape(str(self.seed))}"
+                + (" <b>(partial: interrupted)</b>" if self.interrupted else ""))
+        rows = []
+        for metric, row in self.summary().iterrows():
+            unit, scale = metric_unit(metric)
+            if np.isfinite(row.estimate):
+                cells = (f"{row.estimate * scale:.4g}", f"[{row.ci_low * scale:.4g}, {row.ci_high * scale:.4g}]")
+            else:
+                cells = ("n/a", "")
+            rows.append(f"<tr><td>{metric}</td><td style='text-align:right'>{cells[0]}</td><td>{cells[1]}</td>"
+                        f"<td>{unit}</td><td style='text-align:left'>{html.escape(row.description)}</td></tr>")
+        return (f"<div><p>{head}</p><table><thead><tr><th>metric</th><th>estimate</th>"
+                f"<th>{level:.0%} confidence interval</th><th>unit</th><th>what</th></tr></thead><tbody>"
+                + "".join(rows) + "</tbody></table></div>")
+
     def __repr__(self):
         part = ", interrupted=True" if self.interrupted else ""
         return (f"ReplicateResult(n_replications={self.n_replications}, backend={self.backend!r}, "

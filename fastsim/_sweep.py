@@ -241,6 +241,21 @@ class SweepResult:
             frame["partial"] = True
         return save_table(frame, path)
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: one row per point, one column per metric as ``estimate [low, high]``."""
+        from ._replicate import metric_unit
+
+        cells = self.frame.copy()
+        scale = cells["metric"].map(lambda m: metric_unit(m)[1])
+        cells["value"] = [f"{e * k:.4g} [{lo * k:.4g}, {hi * k:.4g}]" if np.isfinite(e) else "n/a"
+                          for e, lo, hi, k in zip(cells["estimate"], cells["ci_low"], cells["ci_high"], scale)]
+        cells["metric"] = [f"{m} ({metric_unit(m)[0]})" if metric_unit(m)[0] else m for m in cells["metric"]]
+        wide = cells.pivot(index=["point", *self.parameters], columns="metric", values="value")
+        wide = wide[list(dict.fromkeys(cells["metric"]))]
+        note = " <b>(partial: interrupted)</b>" if self.interrupted else ""
+        return (f"<div><p>sweep of {self.n_points} points, {self.confidence_level:.0%} confidence intervals"
+                f"{note}</p>{wide.to_html()}</div>")
+
     def __repr__(self):
         part = ", interrupted=True" if self.interrupted else ""
         return (f"SweepResult(n_points={self.n_points}, parameters={self.parameters}, "
