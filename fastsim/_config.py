@@ -141,6 +141,8 @@ class EngineConfig:
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
 
+    Notes
+    -----
     See ``docs/engine-model.md`` for the exact semantics of every option.
     """
 
