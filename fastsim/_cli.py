@@ -449,7 +449,7 @@ def _run_main(args, sig) -> int:
                           n_requested=kwargs["n_replications"]))
         took = f"{time.perf_counter() - start:.1f} s"
         if compile_s > 1.0:
-            took += f" (and {compile_s:.0f} s compiling before)"
+            took += f", after {compile_s:.0f} s of one-off compilation"
         if not args.no_progress:
             print(f"(wall time {took})", file=sys.stderr)
     elif args.format == "json":

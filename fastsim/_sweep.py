@@ -241,6 +241,31 @@ class SweepResult:
             frame["partial"] = True
         return save_table(frame, path)
 
+    def plot(self, x: str, y: str, *, hue: str | None = None, band: bool = True, logy: bool = False, ax=None):
+        """A metric against a swept parameter, with confidence bands (:func:`~fastsim.plot_sweep`).
+
+        Parameters
+        ----------
+        x : str
+            A swept parameter, e.g. ``"workload.arrival_rate"``.
+        y : str
+            A metric of the frame, e.g. ``"ttft_p99"``.
+        hue : str, optional
+            Another swept parameter: one line per value.
+        band : bool
+            Shaded bands (else error bars).
+        logy : bool
+            Logarithmic y axis.
+        ax : matplotlib Axes, optional
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+        """
+        from ._plot import plot_sweep
+
+        return plot_sweep(self.frame, x, y, hue=hue, band=band, logy=logy, ax=ax)
+
     def _repr_html_(self) -> str:
         """A notebook's view: one row per point, one column per metric as ``estimate [low, high]``."""
         from ._replicate import metric_unit

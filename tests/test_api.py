@@ -239,3 +239,18 @@ def test_results_display_in_a_notebook():
     page = cmp_._repr_html_()
     r = cmp_.frame.iloc[0]
     assert "baseline <b>a</b>" in page and f"{r.difference * 1000:+.4g}" in page
+
+
+def test_sweep_result_plot_draws_the_estimates():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sw = fastsim.sweep(SMALL, {"workload.arrival_rate": [1.0, 2.0, 3.0]}, n_replications=4, seed=0,
+                       metrics=["ttft_mean"])
+    ax = sw.plot("workload.arrival_rate", "ttft_mean")
+    xs, ys = ax.get_lines()[0].get_data()
+    est = sw.frame.sort_values("workload.arrival_rate")["estimate"].to_numpy()
+    assert list(xs) == [1.0, 2.0, 3.0] and np.allclose(np.asarray(ys) / est, np.asarray(ys)[0] / est[0])
+    plt.close(ax.figure)
