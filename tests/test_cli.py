@@ -413,3 +413,53 @@ def test_interrupted_replicate_keeps_a_prefix_free_subset():
     some = ids[np.linspace(0, ids.size - 1, 20).astype(int)]
     full = fastsim.replicate(sc, int(some.max()) + 1, seed=1).per_replication
     pd.testing.assert_frame_equal(full.loc[some], part.per_replication.loc[some])
+
+
+def _children(pid):
+    """PIDs whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat_file.parent.name))
+    return out
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_sweep_workers_do_not_outlive_a_killed_parent(tmp_path):
+    config = tmp_path / "demo.toml"
+    config.write_text(EXAMPLE.read_text())
+    proc = _spawn("sweep", str(config), "--grid", "workload.arrival_rate=1,2,3,4", "--replications", "200000",
+                  "--jobs", "2", cwd=tmp_path)
+    _wait_for_start(proc)
+    deadline = time.monotonic() + 120
+    workers = []
+    while time.monotonic() < deadline:
+        workers = [c for c in _children(proc.pid)
+                   if "LokyProcess" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+        if len(workers) == 2:
+            break
+        time.sleep(0.2)
+    assert len(workers) == 2, "the loky workers never started"
+    time.sleep(3.0)   # they are simulating their points now
+    others = [c for c in _children(proc.pid) if c not in workers]
+    proc.kill()       # SIGKILL: no handler, no clean-up in the parent
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 5.0
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [w for w in workers + others if _alive(w)]
+    for pid in left:           # do not leave them behind if the assertion fails
+        os.kill(pid, signal.SIGKILL)
+    assert not [w for w in workers if w in left], "loky workers outlived their killed parent"
