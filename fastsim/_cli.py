@@ -366,18 +366,31 @@ def _save(write, path: Path, flag: str) -> bool:
 
 class _Signals:
     """SIGTERM as KeyboardInterrupt (both then keep the finished part); a second
-    signal quits at once. ``code``: the exit status for the signal received."""
+    signal, a second or more after the first, quits at once. ``code``: the exit
+    status for the signal received."""
+
+    #: A repeat within this many seconds is the same request delivered twice
+    #: (`timeout` and process managers signal the child and its process group).
+    REPEAT_S = 1.0
 
     def __init__(self):
         self.code = EXIT_INTERRUPTED
-        self.stopping = False
+        self.stopping = None   # time of the first signal
         self._old = {}
 
     def _handler(self, signum, frame):
         code = EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-        if self.stopping:
-            os._exit(code)   # asked twice: do not wait for the running chunks
-        self.stopping = True
+        now = time.monotonic()
+        if self.stopping is not None:
+            if now - self.stopping < self.REPEAT_S:
+                return
+            for stream in (sys.stdout, sys.stderr):   # asked again: do not wait for the running chunks
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(self.code)
+        self.stopping = now
         self.code = code
         raise KeyboardInterrupt
 

@@ -803,8 +803,12 @@ def _replications_needed(data, precision, done, confidence_level):
 # proportion for more threads, where the pool saves more (not measured).
 _POOL_MIN_REQUESTS = 20_000
 #: Most requests in one kernel call (chunk): Ctrl-C waits for the running
-#: chunks, 10-300 ms at 1-10 us a request; a call costs ~0.05 ms.
-_CHUNK_MAX_REQUESTS = 25_000
+#: chunks, 25-100 ms at 0.25-1 us a request (0.2 s for the slowest
+#: workloads). At 25,000, one thread ran 1.8% slower than with the old
+#: unbounded chunks (benchmarks/ab_interleaved.py --same-process, 7 rounds,
+#: 4,000 x 1,000 requests); at 100,000 the median time ratio was 0.98, within
+#: the machine's noise, and the results the same.
+_CHUNK_MAX_REQUESTS = 100_000
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):

@@ -463,3 +463,18 @@ def test_sweep_workers_do_not_outlive_a_killed_parent(tmp_path):
     for pid in left:           # do not leave them behind if the assertion fails
         os.kill(pid, signal.SIGKILL)
     assert not [w for w in workers if w in left], "loky workers outlived their killed parent"
+
+
+def test_a_signal_delivered_twice_still_keeps_the_finished_replications(tmp_path):
+    """`timeout` and process managers signal the process and its group: two SIGTERMs at once are
+    one request (a second signal only quits at once, unsaved, a second or more later)."""
+    out = tmp_path / "summary.csv"
+    proc = _spawn("demo", "--replications", "10000000", "--out", str(out), cwd=tmp_path)
+    _wait_for_start(proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert "PARTIAL: interrupted after " in stdout and "Traceback" not in stderr
+    assert pd.read_csv(out)["partial"].all()
