@@ -5,7 +5,7 @@
 Runs the issue-7 reference workload (and ShareGPT at ~80% load) with
 ``backend="numba"`` (all cores) and ``backend="cuda"``, after compilation,
 and prints replications/s for each count, the GPU/CPU ratio and the GPU
-model. Needs ``pip install 'fastsim[gpu]'`` and an NVIDIA GPU; without one it
+model. Needs ``pip install 'fastsim-llm[gpu]'`` and an NVIDIA GPU; without one it
 says what is missing and exits with status 2.
 """
 

@@ -35,7 +35,7 @@ LEVEL = 0.95
 
 QUICK_HELP = "small run (seconds) for the test suite"
 
-#: The engine of the measured vLLM runs (``../shared/data``: A10G, 6,822 KV blocks of 16 tokens).
+#: The engine of the measured vLLM runs (``experiments/data``: A10G, 6,822 KV blocks of 16 tokens).
 MEASURED_ENGINE = dict(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16, num_gpu_blocks=6822,
                        max_model_len=2048)
 

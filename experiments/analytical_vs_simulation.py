@@ -107,7 +107,24 @@ def plot(df, models, path):
     plt.close(fig)
 
 
-def main():
+def markdown_table(frame: pd.DataFrame, index: bool = True) -> str:
+    """A Markdown (pipe) table of ``frame``, as pandas' ``to_markdown`` prints it, without its
+    optional dependency ``tabulate`` (not installed with fastsim)."""
+    if index:
+        frame = frame.reset_index()
+
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return "" if np.isnan(v) else f"{v:g}"
+        return str(v)
+
+    rows = [[str(c) for c in frame.columns]] + [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    widths = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
+    line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"   # noqa: E731
+    return "\n".join([line(rows[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows[1:]])
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="12 configurations, 20 reps x 1000 requests")
     ap.add_argument("--replications", type=int, default=100)
@@ -117,7 +134,7 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: all)")
     ap.add_argument("--out-dir", default=str(ROOT / "experiments" / "output"))
     ap.add_argument("--plot", default=None, help="figure path (default: see above)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     models = [m for m in a.models.split(",") if m]
     rates, seqs, kvs = [0.5, 1, 2, 3], [1, 4, 8], [2048, 4096, 8192, 16384]
     suffix = ""
@@ -164,7 +181,7 @@ def main():
     show = pd.DataFrame({m: [f"{x:.3f} ({y:.3f})" for x, y in zip(wide[m], med[m])] for m in models},
                         index=METRICS)
     show.insert(0, "EE384S", [f"{EE384S[k]:.2f}" if k in EE384S else "" for k in METRICS])
-    print(show.to_markdown())
+    print(markdown_table(show))
     blk = tab[tab.metric == "blocking_probability"].set_index("model")
     print("\nBlocking absolute error: " + "; ".join(
         f"{m}: mean {blk.loc[m, 'mean_abs']:.4f}, max {blk.loc[m, 'max_abs']:.4f}, "
@@ -180,7 +197,7 @@ def main():
                          "ttft_p99": g[f"relerr_{m}"].mean()["ttft_p99"],
                          "goodput": g[f"relerr_{m}"].mean()["goodput"],
                          "blocking max abs": g[f"abserr_{m}"].max()["blocking_probability"]})
-    print(pd.DataFrame(by_c).round(4).to_markdown(index=False))
+    print(markdown_table(pd.DataFrame(by_c).round(4), index=False))
     print("Targets (mean rel TTFT <= 0.10, p99 TTFT <= 0.20, goodput <= 0.03; blocking abs <= 0.02 everywhere):")
     for m in models:
         t = tab[(tab.model == m) & tab.target_met.notna()]
@@ -188,10 +205,11 @@ def main():
     for m in models:
         print(f"\nWorst cases, {m} (relative error):")
         w = df[df.metric != "blocking_probability"].sort_values(f"relerr_{m}", ascending=False).head(8)
-        print(w[["rate", "max_num_seqs", "kv_tokens", "metric", "sim", m, f"relerr_{m}"]]
-              .round(4).to_markdown(index=False))
+        print(markdown_table(w[["rate", "max_num_seqs", "kv_tokens", "metric", "sim", m, f"relerr_{m}"]]
+                             .round(4), index=False))
         w = df[df.metric == "blocking_probability"].sort_values(f"abserr_{m}", ascending=False).head(4)
-        print(w[["rate", "max_num_seqs", "kv_tokens", "sim", m, f"abserr_{m}"]].round(4).to_markdown(index=False))
+        print(markdown_table(w[["rate", "max_num_seqs", "kv_tokens", "sim", m, f"abserr_{m}"]].round(4),
+                             index=False))
     try:
         plot(df, models, plot_path)
         print(f"\nplot: {plot_path}")

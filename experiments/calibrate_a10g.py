@@ -12,6 +12,7 @@ Run: ``python experiments/calibrate_a10g.py``
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,11 +30,17 @@ sys.path.insert(0, str(ROOT))
 from fastsim._calibration import PACKAGED_TRACES, PRESETS, fit_tpot_traces  # noqa: E402
 
 OUT = ROOT / "experiments" / "output"
-SWEEP = Path("/work/shared/data/vllm-a10g-qwen2.5-1.5b/serving_sweep.csv")
+SWEEP = ROOT / "experiments" / "data" / "serving_sweep.csv"   # the published sweep, unmodified
 LENGTHS = ROOT / "fastsim" / "data" / "sharegpt_lengths.csv"
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Fit the A10G step-time model to the packaged decode-step traces.")
+    ap.add_argument("--quick", action="store_true", help="the same (the fit takes about a second); accepted "
+                                                          "like every experiment's --quick")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"directory of the figure (default {OUT})")
+    args = ap.parse_args(argv)
+    out_dir = args.out
     res = fit_tpot_traces(PACKAGED_TRACES)
     print(res.report())
     print()
@@ -58,7 +65,7 @@ def main() -> None:
               f"{low['mean_tpot_s']:.5f} s")
 
     # ---- plot ----
-    OUT.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     data = json.load(open(PACKAGED_TRACES))
     meas = sorted(data["measurements"], key=lambda m: m["batch_size"])
     bs = [m["batch_size"] for m in meas]
@@ -108,7 +115,7 @@ def main() -> None:
     ax2.set_title("TTFT vs b (prefill of b x ~20 tokens; poorly identified)")
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    path = OUT / "calibration_a10g.png"
+    path = out_dir / "calibration_a10g.png"
     fig.savefig(path, dpi=130)
     print(f"\nsaved {path}")
 

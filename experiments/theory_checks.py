@@ -1,6 +1,9 @@
 """fastsim against exact queueing theory (the figures quoted in README.md).
 
-    python experiments/theory_checks.py [--replications 1000] [--seed 0]
+    python experiments/theory_checks.py [--replications 1000] [--seed 0] [--quick]
+
+``--quick`` (20 replications of 1,000 requests per row, a few seconds) checks
+that the script runs; its intervals are too wide to say much.
 
 * M/G/1: ``max_num_seqs=1``, constant step ``d``, 1-token prompts: TTFT =
   Wq + d with Wq from Pollaczek-Khinchine.
@@ -20,19 +23,23 @@ from fastsim.testing import erlang_b, mg1_mean_wait
 STEP = 0.01
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replications", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="20 replications of 1,000 requests per row")
+    args = ap.parse_args(argv)
+    n_requests, warmup = (1000, 100) if args.quick else (4000, 500)
+    if args.quick:
+        args.replications = 20
     rows = []
     for rho in (0.5, 0.8):
         for law in (fastsim.Fixed(10), fastsim.Uniform(1, 19), fastsim.LogNormal(8, 0.8)):
             lam = rho / (law.mean() * STEP)
             sc = fastsim.Scenario(
                 engine=fastsim.EngineConfig(max_num_seqs=1),
-                workload=fastsim.Workload(arrival_rate=lam, num_requests=4000, prompt_len=1, output_len=law,
-                                          warmup_requests=500),
+                workload=fastsim.Workload(arrival_rate=lam, num_requests=n_requests, prompt_len=1, output_len=law,
+                                          warmup_requests=warmup),
                 latency=fastsim.LatencyModel.constant(STEP))
             res = fastsim.replicate(sc, args.replications, seed=args.seed)
             truth = mg1_mean_wait(lam, law.mean() * STEP, law.second_moment() * STEP**2) + STEP
@@ -45,8 +52,8 @@ def main():
         lam = a / (law.mean() * STEP)
         sc = fastsim.Scenario(
             engine=fastsim.EngineConfig(max_num_seqs=c, admission="queue_limit", max_waiting=0),
-            workload=fastsim.Workload(arrival_rate=lam, num_requests=4000, prompt_len=1, output_len=law,
-                                      warmup_requests=100),
+            workload=fastsim.Workload(arrival_rate=lam, num_requests=n_requests, prompt_len=1, output_len=law,
+                                      warmup_requests=min(100, warmup)),
             latency=fastsim.LatencyModel.constant(STEP))
         res = fastsim.replicate(sc, args.replications, seed=args.seed)
         ci = res.confidence_interval("blocking_probability")
@@ -59,6 +66,7 @@ def main():
     with pd.option_context("display.width", 200, "display.max_colwidth", 80,
                            "display.float_format", "{:.5f}".format):
         print(pd.DataFrame(rows).to_string(index=False))
+    return pd.DataFrame(rows)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
                              Uniform, sharegpt_lengths)
 from ._latency import LatencyModel
-from ._replicate import (METRIC_DESCRIPTIONS, ReplicateResult, compile_kernels, replicate, sample_requests,
+from ._replicate import (METRIC_DESCRIPTIONS, Interrupted, ReplicateResult, compile_kernels, replicate, sample_requests,
                          simulate_requests)
 from ._stats import ConfidenceInterval
 from ._sweep import SweepResult, sweep
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig",
-    "Fixed", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal", "LogNormalPredictor",
+    "Fixed", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal", "LogNormalPredictor",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
     "simulate_requests", "sweep", "testing", "analytical",

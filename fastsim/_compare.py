@@ -160,6 +160,24 @@ class CompareResult:
         """Write :attr:`frame` to ``.csv``, ``.json`` or ``.parquet`` (by suffix)."""
         return save_table(self.frame, path)
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: each scenario's difference from the baseline with its paired interval."""
+        from ._replicate import metric_unit
+
+        f = self.frame
+        rows = []
+        for r in f.itertuples():
+            unit, k = metric_unit(r.metric)
+            diff = (f"{r.difference * k:+.4g} [{r.ci_low * k:+.4g}, {r.ci_high * k:+.4g}]"
+                    if np.isfinite(r.difference) else "n/a")
+            rows.append(f"<tr><td>{r.scenario}</td><td>{r.metric}</td><td>{r.baseline_estimate * k:.4g}</td>"
+                        f"<td>{r.estimate * k:.4g}</td><td>{diff}</td><td>{unit}</td>"
+                        f"<td>{'yes' if r.significant else ''}</td></tr>")
+        return (f"<div><p>baseline <b>{self.baseline}</b>, paired {self.confidence_level:.0%} intervals "
+                f"(common random numbers)</p><table><thead><tr><th>scenario</th><th>metric</th><th>baseline</th>"
+                f"<th>scenario</th><th>difference</th><th>unit</th><th>interval excludes 0</th></tr></thead>"
+                f"<tbody>{''.join(rows)}</tbody></table></div>")
+
     def __repr__(self):
         others = [s for s in self.results if s != self.baseline]
         return (f"CompareResult(baseline={self.baseline!r}, scenarios={others}, "

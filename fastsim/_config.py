@@ -141,6 +141,8 @@ class EngineConfig:
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
 
+    Notes
+    -----
     See ``docs/engine-model.md`` for the exact semantics of every option.
     """
 
@@ -567,6 +569,58 @@ class Scenario:
 
 _LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical}
 
+#: Keys of the TOML tables other than the dataclass fields (``Scenario.from_dict``).
+_WORKLOAD_EXTRA_KEYS = ("trace", "sharegpt", "sharegpt_order")
+_LATENCY_EXTRA_KEYS = ("step_s", "preset")
+SLO_KEYS = ("ttft_s", "tpot_s")
+TABLES = ("engine", "workload", "latency", "slo", "run", "name")
+
+
+def _field_names(cls, skip=()):
+    return [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+
+
+def table_keys(table: str) -> list[str]:
+    """The keys a ``fastsim run`` TOML table accepts (``[run]`` is the CLI's: see ``fastsim._cli``)."""
+    if table == "engine":
+        return _field_names(EngineConfig)
+    if table == "workload":
+        return _field_names(Workload, skip=("lengths",)) + list(_WORKLOAD_EXTRA_KEYS)
+    if table == "latency":
+        return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
+    if table == "slo":
+        return list(SLO_KEYS)
+    raise ValueError(f"table must be one of engine, workload, latency, slo, got {table!r}")
+
+
+def check_table_keys(table: str, given, allowed) -> None:
+    """A ValueError naming ``[table]``, the unknown key(s), a close match and every allowed key."""
+    import difflib
+
+    unknown = [k for k in given if k not in allowed]
+    if not unknown:
+        return
+    hints = []
+    for k in unknown:
+        close = difflib.get_close_matches(str(k), list(allowed), n=1)
+        if close:
+            hints.append(f"{k!r} (did you mean {close[0]!r}?)")
+        else:
+            hints.append(repr(k))
+    where = "TOML top level" if table is None else f"[{table}]"
+    raise ValueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                     f"allowed keys: {', '.join(allowed)}")
+
+
+def _in_table(table: str, build, *args, **kwargs):
+    """``build(*args, **kwargs)`` with a ValueError or TypeError re-raised as a
+    ValueError that names ``[table]`` (a TOML file's reader sees where)."""
+    try:
+        return build(*args, **kwargs)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith(f"[{table}]") else f"[{table}] {msg}") from None
+
 
 def _length_from_config(name, spec, base_dir):
     """An int, or a table such as ``{dist = "lognormal", median = 256, sigma = 0.55}``."""
@@ -575,48 +629,94 @@ def _length_from_config(name, spec, base_dir):
     spec = dict(spec)
     kind = spec.pop("dist", None)
     if kind == "mixture":
-        comps = [_length_from_config(f"{name}.components[{j}]", c, base_dir)
-                 for j, c in enumerate(spec.pop("components", []))]
-        return Mixture(comps, spec.pop("weights", None), **spec)
+        comps = spec.pop("components", None)
+        if not isinstance(comps, list) or not comps:
+            raise ValueError(f"{name}.components must be a non-empty list of length laws (integers or "
+                             f"tables such as {{dist = \"lognormal\", median = 256, sigma = 0.5}}), "
+                             f"got {comps!r}")
+        comps = [_length_from_config(f"{name}.components[{j}]", c, base_dir) for j, c in enumerate(comps)]
+        weights = spec.pop("weights", None)
+        if spec:
+            raise ValueError(f"{name}: unknown key(s) {sorted(spec)} for dist = \"mixture\"; allowed: "
+                             f"dist, components, weights")
+        try:
+            return Mixture(comps, weights)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
     if kind == "empirical" and "path" in spec:
-        path = Path(spec.pop("path"))
+        path = spec.pop("path")
+        if not isinstance(path, str):
+            raise ValueError(f"{name}.path must be a file name (a string), got {path!r}")
+        path = Path(path)
         if "column" not in spec:
             raise ValueError(f"{name}: an empirical length read from a file needs column = \"...\"")
-        return Empirical.from_csv(path if path.is_absolute() or base_dir is None else base_dir / path,
-                                  spec.pop("column"))
+        try:
+            return Empirical.from_csv(path if path.is_absolute() or base_dir is None else base_dir / path,
+                                      **spec)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
     if kind not in _LENGTH_LAWS:
         raise ValueError(f"{name}.dist must be one of {', '.join(map(repr, [*_LENGTH_LAWS, 'mixture']))}, "
                          f"got {kind!r}")
     try:
         return _LENGTH_LAWS[kind](**spec)
-    except TypeError as exc:
+    except TypeError:
+        allowed = ["dist"] + [f.name for f in dataclasses.fields(_LENGTH_LAWS[kind])]
+        raise ValueError(f"{name}: unknown key(s) {sorted(set(spec) - set(allowed))} for dist = {kind!r}; "
+                         f"allowed: {', '.join(allowed)}") from None
+    except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
 
 
+def _trace_from_config(trace, base_dir):
+    """``trace = "file.csv"`` or ``trace = {path = "file.csv", order = "sample"}``."""
+    if isinstance(trace, str):
+        trace = {"path": trace}
+    if not isinstance(trace, dict):
+        raise ValueError(f"trace must be a CSV file name, or a table {{path = \"file.csv\", order = "
+                         f"\"replay\" or \"sample\", nrows = N}}, got {trace!r}")
+    trace = dict(trace)
+    check_table_keys("workload] [trace", trace, ["path", "order", "nrows"])
+    if "path" not in trace:
+        raise ValueError(f"trace needs path = \"file.csv\" (a CSV with columns prompt_len and output_len), "
+                         f"got {trace!r}")
+    path = trace.pop("path")
+    if not isinstance(path, str):
+        raise ValueError(f"trace.path must be a file name (a string), got {path!r}")
+    path = Path(path)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return LengthTrace.from_csv(path, **trace)
+
+
 def _scenario_from_dict(config, base_dir=None):
-    known = {"engine", "workload", "latency", "slo", "run", "name"}
-    unknown = set(config) - known
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict of tables, got {type(config).__name__}")
+    unknown = set(config) - set(TABLES)
     if unknown:
-        raise ValueError(f"unknown configuration table(s) {sorted(unknown)}; allowed: {sorted(known)}")
+        check_table_keys(None, sorted(unknown), list(TABLES))
     for table in ("engine", "workload", "latency", "slo", "run"):
         if not isinstance(config.get(table, {}), dict):
             raise ValueError(f"[{table}] must be a table of key = value settings, got {config[table]!r}")
+    name = config.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {name!r}")
     eng = dict(config.get("engine", {}))
+    check_table_keys("engine", eng, table_keys("engine"))
     if isinstance(eng.get("length_predictor"), dict):
         # [engine] length_predictor = {sigma = 0.5} or {edges = [64, 256], accuracy = 0.8}
         spec = eng["length_predictor"]
-        try:
-            eng["length_predictor"] = (BucketPredictor(**spec) if "edges" in spec
-                                       else LogNormalPredictor(**spec))
-        except TypeError as exc:
-            raise ValueError(f"[engine] length_predictor: {exc}") from None
-    try:
-        engine = EngineConfig(**eng)
-    except TypeError as exc:
-        raise ValueError(f"[engine]: {exc}") from None
+        if "edges" in spec:
+            check_table_keys("engine] [length_predictor", spec, ["edges", "accuracy"])
+        else:
+            check_table_keys("engine] [length_predictor", spec, ["sigma"])
+        eng["length_predictor"] = _in_table("engine", BucketPredictor if "edges" in spec else LogNormalPredictor,
+                                            **spec)
+    engine = _in_table("engine", EngineConfig, **eng)
     wl = dict(config.get("workload", {}))
+    check_table_keys("workload", wl, table_keys("workload"))
     trace = wl.pop("trace", None)
-    sharegpt = check_bool("[workload] sharegpt", wl.pop("sharegpt", False))
+    sharegpt = _in_table("workload", check_bool, "sharegpt", wl.pop("sharegpt", False))
     order = wl.pop("sharegpt_order", None)
     if order is not None and not sharegpt:
         raise ValueError(f"[workload] sharegpt_order needs sharegpt = true, got sharegpt = false and "
@@ -624,45 +724,37 @@ def _scenario_from_dict(config, base_dir=None):
     if trace is not None and sharegpt:
         raise ValueError("[workload]: trace and sharegpt = true both give the lengths; set one of them")
     if trace is not None:
-        trace = dict(trace) if isinstance(trace, dict) else {"path": trace}
-        path = Path(trace.pop("path"))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        wl["lengths"] = LengthTrace.from_csv(path, **trace)
+        wl["lengths"] = _in_table("workload", _trace_from_config, trace, base_dir)
     elif sharegpt:
         from ._distributions import sharegpt_lengths
 
-        wl["lengths"] = sharegpt_lengths("sample" if order is None else order)
+        wl["lengths"] = _in_table("workload", sharegpt_lengths, "sample" if order is None else order)
     for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
-            wl[key] = _length_from_config(key, wl[key], base_dir)
-    try:
-        workload = Workload(**wl)
-    except TypeError as exc:
-        raise ValueError(f"[workload]: {exc}") from None
+            wl[key] = _in_table("workload", _length_from_config, key, wl[key], base_dir)
+    workload = _in_table("workload", Workload, **wl)
     lat = dict(config.get("latency", {}))
+    check_table_keys("latency", lat, table_keys("latency"))
     if "step_s" in lat:
-        latency = LatencyModel.constant(lat.pop("step_s"))
+        step = lat.pop("step_s")
         if lat:
             raise ValueError(f"[latency]: step_s cannot be combined with {sorted(lat)}")
+        latency = _in_table("latency", LatencyModel.constant, step)
     elif "preset" in lat:
-        name = lat.pop("preset")
+        preset = lat.pop("preset")
         if lat:
             raise ValueError(f"[latency]: preset cannot be combined with {sorted(lat)}")
-        latency = LatencyModel.default() if name == "default" else LatencyModel.preset(name)
+        latency = (LatencyModel.default() if preset == "default"
+                   else _in_table("latency", LatencyModel.preset, preset))
     elif not lat:
         latency = LatencyModel.default()
     else:
-        try:
-            latency = LatencyModel(**lat)
-        except TypeError as exc:
-            raise ValueError(f"[latency]: {exc}") from None
+        latency = _in_table("latency", LatencyModel, **lat)
     slo = config.get("slo", {})
-    bad = set(slo) - {"ttft_s", "tpot_s"}
-    if bad:
-        raise ValueError(f"[slo]: unknown key(s) {sorted(bad)}; allowed: ['tpot_s', 'ttft_s']")
-    return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=slo.get("ttft_s"),
-                    tpot_slo_s=slo.get("tpot_s"), name=config.get("name"))
+    check_table_keys("slo", slo, table_keys("slo"))
+    limits = {k: check_float(f"[slo] {k}", slo.get(k), low=0, low_open=True, optional=True) for k in SLO_KEYS}
+    return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=limits["ttft_s"],
+                    tpot_slo_s=limits["tpot_s"], name=name)
 
 
 __all__ = ["BucketPredictor", "EngineConfig", "LogNormalPredictor", "Workload", "Scenario", "LengthDistribution",

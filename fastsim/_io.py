@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from pathlib import Path
 
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
@@ -19,13 +22,24 @@ def check_table_path(path, name: str = "path", *, writing: bool = False) -> Path
 
 
 def check_output_dir(path, name: str = "path") -> Path:
-    """``path`` as a Path if the directory it is to be written in exists, else
-    a ValueError naming ``name`` (a URL such as ``s3://...`` is left to pandas)."""
+    """``path`` as a Path if the directory it is to be written in exists and
+    takes a new file (probed: a temporary file is made there and removed),
+    else a ValueError naming ``name``; checked before a run so that a bad
+    path loses no results (a URL such as ``s3://...`` is left to pandas)."""
     if "://" in str(path):
         return Path(path)
     path = Path(path)
-    if not path.expanduser().parent.is_dir():
+    parent = path.expanduser().parent
+    if not parent.is_dir():
         raise ValueError(f"{name}: directory {str(path.parent)!r} does not exist (for {str(path)!r})")
+    if path.expanduser().is_dir():
+        raise ValueError(f"{name} must be a file name, got the directory {str(path)!r}")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot write in directory {str(path.parent)!r} "
+                         f"({exc.strerror or exc}) (for {str(path)!r})") from None
     return path
 
 
@@ -35,13 +49,38 @@ def save_table(frame, path, name: str = "path") -> Path:
     if frame.index.name is not None:
         frame = frame.reset_index()
     suffix = path.suffix.lower()
+    if "://" in str(path):
+        _write(frame, path, suffix)
+        return path
+    # A temporary file next to the target, renamed over it when complete: an
+    # interrupted or failed write never leaves a truncated table behind.
+    target = path.expanduser()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp's 0600 would outlive the rename
+        _write(frame, tmp, suffix)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write(frame, path, suffix):
     if suffix == ".csv":
         frame.to_csv(path, index=False)
     elif suffix == ".json":
         frame.to_json(path, orient="records", indent=2)
     else:
         frame.to_parquet(path, index=False)
-    return path
 
 
 def read_table(path, name: str = "table"):

@@ -18,6 +18,9 @@ so every worker gets the same treatment (the habit of scikit-learn's
 * **Order.** Results come back in task order whatever order the workers
   finish in, so the output never depends on ``n_jobs``.
 * **Progress.** One tqdm bar over tasks (not replications).
+* **Interruption.** Ctrl-C raises :class:`TasksInterrupted` with the finished
+  tasks' results; a local worker whose parent dies (``kill -9``) ends within
+  half a second rather than finishing its task for nobody.
 
 With ``n_jobs=1`` (or a single task) everything runs in this process, with no
 worker processes, under the current Numba thread count.
@@ -26,12 +29,15 @@ worker processes, under the current Numba thread count.
 from __future__ import annotations
 
 import numbers
+import os
+import threading
+import time
 import warnings
 from contextlib import contextmanager
 
 import joblib
 
-__all__ = ["check_n_jobs", "effective_n_jobs", "available_cores", "run_parallel"]
+__all__ = ["check_n_jobs", "effective_n_jobs", "available_cores", "run_parallel", "TasksInterrupted"]
 
 
 def check_n_jobs(n_jobs) -> int:
@@ -83,12 +89,16 @@ class _WorkerCall:
     """``func`` wrapped with the dispatching process's warning filters and a
     Numba thread count; picklable, so it travels to loky workers."""
 
-    def __init__(self, func, n_threads, warning_filters):
+    def __init__(self, func, n_threads, warning_filters, parent_pid=None):
         self.func = func
         self.n_threads = n_threads
         self.warning_filters = warning_filters
+        self.parent_pid = parent_pid
 
     def __call__(self, *args):
+        if self.parent_pid is not None:
+            _watch_parent(self.parent_pid)
+
         n_threads = self.n_threads
         if n_threads is not None:
             import numba
@@ -99,6 +109,29 @@ class _WorkerCall:
             warnings.filters[:] = self.warning_filters
             with _numba_threads(n_threads):
                 return self.func(*args)
+
+
+_WATCHED = []
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """In a local worker process: end it within ``interval_s`` of its parent's
+    death (a killed ``fastsim sweep``), instead of computing on for nobody.
+
+    loky's workers notice a dead parent only between tasks, and a task (a
+    sweep point) may run for minutes; the kernel releases the GIL, so this
+    thread runs beside it. Started once per process.
+    """
+    if _WATCHED or os.getpid() == parent_pid:
+        return
+    _WATCHED.append(parent_pid)
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fastsim-parent-watch", daemon=True).start()
 
 
 def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: str = "tasks") -> list:
@@ -132,6 +165,8 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
     ------
     ValueError
         If ``n_jobs`` is not an integer >= 1 or -1.
+    TasksInterrupted
+        On Ctrl-C (a KeyboardInterrupt): its ``done`` holds the finished tasks' results.
     """
     n_jobs = check_n_jobs(n_jobs)
     tasks = [tuple(t) for t in tasks]
@@ -153,18 +188,20 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(tasks), desc=desc, unit="task", leave=False)
-    results = []
+    done = {}   # task index -> result, as they finish
     try:
         if n_workers == 1:
             # In process: keep the caller's Numba thread count (all cores by default).
             call = _WorkerCall(func, None, filters)
-            for task in tasks:
-                results.append(call(*task))
+            for i, task in enumerate(tasks):
+                done[i] = call(*task)
                 if bar is not None:
                     bar.update(1)
         else:
             n_threads = threads_per_worker(n_workers) if local else None
-            call = _WorkerCall(func, n_threads, filters)
+            # a worker's parent is this process on a local process backend (not on Dask)
+            watch = local and not isinstance(backend, joblib.parallel.ThreadingBackend)
+            call = _WorkerCall(func, n_threads, filters, os.getpid() if watch else None)
             config = {}
             if (isinstance(backend, joblib.parallel.LokyBackend)
                     and getattr(backend, "inner_max_num_threads", None) is None):
@@ -172,12 +209,31 @@ def run_parallel(func, tasks, n_jobs: int = 1, *, progress: bool = False, desc: 
                 # with NUMBA_NUM_THREADS (and the BLAS/OpenMP variables) = n_threads.
                 config = {"backend": "loky", "inner_max_num_threads": n_threads}
             with joblib.parallel_config(**config):
-                parallel = joblib.Parallel(n_jobs=n_workers, return_as="generator")
-                for result in parallel(joblib.delayed(call)(*task) for task in tasks):
-                    results.append(result)
+                # unordered: a task that finishes early is kept even if an interrupt
+                # comes before the tasks ahead of it finish
+                parallel = joblib.Parallel(n_jobs=n_workers, return_as="generator_unordered")
+                for i, result in parallel(joblib.delayed(_tagged)(call, i, task) for i, task in enumerate(tasks)):
+                    done[i] = result
                     if bar is not None:
                         bar.update(1)
+    except KeyboardInterrupt:
+        # joblib has stopped the workers (loky terminates them) on the way out
+        raise TasksInterrupted(done) from None
     finally:
         if bar is not None:
             bar.close()
-    return results
+    return [done[i] for i in range(len(tasks))]
+
+
+def _tagged(call, i, task):
+    """``(i, call(*task))``: results that say which task they answer."""
+    return i, call(*task)
+
+
+class TasksInterrupted(KeyboardInterrupt):
+    """:func:`run_parallel` was interrupted; ``done`` maps the index of every
+    finished task to its result."""
+
+    def __init__(self, done: dict):
+        super().__init__(f"interrupted after {len(done)} tasks")
+        self.done = done

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 import time
@@ -277,6 +278,13 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["engine", "seconds"])
 
 
+def _prepare_kernel(scenario: Scenario) -> None:
+    """Compile the CPU kernel ``scenario`` needs, or load it from Numba's cache
+    (what the first :func:`replicate` of a process does first)."""
+    packed = pack_scenario(scenario)
+    K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
+
+
 def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba") -> pd.DataFrame:
     """Simulate one given request stream and return per-request results.
 
@@ -434,6 +442,11 @@ class ReplicateResult:
     elapsed_s : float
         Wall time of the simulation (including compilation, or loading
         compiled kernels from Numba's cache, on the first call in a process).
+    interrupted : bool
+        True for the partial result of an interrupted run (:class:`Interrupted`):
+        ``per_replication`` then holds only the replications that finished
+        (its index is their replication number), and :meth:`save` adds a
+        ``partial`` column.
     """
 
     scenario: Scenario
@@ -444,6 +457,7 @@ class ReplicateResult:
     precision: dict | None = None
     elapsed_s: float = 0.0
     metrics: tuple = field(default=K.METRICS)
+    interrupted: bool = False
 
     @property
     def n_replications(self) -> int:
@@ -497,11 +511,65 @@ class ReplicateResult:
         ``*.per_replication.parquet``-style full data: use
         ``result.per_replication.to_parquet(...)``.
         """
-        return save_table(self.summary(), path)
+        frame = self.summary()
+        if self.interrupted:
+            frame["partial"] = True   # the file outlives the message that said so
+        return save_table(frame, path)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: every metric's estimate and interval, in display units."""
+        import html
+
+        level = self.confidence_level
+        name = self.scenario.name or "scenario"
+        head = (f"<b>{html.escape(name)}</b>: {self.n_replications} replications x "
+                f"{self.scenario.workload.num_requests} requests, seed {html.escape(str(self.seed))}"
+                + (" <b>(partial: interrupted)</b>" if self.interrupted else ""))
+        rows = []
+        for metric, row in self.summary().iterrows():
+            unit, scale = metric_unit(metric)
+            if np.isfinite(row.estimate):
+                cells = (f"{row.estimate * scale:.4g}", f"[{row.ci_low * scale:.4g}, {row.ci_high * scale:.4g}]")
+            else:
+                cells = ("n/a", "")
+            rows.append(f"<tr><td>{metric}</td><td style='text-align:right'>{cells[0]}</td><td>{cells[1]}</td>"
+                        f"<td>{unit}</td><td style='text-align:left'>{html.escape(row.description)}</td></tr>")
+        return (f"<div><p>{head}</p><table><thead><tr><th>metric</th><th>estimate</th>"
+                f"<th>{level:.0%} confidence interval</th><th>unit</th><th>what</th></tr></thead><tbody>"
+                + "".join(rows) + "</tbody></table></div>")
 
     def __repr__(self):
+        part = ", interrupted=True" if self.interrupted else ""
         return (f"ReplicateResult(n_replications={self.n_replications}, backend={self.backend!r}, "
-                f"confidence_level={self.confidence_level})")
+                f"confidence_level={self.confidence_level}{part})")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM in the CLI) stopped :func:`replicate` or :func:`~fastsim.sweep`.
+
+    A :class:`KeyboardInterrupt`, so code that does not look for it still
+    stops; ``partial`` holds what had finished: a :class:`ReplicateResult`
+    or :class:`~fastsim.SweepResult` with ``interrupted=True``.
+
+    Examples
+    --------
+    >>> try:                                                # doctest: +SKIP
+    ...     res = fastsim.replicate(scenario, 100_000)
+    ... except fastsim.Interrupted as stop:
+    ...     res = stop.partial          # the finished replications
+    """
+
+    def __init__(self, partial):
+        super().__init__("interrupted; the finished part is in .partial")
+        self.partial = partial
+
+
+class _ChunksInterrupted(KeyboardInterrupt):
+    """`_run` was interrupted: ``ids`` (replication numbers) and ``rows`` that finished."""
+
+    def __init__(self, ids, rows):
+        super().__init__()
+        self.ids, self.rows = ids, rows
 
 
 # ------------------------------------------------------------------------------
@@ -564,7 +632,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
         with fewer.
     backend : {"numba", "cuda", "reference"}
         The compiled CPU kernel; the same kernel on an NVIDIA GPU, one GPU
-        thread per replication (needs ``pip install 'fastsim[gpu]'`` and a
+        thread per replication (needs ``pip install 'fastsim-llm[gpu]'`` and a
         GPU; see ``fastsim/_cuda.py``); or the slow reference simulator (for
         checks). ``"cuda"`` gives the CPU kernel's results to floating-point
         tolerance (the GPU fuses multiply-adds and has its own ``exp``/``log``;
@@ -611,18 +679,35 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     k0, k1, entropy = _seed_keys(seed)
     packed = pack_scenario(scenario)
     start = time.perf_counter()
-    blocks = [_run(scenario, packed, k0, k1, 0, n_replications, backend, n_threads, batch_size, progress)]
-    done = n_replications
-    if precision is not None:
-        while done < max_replications:
-            frame = np.concatenate(blocks)
-            need = _replications_needed(frame, precision, done, confidence_level)
-            if need <= done:
-                break
-            # Grow geometrically (at most x2 per round) toward the estimate.
-            extra = int(min(max(need - done, done // 4, 1), done, max_replications - done))
-            blocks.append(_run(scenario, packed, k0, k1, done, extra, backend, n_threads, batch_size, progress))
-            done += extra
+    blocks, ids = [], []
+
+    def run(rep0, nrep):
+        blocks.append(_run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress))
+        ids.append(np.arange(rep0, rep0 + nrep))
+
+    try:
+        run(0, n_replications)
+        done = n_replications
+        if precision is not None:
+            while done < max_replications:
+                frame = np.concatenate(blocks)
+                need = _replications_needed(frame, precision, done, confidence_level)
+                if need <= done:
+                    break
+                # Grow geometrically (at most x2 per round) toward the estimate.
+                extra = int(min(max(need - done, done // 4, 1), done, max_replications - done))
+                run(done, extra)
+                done += extra
+    except KeyboardInterrupt as stop:
+        # Keep what finished: whole blocks, and the finished chunks of the block that was running.
+        if isinstance(stop, _ChunksInterrupted):
+            blocks.append(stop.rows)
+            ids.append(stop.ids)
+        data = np.concatenate(blocks) if blocks else np.empty((0, K.N_COLUMNS))
+        partial = _make_result(scenario, data, np.concatenate(ids) if ids else np.empty(0, np.int64),
+                               confidence_level, entropy, backend, precision, time.perf_counter() - start,
+                               interrupted=True)
+        raise Interrupted(partial) from None
     data = np.concatenate(blocks)
     if precision is not None:
         need = _replications_needed(data, precision, done, confidence_level)
@@ -646,13 +731,21 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
             warnings.warn(f"in {exhausted} replications all num_requests={w.num_requests} arrivals came "
                           f"before horizon_s={w.horizon_s}: arrivals stopped early; raise num_requests "
                           f"above about arrival_rate * horizon_s", RuntimeWarning, stacklevel=2)
+    return _make_result(scenario, data, None, confidence_level, entropy, backend, precision,
+                        time.perf_counter() - start)
+
+
+def _make_result(scenario, data, ids, confidence_level, seed, backend, precision, elapsed_s, interrupted=False):
+    """A ReplicateResult from the kernel's rows (``ids``: their replication numbers, None for 0..n-1)."""
     # One frame from typed columns (14 astype assignments cost ~1 ms a call).
     per_rep = pd.DataFrame({c: data[:, j].astype(np.int64) if c in _INT_COLUMNS else data[:, j]
-                            for j, c in enumerate(K.COLUMNS)})
+                            for j, c in enumerate(K.COLUMNS)}, index=None if ids is None else pd.Index(ids))
+    if ids is not None:
+        per_rep = per_rep.sort_index()
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
-                           seed=entropy, backend=backend, precision=precision,
-                           elapsed_s=time.perf_counter() - start)
+                           seed=seed, backend=backend, precision=precision, elapsed_s=elapsed_s,
+                           interrupted=interrupted)
 
 
 def _relative_half_width(est, low, high) -> float:
@@ -693,6 +786,13 @@ def _replications_needed(data, precision, done, confidence_level):
 # (measured crossover, 2 cores: about 8 ms of work on one); scaled down in
 # proportion for more threads, where the pool saves more (not measured).
 _POOL_MIN_REQUESTS = 20_000
+#: Most requests in one kernel call (chunk): Ctrl-C waits for the running
+#: chunks, 25-100 ms at 0.25-1 us a request (0.2 s for the slowest
+#: workloads). At 25,000, one thread ran 1.8% slower than with the old
+#: unbounded chunks (benchmarks/ab_interleaved.py --same-process, 7 rounds,
+#: 4,000 x 1,000 requests); at 100,000 the median time ratio was 0.98, within
+#: the machine's noise, and the results the same.
+_CHUNK_MAX_REQUESTS = 100_000
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
@@ -725,21 +825,46 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     size = max(-(-nrep // (4 * threads)), min(-(-50_000 // scenario.workload.num_requests), -(-nrep // threads)))
     if total * threads < 2 * _POOL_MIN_REQUESTS:
         size = nrep   # a thread pool would cost more (~1 ms to start) than it saves
-    size = min(batch_size, max(1, size))
+    # At most _CHUNK_MAX_REQUESTS requests a chunk, so that Ctrl-C is answered
+    # within about one chunk's time (a chunk cannot be stopped midway).
+    size = min(batch_size, max(1, size), max(1, _CHUNK_MAX_REQUESTS // scenario.workload.num_requests))
     chunks = [(lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]
+    finished = []   # chunks whose rows are written (list.append is atomic)
+    stop = threading.Event()
 
     def work(chunk):
+        if stop.is_set():
+            return 0
         lo, hi = chunk
         if run_chunk(rep0 + lo, hi - lo, k0, k1, out[lo:hi]) != 0:
             raise RuntimeError("run_chunk: the common engine was asked for an option it lacks")
+        finished.append(chunk)
         return hi - lo
 
     # The kernel releases the GIL (nogil), so Python threads run it in parallel.
     pooled = threads > 1 and len(chunks) > 1
-    with ThreadPoolExecutor(max_workers=threads) if pooled else nullcontext() as pool:
-        for m in (pool.map if pooled else map)(work, chunks):
-            if bar is not None:
-                bar.update(m)
-    if bar is not None:
-        bar.close()
+    try:
+        if pooled:
+            pool = ThreadPoolExecutor(max_workers=threads)
+            try:
+                for m in pool.map(work, chunks):
+                    if bar is not None:
+                        bar.update(m)
+            finally:
+                # on an interrupt: drop the queued chunks, let the running ones end
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            for chunk in chunks:
+                m = work(chunk)
+                if bar is not None:
+                    bar.update(m)
+    except KeyboardInterrupt:
+        keep = sorted(finished)
+        ids = np.concatenate([np.arange(rep0 + lo, rep0 + hi) for lo, hi in keep]) if keep else np.empty(0, np.int64)
+        rows = np.concatenate([out[lo:hi] for lo, hi in keep]) if keep else np.empty((0, K.N_COLUMNS))
+        raise _ChunksInterrupted(ids, rows) from None
+    finally:
+        if bar is not None:
+            bar.close()
     return out

@@ -16,8 +16,8 @@ import pandas as pd
 from ._io import check_table_path, save_table
 from . import kernel as K
 from ._config import Scenario
-from ._parallel import check_n_jobs, run_parallel
-from ._replicate import _check_backend, as_seed_sequence, replicate, reproducible_seed
+from ._parallel import TasksInterrupted, check_n_jobs, run_parallel
+from ._replicate import Interrupted, _check_backend, as_seed_sequence, replicate, reproducible_seed
 from ._stats import check_confidence_level, summary_frame
 from ._validation import check_int, check_metric_names
 
@@ -193,6 +193,12 @@ class SweepResult:
         Whether each point was loaded from ``cache_dir`` rather than simulated.
     elapsed_s : float
         Wall time of the sweep.
+    interrupted : bool
+        True for the partial result of an interrupted sweep
+        (:class:`~fastsim.Interrupted`): ``points``, ``results``, ``cached``
+        and ``frame`` then cover only the finished points (the frame's
+        ``point`` column keeps their index in the full grid), and :meth:`save`
+        adds a ``partial`` column.
     """
 
     frame: pd.DataFrame
@@ -202,6 +208,7 @@ class SweepResult:
     confidence_level: float
     cached: list
     elapsed_s: float = 0.0
+    interrupted: bool = False
 
     @property
     def n_points(self) -> int:
@@ -230,11 +237,54 @@ class SweepResult:
                                                                               np.integer, np.floating)))
                 if not plain.all():
                     frame[col] = frame[col].map(repr)
+        if self.interrupted:
+            frame["partial"] = True
         return save_table(frame, path)
 
+    def plot(self, x: str, y: str, *, hue: str | None = None, band: bool = True, logy: bool = False, ax=None):
+        """A metric against a swept parameter, with confidence bands (:func:`~fastsim.plot_sweep`).
+
+        Parameters
+        ----------
+        x : str
+            A swept parameter, e.g. ``"workload.arrival_rate"``.
+        y : str
+            A metric of the frame, e.g. ``"ttft_p99"``.
+        hue : str, optional
+            Another swept parameter: one line per value.
+        band : bool
+            Shaded bands (else error bars).
+        logy : bool
+            Logarithmic y axis.
+        ax : matplotlib Axes, optional
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+        """
+        from ._plot import plot_sweep
+
+        return plot_sweep(self.frame, x, y, hue=hue, band=band, logy=logy, ax=ax)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: one row per point, one column per metric as ``estimate [low, high]``."""
+        from ._replicate import metric_unit
+
+        cells = self.frame.copy()
+        scale = cells["metric"].map(lambda m: metric_unit(m)[1])
+        cells["value"] = [f"{e * k:.4g} [{lo * k:.4g}, {hi * k:.4g}]" if np.isfinite(e) else "n/a"
+                          for e, lo, hi, k in zip(cells["estimate"], cells["ci_low"], cells["ci_high"], scale)]
+        cells["metric"] = [f"{m} ({metric_unit(m)[0]})" if metric_unit(m)[0] else m for m in cells["metric"]]
+        wide = cells.pivot(index=["point", *self.parameters], columns="metric", values="value")
+        wide = wide[list(dict.fromkeys(cells["metric"]))]
+        note = " <b>(partial: interrupted)</b>" if self.interrupted else ""
+        return (f"<div><p>sweep of {self.n_points} points, {self.confidence_level:.0%} confidence intervals"
+                f"{note}</p>{wide.to_html()}</div>")
+
     def __repr__(self):
+        part = ", interrupted=True" if self.interrupted else ""
         return (f"SweepResult(n_points={self.n_points}, parameters={self.parameters}, "
-                f"confidence_level={self.confidence_level})")
+                f"confidence_level={self.confidence_level}{part})")
 
 
 # ------------------------------------------------------------------------------
@@ -250,6 +300,13 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
 
         if not isinstance(cache_dir, joblib.Memory):
             raise ValueError(f"cache_dir must be a path or a joblib.Memory, got {cache_dir!r}")
+    if isinstance(cache_dir, (str, Path)) and "://" not in str(cache_dir):
+        path = Path(cache_dir).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"cache_dir must be a directory (made if missing), got the file {str(cache_dir)!r}")
+        anc = next((a for a in (path, *path.parents) if a.exists()), None)
+        if anc is not None and not anc.is_dir():
+            raise ValueError(f"cache_dir {str(cache_dir)!r} cannot be made: {str(anc)!r} is a file")
     changes, scenarios = sweep_points(scenario, grid, points)
     return changes, scenarios, n_replications, n_jobs, confidence_level, metrics
 
@@ -282,7 +339,9 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
         Worker processes (-1: all cores); on a local joblib backend (loky by
         default) each runs Numba with ``cores // n_jobs`` threads; on a
         Dask cluster, the workers' own thread counts apply
-        (:mod:`fastsim._parallel`). Does not change the results.
+        (:mod:`fastsim._parallel`). Does not change the results. The
+        default, 1, is usually fastest on one machine: each point's
+        replications already use every core (``docs/study-tools.md``).
     confidence_level : float
         Level of the intervals.
     points : list of dict, optional
@@ -351,9 +410,23 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
     if progress is None:
         work = len(todo) * n_replications * max(sc.workload.num_requests for sc in scenarios)
         progress = len(todo) > 1 and work >= 5_000_000
-    for i, res in zip(todo, run_parallel(func, [tasks[i] for i in todo], n_jobs, progress=bool(progress),
-                                         desc="sweep points")):
-        results[i] = res
+    try:
+        for i, res in zip(todo, run_parallel(func, [tasks[i] for i in todo], n_jobs, progress=bool(progress),
+                                             desc="sweep points")):
+            results[i] = res
+    except TasksInterrupted as stop:
+        # Keep the finished points (and those from the cache); a point cut short is dropped.
+        for j, res in stop.done.items():
+            results[todo[j]] = res
+        keep = [i for i in range(n_points) if results[i] is not None]
+        kept = [dataclasses.replace(results[i], confidence_level=confidence_level) for i in keep]
+        frame = (_tidy_frame(scenario, [changes[i] for i in keep], kept, metrics, confidence_level, keep)
+                 if keep else pd.DataFrame(columns=["point", *STAT_COLUMNS]))
+        partial = SweepResult(frame=frame, points=[changes[i] for i in keep], results=kept,
+                              seed=reproducible_seed(root), confidence_level=confidence_level,
+                              cached=[cached[i] for i in keep], elapsed_s=time.perf_counter() - start,
+                              interrupted=True)
+        raise Interrupted(partial) from None
     # The confidence level only shapes the summaries, so it is not part of the cache key.
     results = [dataclasses.replace(r, confidence_level=confidence_level) for r in results]
 
@@ -363,10 +436,11 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
                        cached=cached, elapsed_s=time.perf_counter() - start)
 
 
-def _tidy_frame(base, changes, results, metrics, confidence_level) -> pd.DataFrame:
+def _tidy_frame(base, changes, results, metrics, confidence_level, indices=None) -> pd.DataFrame:
     params = list(dict.fromkeys(k for change in changes for k in change))
     blocks = []
-    for i, (change, res) in enumerate(zip(changes, results)):
+    indices = range(len(changes)) if indices is None else indices
+    for i, change, res in zip(indices, changes, results):
         summary = summary_frame(res.per_replication, metrics, confidence_level).reset_index()
         block = {"point": np.full(len(summary), i)}
         for key in params:

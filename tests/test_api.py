@@ -218,3 +218,39 @@ def test_client_overhead_shifts_ttft_and_e2e_only():
     np.testing.assert_allclose(a["window_s"], b["window_s"] + c, rtol=1e-12)
     assert fastsim.LatencyModel.default().ttft_overhead_s > 0
     assert fastsim.LatencyModel.constant(0.01).ttft_overhead_s == 0
+
+
+def test_results_display_in_a_notebook():
+    """`_repr_html_` of the results: every metric with its interval in display units."""
+    res = fastsim.replicate(SMALL, 5, seed=1)
+    page = res._repr_html_()
+    ci = res.confidence_interval("ttft_mean")
+    assert f"[{ci.low * 1000:.4g}, {ci.high * 1000:.4g}]" in page
+    for metric in fastsim.METRIC_DESCRIPTIONS:
+        assert f"<td>{metric}</td>" in page
+    assert "'>n/a<" in page and ">nan" not in page   # the prefix hit rate, without caching
+    sw = fastsim.sweep(SMALL, {"workload.arrival_rate": [1.0, 2.0]}, n_replications=4, seed=0,
+                       metrics=["ttft_mean", "goodput"])
+    page = sw._repr_html_()
+    row = sw.frame[(sw.frame.point == 1) & (sw.frame.metric == "goodput")].iloc[0]
+    assert "goodput (req/s)" in page and f"{row.estimate:.4g} [{row.ci_low:.4g}, {row.ci_high:.4g}]" in page
+    cmp_ = fastsim.compare({"a": SMALL, "b": SMALL.replace(**{"engine.max_num_seqs": 4})}, 4, seed=0,
+                           metrics=["ttft_mean"])
+    page = cmp_._repr_html_()
+    r = cmp_.frame.iloc[0]
+    assert "baseline <b>a</b>" in page and f"{r.difference * 1000:+.4g}" in page
+
+
+def test_sweep_result_plot_draws_the_estimates():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sw = fastsim.sweep(SMALL, {"workload.arrival_rate": [1.0, 2.0, 3.0]}, n_replications=4, seed=0,
+                       metrics=["ttft_mean"])
+    ax = sw.plot("workload.arrival_rate", "ttft_mean")
+    xs, ys = ax.get_lines()[0].get_data()
+    est = sw.frame.sort_values("workload.arrival_rate")["estimate"].to_numpy()
+    assert list(xs) == [1.0, 2.0, 3.0] and np.allclose(np.asarray(ys) / est, np.asarray(ys)[0] / est[0])
+    plt.close(ax.figure)
