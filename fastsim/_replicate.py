@@ -242,6 +242,11 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``prefix_groups``.
     """
     replication = check_int("replication", replication, low=0)
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    from ._memory import check_run_memory
+
+    check_run_memory(scenario, 0, 1, "sample_requests")
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
     a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
@@ -401,6 +406,9 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         q = np.ascontiguousarray(extra.get("sjf_key", o), dtype=np.int64)
         grp = np.ascontiguousarray(extra.get("prefix_group", np.full(a.size, -1)), dtype=np.int64)
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
+        from ._memory import check_stream_memory
+
+        check_stream_memory(a.size, o, grp, plen, packed["ipar"])
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
             a, p, o, c, q, grp, plen, packed["ipar"], packed["fpar"], packed["lat"])
         status = np.asarray(st) - K.ST_COMPLETED
@@ -560,6 +568,20 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     return n_replications, confidence_level, max_replications, n_threads, batch_size
 
 
+def _check_replicate_memory(scenario, n_replications, backend, n_threads):
+    """Refuse a run whose workspace sizes overflow the kernel's int64, or
+    whose memory estimate exceeds the memory available (`fastsim._memory`),
+    before anything is allocated: ValueError naming the parameter."""
+    from . import _memory
+
+    if backend == "numba":
+        _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), "replicate")
+        return
+    if backend == "cuda":
+        _memory.check_int64(scenario)
+    _memory.check_memory(_memory.estimate(scenario, n_replications, 1), "replicate")
+
+
 def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, backend: str = "numba",
               confidence_level: float = 0.95, precision: dict | None = None,
               max_replications: int = 100_000, n_threads: int | None = None,
@@ -624,6 +646,8 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     n_replications, confidence_level, max_replications, n_threads, batch_size = _replicate_iv(
         scenario, n_replications, backend, confidence_level, precision, max_replications, n_threads,
         batch_size)
+    _check_replicate_memory(scenario, max_replications if precision is not None else n_replications,
+                            backend, n_threads)
     k0, k1, entropy = _seed_keys(seed)
     packed = pack_scenario(scenario)
     start = time.perf_counter()
@@ -734,6 +758,13 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     # the common engine unless an option needs the full one; compiled (or loaded) here, once
     run_chunk = K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
     threads = _thread_count(n_threads)
+    # Buffers whose workspace growth is refused with a ValueError where it
+    # cannot be reserved (a huge drawn output, `_memory.CheckedBuffers`):
+    # one per concurrent call, so the runner never makes an unchecked one.
+    from ._memory import CheckedBuffers
+
+    for _ in range(max(1, min(threads, nrep))):
+        run_chunk.pool.put(CheckedBuffers(scenario.workload.num_requests, scenario))
     # Chunks of at most batch_size replications: 4 per thread (balance:
     # replications differ in cost) when each has 50,000 requests or more,
     # else fewer, down to one per thread (a call costs ~0.05 ms more: Numba
