@@ -135,7 +135,12 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
                       forceinline=inline == "llvm", fastmath=False)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
-    dispatcher._cache = _InternalCache(dispatcher.py_func)
+    try:
+        dispatcher._cache = _InternalCache(dispatcher.py_func)
+    except RuntimeError as exc:
+        if not _no_locator(exc):
+            raise
+        _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
     return dispatcher
 
 
@@ -162,7 +167,77 @@ class _DataFirstCacheFile(IndexDataCacheFile):
         self._save_index(overloads)
 
 
-class _InternalCache(FunctionCache):
+# ------------------------------------------------------------------------------
+# Cache faults (issue 43). Simulation needs no disk cache, so no fault of
+# it may stop a run: an entry that fails to load (a truncated or corrupted
+# file: UnpicklingError, EOFError, an LLVM or object-code parsing error) is
+# dropped and its function compiled again, with a warning that names the
+# cache directory; a cache that cannot be written (a full disk, no
+# permission) leaves the function compiled in memory, with one warning per
+# directory; and a function for which Numba finds no writable cache
+# location at all (its "no locator available" error, raised when the
+# function is defined, i.e. at ``import fastsim``) is compiled uncached.
+
+#: Cache directories already warned about, so that each fault is said once.
+_cache_warned = set()
+
+
+def _warn_cache(key, message):
+    if key not in _cache_warned:
+        _cache_warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class _SafeFunctionCache(FunctionCache):
+    """Numba's disk cache of one function, with faults turned into a
+    recompilation or an in-memory compilation and a warning (above)."""
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as exc:   # any fault of a file read back: compile it again
+            try:
+                self._cache_file.flush()   # an empty index: the entry is gone for every process
+                dropped = "it was dropped"
+            except Exception:
+                self.disable()             # (cannot rewrite the index: stop reading it here)
+                dropped = "it could not be removed (the directory is not writable)"
+            _warn_cache(("load", self._cache_path),
+                        f"fastsim: an entry of Numba's disk cache in {self._cache_path} could not be loaded "
+                        f"({self._name}: {type(exc).__name__}: {str(exc)[:200]}); {dropped} and the function "
+                        f"is compiled again. If this repeats, delete that directory (or point NUMBA_CACHE_DIR "
+                        f"elsewhere)")
+            return None
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:   # a full disk, no permission: the compiled code serves this process
+            self.disable()
+            _warn_cache(("save", self._cache_path),
+                        f"fastsim: cannot write Numba's disk cache in {self._cache_path} ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}); compiling in memory, so the next process compiles again. Free space "
+                        f"there, or set NUMBA_CACHE_DIR to a writable directory")
+
+
+def _no_locator(exc):
+    return isinstance(exc, RuntimeError) and "no locator available" in str(exc)
+
+
+def _warn_uncached(func, exc):
+    _warn_cache(("locator",), f"fastsim: Numba finds no writable location for its disk cache ({exc}); "
+                              f"compiling in memory, so every process compiles again. Set NUMBA_CACHE_DIR "
+                              f"to a writable directory")
+
+
+def _safe_dispatcher(dispatcher):
+    """``dispatcher`` with its disk cache (if any) made fault-tolerant."""
+    if type(dispatcher._cache) is FunctionCache:
+        dispatcher._cache.__class__ = _SafeFunctionCache
+    return dispatcher
+
+
+class _InternalCache(_SafeFunctionCache):
     """Numba's disk cache for an internal function: every process reads it,
     but only a cold start's helper process writes it, and only the argument
     types it was given as jobs (``saving``). Data files are written before
@@ -197,9 +272,20 @@ def njit(*args, **kwargs):
     """``numba.njit`` with fastsim's options (keyword arguments override)."""
     options = {**NUMBA_OPTIONS, **kwargs}
     if args and callable(args[0]):
-        return _one_specialisation(numba.njit(**options)(args[0]))
-    decorator = numba.njit(*args, **options)
-    return lambda func: _one_specialisation(decorator(func))
+        return _one_specialisation(_cached_njit(args[0], (), options))
+    return lambda func: _one_specialisation(_cached_njit(func, args, options))
+
+
+def _cached_njit(func, args, options):
+    """``numba.njit(*args, **options)(func)`` with a fault-tolerant disk cache,
+    or none (and a warning) when Numba finds no writable location for one."""
+    try:
+        return _safe_dispatcher(numba.njit(*args, **options)(func))
+    except RuntimeError as exc:
+        if not (options.get("cache") and _no_locator(exc)):
+            raise
+        _warn_uncached(func, exc)
+        return numba.njit(*args, **{**options, "cache": False})(func)
 
 
 class _FunctionPointer(WrapperAddressProtocol):
@@ -261,6 +347,8 @@ def _helper_wanted():
     an embedding host would start itself again)."""
     if os.environ.get("FASTSIM_COMPILE_HELPER", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
+    if any(key[0] in ("locator", "save") for key in _cache_warned):
+        return False   # the helper hands its work over through the disk cache
     if getattr(sys, "frozen", False) or not os.path.basename(sys.executable or "").lower().startswith("python"):
         return False
     from ._parallel import available_cores
