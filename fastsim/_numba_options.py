@@ -337,6 +337,18 @@ def function_pointer(dispatcher, argtypes):
 #: and at most this long for each callee of the engine the helper is to save.
 HELPER_GRACE_S = 10.0
 
+#: Stall detection (issue 43): the helper writes a heartbeat line every
+#: `HEARTBEAT_S` from its start (a thread of its own, before it imports
+#: anything heavy), and this process takes a helper it has not heard from
+#: for `HELPER_STALL_S` as stalled (stopped, swapped out, deadlocked): it
+#: waits for it no more, for any job, says so in a warning, and compiles
+#: what is left itself. (Before, a stalled helper cost `HELPER_GRACE_S` per
+#: callee still to come: a cold start of 163 s instead of 13 s, silently.)
+#: Numba compiles with the GIL released in LLVM, so a compiling helper
+#: beats on time; 3 s leaves room for a loaded machine's scheduling delays.
+HEARTBEAT_S = 0.25
+HELPER_STALL_S = 3.0
+
 _compile_lock = threading.Lock()
 
 
@@ -382,11 +394,22 @@ sys.path[:] = pickle.load(sys.stdin.buffer)
 spec = importlib.util.find_spec({__package__!r})
 package = sys.modules[spec.name] = types.ModuleType(spec.name)
 package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
-import os
+import os, threading, time
 report = os.fdopen(os.dup(1), "w")   # the reports: what else prints goes to stderr
 os.dup2(2, 1)
+lock = threading.Lock()   # one line at a time on the report pipe
+def beat():   # the heartbeat: alive, whatever the main thread is doing
+    try:
+        while True:
+            with lock:
+                report.write("beat\\n")
+                report.flush()
+            time.sleep({HEARTBEAT_S!r})
+    except (OSError, ValueError):   # the parent is gone, or the report closed
+        pass
+threading.Thread(target=beat, daemon=True).start()
 from {__name__} import _helper_main
-_helper_main(report)
+_helper_main(report, lock)
 """
 
 
@@ -441,13 +464,19 @@ def _claim(claims, i):
     return True
 
 
-def _helper_main(report):
+def _helper_main(report, lock=None):
     """The helper process: compile each job read from stdin that it can
     claim, in order, and write its index to the file ``report`` when it is
     saved ("skip" and the index for a job it leaves to the parent process,
     or could not compile: an internal function; its traceback goes to
     stderr). An internal function's job signature is saved even when it is
     compiled for an earlier job."""
+    lock = lock or threading.Lock()
+
+    def say(*words):
+        with lock:
+            print(*words, file=report, flush=True)
+
     claims, jobs = pickle.load(sys.stdin.buffer)
     dispatchers = [getattr(importlib.import_module(module), name) for module, name, _, _ in jobs]
     for d, (_, _, argtypes, _) in zip(dispatchers, jobs):
@@ -457,7 +486,7 @@ def _helper_main(report):
         if not _claim(claims, i):   # the parent process has it
             continue
         if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
-            print("skip", i, file=report, flush=True)
+            say("skip", i)
             continue
         try:
             dispatcher.compile(argtypes)
@@ -467,9 +496,9 @@ def _helper_main(report):
             import traceback
 
             traceback.print_exc()   # a wrong `_kernel._ENGINE_CALLEES` line: the engine compiles its own
-            print("skip", i, file=report, flush=True)
+            say("skip", i)
             continue
-        print(i, file=report, flush=True)
+        say(i)
 
 
 class _Helper:
@@ -481,6 +510,7 @@ class _Helper:
         self.proc, self.jobs, self.claims = proc, jobs, claims
         self.index = {(d._cache, argtypes): i for i, (d, argtypes) in enumerate(jobs)}
         self.mine, self.done, self.skipped, self.exited = set(), set(), set(), False
+        self.heard, self.stalled = time.monotonic(), False   # the last line read (a report or a heartbeat)
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         try:
@@ -495,6 +525,7 @@ class _Helper:
         try:
             for line in self.proc.stdout:
                 words = line.split()
+                self.heard = time.monotonic()
                 if not words or not words[-1].isdigit():
                     continue
                 with self._changed:
@@ -523,9 +554,21 @@ class _Helper:
         i = self.index.get((cache, argtypes))
         if i is None:
             return False
+        deadline = time.monotonic() + HELPER_GRACE_S
         with self._changed:
-            self._changed.wait_for(lambda: i in self.done or i in self.skipped or self.exited, HELPER_GRACE_S)
+            while not (i in self.done or i in self.skipped or self.exited or self.check_stalled()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(min(HEARTBEAT_S, left))
             return i in self.done
+
+    def check_stalled(self):
+        """Whether the helper is stalled: running, but silent (no report and
+        no heartbeat) for `HELPER_STALL_S`; once stalled, always."""
+        if not self.stalled and not self.exited and time.monotonic() - self.heard > HELPER_STALL_S:
+            self.stalled = True
+        return self.stalled
 
     def stop(self, timeout):
         """Wait up to ``timeout`` s for the helper and stop it if it is still
@@ -536,10 +579,17 @@ class _Helper:
         functions write their data first.) Returns the helper's exit code,
         None if it was stopped."""
         proc = self.proc
+        deadline = time.monotonic() + timeout
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+            # in slices: a helper that stalls meanwhile is stopped at once
+            while proc.poll() is None and not self.check_stalled():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    proc.wait(min(HEARTBEAT_S, left))
+                except subprocess.TimeoutExpired:
+                    pass
         finally:   # on an interrupt too
             stopped = proc.poll() is None
             if stopped:
@@ -592,7 +642,11 @@ def _compile_with_helper(first, first_types, rest, callees):
                 rc = helper.stop(timeout)
             finally:
                 _helper = None
-        if rc:   # it failed by itself
+        if helper.stalled:
+            warnings.warn(f"fastsim's compile helper stopped responding (no heartbeat for {HELPER_STALL_S:g} s); "
+                          f"it was stopped and this process compiles what it left (FASTSIM_COMPILE_HELPER=0 "
+                          f"turns the helper off)", RuntimeWarning, stacklevel=4)
+        elif rc:   # it failed by itself
             log.seek(0)
             tail = log.read()[-2000:].decode(errors="replace").strip()
             warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "
