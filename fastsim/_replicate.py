@@ -17,7 +17,7 @@ from . import _kernel as K
 from ._config import BucketPredictor, EngineConfig, Scenario, Workload
 from ._distributions import KIND_EMPIRICAL, LogNormal
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
-from ._validation import check_choice, check_float, check_int, check_kernel_supports
+from ._validation import MAX_COUNT, check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "cuda", "reference")
 
@@ -241,7 +241,7 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``prefix_group`` and ``prefix_len`` when the workload has
         ``prefix_groups``.
     """
-    replication = check_int("replication", replication, low=0)
+    replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     from ._memory import check_run_memory
@@ -344,9 +344,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     if missing:
         raise ValueError(f"requests has no column(s) {', '.join(map(repr, missing))}; it needs arrival_s, "
                          f"prompt_len and output_len (optional: priority, sjf_key, prefix_group, prefix_len)")
-    a = check_arrival_times("requests['arrival_s']", requests["arrival_s"])
-    p = check_int_array("requests['prompt_len']", requests["prompt_len"])
-    o = check_int_array("requests['output_len']", requests["output_len"])
+    # an empty stream is a legitimate one (sample_requests draws it when no user sends a request)
+    a = check_arrival_times("requests['arrival_s']", requests["arrival_s"], allow_empty=True)
+    p = check_int_array("requests['prompt_len']", requests["prompt_len"], allow_empty=True)
+    o = check_int_array("requests['output_len']", requests["output_len"], allow_empty=True)
     c = np.zeros(a.size, np.int64)
     if "priority" in requests:
         pri = np.asarray(requests["priority"])
@@ -392,7 +393,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._cuda import check_cuda_available
 
         check_cuda_available()
-    if backend == "reference":
+    if a.size == 0:   # nothing to simulate (each backend would want at least one request)
+        status = np.zeros(0, np.int64)
+        first = finish = swapped = np.zeros(0)
+        npre = ntok = nswap = ctok = np.zeros(0, np.int64)
+    elif backend == "reference":
         from ._reference import simulate_reference
 
         res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h, **extra)
