@@ -253,28 +253,41 @@ def check_int64(scenario):
                      f"reduce {params.split(' (')[0].replace(', ', ' or ').replace(' and ', ' or ')}")
 
 
+def _typical_prefix(scenario):
+    """(dense prefix table entries, prefix references) estimated: the groups
+    at their number, the prefix blocks at the prefix law's mean (its bound
+    for an unbounded law would be 2**40 tokens: a lognormal's tail, which
+    the draws reach only as often as the law says)."""
+    e, w = scenario.engine, scenario.workload
+    if not (e.enable_prefix_caching and w.prefix_groups > 0):
+        return 1, 1
+    p_hi, _, _ = _lengths(w)
+    jmax = max(1, int(math.ceil(min(w.prefix_len.mean(), p_hi - 1))) // e.block_size)
+    return max(w.prefix_groups * jmax, 1), max(w.num_requests * jmax, 1)
+
+
 def _workspace_resident(scenario, n):
     """The workspace entries (int64, float64) a replication keeps resident,
-    estimated: the exact sizes, but with the gap samples counted as
-    `GAP_ENTRIES_PER_REQUEST` per request (or the bound, if smaller) and
-    the prefix table at its bound. Also the (int64, float64) entries of the
-    full allocation at the gap samples' mean bound."""
+    estimated: the exact sizes, with the gap samples counted as
+    `GAP_ENTRIES_PER_REQUEST` per request (or their mean, if smaller) and
+    the prefix dimensions at `_typical_prefix`."""
     e, w = scenario.engine, scenario.workload
     d = workspace_bound(scenario)
     _, _, o_mean = _lengths(w)
     kv = e.num_gpu_blocks * e.block_size
     nitl_mean = max(1, int(min(o_mean, kv) * (n - w.warmup_requests)))
     resident = min(d["nitl"][0], GAP_ENTRIES_PER_REQUEST * n + 1, nitl_mean)
-    return ws_sizes(n, e.block_size, min(d["cap"][0], max(n, 1)), d["ncnt"][0], d["nheld"][0], resident)
+    ncnt, nheld = _typical_prefix(scenario)
+    return ws_sizes(n, e.block_size, min(d["cap"][0], max(n, 1)), ncnt, nheld, resident)
 
 
 def estimate(scenario, n_replications=0, threads=1):
     """Bytes a run keeps resident, by part: ``[(bytes, part, parameter), ...]``.
 
     Per thread: the request arrays (7 columns of ``num_requests``) and the
-    engine's workspace (`_workspace_resident`); for the run: the result
-    table (``n_replications`` x the kernel's columns, float64) and its
-    DataFrame copy."""
+    engine's workspace (`_workspace_resident`; its dense prefix table a part
+    of its own); for the run: the result table (``n_replications`` x the
+    kernel's columns, float64) and its DataFrame copy."""
     w = scenario.workload
     n = w.num_requests
     nreq = "num_requests" if w.users is None else "users"
@@ -284,8 +297,7 @@ def estimate(scenario, n_replications=0, threads=1):
     threads = max(1, min(threads, n_replications or 1))
     parts.append((threads * 7 * 8 * n, "request arrays", nreq))
     wi, wf = _workspace_resident(scenario, n)
-    bound = workspace_bound(scenario)
-    prefix = 3 * bound["ncnt"][0] * 8
+    prefix = 3 * _typical_prefix(scenario)[0] * 8
     parts.append((threads * 8 * (wi + wf) - threads * prefix, "engine workspace", nreq))
     if prefix > 8:
         parts.append((threads * prefix, "prefix-cache table", "prefix_groups"))
