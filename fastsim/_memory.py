@@ -38,11 +38,16 @@ INT64_MAX = 2 ** 63 - 1
 #: NumPy, pandas, Numba's compiled code, and the estimate's slack).
 MEMORY_SHARE = 0.8
 #: Inter-token gap entries a request is assumed to keep resident (see
-#: `estimate`): they are weighted samples, one per step for all the requests
-#: that decode together, so far fewer than the tokens, which only bound them
-#: (the arrays are sized by that bound, but pages never written cost address
-#: space only).
-GAP_ENTRIES_PER_REQUEST = 16
+#: `_workspace_resident`) when the latency model has no context term: they
+#: are weighted samples, one per distinct step duration, so far fewer than
+#: the tokens, which only bound them (the arrays are sized by that bound,
+#: but pages never written cost address space only). Measured with
+#: `_kernel._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
+#: request (A10G default model, rates 1 to 40/s, outputs 128 and lognormal
+#: up to a 609-token mean). With a context term every step's duration
+#: differs: up to 87 per request (128-token outputs at 1 req/s), so there
+#: the estimate counts the output tokens.
+GAP_ENTRIES_PER_REQUEST = 8
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20,
           "MIB": 2 ** 20, "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30, "T": 2 ** 40, "TB": 2 ** 40,
@@ -269,14 +274,16 @@ def _typical_prefix(scenario):
 def _workspace_resident(scenario, n):
     """The workspace entries (int64, float64) a replication keeps resident,
     estimated: the exact sizes, with the gap samples counted as
-    `GAP_ENTRIES_PER_REQUEST` per request (or their mean, if smaller) and
+    `GAP_ENTRIES_PER_REQUEST` per request, or the mean output tokens with a
+    context term (or the mean, if smaller), and
     the prefix dimensions at `_typical_prefix`."""
     e, w = scenario.engine, scenario.workload
     d = workspace_bound(scenario)
     _, _, o_mean = _lengths(w)
     kv = e.num_gpu_blocks * e.block_size
     nitl_mean = max(1, int(min(o_mean, kv) * (n - w.warmup_requests)))
-    resident = min(d["nitl"][0], GAP_ENTRIES_PER_REQUEST * n + 1, nitl_mean)
+    per_request = nitl_mean if scenario.latency.ctx_per_token_s > 0 else GAP_ENTRIES_PER_REQUEST * n + 1
+    resident = min(d["nitl"][0], per_request, nitl_mean)
     ncnt, nheld = _typical_prefix(scenario)
     return ws_sizes(n, e.block_size, min(d["cap"][0], max(n, 1)), ncnt, nheld, resident)
 

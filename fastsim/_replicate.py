@@ -637,6 +637,19 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     -------
     ReplicateResult
 
+    Raises
+    ------
+    ValueError
+        For a bad argument; and, before anything is allocated, for a run
+        whose engine workspace would exceed the kernel's 64-bit sizes, or
+        whose memory estimate (per thread: the request arrays and the
+        engine's workspace; the result tables) exceeds 80% of the memory
+        available (``FASTSIM_MEMORY_LIMIT``, e.g. ``4G``, when set; else
+        the cgroup limit and ``MemAvailable``): the message names the
+        parameter that costs most, and the estimate. A replication whose
+        drawn requests need a workspace larger than the machine's memory
+        and swap is refused then (`fastsim._memory`).
+
     Examples
     --------
     >>> import fastsim
