@@ -343,9 +343,13 @@ HELPER_GRACE_S = 10.0
 #: for `HELPER_STALL_S` as stalled (stopped, swapped out, deadlocked): it
 #: waits for it no more, for any job, says so in a warning, and compiles
 #: what is left itself. (Before, a stalled helper cost `HELPER_GRACE_S` per
-#: callee still to come: a cold start of 163 s instead of 13 s, silently.)
-#: Numba compiles with the GIL released in LLVM, so a compiling helper
-#: beats on time; 3 s leaves room for a loaded machine's scheduling delays.
+#: callee still to come: a cold start of the common engine with the helper
+#: SIGSTOPped took 363 s, silently, against 14 s now and 7 s with a working
+#: helper; ``benchmarks/helper_stall.py``.) The heartbeat thread runs while
+#: the main thread compiles: LLVM's calls release the GIL, and Python's
+#: switch interval (5 ms) hands it over during typing. 3 s of silence leaves
+#: room for a loaded machine's scheduling delays; a shorter limit would
+#: save at most those seconds once per cold start.
 HEARTBEAT_S = 0.25
 HELPER_STALL_S = 3.0
 
