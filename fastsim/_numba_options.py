@@ -402,18 +402,21 @@ import os, threading, time
 report = os.fdopen(os.dup(1), "w")   # the reports: what else prints goes to stderr
 os.dup2(2, 1)
 lock = threading.Lock()   # one line at a time on the report pipe
+orphaned = threading.Event()   # the parent is gone: begin no further job
+parent = os.getppid()
 def beat():   # the heartbeat: alive, whatever the main thread is doing
     try:
-        while True:
+        while os.getppid() == parent:
             with lock:
                 report.write("beat\\n")
                 report.flush()
             time.sleep({HEARTBEAT_S!r})
-    except (OSError, ValueError):   # the parent is gone, or the report closed
+    except (OSError, ValueError):   # the report's reader is gone, or the report closed
         pass
+    orphaned.set()
 threading.Thread(target=beat, daemon=True).start()
 from {__name__} import _helper_main
-_helper_main(report, lock)
+_helper_main(report, lock, orphaned)
 """
 
 
@@ -468,14 +471,18 @@ def _claim(claims, i):
     return True
 
 
-def _helper_main(report, lock=None):
+def _helper_main(report, lock=None, orphaned=None):
     """The helper process: compile each job read from stdin that it can
     claim, in order, and write its index to the file ``report`` when it is
     saved ("skip" and the index for a job it leaves to the parent process,
     or could not compile: an internal function; its traceback goes to
     stderr). An internal function's job signature is saved even when it is
-    compiled for an earlier job."""
+    compiled for an earlier job. When ``orphaned`` is set (the parent
+    process died: a worker that outlives its parent exits by itself), it
+    begins no further job; the one it is at finishes, so that no cache file
+    is left half-written."""
     lock = lock or threading.Lock()
+    orphaned = orphaned or threading.Event()
 
     def say(*words):
         with lock:
@@ -487,6 +494,8 @@ def _helper_main(report, lock=None):
         if isinstance(d._cache, _InternalCache):
             d._cache.saving.add(tuple(argtypes))
     for i, (dispatcher, (_, _, argtypes, path)) in enumerate(zip(dispatchers, jobs)):
+        if orphaned.is_set():
+            return
         if not _claim(claims, i):   # the parent process has it
             continue
         if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
@@ -611,6 +620,36 @@ class _Helper:
         return None if stopped else proc.returncode
 
 
+#: Name prefix of a cold start's claims directory, followed by its process id.
+_CLAIMS_PREFIX = "fastsim-claims-"
+
+
+def _remove_stale_claims():
+    """Remove the claims directories that killed cold starts left in the
+    temporary directory (a killed process removes nothing): those whose
+    process no longer runs. (One whose id was reused is left: it is small.)"""
+    import shutil
+
+    try:
+        names = os.listdir(tempfile.gettempdir())
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_CLAIMS_PREFIX):
+            continue
+        pid = name[len(_CLAIMS_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue   # still running (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+
+
 def _compile_with_helper(first, first_types, rest, callees):
     """`compile_entries` on a cold start: a helper compiles ``callees`` and
     then ``rest`` while this process compiles ``first``, which loads each
@@ -621,7 +660,9 @@ def _compile_with_helper(first, first_types, rest, callees):
     Whatever is left, `compile_entries` compiles."""
     global _helper
     jobs = callees + rest
-    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as claims:
+    _remove_stale_claims()
+    with tempfile.TemporaryFile() as log, \
+            tempfile.TemporaryDirectory(prefix=f"{_CLAIMS_PREFIX}{os.getpid()}-") as claims:
         proc = _start_helper(jobs, log, claims)
         if proc is None:
             first.compile(first_types)

@@ -458,3 +458,62 @@ def test_a_beating_helper_is_waited_for(tmp_path, monkeypatch):
     assert helper.ready(d._cache, SIG)   # reported done after 2 x HELPER_STALL_S of heartbeats
     assert time.monotonic() - start > O.HELPER_STALL_S and not helper.stalled
     assert helper.stop(60) == 0
+
+
+def test_claims_directories_of_killed_cold_starts_are_removed(tmp_path):
+    import os
+    import tempfile
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()   # a process id that no longer runs
+    stale = os.path.join(tempfile.gettempdir(), f"{O._CLAIMS_PREFIX}{gone}-test")
+    live = os.path.join(tempfile.gettempdir(), f"{O._CLAIMS_PREFIX}{os.getpid()}-test")
+    for d in (stale, live):
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "0"), "w").close()
+    try:
+        O._remove_stale_claims()
+        assert not os.path.exists(stale) and os.path.exists(live)
+    finally:
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
+def _exited(pid):
+    """Whether process ``pid`` has ended (a zombie nobody reaps counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_helper_whose_parent_died_exits_by_itself(toy, tmp_path):
+    """A killed cold start leaves no helper behind: the helper sees its parent
+    gone (its heartbeat), begins no further job and exits."""
+    import os
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from numba import types
+        from fastsim import _numba_options as O
+        import {toy.__name__} as toy
+        sig = (types.int64,)
+        jobs = [(toy.second, sig), (toy.third, sig), (toy.fourth, sig)]
+        proc = O._start_helper(jobs, sys.stderr, {str(tmp_path / "claims")!r})
+        print(proc.pid, flush=True)
+        os._exit(0)   # as if killed: nothing is cleaned up
+    """)
+    (tmp_path / "claims").mkdir()
+    parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pid = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exited(pid), "the orphaned helper is still running"
+    assert len(os.listdir(tmp_path / "claims")) < 3   # it stopped before the last jobs
