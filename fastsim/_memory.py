@@ -253,9 +253,14 @@ def check_int64(scenario):
     # the term that overflows: the largest of the data-dependent ones
     name = max(("ncnt", "nheld", "nitl", "n"), key=lambda k: d[k][0] * (3 if k == "ncnt" else 1))
     bound, params = d[name]
+    advice = {"ncnt": "reduce prefix_groups or prefix_len, or raise block_size",
+              "nheld": "reduce num_requests or prefix_len, or raise block_size",
+              "nitl": "reduce num_requests or output_len (its largest draw), or the KV cache "
+                      "(num_gpu_blocks * block_size)",
+              "n": "reduce num_requests"}[name]
     raise ValueError(f"this scenario's engine workspace is too large for the kernel's 64-bit sizes: "
                      f"{params} allow up to {bound} entries (workspace up to {format_bytes(8 * max(need_i, need_f))}); "
-                     f"reduce {params.split(' (')[0].replace(', ', ' or ').replace(' and ', ' or ')}")
+                     f"{advice}")
 
 
 def _typical_prefix(scenario):

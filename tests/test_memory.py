@@ -63,7 +63,7 @@ def test_segfault_case_is_a_value_error():
     # 3 * groups x prefix blocks wrapped around int64 in the kernel: SIGSEGV
     _refused_fast(lambda: fastsim.replicate(SEGFAULT, 2, seed=0),
                   r"too large for the kernel's 64-bit sizes: prefix_groups, prefix_len and block_size .*"
-                  r"reduce prefix_groups or prefix_len or block_size")
+                  r"reduce prefix_groups or prefix_len, or raise block_size")
     _refused_fast(lambda: fastsim.sample_requests(SEGFAULT, seed=0), r"64-bit sizes: prefix_groups")
 
 
@@ -159,3 +159,13 @@ def test_huge_output_draw_is_refused_not_allocated():
                           workload=fastsim.Workload(num_requests=4, output_len=fastsim.LogNormal(2 ** 39, 0.1)))
     _refused_fast(lambda: fastsim.replicate(sc, 2, seed=0, n_threads=1),
                   r"a replication needs an engine workspace of .* TiB, more than this machine can reserve")
+
+
+def test_output_overflow_names_the_output_law():
+    # 2**23 requests whose (lognormal: unbounded) outputs may each fill a
+    # 2**40-token KV cache: gap room beyond int64
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(num_gpu_blocks=2 ** 35, block_size=16),
+                          workload=fastsim.Workload(num_requests=2 ** 24, output_len=fastsim.LogNormal(100, 1.0)))
+    _refused_fast(lambda: fastsim.replicate(sc, 2, seed=0),
+                  r"64-bit sizes: num_requests, output_len and num_gpu_blocks \* block_size allow up to .* "
+                  r"reduce num_requests or output_len \(its largest draw\), or the KV cache")
