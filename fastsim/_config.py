@@ -16,8 +16,8 @@ import numpy as np
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
                              Mixture, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
-from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice, check_float,
-                          check_int, check_probabilities)
+from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice,
+                          check_float, check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a

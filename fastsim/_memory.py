@@ -378,7 +378,8 @@ class CheckedBuffers(K.ChunkBuffers):
         except (MemoryError, ValueError):   # (NumPy: ValueError "array is too big" beyond intp)
             e = self.scenario.engine
             raise ValueError(f"a replication needs an engine workspace of {format_bytes(8 * (need_i + need_f))}, "
-                             f"more than this machine can reserve (its memory and swap): its inter-token gap samples are bounded "
+                             f"more than this machine can reserve (its memory and swap): its inter-token gap "
+                             f"samples are bounded "
                              f"by the measured requests' output tokens, each capped at the KV cache "
                              f"(num_gpu_blocks * block_size = {e.num_gpu_blocks * e.block_size}); reduce "
                              f"num_requests, output_len or num_gpu_blocks") from None
