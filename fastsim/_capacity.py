@@ -121,6 +121,13 @@ class CapacityResult:
 HIGHER_IS_BETTER = ("request_throughput", "output_throughput", "goodput", "prefix_hit_rate")
 
 
+#: Smallest ``tol``: the relative spacing of doubles (``numpy.finfo(float).eps``).
+MIN_TOL = 2.0 ** -52
+#: Bisections of a bracket: from any two positive doubles to adjacent ones
+#: takes at most about 2100 halvings (exponent range 2098, 52 mantissa bits).
+_MAX_BISECTIONS = 2200
+
+
 def _check_slo(slo) -> dict:
     if not isinstance(slo, dict) or not slo:
         raise ValueError(f"slo must be a non-empty dict {{metric: upper limit}}, e.g. {{'ttft_p99': 0.5}}, "
@@ -252,7 +259,8 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
     seed : None, int, numpy.random.SeedSequence or numpy.random.Generator
         One seed for all probes (common random numbers).
     tol : float
-        Stop when the bracket ``hi - lo`` is at most ``tol * hi``.
+        Stop when the bracket ``hi - lo`` is at most ``tol * hi`` (or its
+        ends are adjacent floats); in ``[2**-52, 1)``.
     max_replications : int
         Cap on a probe's replications; a probe still undecided is
         *inconclusive* (its mean is within noise of the limit) and is treated
@@ -284,7 +292,9 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
     bounds = _check_bounds(rate_bounds)
     n_replications = check_int("n_replications", n_replications, low=2)
     max_replications = check_int("max_replications", max_replications, low=n_replications)
-    tol = check_float("tol", tol, low=0, high=1, low_open=True, high_open=True)
+    # below one ulp of the rate (relative 2**-52) a bracket cannot shrink:
+    # `hi - lo > tol * hi` would hold for adjacent floats, for ever
+    tol = check_float("tol", tol, low=MIN_TOL, high=1, high_open=True)
 
     prober = _Prober(scenario, slo, confidence, n_replications, max_replications, seed)
     lo = math.nan       # largest rate proven ok
@@ -319,8 +329,12 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
                     break
                 hi = r
     if math.isfinite(lo) and math.isfinite(hi):
-        while hi - lo > tol * hi:
+        for _ in range(_MAX_BISECTIONS):   # (bounded: the loop also ends at adjacent floats)
+            if not hi - lo > tol * hi:
+                break
             mid = 0.5 * (lo + hi)
+            if not lo < mid < hi:
+                break
             if prober.probe(mid) == "ok":
                 lo = mid
             else:

@@ -16,8 +16,8 @@ import numpy as np
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
                              Mixture, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
-from ._validation import (MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice, check_float,
-                          check_int, check_probabilities)
+from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice,
+                          check_float, check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
@@ -351,6 +351,12 @@ class Workload:
         elif self.users is None:
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
+        if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
+            # (1e-320: gaps of inf s; any rate this low: a clock too coarse for the steps)
+            raise ValueError(f"arrival_rate must be >= num_requests / {MAX_CLOCK_S:g} s = "
+                             f"{self.num_requests / MAX_CLOCK_S:.3g} req/s (arrivals spread over at most "
+                             f"{MAX_CLOCK_S:g} s, where the clock's double keeps sub-millisecond resolution), "
+                             f"got {self.arrival_rate!r}")
         s(self, "burstiness", check_float("burstiness", self.burstiness, low=0, low_open=True))
         if self.lengths is not None:
             if not isinstance(self.lengths, LengthTrace):
@@ -416,6 +422,10 @@ class Workload:
         m = check_float("requests_per_user", self.requests_per_user, low=0, low_open=True, high=1000.0)
         s(self, "requests_per_user", m)
         s(self, "user_rate", check_float("user_rate", self.user_rate, low=0, low_open=True))
+        if m / self.user_rate > MAX_CLOCK_S:
+            raise ValueError(f"user_rate must be >= requests_per_user / {MAX_CLOCK_S:g} s = {m / MAX_CLOCK_S:.3g} "
+                             f"per s (a user's requests spread over at most {MAX_CLOCK_S:g} s), "
+                             f"got {self.user_rate!r}")
         for name in ("arrival_times",):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} must be None with a multi-user workload, got {getattr(self, name)!r}")
@@ -536,6 +546,7 @@ class Scenario:
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,
                                                            low_open=True, optional=True))
         e, w = self.engine, self.workload
+        self._check_step_durations()
         # vLLM refuses a prompt longer than max_model_len; with admission="none"
         # a fixed-length workload that can never run is a configuration error.
         if e.max_model_len is not None and w.lengths is None:
@@ -543,6 +554,28 @@ class Scenario:
             if isinstance(p, Fixed) and isinstance(o, Fixed) and p.value + o.value > e.max_model_len:
                 raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
                                  f"got {p.value} + {o.value}")
+
+    def _check_step_durations(self):
+        """Refuse a latency model whose longest step (a full batch: every
+        seat decoding, the whole token budget prefilled, the whole KV cache
+        read, every block swapped) exceeds `MAX_CLOCK_S`, naming its
+        largest term (issue 43: base_s=1e308 gave inf times, NaN metrics)."""
+        e, lat = self.engine, self.latency
+        try:
+            decode = lat.decode_scale_s * float(max(e.max_num_seqs - 1, 0)) ** lat.decode_alpha
+        except OverflowError:
+            decode = float("inf")
+        terms = {"base_s": lat.base_s, "decode_scale_s": decode if lat.decode_scale_s else 0.0,
+                 "prefill_per_token_s": lat.prefill_per_token_s * e.max_num_batched_tokens,
+                 "ctx_per_token_s": lat.ctx_per_token_s * e.kv_capacity_tokens,
+                 "swap_s_per_block": lat.swap_s_per_block * (e.num_gpu_blocks + e.swap_space_blocks)}
+        longest = sum(terms.values())   # (inf for an overflowing power: refused too)
+        if not longest <= MAX_CLOCK_S:
+            name = max(terms, key=terms.get)
+            raise ValueError(f"latency.{name} makes the longest step {longest:.3g} s (a full batch: "
+                             f"{name} term {terms[name]:.3g} s), more than {MAX_CLOCK_S:g} s, beyond which the "
+                             f"engine's clock loses its resolution and overflows; got {name}="
+                             f"{getattr(lat, name)!r}")
 
     def replace(self, **changes) -> "Scenario":
         """A copy with some fields changed; dotted keys reach inside, e.g.

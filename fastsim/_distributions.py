@@ -245,10 +245,28 @@ def _read_csv_columns(path, columns):
     out = {}
     for key, col in names.items():
         try:
-            out[key] = check_int_array(f"{path}:{col}", [int(float(r[col])) for r in rows])
+            values = [_csv_integer(r[col], f"row {i + 2}") for i, r in enumerate(rows)]
+            out[key] = check_int_array(f"{path}:{col}", values)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"column {col!r} of {path} must hold integers >= 1: {exc}") from None
     return out
+
+
+def _csv_integer(text, where):
+    """An integer written in a CSV cell (``12``, ``12.0``, ``1e3``); anything
+    else, ``2.9`` included, is refused (it was read as 2)."""
+    text = (text or "").strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        x = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not a number") from None
+    if not (math.isfinite(x) and x == math.floor(x)):
+        raise ValueError(f"{where}: {text!r} is not an integer")
+    return int(x)
 
 
 def _component_moment(kind, p0, p1, values, cdf, order):

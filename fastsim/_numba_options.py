@@ -177,7 +177,12 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
                       forceinline=inline == "llvm", fastmath=False)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
-    dispatcher._cache = _InternalCache(dispatcher.py_func)
+    try:
+        dispatcher._cache = _InternalCache(dispatcher.py_func)
+    except RuntimeError as exc:
+        if not _no_locator(exc):
+            raise
+        _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
     return _stamp(dispatcher)
 
 
@@ -204,7 +209,77 @@ class _DataFirstCacheFile(IndexDataCacheFile):
         self._save_index(overloads)
 
 
-class _InternalCache(FunctionCache):
+# ------------------------------------------------------------------------------
+# Cache faults (issue 43). Simulation needs no disk cache, so no fault of
+# it may stop a run: an entry that fails to load (a truncated or corrupted
+# file: UnpicklingError, EOFError, an LLVM or object-code parsing error) is
+# dropped and its function compiled again, with a warning that names the
+# cache directory; a cache that cannot be written (a full disk, no
+# permission) leaves the function compiled in memory, with one warning per
+# directory; and a function for which Numba finds no writable cache
+# location at all (its "no locator available" error, raised when the
+# function is defined, i.e. at ``import fastsim``) is compiled uncached.
+
+#: Cache directories already warned about, so that each fault is said once.
+_cache_warned = set()
+
+
+def _warn_cache(key, message):
+    if key not in _cache_warned:
+        _cache_warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class _SafeFunctionCache(FunctionCache):
+    """Numba's disk cache of one function, with faults turned into a
+    recompilation or an in-memory compilation and a warning (above)."""
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as exc:   # any fault of a file read back: compile it again
+            try:
+                self._cache_file.flush()   # an empty index: the entry is gone for every process
+                dropped = "it was dropped"
+            except Exception:
+                self.disable()             # (cannot rewrite the index: stop reading it here)
+                dropped = "it could not be removed (the directory is not writable)"
+            _warn_cache(("load", self._cache_path),
+                        f"fastsim: an entry of Numba's disk cache in {self._cache_path} could not be loaded "
+                        f"({self._name}: {type(exc).__name__}: {str(exc)[:200]}); {dropped} and the function "
+                        f"is compiled again. If this repeats, delete that directory (or point NUMBA_CACHE_DIR "
+                        f"elsewhere)")
+            return None
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:   # a full disk, no permission: the compiled code serves this process
+            self.disable()
+            _warn_cache(("save", self._cache_path),
+                        f"fastsim: cannot write Numba's disk cache in {self._cache_path} ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}); compiling in memory, so the next process compiles again. Free space "
+                        f"there, or set NUMBA_CACHE_DIR to a writable directory")
+
+
+def _no_locator(exc):
+    return isinstance(exc, RuntimeError) and "no locator available" in str(exc)
+
+
+def _warn_uncached(func, exc):
+    _warn_cache(("locator",), f"fastsim: Numba finds no writable location for its disk cache ({exc}); "
+                              f"compiling in memory, so every process compiles again. Set NUMBA_CACHE_DIR "
+                              f"to a writable directory")
+
+
+def _safe_dispatcher(dispatcher):
+    """``dispatcher`` with its disk cache (if any) made fault-tolerant."""
+    if type(dispatcher._cache) is FunctionCache:
+        dispatcher._cache.__class__ = _SafeFunctionCache
+    return dispatcher
+
+
+class _InternalCache(_SafeFunctionCache):
     """Numba's disk cache for an internal function: every process reads it,
     but only a cold start's helper process writes it, and only the argument
     types it was given as jobs (``saving``). Data files are written before
@@ -260,9 +335,20 @@ def njit(*args, **kwargs):
     """``numba.njit`` with fastsim's options (keyword arguments override)."""
     options = {**NUMBA_OPTIONS, **kwargs}
     if args and callable(args[0]):
-        return _stamp(_one_specialisation(numba.njit(**options)(args[0])))
-    decorator = numba.njit(*args, **options)
-    return lambda func: _stamp(_one_specialisation(decorator(func)))
+        return _stamp(_one_specialisation(_cached_njit(args[0], (), options)))
+    return lambda func: _stamp(_one_specialisation(_cached_njit(func, args, options)))
+
+
+def _cached_njit(func, args, options):
+    """``numba.njit(*args, **options)(func)`` with a fault-tolerant disk cache,
+    or none (and a warning) when Numba finds no writable location for one."""
+    try:
+        return _safe_dispatcher(numba.njit(*args, **options)(func))
+    except RuntimeError as exc:
+        if not (options.get("cache") and _no_locator(exc)):
+            raise
+        _warn_uncached(func, exc)
+        return numba.njit(*args, **{**options, "cache": False})(func)
 
 
 class _FunctionPointer(WrapperAddressProtocol):
@@ -314,6 +400,22 @@ def function_pointer(dispatcher, argtypes):
 #: and at most this long for each callee of the engine the helper is to save.
 HELPER_GRACE_S = 10.0
 
+#: Stall detection (issue 43): the helper writes a heartbeat line every
+#: `HEARTBEAT_S` from its start (a thread of its own, before it imports
+#: anything heavy), and this process takes a helper it has not heard from
+#: for `HELPER_STALL_S` as stalled (stopped, swapped out, deadlocked): it
+#: waits for it no more, for any job, says so in a warning, and compiles
+#: what is left itself. (Before, a stalled helper cost `HELPER_GRACE_S` per
+#: callee still to come: a cold start of the common engine with the helper
+#: SIGSTOPped took 363 s, silently, against 14 s now and 7 s with a working
+#: helper; ``benchmarks/helper_stall.py``.) The heartbeat thread runs while
+#: the main thread compiles: LLVM's calls release the GIL, and Python's
+#: switch interval (5 ms) hands it over during typing. 3 s of silence leaves
+#: room for a loaded machine's scheduling delays; a shorter limit would
+#: save at most those seconds once per cold start.
+HEARTBEAT_S = 0.25
+HELPER_STALL_S = 3.0
+
 _compile_lock = threading.Lock()
 
 
@@ -324,6 +426,8 @@ def _helper_wanted():
     an embedding host would start itself again)."""
     if os.environ.get("FASTSIM_COMPILE_HELPER", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
+    if any(key[0] in ("locator", "save") for key in _cache_warned):
+        return False   # the helper hands its work over through the disk cache
     if getattr(sys, "frozen", False) or not os.path.basename(sys.executable or "").lower().startswith("python"):
         return False
     from ._parallel import available_cores
@@ -357,11 +461,25 @@ sys.path[:] = pickle.load(sys.stdin.buffer)
 spec = importlib.util.find_spec({__package__!r})
 package = sys.modules[spec.name] = types.ModuleType(spec.name)
 package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
-import os
+import os, threading, time
 report = os.fdopen(os.dup(1), "w")   # the reports: what else prints goes to stderr
 os.dup2(2, 1)
+lock = threading.Lock()   # one line at a time on the report pipe
+orphaned = threading.Event()   # the parent is gone: begin no further job
+parent = os.getppid()
+def beat():   # the heartbeat: alive, whatever the main thread is doing
+    try:
+        while os.getppid() == parent:
+            with lock:
+                report.write("beat\\n")
+                report.flush()
+            time.sleep({HEARTBEAT_S!r})
+    except (OSError, ValueError):   # the report's reader is gone, or the report closed
+        pass
+    orphaned.set()
+threading.Thread(target=beat, daemon=True).start()
 from {__name__} import _helper_main
-_helper_main(report)
+_helper_main(report, lock, orphaned)
 """
 
 
@@ -416,23 +534,35 @@ def _claim(claims, i):
     return True
 
 
-def _helper_main(report):
+def _helper_main(report, lock=None, orphaned=None):
     """The helper process: compile each job read from stdin that it can
     claim, in order, and write its index to the file ``report`` when it is
     saved ("skip" and the index for a job it leaves to the parent process,
     or could not compile: an internal function; its traceback goes to
     stderr). An internal function's job signature is saved even when it is
-    compiled for an earlier job."""
+    compiled for an earlier job. When ``orphaned`` is set (the parent
+    process died: a worker that outlives its parent exits by itself), it
+    begins no further job; the one it is at finishes, so that no cache file
+    is left half-written."""
+    lock = lock or threading.Lock()
+    orphaned = orphaned or threading.Event()
+
+    def say(*words):
+        with lock:
+            print(*words, file=report, flush=True)
+
     claims, jobs = pickle.load(sys.stdin.buffer)
     dispatchers = [getattr(importlib.import_module(module), name) for module, name, _, _ in jobs]
     for d, (_, _, argtypes, _) in zip(dispatchers, jobs):
         if isinstance(d._cache, _InternalCache):
             d._cache.saving.add(tuple(argtypes))
     for i, (dispatcher, (_, _, argtypes, path)) in enumerate(zip(dispatchers, jobs)):
+        if orphaned.is_set():
+            return
         if not _claim(claims, i):   # the parent process has it
             continue
         if _cache_path(dispatcher) != path:   # another cache than the parent's: of no use to it
-            print("skip", i, file=report, flush=True)
+            say("skip", i)
             continue
         try:
             dispatcher.compile(argtypes)
@@ -442,9 +572,9 @@ def _helper_main(report):
             import traceback
 
             traceback.print_exc()   # a stale `kernel.callees.TABLE` line: the engine compiles its own
-            print("skip", i, file=report, flush=True)
+            say("skip", i)
             continue
-        print(i, file=report, flush=True)
+        say(i)
 
 
 class _Helper:
@@ -456,6 +586,7 @@ class _Helper:
         self.proc, self.jobs, self.claims = proc, jobs, claims
         self.index = {(d._cache, argtypes): i for i, (d, argtypes) in enumerate(jobs)}
         self.mine, self.done, self.skipped, self.exited = set(), set(), set(), False
+        self.heard, self.stalled = time.monotonic(), False   # the last line read (a report or a heartbeat)
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         try:
@@ -470,6 +601,7 @@ class _Helper:
         try:
             for line in self.proc.stdout:
                 words = line.split()
+                self.heard = time.monotonic()
                 if not words or not words[-1].isdigit():
                     continue
                 with self._changed:
@@ -498,9 +630,21 @@ class _Helper:
         i = self.index.get((cache, argtypes))
         if i is None:
             return False
+        deadline = time.monotonic() + HELPER_GRACE_S
         with self._changed:
-            self._changed.wait_for(lambda: i in self.done or i in self.skipped or self.exited, HELPER_GRACE_S)
+            while not (i in self.done or i in self.skipped or self.exited or self.check_stalled()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(min(HEARTBEAT_S, left))
             return i in self.done
+
+    def check_stalled(self):
+        """Whether the helper is stalled: running, but silent (no report and
+        no heartbeat) for `HELPER_STALL_S`; once stalled, always."""
+        if not self.stalled and not self.exited and time.monotonic() - self.heard > HELPER_STALL_S:
+            self.stalled = True
+        return self.stalled
 
     def stop(self, timeout):
         """Wait up to ``timeout`` s for the helper and stop it if it is still
@@ -511,10 +655,17 @@ class _Helper:
         functions write their data first.) Returns the helper's exit code,
         None if it was stopped."""
         proc = self.proc
+        deadline = time.monotonic() + timeout
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+            # in slices: a helper that stalls meanwhile is stopped at once
+            while proc.poll() is None and not self.check_stalled():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    proc.wait(min(HEARTBEAT_S, left))
+                except subprocess.TimeoutExpired:
+                    pass
         finally:   # on an interrupt too
             stopped = proc.poll() is None
             if stopped:
@@ -532,6 +683,36 @@ class _Helper:
         return None if stopped else proc.returncode
 
 
+#: Name prefix of a cold start's claims directory, followed by its process id.
+_CLAIMS_PREFIX = "fastsim-claims-"
+
+
+def _remove_stale_claims():
+    """Remove the claims directories that killed cold starts left in the
+    temporary directory (a killed process removes nothing): those whose
+    process no longer runs. (One whose id was reused is left: it is small.)"""
+    import shutil
+
+    try:
+        names = os.listdir(tempfile.gettempdir())
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_CLAIMS_PREFIX):
+            continue
+        pid = name[len(_CLAIMS_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue   # still running (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+
+
 def _compile_with_helper(first, first_types, rest, callees):
     """`compile_entries` on a cold start: a helper compiles ``callees`` and
     then ``rest`` while this process compiles ``first``, which loads each
@@ -542,7 +723,9 @@ def _compile_with_helper(first, first_types, rest, callees):
     Whatever is left, `compile_entries` compiles."""
     global _helper
     jobs = callees + rest
-    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as claims:
+    _remove_stale_claims()
+    with tempfile.TemporaryFile() as log, \
+            tempfile.TemporaryDirectory(prefix=f"{_CLAIMS_PREFIX}{os.getpid()}-") as claims:
         proc = _start_helper(jobs, log, claims)
         if proc is None:
             first.compile(first_types)
@@ -567,7 +750,11 @@ def _compile_with_helper(first, first_types, rest, callees):
                 rc = helper.stop(timeout)
             finally:
                 _helper = None
-        if rc:   # it failed by itself
+        if helper.stalled:
+            warnings.warn(f"fastsim's compile helper stopped responding (no heartbeat for {HELPER_STALL_S:g} s); "
+                          f"it was stopped and this process compiles what it left (FASTSIM_COMPILE_HELPER=0 "
+                          f"turns the helper off)", RuntimeWarning, stacklevel=4)
+        elif rc:   # it failed by itself
             log.seek(0)
             tail = log.read()[-2000:].decode(errors="replace").strip()
             warnings.warn(f"fastsim's compile helper exited with code {rc}; compiling here instead "

@@ -18,7 +18,7 @@ from . import kernel as K
 from ._config import BucketPredictor, EngineConfig, Scenario, Workload
 from ._distributions import KIND_EMPIRICAL, LogNormal
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
-from ._validation import check_choice, check_float, check_int, check_kernel_supports
+from ._validation import MAX_COUNT, check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "cuda", "reference")
 
@@ -226,7 +226,12 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``prefix_group`` and ``prefix_len`` when the workload has
         ``prefix_groups``.
     """
-    replication = check_int("replication", replication, low=0)
+    replication = check_int("replication", replication, low=0, high=MAX_COUNT)
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    from ._memory import check_run_memory
+
+    check_run_memory(scenario, 0, 1, "sample_requests")
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
     a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
@@ -331,9 +336,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     if missing:
         raise ValueError(f"requests has no column(s) {', '.join(map(repr, missing))}; it needs arrival_s, "
                          f"prompt_len and output_len (optional: priority, sjf_key, prefix_group, prefix_len)")
-    a = check_arrival_times("requests['arrival_s']", requests["arrival_s"])
-    p = check_int_array("requests['prompt_len']", requests["prompt_len"])
-    o = check_int_array("requests['output_len']", requests["output_len"])
+    # an empty stream is a legitimate one (sample_requests draws it when no user sends a request)
+    a = check_arrival_times("requests['arrival_s']", requests["arrival_s"], allow_empty=True)
+    p = check_int_array("requests['prompt_len']", requests["prompt_len"], allow_empty=True)
+    o = check_int_array("requests['output_len']", requests["output_len"], allow_empty=True)
     c = np.zeros(a.size, np.int64)
     if "priority" in requests:
         pri = np.asarray(requests["priority"])
@@ -379,7 +385,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._cuda import check_cuda_available
 
         check_cuda_available()
-    if backend == "reference":
+    if a.size == 0:   # nothing to simulate (each backend would want at least one request)
+        status = np.zeros(0, np.int64)
+        first = finish = swapped = np.zeros(0)
+        npre = ntok = nswap = ctok = np.zeros(0, np.int64)
+    elif backend == "reference":
         from ._reference import simulate_reference
 
         res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h, **extra)
@@ -393,6 +403,9 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         q = np.ascontiguousarray(extra.get("sjf_key", o), dtype=np.int64)
         grp = np.ascontiguousarray(extra.get("prefix_group", np.full(a.size, -1)), dtype=np.int64)
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
+        from ._memory import check_stream_memory
+
+        check_stream_memory(a.size, o, grp, plen, packed["ipar"])
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
             a, p, o, c, q, grp, plen, packed["ipar"], packed["fpar"], packed["lat"])
         status = np.asarray(st) - K.ST_COMPLETED
@@ -612,6 +625,20 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     return n_replications, confidence_level, max_replications, n_threads, batch_size
 
 
+def _check_replicate_memory(scenario, n_replications, backend, n_threads):
+    """Refuse a run whose workspace sizes overflow the kernel's int64, or
+    whose memory estimate exceeds the memory available (`fastsim._memory`),
+    before anything is allocated: ValueError naming the parameter."""
+    from . import _memory
+
+    if backend == "numba":
+        _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), "replicate")
+        return
+    if backend == "cuda":
+        _memory.check_int64(scenario)
+    _memory.check_memory(_memory.estimate(scenario, n_replications, 1), "replicate")
+
+
 def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, backend: str = "numba",
               confidence_level: float = 0.95, precision: dict | None = None,
               max_replications: int = 100_000, n_threads: int | None = None,
@@ -662,6 +689,19 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     -------
     ReplicateResult
 
+    Raises
+    ------
+    ValueError
+        For a bad argument; and, before anything is allocated, for a run
+        whose engine workspace would exceed the kernel's 64-bit sizes, or
+        whose memory estimate (per thread: the request arrays and the
+        engine's workspace; the result tables) exceeds 80% of the memory
+        available (``FASTSIM_MEMORY_LIMIT``, e.g. ``4G``, when set; else
+        the cgroup limit and ``MemAvailable``): the message names the
+        parameter that costs most, and the estimate. A replication whose
+        drawn requests need a workspace larger than the machine's memory
+        and swap is refused then (`fastsim._memory`).
+
     Examples
     --------
     >>> import fastsim
@@ -676,6 +716,8 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     n_replications, confidence_level, max_replications, n_threads, batch_size = _replicate_iv(
         scenario, n_replications, backend, confidence_level, precision, max_replications, n_threads,
         batch_size)
+    _check_replicate_memory(scenario, max_replications if precision is not None else n_replications,
+                            backend, n_threads)
     k0, k1, entropy = _seed_keys(seed)
     packed = pack_scenario(scenario)
     start = time.perf_counter()
@@ -818,6 +860,13 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     # the common engine unless an option needs the full one; compiled (or loaded) here, once
     run_chunk = K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
     threads = _thread_count(n_threads)
+    # Buffers whose workspace growth is refused with a ValueError where it
+    # cannot be reserved (a huge drawn output, `_memory.CheckedBuffers`):
+    # one per concurrent call, so the runner never makes an unchecked one.
+    from ._memory import CheckedBuffers
+
+    for _ in range(max(1, min(threads, nrep))):
+        run_chunk.pool.put(CheckedBuffers(scenario.workload.num_requests, scenario))
     # Chunks of at most batch_size replications: 4 per thread (balance:
     # replications differ in cost) when each has 50,000 requests or more,
     # else fewer, down to one per thread (a call costs ~0.05 ms more: Numba

@@ -158,8 +158,15 @@ def _code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+#: Points `_run_point` simulated in this process: a point that joblib's cache
+#: lists but cannot load (a damaged file) is simulated again by joblib, and
+#: must not be reported as loaded from the cache.
+_points_run = [0]
+
+
 def _run_point(scenario, n_replications, seed, code_fingerprint, backend="numba"):
     """``replicate`` one point (``code_fingerprint`` only keys the cache)."""
+    _points_run[0] += 1
     return replicate(scenario, n_replications, seed=seed, backend=backend, progress=False)
 
 
@@ -404,8 +411,9 @@ def sweep(scenario: Scenario, grid: dict | None = None, n_replications: int = 10
         func = memory.cache(_run_point)
         for i, task in enumerate(tasks):
             if func.check_call_in_cache(*task):
+                ran = _points_run[0]
                 results[i] = func(*task)
-                cached[i] = True
+                cached[i] = _points_run[0] == ran   # (False: joblib could not load it and ran it here)
     todo = [i for i in range(n_points) if not cached[i]]
     if progress is None:
         work = len(todo) * n_replications * max(sc.workload.num_requests for sc in scenarios)

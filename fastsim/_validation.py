@@ -20,6 +20,11 @@ import numpy as np
 MAX_TOKENS = 2 ** 40
 #: Largest other count: headroom in the kernel's int64 arithmetic.
 MAX_COUNT = 2 ** 62
+#: Largest time scale (seconds, ~31,700 years) of a run: a step's longest
+#: duration and the arrivals' mean span. The clock is a double: at 1e12 s its
+#: spacing is 1.2e-4 s, and far beyond, times overflow to inf and metrics to
+#: NaN (issue 43: arrival_rate=1e-320, base_s=1e308).
+MAX_CLOCK_S = 1e12
 
 
 def _is_int(value) -> bool:
@@ -104,7 +109,12 @@ def check_bool(name: str, value):
 
 def check_probabilities(name: str, values, size: int | None = None) -> np.ndarray:
     """Return a float array of probabilities that are >= 0 and sum to 1."""
-    arr = np.asarray(values, dtype=float) if not isinstance(values, str) else None
+    try:
+        raw = np.asarray(values) if not isinstance(values, str) else None
+        # (complex: NumPy would drop the imaginary part, or raise TypeError)
+        arr = raw.astype(float) if raw is not None and raw.dtype.kind in "biuf" else None
+    except (TypeError, ValueError):
+        arr = None
     if arr is None or arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of probabilities, got {values!r}")
     if size is not None and arr.size != size:
@@ -116,9 +126,13 @@ def check_probabilities(name: str, values, size: int | None = None) -> np.ndarra
     return arr
 
 
-def check_int_array(name: str, values, *, low: int = 1, high: int = MAX_TOKENS) -> np.ndarray:
-    """Return a non-empty 1-d int64 array whose entries are integers in [low, high]."""
+def check_int_array(name: str, values, *, low: int = 1, high: int = MAX_TOKENS,
+                    allow_empty: bool = False) -> np.ndarray:
+    """Return a non-empty (or, with ``allow_empty``, possibly empty) 1-d int64
+    array whose entries are integers in [low, high]."""
     arr = np.asarray(values)
+    if allow_empty and arr.ndim == 1 and arr.size == 0:
+        return arr.astype(np.int64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of integers >= {low}, "
                          f"got shape {arr.shape}")
@@ -140,11 +154,14 @@ def check_int_array(name: str, values, *, low: int = 1, high: int = MAX_TOKENS) 
 LATE_START_S = 1e6
 
 
-def check_arrival_times(name: str, values, *, stacklevel: int = 3) -> np.ndarray:
-    """Return a non-empty 1-d float64 array of finite, non-negative,
-    non-decreasing arrival times; warn when they look like absolute
-    timestamps (the first at or after `LATE_START_S`)."""
+def check_arrival_times(name: str, values, *, stacklevel: int = 3, allow_empty: bool = False) -> np.ndarray:
+    """Return a non-empty (or, with ``allow_empty``, possibly empty) 1-d
+    float64 array of finite, non-negative, non-decreasing arrival times;
+    warn when they look like absolute timestamps (the first at or after
+    `LATE_START_S`)."""
     raw = np.asarray(values)
+    if allow_empty and raw.ndim == 1 and raw.size == 0:
+        return np.zeros(0)
     if raw.ndim != 1 or raw.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence, got shape {raw.shape}")
     numbers_only = raw.dtype.kind in "iuf" or (raw.dtype.kind == "O" and all(
@@ -171,9 +188,10 @@ def check_metric_names(metrics, allowed):
     """``None`` (all of ``allowed``) or a non-empty list of names from ``allowed``; a tuple."""
     if metrics is None:
         return tuple(allowed)
-    if isinstance(metrics, str) or not hasattr(metrics, "__iter__"):
+    if (isinstance(metrics, str) or not hasattr(metrics, "__iter__")
+            or (isinstance(metrics, np.ndarray) and metrics.ndim != 1)):
         raise ValueError(f"metrics must be a list of metric names, got {metrics!r}")
-    metrics = tuple(metrics)
+    metrics = tuple(str(m) if isinstance(m, str) else m for m in metrics)   # (np.str_ as str)
     if not metrics:
         raise ValueError("metrics must be a non-empty list of metric names")
     for m in metrics:

@@ -596,6 +596,9 @@ def kv_ctmc(arrival_rate, size_pmf, capacity, servers, mean_service, *, phases: 
         raise ValueError(f"phases must be an integer >= 1, got {phases!r}")
     if method not in ("levels", "spsolve"):
         raise ValueError(f"method must be 'levels' or 'spsolve', got {method!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+        # (NaN fails too; the loop that grows the truncation is bounded by capacity either way)
+        raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
     p_in = np.asarray(size_pmf, dtype=float)
     if p_in.ndim != 1 or p_in.size < 2 or np.any(~np.isfinite(p_in)) or np.any(p_in < 0):
         raise ValueError("size_pmf must be a 1-d array of finite probabilities >= 0 (index = size in units)")

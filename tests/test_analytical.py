@@ -335,3 +335,9 @@ def test_multi_user_workloads_are_refused_by_name():
     sc = fastsim.Scenario(workload=fastsim.Workload.multi_user(8, requests_per_user=5, user_rate=0.2))
     with pytest.raises(ValueError, match="multi-user"):
         predict(sc)
+
+
+@pytest.mark.parametrize("tol", [0.0, -1e-3, 1.0, float("nan"), "1e-9", True])
+def test_kv_ctmc_validates_tol(tol):
+    with pytest.raises(ValueError, match=r"tol must be a number in \(0, 1\), got"):
+        kv_ctmc(1.0, [0.0, 1.0], 4, 1, [0.0, 1.0], tol=tol)

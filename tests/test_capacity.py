@@ -120,7 +120,21 @@ def test_same_seed_same_search():
     (dict(slo={"ttft_p99": 0.5}, n_replications=1), "n_replications"),
     (dict(slo={"ttft_p99": 0.5}, n_replications=100, max_replications=50), "max_replications"),
     (dict(slo={"ttft_p99": 0.5}, tol=0), "tol"),
+    (dict(slo={"ttft_p99": 0.5}, tol=1e-16), r"tol must be a finite number >= 2\.22045e-16 and < 1, got 1e-16"),
 ])
 def test_invalid_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         capacity(mg1(), **kwargs)
+
+
+def test_smallest_tol_terminates():
+    # issue 43: tol=1e-16 looped for ever (`hi - lo > tol * hi` between adjacent
+    # floats); the smallest allowed tol bisects down to adjacent floats and stops
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=1),
+                          workload=fastsim.Workload(arrival_rate=2.0, num_requests=20, prompt_len=1, output_len=LAW),
+                          latency=fastsim.LatencyModel.constant(STEP))
+    res = capacity(sc, {"ttft_mean": 0.05}, seed=1, rate_bounds=(1.0, 80.0), n_replications=2,
+                   max_replications=2, tol=2.0 ** -52)
+    lo, hi = res.rate, res.probes.loc[res.probes["decision"] != "ok", "rate"].min()
+    assert hi - lo <= 2.0 ** -52 * hi
+    assert res.probes["probe"].nunique() < 80   # about 52 + 6 bisections, not thousands

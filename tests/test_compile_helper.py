@@ -159,7 +159,7 @@ def test_the_helper_leaves_the_jobs_this_process_claimed(toy, tmp_path):
     with open(tmp_path / "log", "w+b") as log:
         proc = O._start_helper([(toy.second, SIG), (toy.third, SIG)], log, str(tmp_path))
         assert proc.wait(120) == 0, log.seek(0) or log.read().decode()
-    assert proc.stdout.read().split() == [b"1"]
+    assert reports(proc) == [b"1"]
     assert (O._in_disk_cache(toy.second, SIG), O._in_disk_cache(toy.third, SIG)) == (False, True)
 
 
@@ -191,6 +191,11 @@ def test_no_helper_when_the_first_is_cached(toy, monkeypatch):
     monkeypatch.setattr(O, "_start_helper", pytest.fail)
     O.compile_entries(entries(warm))
     assert [loaded_from_cache(d) for d in (warm.first, warm.second, warm.third)] == [1, 1, 1]
+
+
+def reports(proc):
+    """The words of a helper's reports, without its heartbeats."""
+    return [w for w in proc.stdout.read().split() if w != b"beat"]
 
 
 def fake_helper(code):
@@ -274,7 +279,7 @@ def test_the_helper_compiles_fastsims_entries(tmp_path):
     with open(tmp_path / "log", "w+b") as log:
         proc = O._start_helper(rest, log, str(tmp_path))
         assert proc.wait(300) == 0, log.seek(0) or log.read().decode()
-    assert proc.stdout.read().split() == [b"0", b"1", b"2", b"3"]
+    assert reports(proc) == [b"0", b"1", b"2", b"3"]
 
 
 def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch, tmp_path):
@@ -282,7 +287,7 @@ def test_the_helper_skips_an_entry_for_another_cache(toy, monkeypatch, tmp_path)
     with open(toy.__file__ + ".log", "w+b") as log:
         proc = O._start_helper([(toy.second, SIG)], log, str(tmp_path))
         assert proc.wait(120) == 0
-    assert proc.stdout.read().split() == [b"skip", b"0"]
+    assert reports(proc) == [b"skip", b"0"]
     assert not O._in_disk_cache(toy.second, SIG)
 
 
@@ -374,7 +379,7 @@ def test_the_helper_skips_an_internal_function_it_cannot_compile(toy, tmp_path):
         assert proc.wait(120) == 0, log.seek(0) or log.read().decode()
         log.seek(0)
         assert b"TypingError" in log.read()
-    assert proc.stdout.read().split() == [b"skip", b"0", b"1"]
+    assert reports(proc) == [b"skip", b"0", b"1"]
 
 
 def test_the_reports_ignore_what_else_the_helper_prints(tmp_path):
@@ -400,3 +405,114 @@ def test_an_internal_function_is_named_in_the_index_only_once_its_data_is_writte
     fresh.inner._cache.saving.add(SIG)
     fresh.inner.compile(SIG)
     assert O._in_disk_cache(fresh.inner, SIG)
+
+
+def test_a_silent_helper_is_found_stalled_by_its_missing_heartbeat(toy, monkeypatch):
+    """Issue 43: a stalled helper cost HELPER_GRACE_S (here 120 s) per callee
+    still to come; without a heartbeat for HELPER_STALL_S it is stopped, with
+    a warning, and this process compiles everything."""
+    started = []
+    silent = fake_helper("import time; time.sleep(600)")
+    monkeypatch.setattr(O, "_start_helper", lambda *args: started.append(silent(*args)) or started[-1])
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"compile helper stopped responding \(no heartbeat for 3 s\)"):
+        O.compile_entries(entries(toy), callees=[(toy.inner, SIG)])
+    assert time.monotonic() - start < O.HELPER_STALL_S + 30   # not HELPER_GRACE_S
+    assert started[0].returncode is not None
+    assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
+    assert toy.first(4) == 13
+
+
+def test_a_stopped_real_helper_is_found_stalled(toy, monkeypatch):
+    import signal
+
+    started, real = [], O._start_helper
+
+    def start_and_stop(*args):
+        proc = real(*args)
+        started.append(proc)
+        os.kill(proc.pid, signal.SIGSTOP)   # as if swapped out or frozen: alive, silent
+        return proc
+
+    import os
+    monkeypatch.setattr(O, "_start_helper", start_and_stop)
+    with pytest.warns(RuntimeWarning, match="compile helper stopped responding"):
+        O.compile_entries(entries(toy), callees=[(toy.inner, SIG)])
+    assert started[0].returncode is not None   # killed and reaped, stopped as it was
+    assert [compiled_here(d) for d in (toy.first, toy.second, toy.third)] == [1, 1, 1]
+
+
+def test_a_beating_helper_is_waited_for(tmp_path, monkeypatch):
+    """A helper that takes longer than HELPER_STALL_S but beats is not stalled."""
+    beats = int(2 * O.HELPER_STALL_S / 0.2)
+    proc = fake_helper(f"import time\nfor _ in range({beats}):\n    print('beat', flush=True); time.sleep(0.2)\n"
+                       f"print(0, flush=True)")(None, subprocess.DEVNULL, None)
+
+    class Cache:   # a stand-in for the job's dispatcher cache (only its identity matters)
+        pass
+
+    d = type("D", (), {"_cache": Cache()})()
+    helper = O._Helper(proc, [(d, SIG)], str(tmp_path))
+    start = time.monotonic()
+    assert helper.ready(d._cache, SIG)   # reported done after 2 x HELPER_STALL_S of heartbeats
+    assert time.monotonic() - start > O.HELPER_STALL_S and not helper.stalled
+    assert helper.stop(60) == 0
+
+
+def test_claims_directories_of_killed_cold_starts_are_removed(tmp_path):
+    import os
+    import tempfile
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()   # a process id that no longer runs
+    stale = os.path.join(tempfile.gettempdir(), f"{O._CLAIMS_PREFIX}{gone}-test")
+    live = os.path.join(tempfile.gettempdir(), f"{O._CLAIMS_PREFIX}{os.getpid()}-test")
+    for d in (stale, live):
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "0"), "w").close()
+    try:
+        O._remove_stale_claims()
+        assert not os.path.exists(stale) and os.path.exists(live)
+    finally:
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
+
+
+def _exited(pid):
+    """Whether process ``pid`` has ended (a zombie nobody reaps counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_helper_whose_parent_died_exits_by_itself(toy, tmp_path):
+    """A killed cold start leaves no helper behind: the helper sees its parent
+    gone (its heartbeat), begins no further job and exits."""
+    import os
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from numba import types
+        from fastsim import _numba_options as O
+        import {toy.__name__} as toy
+        sig = (types.int64,)
+        jobs = [(toy.second, sig), (toy.third, sig), (toy.fourth, sig)]
+        proc = O._start_helper(jobs, sys.stderr, {str(tmp_path / "claims")!r})
+        print(proc.pid, flush=True)
+        os._exit(0)   # as if killed: nothing is cleaned up
+    """)
+    (tmp_path / "claims").mkdir()
+    parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pid = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exited(pid), "the orphaned helper is still running"
+    assert len(os.listdir(tmp_path / "claims")) < 3   # it stopped before the last jobs

@@ -1,0 +1,385 @@
+"""How much memory a run needs, checked before anything is allocated.
+
+The engine (``_kernel._simulate``) works in two flat arrays whose sizes
+``_kernel._ws_dims`` and ``_kernel._ws_sizes`` state, computed in int64
+inside the kernel with no overflow check, and the kernel itself has no
+bounds checks: a product that wraps negative leaves the workspace too small
+and the engine writes past it (issue 43: a segfault on valid input). This
+module restates those sizes with Python's exact integers (`ws_sizes`, a
+mirror of ``_ws_sizes`` that ``tests/test_memory.py`` holds equal to the
+kernel's) and bounds the data-dependent dimensions from the scenario's laws
+(`workspace_bound`), so that a scenario whose sizes do not fit int64 is
+refused with a ValueError naming its parameters before any kernel runs.
+
+Then `check_run_memory` estimates what a run keeps resident (per thread:
+the request arrays and the workspace; the result table, and its DataFrame
+copy) and compares it with the memory available (`available_memory`:
+``FASTSIM_MEMORY_LIMIT``, else the cgroup limit and ``MemAvailable``);
+too much is a ValueError naming the parameter that costs most, and the
+estimate. A workspace that a drawn replication grows beyond what the
+machine can reserve is refused by `CheckedBuffers` (a ValueError, where
+NumPy would raise MemoryError or the OS would kill the process).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from . import _kernel as K
+from ._distributions import KIND_EMPIRICAL, KIND_FIXED, KIND_LOGNORMAL, KIND_REPLAY, KIND_UNIFORM
+from ._validation import MAX_TOKENS
+
+#: Largest value of the kernel's int64 arithmetic.
+INT64_MAX = 2 ** 63 - 1
+#: Share of the available memory a run may plan to use (the rest: Python,
+#: NumPy, pandas, Numba's compiled code, and the estimate's slack).
+MEMORY_SHARE = 0.8
+#: Inter-token gap entries a request is assumed to keep resident (see
+#: `_workspace_resident`) when the latency model has no context term: they
+#: are weighted samples, one per distinct step duration, so far fewer than
+#: the tokens, which only bound them (the arrays are sized by that bound,
+#: but pages never written cost address space only). Measured with
+#: `_kernel._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
+#: request (A10G default model, rates 1 to 40/s, outputs 128 and lognormal
+#: up to a 609-token mean). With a context term every step's duration
+#: differs: up to 87 per request (128-token outputs at 1 req/s), so there
+#: the estimate counts the output tokens.
+GAP_ENTRIES_PER_REQUEST = 8
+
+_UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20,
+          "MIB": 2 ** 20, "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30, "T": 2 ** 40, "TB": 2 ** 40,
+          "TIB": 2 ** 40}
+
+
+def format_bytes(b) -> str:
+    """``1.5 GiB``: a byte count as a person reads it."""
+    b = float(b)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(b) < 1024 or unit == "PiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.3g} {unit}"
+        b /= 1024
+    return f"{b:.3g} EiB"   # (not reached)
+
+
+def parse_memory_limit(text: str) -> int:
+    """Bytes from ``FASTSIM_MEMORY_LIMIT``'s text: an integer or a number with
+    a unit (``4G``, ``512MiB``, ``1.5GB``: binary units)."""
+    s = str(text).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = math.nan
+    if unit not in _UNITS or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"FASTSIM_MEMORY_LIMIT must be a byte count > 0, optionally with a unit "
+                         f"(K, M, G, T; e.g. 4G or 512MiB), got {text!r}")
+    return int(value * _UNITS[unit])
+
+
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory():
+    """``(bytes, where the figure comes from)``: the memory a run may use, or
+    ``(None, reason)`` when it cannot be known (then nothing is refused).
+
+    ``FASTSIM_MEMORY_LIMIT`` (bytes, or with a unit: ``4G``) when set; else
+    the smaller of ``MemAvailable`` (``/proc/meminfo``; ``os.sysconf``'s
+    available pages elsewhere) and the room left under a cgroup v2 limit
+    (``memory.max`` less ``memory.current``: a container's limit, which
+    ``/proc/meminfo`` does not show).
+    """
+    env = os.environ.get("FASTSIM_MEMORY_LIMIT", "").strip()
+    if env:
+        return parse_memory_limit(env), "FASTSIM_MEMORY_LIMIT"
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found:
+        try:
+            pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            if pages > 0 and size > 0:
+                found.append((pages * size, "available physical pages (os.sysconf)"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    limit, current = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and current is not None:
+        found.append((max(limit - current, 0), "the cgroup's memory.max less memory.current"))
+    if not found:
+        return None, "unknown (set FASTSIM_MEMORY_LIMIT to check runs against a limit)"
+    return min(found)
+
+
+def reservable_memory():
+    """Bytes of memory and swap this machine has (``MemTotal + SwapTotal``;
+    physical pages by ``os.sysconf`` elsewhere), or None: the most one
+    allocation may reserve. (Pages reserved but never written cost address
+    space only, which is why a workspace may exceed `available_memory`; but
+    one larger than the machine is refused by the OS under its default
+    overcommit heuristic, or, with overcommit always on, would be a gamble.)"""
+    total = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "SwapTotal"):
+                    total[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if "MemTotal" in total:
+        return total["MemTotal"] + total.get("SwapTotal", 0)
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return pages * size if pages > 0 and size > 0 else None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# ------------------------------------------------------------------------------
+# The engine's workspace, in exact integers
+
+def ws_sizes(n, bs, cap, ncnt, nheld, nitl):
+    """``_kernel._ws_sizes`` in Python integers (no wrap-around): the
+    workspace's int64 and float64 entries for ``n`` requests, block size
+    ``bs`` and the dimensions `_kernel._ws_dims` gives. Keep in step with
+    the kernel's (``tests/test_memory.py`` compares them)."""
+    internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
+                + cap + (n + 1) + 1 + n + (n + 1) + 3 * ncnt + 4 + nheld + n + n + (cap + 1))
+    need_i = K.WI_HEAD * n + K.N_HIST + nitl + internal
+    need_f = (K.WF_HEAD + K.WF_SCRATCH) * n + K.N_ACC + nitl + n + (cap + 1) + n + n
+    return need_i, need_f
+
+
+def ws_dims(n, output, pgrp, plen, ipar):
+    """``_kernel._ws_dims`` of given requests, in Python integers: (seats,
+    prefix-cache entries, prefix references, gap samples, most prefix blocks
+    of a request)."""
+    bs = int(ipar[K.I_BLOCK_SIZE])
+    cap = max(1, min(int(ipar[K.I_MAX_NUM_SEQS]), n))
+    kv_tokens = int(ipar[K.I_NUM_GPU_BLOCKS]) * bs
+    warmup = int(ipar[K.I_WARMUP])
+    out = np.minimum(np.asarray(output[warmup:n], np.int64), kv_tokens)   # each < 2**40
+    n_tok = int(out.sum()) if out.size < 2 ** 22 else int(out.sum(dtype=object))
+    ngrp = jmax = nheld = 0
+    if int(ipar[K.I_CACHING]) == 1 and n:
+        g, f = np.asarray(pgrp[:n], np.int64), np.asarray(plen[:n], np.int64) // bs
+        grouped = g >= 0
+        if grouped.any():
+            ngrp = int(g[grouped].max()) + 1
+            jmax = int(f[grouped].max())
+            nheld = int(f[grouped].sum(dtype=object))
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax
+
+
+def law_max(law) -> int:
+    """The largest length a law can draw (a lognormal's: the kernel's cap, 2**40)."""
+    hi = 1
+    for _, kind, p0, p1, values, _ in law._components():
+        if kind == KIND_FIXED:
+            top = int(p0)
+        elif kind == KIND_UNIFORM:
+            top = int(p1)
+        elif kind in (KIND_EMPIRICAL, KIND_REPLAY):
+            top = int(np.max(values))
+        elif kind == KIND_LOGNORMAL and p1 == 0:
+            top = int(math.ceil(p0))
+        else:
+            top = MAX_TOKENS
+        hi = max(hi, min(top, MAX_TOKENS))
+    return hi
+
+
+def _lengths(workload):
+    """(largest prompt, largest output, mean output) the workload can draw."""
+    if workload.lengths is not None:
+        p, o = workload.lengths.prompt_len, workload.lengths.output_len
+        return int(p.max()), int(o.max()), float(o.mean())
+    return law_max(workload.prompt_len), law_max(workload.output_len), workload.output_len.mean()
+
+
+def workspace_bound(scenario):
+    """Upper bounds of `ws_dims` for any replication of ``scenario``, and the
+    parameters each depends on: ``{dimension: (bound, parameters)}`` with
+    the dimensions ``n`` (requests), ``ncnt`` (the dense prefix table:
+    groups x prefix blocks), ``nheld`` (prefix references), ``nitl``
+    (gap samples: the output tokens of measured requests, each capped at
+    the KV cache), ``cap`` (seats)."""
+    e, w = scenario.engine, scenario.workload
+    n = w.num_requests
+    bs = e.block_size
+    kv = e.num_gpu_blocks * bs
+    p_hi, o_hi, _ = _lengths(w)
+    nreq = "num_requests" if w.users is None else "users (num_requests = users x per-user cap)"
+    dims = {"n": (n, nreq), "cap": (max(1, min(e.max_num_seqs, n)), "max_num_seqs"),
+            "nitl": (max((n - w.warmup_requests) * min(o_hi, kv), 1),
+                     f"{nreq}, output_len and num_gpu_blocks * block_size")}
+    ncnt = nheld = 1
+    if e.enable_prefix_caching and w.prefix_groups > 0:
+        jmax = min(law_max(w.prefix_len), p_hi - 1) // bs
+        ncnt = max(w.prefix_groups * jmax, 1)
+        nheld = max(n * jmax, 1)
+    dims["ncnt"] = (ncnt, "prefix_groups, prefix_len and block_size (the dense prefix table: groups x "
+                          "prefix blocks)")
+    dims["nheld"] = (nheld, f"{nreq}, prefix_len and block_size (prefix references: requests x prefix blocks)")
+    return dims
+
+
+def check_int64(scenario):
+    """Raise ValueError, naming the parameters, when a replication of
+    ``scenario`` could need workspace sizes beyond int64 (where the
+    kernel's arithmetic would wrap around and the engine write past its
+    workspace)."""
+    d = workspace_bound(scenario)
+    bs = scenario.engine.block_size
+    need_i, need_f = ws_sizes(d["n"][0], bs, d["cap"][0], d["ncnt"][0], d["nheld"][0], d["nitl"][0])
+    if max(need_i, need_f) * 8 <= INT64_MAX:
+        return
+    # the term that overflows: the largest of the data-dependent ones
+    name = max(("ncnt", "nheld", "nitl", "n"), key=lambda k: d[k][0] * (3 if k == "ncnt" else 1))
+    bound, params = d[name]
+    advice = {"ncnt": "reduce prefix_groups or prefix_len, or raise block_size",
+              "nheld": "reduce num_requests or prefix_len, or raise block_size",
+              "nitl": "reduce num_requests or output_len (its largest draw), or the KV cache "
+                      "(num_gpu_blocks * block_size)",
+              "n": "reduce num_requests"}[name]
+    raise ValueError(f"this scenario's engine workspace is too large for the kernel's 64-bit sizes: "
+                     f"{params} allow up to {bound} entries (workspace up to {format_bytes(8 * max(need_i, need_f))}); "
+                     f"{advice}")
+
+
+def _typical_prefix(scenario):
+    """(dense prefix table entries, prefix references) estimated: the groups
+    at their number, the prefix blocks at the prefix law's mean (its bound
+    for an unbounded law would be 2**40 tokens: a lognormal's tail, which
+    the draws reach only as often as the law says)."""
+    e, w = scenario.engine, scenario.workload
+    if not (e.enable_prefix_caching and w.prefix_groups > 0):
+        return 1, 1
+    p_hi, _, _ = _lengths(w)
+    jmax = max(1, int(math.ceil(min(w.prefix_len.mean(), p_hi - 1))) // e.block_size)
+    return max(w.prefix_groups * jmax, 1), max(w.num_requests * jmax, 1)
+
+
+def _workspace_resident(scenario, n):
+    """The workspace entries (int64, float64) a replication keeps resident,
+    estimated: the exact sizes, with the gap samples counted as
+    `GAP_ENTRIES_PER_REQUEST` per request, or the mean output tokens with a
+    context term (or the mean, if smaller), and
+    the prefix dimensions at `_typical_prefix`."""
+    e, w = scenario.engine, scenario.workload
+    d = workspace_bound(scenario)
+    _, _, o_mean = _lengths(w)
+    kv = e.num_gpu_blocks * e.block_size
+    nitl_mean = max(1, int(min(o_mean, kv) * (n - w.warmup_requests)))
+    per_request = nitl_mean if scenario.latency.ctx_per_token_s > 0 else GAP_ENTRIES_PER_REQUEST * n + 1
+    resident = min(d["nitl"][0], per_request, nitl_mean)
+    ncnt, nheld = _typical_prefix(scenario)
+    return ws_sizes(n, e.block_size, min(d["cap"][0], max(n, 1)), ncnt, nheld, resident)
+
+
+def estimate(scenario, n_replications=0, threads=1):
+    """Bytes a run keeps resident, by part: ``[(bytes, part, parameter), ...]``.
+
+    Per thread: the request arrays (7 columns of ``num_requests``) and the
+    engine's workspace (`_workspace_resident`; its dense prefix table a part
+    of its own); for the run: the result table (``n_replications`` x the
+    kernel's columns, float64) and its DataFrame copy."""
+    w = scenario.workload
+    n = w.num_requests
+    nreq = "num_requests" if w.users is None else "users"
+    parts = []
+    if n_replications:
+        parts.append((2 * 8 * n_replications * K.N_COLUMNS, "result tables", "n_replications"))
+    threads = max(1, min(threads, n_replications or 1))
+    parts.append((threads * 7 * 8 * n, "request arrays", nreq))
+    wi, wf = _workspace_resident(scenario, n)
+    prefix = 3 * _typical_prefix(scenario)[0] * 8
+    parts.append((threads * 8 * (wi + wf) - threads * prefix, "engine workspace", nreq))
+    if prefix > 8:
+        parts.append((threads * prefix, "prefix-cache table", "prefix_groups"))
+    return parts
+
+
+def check_memory(parts, what="this run"):
+    """Raise ValueError when the parts (`estimate`) add up to more than
+    `MEMORY_SHARE` of `available_memory`, naming the costliest part's
+    parameter and the estimate."""
+    total = sum(b for b, _, _ in parts)
+    avail, source = available_memory()
+    if avail is None or total <= MEMORY_SHARE * avail:
+        return total
+    b, part, param = max(parts)
+    detail = ", ".join(f"{p} {format_bytes(x)}" for x, p, _ in sorted(parts, reverse=True) if x > 0)
+    raise ValueError(f"{what} needs about {format_bytes(total)} of memory ({detail}), more than "
+                     f"{MEMORY_SHARE:.0%} of the {format_bytes(avail)} available ({source}); "
+                     f"the {part} ({format_bytes(b)}) grows with {param}: reduce {param}"
+                     + (" or n_threads" if part in ("request arrays", "engine workspace") else ""))
+
+
+def check_run_memory(scenario, n_replications=0, threads=1, what="this run"):
+    """`check_int64`, then `check_memory` of the `estimate`; the estimate in bytes."""
+    check_int64(scenario)
+    return check_memory(estimate(scenario, n_replications, threads), what)
+
+
+def check_stream_memory(n, output, pgrp, plen, ipar):
+    """For `simulate_requests`: raise ValueError when the workspace of the
+    given requests has sizes beyond int64, or needs more memory than is
+    available (exact sizes: the requests are known)."""
+    cap, ncnt, nheld, nitl, _ = ws_dims(n, output, pgrp, plen, ipar)
+    need_i, need_f = ws_sizes(n, int(ipar[K.I_BLOCK_SIZE]), cap, ncnt, nheld, nitl)
+    if max(need_i, need_f) * 8 > INT64_MAX:
+        big = "prefix_group x prefix_len (the dense prefix table)" if 3 * ncnt > nitl else "output_len"
+        raise ValueError(f"requests: the engine workspace for these {n} requests is too large for the "
+                         f"kernel's 64-bit sizes ({need_i} int64 entries); reduce {big}")
+    # zeroed (the stream's workspace is written in full): all of it is resident
+    parts = [(8 * need_i + 8 * need_f, "engine workspace",
+              "output_len" if nitl >= 3 * ncnt else "prefix_group and prefix_len"),
+             (8 * 16 * n, "request and result columns", "the number of requests")]
+    return check_memory(parts, "simulate_requests")
+
+
+class CheckedBuffers(K.ChunkBuffers):
+    """`_kernel.ChunkBuffers` whose workspace growth is refused with a
+    ValueError (naming the parameters that size it) where NumPy cannot
+    reserve it, or where the kernel's sizes wrapped around, instead of a
+    MemoryError or a crash."""
+
+    def __init__(self, num_requests, scenario):
+        super().__init__(num_requests)
+        self.scenario = scenario
+
+    def grow(self):
+        need_i, need_f = (int(x) for x in self.need)
+        if need_i < 0 or need_f < 0:
+            raise ValueError(f"a replication asked for a workspace beyond the kernel's 64-bit sizes "
+                             f"({need_i}, {need_f}); reduce num_requests, output_len or prefix_len")
+        limit = reservable_memory()
+        try:
+            if limit is not None and 8 * (need_i + need_f) > limit:
+                raise MemoryError
+            super().grow()
+        except (MemoryError, ValueError):   # (NumPy: ValueError "array is too big" beyond intp)
+            e = self.scenario.engine
+            raise ValueError(f"a replication needs an engine workspace of {format_bytes(8 * (need_i + need_f))}, "
+                             f"more than this machine can reserve (its memory and swap): its inter-token gap "
+                             f"samples are bounded "
+                             f"by the measured requests' output tokens, each capped at the KV cache "
+                             f"(num_gpu_blocks * block_size = {e.num_gpu_blocks * e.block_size}); reduce "
+                             f"num_requests, output_len or num_gpu_blocks") from None
