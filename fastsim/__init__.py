@@ -20,6 +20,7 @@ from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, 
 from ._latency import LatencyModel
 from ._hardware import GPU
 from ._deployment import Deployment
+from ._roofline import Roofline
 from ._replicate import (METRIC_DESCRIPTIONS, ReplicateResult, compile_kernels, replicate, sample_requests,
                          simulate_requests)
 from ._stats import ConfidenceInterval
@@ -32,7 +33,7 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketPredictor", "CapacityResult", "Deployment", "GPU", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig",
+    "BucketPredictor", "CapacityResult", "Deployment", "GPU", "Roofline", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig",
     "Fixed", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal", "LogNormalPredictor",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
