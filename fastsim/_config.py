@@ -594,14 +594,32 @@ def _length_from_config(name, spec, base_dir):
 
 
 def _scenario_from_dict(config, base_dir=None):
-    known = {"engine", "workload", "latency", "slo", "run", "name"}
+    known = {"engine", "workload", "latency", "slo", "run", "name", "deployment"}
     unknown = set(config) - known
     if unknown:
         raise ValueError(f"unknown configuration table(s) {sorted(unknown)}; allowed: {sorted(known)}")
-    for table in ("engine", "workload", "latency", "slo", "run"):
+    for table in ("engine", "workload", "latency", "slo", "run", "deployment"):
         if not isinstance(config.get(table, {}), dict):
             raise ValueError(f"[{table}] must be a table of key = value settings, got {config[table]!r}")
     eng = dict(config.get("engine", {}))
+    deployment = None
+    if "deployment" in config:
+        # [deployment]: a model, a GPU and vLLM's arguments (fastsim._deployment); its engine settings
+        # are the defaults of [engine] and its roofline latency that of an absent [latency]
+        from ._deployment import Deployment
+
+        try:
+            deployment = Deployment(**config["deployment"])
+        except TypeError as exc:
+            raise ValueError(f"[deployment]: {exc}") from None
+        d_eng = deployment.engine
+        given = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+                 "enable_chunked_prefill", "max_model_len", "enable_prefix_caching")
+        both = sorted(set(eng) & set(given))
+        if both:
+            raise ValueError(f"[engine] {both} are set by [deployment] (they decide num_gpu_blocks and the "
+                             f"latency); move them to [deployment] (num_gpu_blocks as num_gpu_blocks_override)")
+        eng = {**{f: getattr(d_eng, f) for f in given}, **eng}
     if isinstance(eng.get("length_predictor"), dict):
         # [engine] length_predictor = {sigma = 0.5} or {edges = [64, 256], accuracy = 0.8}
         spec = eng["length_predictor"]
@@ -650,6 +668,8 @@ def _scenario_from_dict(config, base_dir=None):
         if lat:
             raise ValueError(f"[latency]: preset cannot be combined with {sorted(lat)}")
         latency = LatencyModel.default() if name == "default" else LatencyModel.preset(name)
+    elif not lat and deployment is not None:
+        latency = deployment.latency
     elif not lat:
         latency = LatencyModel.default()
     else:

@@ -127,3 +127,33 @@ def test_invalid_deployments(kw, match):
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         Deployment(**args)
+
+
+def test_deployment_table_in_scenario_toml():
+    import tomllib
+
+    text = """
+name = "llama8b-h100"
+[deployment]
+model = "meta-llama/Llama-3.1-8B-Instruct"
+gpu = "h100"
+gpu_memory_utilization = 0.9
+max_model_len = 8192
+max_num_seqs = 128
+max_num_batched_tokens = 4096
+[engine]
+policy = "fcfs"
+[workload]
+arrival_rate = 5.0
+num_requests = 100
+"""
+    cfg = tomllib.loads(text)
+    sc = fastsim.Scenario.from_dict(cfg)
+    dep = Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", max_model_len=8192, max_num_seqs=128,
+                     max_num_batched_tokens=4096)
+    assert sc.engine == dep.engine and sc.latency == dep.latency
+    cfg["engine"]["max_num_seqs"] = 64
+    with pytest.raises(ValueError, match=r"\[engine\] \['max_num_seqs'\] are set by \[deployment\]"):
+        fastsim.Scenario.from_dict(cfg)
+    with pytest.raises(ValueError, match=r"\[deployment\]: .*unexpected keyword argument 'gpus'"):
+        fastsim.Scenario.from_dict({"deployment": {"model": "Qwen/Qwen3-14B", "gpus": "H100"}})
