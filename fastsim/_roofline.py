@@ -237,6 +237,59 @@ class Roofline:
             c2 = 1.0
         return replace(self, step_overhead_s=float(c0), per_seq_overhead_s=float(c1), time_scale=float(max(c2, 1e-6)))
 
+    def calibrated_from_vllm_bench(self, paths, *, min_steps: int = 10) -> "Roofline":
+        """Fit ``step_overhead_s`` and ``per_seq_overhead_s`` to ``vllm bench serve`` runs.
+
+        The runs (``--save-result --save-detailed``, with ``start_times``) are
+        rebuilt as in :meth:`LatencyModel.from_vllm_bench`; for each gap
+        without a prefill the decoding requests and their KV contexts (prompt
+        plus tokens emitted so far) are known, so the roofline's kernel time
+        of that step is computed exactly and the remainder ``gap - kernel``
+        is an observation of ``step_overhead_s + per_seq_overhead_s * b``.
+        Its median per batch size ``b`` (bins of at least ``min_steps``
+        distinct steps, i.e. ``b * min_steps`` gaps; medians, because a client
+        gap may span bunched chunks) is fitted by non-negative least squares
+        weighted by the square root of the steps. ``time_scale`` stays 1.
+
+        Raises
+        ------
+        ValueError
+            A file of another kind, runs without ``start_times``, or fewer
+            than two batch sizes with ``min_steps`` pure-decode steps.
+        """
+        from scipy.optimize import nnls
+
+        from ._calibration import read_vllm_bench_json
+
+        runs = list(paths) if isinstance(paths, (list, tuple)) else [paths]
+        if not runs:
+            raise ValueError("paths: got an empty list of runs")
+        kernel = replace(self, step_overhead_s=0.0, per_seq_overhead_s=0.0, time_scale=1.0)
+        bs, rs = [], []
+        for run in runs:
+            df = read_vllm_bench_json(run)
+            df = df[df["success"]].reset_index(drop=True)
+            st = df["start_time_s"].to_numpy()
+            if len(df) == 0 or not np.all(np.isfinite(st)):
+                raise ValueError("vllm bench serve result needs per-request start_times (recent vLLM) and at "
+                                 "least one successful request to rebuild the batches")
+            b, ctx, y = _decode_gaps(df)
+            rs.append(y - kernel.step_time(b, ctx))
+            bs.append(b)
+        b, r = np.concatenate(bs), np.concatenate(rs)
+        levels, counts = np.unique(b, return_counts=True)
+        # the b requests of a step all observe it: a bin holds counts / b distinct steps
+        steps = counts / levels
+        ok = steps >= min_steps
+        levels, steps = levels[ok], steps[ok]
+        if levels.size < 2:
+            raise ValueError(f"need pure-decode gaps at >= 2 batch sizes with >= {min_steps} distinct steps each, "
+                             f"got {levels.size}; pool more runs or lower min_steps")
+        med = np.array([np.median(r[b == lv]) for lv in levels])
+        w = np.sqrt(steps)  # a bin's median is as precise as its number of distinct steps allows
+        (c0, c1), _ = nnls(np.column_stack([np.ones_like(levels), levels]) * w[:, None], med * w)
+        return replace(self, step_overhead_s=float(c0), per_seq_overhead_s=float(c1), time_scale=1.0)
+
     # ---- mapping onto the kernel's regression form ----------------------------------------------
 
     def to_latency_model(self, *, max_num_seqs=256, max_num_batched_tokens=8192, max_context=8192,
@@ -295,3 +348,28 @@ class Roofline:
             operating_range={"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                              "max_context": max_context}))
         return lm
+
+
+def _decode_gaps(df):
+    """Pure-decode inter-token gaps of one bench run: (decoding requests, their summed KV context,
+    gap length). A gap of request i spans (t_k, t_k+1]; the requests decoding at its midpoint are
+    those whose first token came before and last after it; each one's context is its prompt plus
+    the tokens it had emitted by then. Gaps in which some request emitted its first token (a
+    prefill ran) are left out."""
+    first = (df["start_time_s"] + df["ttft_s"]).to_numpy()
+    times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, df["itls_s"])]
+    lo = np.concatenate([t[:-1] for t in times])
+    hi = np.concatenate([t[1:] for t in times])
+    mid = 0.5 * (lo + hi)
+    plen = df["input_len"].to_numpy(dtype=float)
+    n = np.zeros_like(mid)
+    ctx = np.zeros_like(mid)
+    prefill = np.zeros(mid.shape, dtype=bool)
+    for t, p in zip(times, plen):
+        k = np.searchsorted(t, mid, side="right")   # tokens emitted by mid
+        running = (k >= 1) & (k < t.size)
+        n += running
+        ctx += np.where(running, p + k, 0.0)
+        prefill |= (t[0] > lo) & (t[0] <= hi)        # a first token arrived with this gap
+    keep = ~prefill & (hi > lo) & (n >= 1)
+    return n[keep], ctx[keep], (hi - lo)[keep]

@@ -1,6 +1,8 @@
 """Roofline step-time model: physical bounds, its parts, the fitted efficiencies and the
 mapping onto the kernel's regression form."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,78 @@ def test_deployment_latency_runs_in_the_kernel():
     lo = float(dep.latency.step_time(1))
     hi = float(dep.latency.step_time(32, 200, 32 * 250 + 200))
     assert lo <= res.estimate("tpot_mean") <= hi
+
+
+def simulate_bench_roofline(rng, truth, *, n=300, noise=0.01, jitter_s=2e-5):
+    """A `vllm bench serve --save-detailed` result from a continuous-batching engine whose step
+    lasts ``truth.step_time(...)`` (times 1 + noise N(0, 1)): each step decodes every running
+    request (its context: prompt + tokens so far) and prefills every waiting one in full."""
+    rates = np.where(np.arange(n) < n // 4, 3.0, 30.0)
+    arrivals = np.cumsum(rng.exponential(1.0 / rates))
+    plen = rng.integers(16, 400, n)
+    olen = rng.integers(2, 120, n)
+    emitted = [[] for _ in range(n)]
+    t, i, done, waiting, running = 0.0, 0, 0, [], []
+    while done < n:
+        while i < n and arrivals[i] <= t:
+            waiting.append(i)
+            i += 1
+        if not running and not waiting:
+            t = arrivals[i]
+            continue
+        ctx = sum(plen[r] + len(emitted[r]) for r in running)
+        npf = int(sum(plen[r] for r in waiting))
+        pairs = float(sum(truth.chunk_pairs(plen[r]) for r in waiting))
+        d = float(truth.step_time(len(running), ctx, npf, pairs, len(waiting)))
+        t += d * (1.0 + noise * rng.standard_normal())
+        batch, running, waiting = running + waiting, [], []
+        for r in batch:
+            emitted[r].append(t)
+            if len(emitted[r]) == olen[r]:
+                done += 1
+            else:
+                running.append(r)
+    ttfts, itls = [], []
+    for r in range(n):
+        e = np.asarray(emitted[r]) + jitter_s * rng.standard_normal(len(emitted[r]))
+        ttfts.append(float(e[0] - arrivals[r]))
+        itls.append(np.diff(e).tolist())
+    return {"input_lens": plen.tolist(), "output_lens": olen.tolist(), "ttfts": ttfts, "itls": itls,
+            "start_times": (arrivals + 100.0).tolist(), "errors": [""] * n}
+
+
+# Over 40 seeds (two pooled runs of 300 requests, 1 % step noise, 20 us jitter) the errors were:
+# step_overhead_s mean -0.4 us, sd 1.7 us, max 3.9 us; per_seq_overhead_s mean +0.93 us (a 1.5 % bias
+# of the per-bin medians), sd 0.20 us, max 1.27 us. Tolerances: about 9 sd and |bias| + 10 sd.
+TOL_OVERHEAD = 1.5e-5
+TOL_PER_SEQ = 3e-6
+
+
+def test_roofline_corrections_from_noise_free_bench_are_exact():
+    """Without noise or jitter the rebuilt batches and contexts are the engine's own: exact recovery."""
+    dep = fastsim.Deployment(model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A10G", max_num_seqs=64,
+                             max_num_batched_tokens=2048, max_model_len=2048)
+    truth = Roofline.from_deployment(dep, step_overhead_s=1.3e-3, per_seq_overhead_s=6e-5)
+    runs = [simulate_bench_roofline(np.random.default_rng([5, k]), truth, noise=0.0, jitter_s=0.0) for k in range(2)]
+    fit = dep.roofline.calibrated_from_vllm_bench(runs)
+    assert fit.step_overhead_s == pytest.approx(1.3e-3, rel=1e-9)
+    assert fit.per_seq_overhead_s == pytest.approx(6e-5, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_roofline_corrections_from_vllm_bench(seed, tmp_path):
+    dep = fastsim.Deployment(model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A10G", max_num_seqs=64,
+                             max_num_batched_tokens=2048, max_model_len=2048)
+    truth = Roofline.from_deployment(dep, step_overhead_s=1.3e-3, per_seq_overhead_s=6e-5)
+    paths = []
+    for k in range(2):
+        p = tmp_path / f"run{k}.json"
+        p.write_text(json.dumps(simulate_bench_roofline(np.random.default_rng([seed, k]), truth)))
+        paths.append(p)
+    fit = dep.roofline.calibrated_from_vllm_bench(paths)
+    assert fit.step_overhead_s == pytest.approx(1.3e-3, abs=TOL_OVERHEAD)
+    assert fit.per_seq_overhead_s == pytest.approx(6e-5, abs=TOL_PER_SEQ)
+    with pytest.raises(ValueError, match="start_times"):
+        bad = json.loads(paths[0].read_text())
+        del bad["start_times"]
+        dep.roofline.calibrated_from_vllm_bench(bad)
