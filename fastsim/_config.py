@@ -542,6 +542,13 @@ class Scenario:
                 raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
                                  f"got {p.value} + {o.value}")
 
+    def describe(self) -> str:
+        """What this scenario simulates, in words: says so when the engine or the
+        latency are the A10G / Qwen2.5-1.5B defaults."""
+        from ._describe import describe_scenario
+
+        return describe_scenario(self)
+
     def replace(self, **changes) -> "Scenario":
         """A copy with some fields changed; dotted keys reach inside, e.g.
         ``scenario.replace(**{"engine.max_num_seqs": 32})``."""

@@ -157,3 +157,11 @@ num_requests = 100
         fastsim.Scenario.from_dict(cfg)
     with pytest.raises(ValueError, match=r"\[deployment\]: .*unexpected keyword argument 'gpus'"):
         fastsim.Scenario.from_dict({"deployment": {"model": "Qwen/Qwen3-14B", "gpus": "H100"}})
+
+
+def test_scenario_says_what_it_simulates():
+    default = fastsim.Scenario().describe()
+    assert "A10G" in default and "Qwen2.5-1.5B" in default and "fastsim.Deployment" in default
+    dep = Deployment(model="meta-llama/Llama-3.1-8B", gpu="H100", max_model_len=8192)
+    text = fastsim.Scenario(engine=dep.engine, latency=dep.latency).describe()
+    assert "A10G" not in text and "roofline" in text and str(dep.num_gpu_blocks) in text
