@@ -53,7 +53,8 @@ def kv_table():
                                max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
                                max_model_len=r.max_model_len, block_size=r.block_size)
         rows.append({"gpu": r.gpu, "vllm": r.vllm_version, "util": r.gpu_memory_utilization,
-                     "max_num_seqs": r.max_num_seqs, "vllm_blocks": r.num_gpu_blocks, "fastsim_blocks": d.num_gpu_blocks,
+                     "max_num_seqs": r.max_num_seqs, "vllm_blocks": r.num_gpu_blocks,
+                     "fastsim_blocks": d.num_gpu_blocks,
                      "rel_error": d.num_gpu_blocks / r.num_gpu_blocks - 1})
     return pd.DataFrame(rows)
 

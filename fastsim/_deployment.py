@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ._config import EngineConfig
-from ._hardware import GIB, GPU, MIB, get_gpu, gpu_names
+from ._hardware import GIB, MIB, get_gpu, gpu_names
 from ._models import ModelSpec
-from ._validation import MAX_TOKENS, check_bool, check_choice, check_float, check_int
+from ._validation import MAX_TOKENS, check_bool, check_choice, check_int
 
 #: Float32 copies of the ``max_num_seqs x vocab`` logits alive at the peak of
 #: vLLM's dummy sampler run (logits, probabilities, sorted values and int64
@@ -216,7 +216,8 @@ class Deployment:
             raise ValueError(msg if _PROBING[0] else msg + "; " + self._what_fits())
         if self.num_gpu_blocks_override is None and self.kv_cache_tokens < self.max_model_len:
             est = self.kv_cache_tokens
-            raise ValueError(f"max_model_len={self.max_model_len} needs {math.ceil(self.max_model_len / self.block_size)}"
+            need = math.ceil(self.max_model_len / self.block_size)
+            raise ValueError(f"max_model_len={self.max_model_len} needs {need}"
                              f" KV blocks for one request, but only {self.num_gpu_blocks} fit "
                              f"({avail / GIB:.2f} GiB of KV cache on a {g.name}); as vLLM suggests, set "
                              f"max_model_len <= {est}, raise gpu_memory_utilization or tensor_parallel_size")

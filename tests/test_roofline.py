@@ -60,7 +60,8 @@ def test_efficiencies_file_and_leave_one_out():
         for k in FAMILIES:
             p = entry[k]["params"]
             assert all(0 < v for v in p) and all(v <= 1.0 for v in p[:-1]), (g, k, p)
-            assert entry[k]["fit"]["median_abs_rel_error"] <= entry[k]["leave_one_gpu_out"]["median_abs_rel_error"] + 0.05
+            fit, loo = entry[k]["fit"], entry[k]["leave_one_gpu_out"]
+            assert fit["median_abs_rel_error"] <= loo["median_abs_rel_error"] + 0.05
     med = efficiencies(None)
     loo = efficiencies(None, exclude="h100_sxm")
     assert med.keys() == loo.keys() == set(FAMILIES)
