@@ -14,7 +14,8 @@ against the measured vLLM runs (docs/deployment.md, docs/validation.md).
    regression preset ``LatencyModel.default()`` for reference.
 4. The RTX 4090 / Llama-3.1-8B run (vLLM 0.19, 300 ShareGPT requests at ~10
    req/s): the same arrivals and lengths replayed through the deployment's
-   engine and uncalibrated roofline latency; TTFT/TPOT/E2E mean and
+   engine and uncalibrated roofline latency, with prefix caching (shared
+   prefixes found in the prompts' token ids, :func:`prefix_groups`) and without; TTFT/TPOT/E2E mean and
    percentiles against the measured ones, and the running/waiting series
    (figure ``experiments/output/rtx4090_series.png``).
 
@@ -107,14 +108,42 @@ def sweep_table(r_cal, reps):
     return t
 
 
-def rtx_replay():
+def prefix_groups(token_ids):
+    """Shared prefixes from the prompts' token ids: requests whose first 16-token block is equal form a
+    group; a member's prefix_len is its longest common prefix with another member (the kernel counts
+    the full blocks of it), capped below its prompt length."""
+    ids = [np.asarray(t) for t in token_ids]
+    by_first = {}
+    for i, t in enumerate(ids):
+        by_first.setdefault(tuple(t[:16]), []).append(i)
+    group = np.full(len(ids), -1)
+    plen = np.zeros(len(ids), dtype=int)
+    g = 0
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        for i in members:
+            best = 0
+            for j in members:
+                if j != i:
+                    a, b = ids[i], ids[j]
+                    n = min(len(a), len(b))
+                    best = max(best, int(np.argmin(np.r_[a[:n] == b[:n], False])))
+            group[i], plen[i] = g, min(best, len(ids[i]) - 1)
+        g += 1
+    return group, plen
+
+
+def rtx_replay(prefix_caching=True):
     wl = pd.read_json(RTX / "workload.jsonl", lines=True)
     rq = pd.read_json(RTX / "requests.jsonl", lines=True)
     dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B", gpu="RTX-4090", gpu_memory_utilization=0.9,
                              max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=32768, block_size=16,
-                             enable_prefix_caching=False)
+                             enable_prefix_caching=prefix_caching)
     reqs = pd.DataFrame({"arrival_s": wl.arrival_time_ns.to_numpy() / 1e9, "prompt_len": wl.input_toks,
                          "output_len": wl.output_toks})
+    if prefix_caching:
+        reqs["prefix_group"], reqs["prefix_len"] = prefix_groups(wl.input_tok_ids)
     sc = fastsim.Scenario(engine=dep.engine, latency=dep.latency,
                           workload=fastsim.Workload(arrival_rate=10.0, num_requests=len(reqs)))
     sim = fastsim.simulate_requests(sc, reqs)
@@ -186,8 +215,12 @@ def main(argv=None):
     print("\nA10G sweep (32 runs): relative error of the simulated metric\n", summ.round(4).to_string())
     sub = sw[sw.rate <= 4.0].groupby(["model", "metric"]).rel_error.agg(mean_abs=lambda x: np.mean(np.abs(x)))
     print("\n  rates <= 4 req/s:\n", sub.round(4).to_string())
-    rtx, series, dep = rtx_replay()
+    # headline without prefix caching (see docs/validation.md); with the kernel's group model as a check
+    on, _, _ = rtx_replay(prefix_caching=True)
+    rtx, series, dep = rtx_replay(prefix_caching=False)
     print("\nRTX 4090 replay:", dep.summary(), "\nlatency:", dep.latency, "\n", dep.latency.calibration)
+    rtx["simulated_prefix_caching_s"] = on.simulated_s
+    rtx["rel_error_prefix_caching"] = on.rel_error
     print(rtx.round(4).to_string(index=False))
     series.to_csv(OUT / "rtx4090_series.csv", index=False)
     plot_series(series, OUT / "rtx4090_series.png")
