@@ -92,6 +92,18 @@ class Deployment:
     latency : LatencyModel
         The roofline step-time model (:class:`fastsim.Roofline`) mapped onto
         the kernel's regression form over this deployment's operating range.
+
+    Examples
+    --------
+    The RTX 4090 run in ``/work/shared/data`` (vLLM 0.19 reported 2588 blocks):
+
+    >>> import fastsim
+    >>> dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B", gpu="4090", gpu_memory_utilization=0.9,
+    ...                          max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=32768)
+    >>> dep.num_gpu_blocks
+    2590
+    >>> dep.engine.num_gpu_blocks * dep.engine.block_size
+    41440
     """
 
     model: object

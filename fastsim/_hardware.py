@@ -49,8 +49,9 @@ class GPU:
         :data:`DRIVER_RESERVED_BYTES`.
     roofline_class : str
         The microbenchmarked GPU (``fastsim/data/roofline_efficiencies.json``)
-        whose kernel efficiencies this GPU borrows; ``""`` picks the nearest
-        by FLOPs-to-bandwidth ratio.
+        whose kernel efficiencies this GPU borrows (``"a100_sxm"``,
+        ``"b200_sxm"``, ``"h100_sxm"``, ``"h200_sxm"``, ``"l40s"``); ``""``
+        (a user's GPU) takes the median over the five.
     sources : tuple of str
         Where the figures come from.
     """
