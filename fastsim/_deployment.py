@@ -291,7 +291,7 @@ class Deployment:
 
         return Roofline.from_deployment(self)
 
-    @property
+    @cached_property
     def latency(self):
         """The roofline mapped onto the kernel's step-time form (a :class:`LatencyModel`)."""
         return self.roofline.to_latency_model(max_num_seqs=self.max_num_seqs,
