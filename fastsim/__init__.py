@@ -18,6 +18,9 @@ from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
                              Uniform, sharegpt_lengths)
 from ._latency import LatencyModel
+from ._hardware import GPU
+from ._deployment import Deployment
+from ._roofline import Roofline
 from ._replicate import (METRIC_DESCRIPTIONS, Interrupted, ReplicateResult, compile_kernels, replicate, sample_requests,
                          simulate_requests)
 from ._stats import ConfidenceInterval
@@ -30,8 +33,9 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Empirical", "EngineConfig",
-    "Fixed", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal", "LogNormalPredictor",
+    "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
+    "EngineConfig", "Fixed", "GPU", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal",
+    "LogNormalPredictor", "Roofline",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
     "simulate_requests", "sweep", "testing", "analytical",

@@ -47,6 +47,7 @@ __all__ = [
     "fit_tpot_traces",
     "read_vllm_bench_json",
     "fit_bench_serve",
+    "describe_format",
     "preset_latency_model",
 ]
 
@@ -193,6 +194,17 @@ class CalibrationResult:
                          "meaning": _MEANINGS[k]})
         return pd.DataFrame(rows)
 
+    def to_toml(self) -> str:
+        """A ``[latency]`` table for a scenario TOML, with the standard errors as comments."""
+        lines = [f"# fitted by fastsim ({self.method}); value  # standard error", "[latency]"]
+        for k in _MODEL_KEYS + ("ttft_overhead_s",):
+            v = self.ttft_overhead_s if k == "ttft_overhead_s" else self.params.get(k)
+            if v is None:
+                continue
+            se = float(self.stderr.get(k, float("nan")))
+            lines.append(f"{k} = {float(v)!r}" + (f"  # +- {se:.3g}" if math.isfinite(se) else "  # fixed"))
+        return "\n".join(lines) + "\n"
+
     def report(self) -> str:
         """A plain-text report: parameter table, diagnostics and notes."""
         with pd.option_context("display.width", 200, "display.max_columns", 20,
@@ -212,6 +224,39 @@ class CalibrationResult:
 # Helpers
 # ---------------------------------------------------------------------------------------------
 
+def describe_format(data) -> str:
+    """What a parsed JSON object looks like (for error messages about a file of the wrong kind)."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    keys = set(data)
+    if {"ttfts", "itls"} <= keys:
+        return "a `vllm bench serve --save-result --save-detailed` result"
+    if "measurements" in keys:
+        return "fastsim decode-step traces (the tpot_traces.json format)"
+    if keys & {"request_throughput", "mean_ttft_ms", "mean_tpot_ms"}:
+        return ("a `vllm bench serve --save-result` summary without per-request data (rerun with "
+                "--save-detailed)")
+    if keys & {"engine_kwargs", "resolved_config"}:
+        return "vLLM run metadata (an LLMServingSim meta.json), not a benchmark result"
+    if keys & {"engine", "workload", "latency"}:
+        return "a fastsim scenario"
+    return f"an unknown JSON object (keys: {', '.join(sorted(keys)[:8])}{', ...' if len(keys) > 8 else ''})"
+
+
+def _describe_text(text: str) -> str:
+    head = text.lstrip()[:2000]
+    first = head.splitlines()[0] if head else ""
+    if not head:
+        return "an empty file"
+    if head[0] == "{" and "\n{" in head:
+        return "JSON Lines (one object per line, e.g. a requests.jsonl or workload.jsonl)"
+    if head[0] not in "[{" and "," in first:
+        return f"CSV (header: {first[:80]!r})"
+    if first.startswith("[") and "=" in head:
+        return "TOML"
+    return "not JSON"
+
+
 def _load_json(path_or_dict, what: str) -> dict:
     if isinstance(path_or_dict, dict):
         return path_or_dict
@@ -219,11 +264,12 @@ def _load_json(path_or_dict, what: str) -> dict:
         p = Path(path_or_dict)
         if not p.is_file():
             raise ValueError(f"{what}: no such file {str(p)!r}")
+        text = p.read_text(encoding="utf-8", errors="replace")
         try:
-            with open(p, encoding="utf-8") as fh:
-                data = json.load(fh)
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{what}: {str(p)!r} is not valid JSON ({exc})") from exc
+            raise ValueError(f"{what}: {str(p)!r} is not valid JSON ({exc}); it looks like "
+                             f"{_describe_text(text)}, expected a JSON object") from exc
         if not isinstance(data, dict):
             raise ValueError(f"{what}: {str(p)!r} must hold a JSON object, got {type(data).__name__}")
         return data
@@ -367,7 +413,10 @@ def _multistart(fun, jac, starts, bounds, **kw):
 
 def _parse_traces(data: dict):
     if "measurements" not in data:
-        raise ValueError("trace data is missing key 'measurements'")
+        hint = (" (use LatencyModel.from_vllm_bench for it)" if "ttfts" in data else "")
+        raise ValueError(f"trace data is missing key 'measurements': the file looks like "
+                         f"{describe_format(data)}{hint}; expected fastsim decode-step traces "
+                         f"(the tpot_traces.json format)")
     meas = data["measurements"]
     if not isinstance(meas, list) or len(meas) == 0:
         raise ValueError("trace data 'measurements' must be a non-empty list")
@@ -732,8 +781,9 @@ def read_vllm_bench_json(path_or_dict) -> pd.DataFrame:
     data = _load_json(path_or_dict, "vllm bench serve result")
     for k in _BENCH_REQUIRED:
         if k not in data:
-            raise ValueError(f"vllm bench serve result is missing key {k!r} "
-                             "(was it saved with --save-result --save-detailed?)")
+            raise ValueError(f"vllm bench serve result is missing key {k!r}: the file looks like "
+                             f"{describe_format(data)}; expected a `vllm bench serve --save-result "
+                             f"--save-detailed` result (keys ttfts, itls, input_lens, output_lens)")
     n = None
     for k in _BENCH_REQUIRED + tuple(k for k in ("start_times", "errors") if k in data):
         v = data[k]
@@ -766,6 +816,39 @@ def read_vllm_bench_json(path_or_dict) -> pd.DataFrame:
     ok = np.array([not e for e in errors]) & (ttft > 0) & (outl >= 1)
     return pd.DataFrame({"input_len": inl.astype(int), "output_len": outl.astype(int),
                          "ttft_s": ttft, "itls_s": itls, "start_time_s": st, "success": ok})
+
+
+def _bench_timeline(df):
+    """Inter-token gaps of one run and the batch behind each (see :func:`fit_bench_serve`)."""
+    first = (df["start_time_s"] + df["ttft_s"]).to_numpy()
+    times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, df["itls_s"])]
+    last = np.array([t[-1] for t in times])
+    plen = df["input_len"].to_numpy(dtype=float)
+    o_first = np.argsort(first, kind="stable")
+    first_sorted = first[o_first]
+    cum_p = np.concatenate([[0.0], np.cumsum(plen[o_first])])
+    last_sorted = np.sort(last)
+    lo = np.concatenate([t[:-1] for t in times]) if times else np.zeros(0)
+    hi = np.concatenate([t[1:] for t in times]) if times else np.zeros(0)
+    out = {"start": df["start_time_s"].to_numpy(), "ttft": df["ttft_s"].to_numpy(), "plen": plen,
+           "last_sorted": last_sorted}
+    if lo.size == 0:
+        return {**out, "y": np.zeros(0), "n_dec": np.zeros(0), "n_pf": np.zeros(0)}
+    y = hi - lo
+    mid = 0.5 * (lo + hi)
+    n_dec = (np.searchsorted(first_sorted, mid, side="left")
+             - np.searchsorted(last_sorted, mid, side="right")).astype(float)
+    n_dec = np.maximum(n_dec, 1.0)  # the observing request itself decodes
+    # a first token emitted by this step reaches the client at ~hi (+- jitter), one emitted by
+    # the previous / next step at ~lo / ~hi + next step: count first tokens within
+    # +- delta of hi, delta = half the 5th percentile of all gaps (shorter than any real step,
+    # much longer than client jitter), and after the gap's midpoint
+    delta = 0.5 * float(np.percentile(hi - lo, 5))
+    i_lo = np.searchsorted(first_sorted, np.maximum(mid, hi - delta), side="right")
+    i_hi = np.searchsorted(first_sorted, hi + delta, side="right")
+    n_pf = cum_p[i_hi] - cum_p[i_lo]
+    keep = y > 0
+    return {**out, "y": y[keep], "n_dec": n_dec[keep], "n_pf": n_pf[keep]}
 
 
 def fit_bench_serve(path_or_dict, *, fit_prefill: bool = True) -> CalibrationResult:
@@ -807,9 +890,11 @@ def fit_bench_serve(path_or_dict, *, fit_prefill: bool = True) -> CalibrationRes
 
     Parameters
     ----------
-    path_or_dict : path-like or dict
+    path_or_dict : path-like, dict or list of them
         A result file of ``vllm bench serve --save-result --save-detailed``,
-        or its parsed content (see :func:`read_vllm_bench_json`).
+        or its parsed content (see :func:`read_vllm_bench_json`); a list pools
+        several runs of the same server (each run's timeline is rebuilt on
+        its own clock, then one model is fitted to all the gaps).
     fit_prefill : bool
         Also estimate ``prefill_per_token_s`` and ``ttft_overhead_s``.
 
@@ -819,45 +904,34 @@ def fit_bench_serve(path_or_dict, *, fit_prefill: bool = True) -> CalibrationRes
         ``diagnostics`` has one row per ``n_decode`` bin of pure-decode gaps:
         measured mean gap, predicted, relative error, number of gaps.
     """
-    df = read_vllm_bench_json(path_or_dict)
-    df = df[df["success"]].reset_index(drop=True)
-    if len(df) == 0:
-        raise ValueError("vllm bench serve result has no successful request")
+    runs = list(path_or_dict) if isinstance(path_or_dict, (list, tuple)) else [path_or_dict]
+    if not runs:
+        raise ValueError("vllm bench serve result: got an empty list of runs")
+    dfs = []
+    for k, run in enumerate(runs):
+        df = read_vllm_bench_json(run)
+        df = df[df["success"]].reset_index(drop=True)
+        if len(df) == 0:
+            raise ValueError(f"vllm bench serve result{f' #{k}' if len(runs) > 1 else ''} has no successful "
+                             "request")
+        dfs.append(df)
     notes: list[str] = []
     nan = float("nan")
-    have_start = bool(np.all(np.isfinite(df["start_time_s"].to_numpy())))
+    have_start = all(bool(np.all(np.isfinite(d["start_time_s"].to_numpy()))) for d in dfs)
     if not have_start:
-        return _fit_bench_no_timeline(df, fit_prefill, notes)
+        if len(dfs) > 1:
+            notes.append(f"{len(dfs)} runs pooled")
+        return _fit_bench_no_timeline(pd.concat(dfs, ignore_index=True), fit_prefill, notes)
 
-    # --- timeline reconstruction ---
-    first = (df["start_time_s"] + df["ttft_s"]).to_numpy()
-    times = [f + np.concatenate([[0.0], np.cumsum(g)]) for f, g in zip(first, df["itls_s"])]
-    last = np.array([t[-1] for t in times])
-    plen = df["input_len"].to_numpy(dtype=float)
-    o_first = np.argsort(first, kind="stable")
-    first_sorted = first[o_first]
-    cum_p = np.concatenate([[0.0], np.cumsum(plen[o_first])])
-    last_sorted = np.sort(last)
-    lo = np.concatenate([t[:-1] for t in times]) if times else np.zeros(0)
-    hi = np.concatenate([t[1:] for t in times]) if times else np.zeros(0)
-    if lo.size < 10:
-        raise ValueError(f"vllm bench serve result has only {lo.size} inter-token gaps; "
+    # --- timeline reconstruction, run by run (each run has its own client clock) ---
+    timelines = [_bench_timeline(d) for d in dfs]
+    y, n_dec, n_pf = (np.concatenate([tl[key] for tl in timelines]) for key in ("y", "n_dec", "n_pf"))
+    if y.size < 10:
+        raise ValueError(f"vllm bench serve result has only {y.size} inter-token gaps; "
                          "need at least 10")
-    y = hi - lo
-    mid = 0.5 * (lo + hi)
-    n_dec = (np.searchsorted(first_sorted, mid, side="left")
-             - np.searchsorted(last_sorted, mid, side="right")).astype(float)
-    n_dec = np.maximum(n_dec, 1.0)  # the observing request itself decodes
-    # a first token emitted by this step reaches the client at ~hi (+- jitter), one emitted by
-    # the previous / next step at ~lo / ~hi + next step: count first tokens within
-    # +- delta of hi, delta = half the 5th percentile of all gaps (shorter than any real step,
-    # much longer than client jitter), and after the gap's midpoint
-    delta = 0.5 * float(np.percentile(hi - lo, 5))
-    i_lo = np.searchsorted(first_sorted, np.maximum(mid, hi - delta), side="right")
-    i_hi = np.searchsorted(first_sorted, hi + delta, side="right")
-    n_pf = cum_p[i_hi] - cum_p[i_lo]
-    keep = y > 0
-    y, n_dec, n_pf = y[keep], n_dec[keep], n_pf[keep]
+    df = pd.concat(dfs, ignore_index=True)
+    if len(dfs) > 1:
+        notes.append(f"{len(dfs)} runs pooled (timelines rebuilt per run, one joint fit)")
     wobs = 1.0 / n_dec
     n_eff = float(np.sum(wobs))
 
@@ -942,16 +1016,19 @@ def fit_bench_serve(path_or_dict, *, fit_prefill: bool = True) -> CalibrationRes
     # TTFT overhead from requests sent to an idle server
     ttft_over = None
     if fit_prefill:
-        st = df["start_time_s"].to_numpy()
-        busy = (np.searchsorted(np.sort(st), st, side="left")
-                - np.searchsorted(last_sorted, st, side="right"))
-        idle = busy <= 0
-        if np.any(idle):
-            extra = df["ttft_s"].to_numpy()[idle] - lm.step_time(0, plen[idle])
+        extras = []
+        for tl in timelines:
+            st = tl["start"]
+            busy = (np.searchsorted(np.sort(st), st, side="left")
+                    - np.searchsorted(tl["last_sorted"], st, side="right"))
+            idle = busy <= 0
+            extras.append(tl["ttft"][idle] - lm.step_time(0, tl["plen"][idle]))
+        extra = np.concatenate(extras)
+        if extra.size:
             ttft_over = float(np.median(extra))
             stderr["ttft_overhead_s"] = float(1.2533 * _robust_sigma(extra) / math.sqrt(extra.size)) \
                 if extra.size >= 3 else nan
-            notes.append(f"ttft_overhead_s from {int(idle.sum())} requests sent to an idle server")
+            notes.append(f"ttft_overhead_s from {extra.size} requests sent to an idle server")
         else:
             notes.append("ttft_overhead_s not identified: no request found the server idle")
 

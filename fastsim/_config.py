@@ -8,6 +8,7 @@ fails before any kernel runs, with a message that names it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -577,6 +578,13 @@ class Scenario:
                              f"engine's clock loses its resolution and overflows; got {name}="
                              f"{getattr(lat, name)!r}")
 
+    def describe(self) -> str:
+        """What this scenario simulates, in words: says so when the engine or the
+        latency are the A10G / Qwen2.5-1.5B defaults."""
+        from ._describe import describe_scenario
+
+        return describe_scenario(self)
+
     def replace(self, **changes) -> "Scenario":
         """A copy with some fields changed; dotted keys reach inside, e.g.
         ``scenario.replace(**{"engine.max_num_seqs": 32})``."""
@@ -606,7 +614,7 @@ _LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "emp
 _WORKLOAD_EXTRA_KEYS = ("trace", "sharegpt", "sharegpt_order")
 _LATENCY_EXTRA_KEYS = ("step_s", "preset")
 SLO_KEYS = ("ttft_s", "tpot_s")
-TABLES = ("engine", "workload", "latency", "slo", "run", "name")
+TABLES = ("engine", "workload", "latency", "slo", "run", "name", "deployment")
 
 
 def _field_names(cls, skip=()):
@@ -623,7 +631,11 @@ def table_keys(table: str) -> list[str]:
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":
         return list(SLO_KEYS)
-    raise ValueError(f"table must be one of engine, workload, latency, slo, got {table!r}")
+    if table == "deployment":
+        from ._deployment import Deployment
+
+        return [p for p in inspect.signature(Deployment).parameters if p != "self"]
+    raise ValueError(f"table must be one of engine, workload, latency, slo, deployment, got {table!r}")
 
 
 def check_table_keys(table: str, given, allowed) -> None:
@@ -728,7 +740,7 @@ def _scenario_from_dict(config, base_dir=None):
     unknown = set(config) - set(TABLES)
     if unknown:
         check_table_keys(None, sorted(unknown), list(TABLES))
-    for table in ("engine", "workload", "latency", "slo", "run"):
+    for table in ("engine", "workload", "latency", "slo", "run", "deployment"):
         if not isinstance(config.get(table, {}), dict):
             raise ValueError(f"[{table}] must be a table of key = value settings, got {config[table]!r}")
     name = config.get("name")
@@ -736,6 +748,24 @@ def _scenario_from_dict(config, base_dir=None):
         raise ValueError(f"name must be a string, got {name!r}")
     eng = dict(config.get("engine", {}))
     check_table_keys("engine", eng, table_keys("engine"))
+    deployment = None
+    if "deployment" in config:
+        # [deployment]: a model, a GPU and vLLM's arguments (fastsim._deployment); its engine settings
+        # are the defaults of [engine] and its roofline latency that of an absent [latency]
+        from ._deployment import Deployment
+
+        try:
+            deployment = Deployment(**config["deployment"])
+        except TypeError as exc:
+            raise ValueError(f"[deployment]: {exc}") from None
+        d_eng = deployment.engine
+        given = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+                 "enable_chunked_prefill", "max_model_len", "enable_prefix_caching")
+        both = sorted(set(eng) & set(given))
+        if both:
+            raise ValueError(f"[engine] {both} are set by [deployment] (they decide num_gpu_blocks and the "
+                             f"latency); move them to [deployment] (num_gpu_blocks as num_gpu_blocks_override)")
+        eng = {**{f: getattr(d_eng, f) for f in given}, **eng}
     if isinstance(eng.get("length_predictor"), dict):
         # [engine] length_predictor = {sigma = 0.5} or {edges = [64, 256], accuracy = 0.8}
         spec = eng["length_predictor"]
@@ -779,6 +809,8 @@ def _scenario_from_dict(config, base_dir=None):
             raise ValueError(f"[latency]: preset cannot be combined with {sorted(lat)}")
         latency = (LatencyModel.default() if preset == "default"
                    else _in_table("latency", LatencyModel.preset, preset))
+    elif not lat and deployment is not None:
+        latency = deployment.latency
     elif not lat:
         latency = LatencyModel.default()
     else:

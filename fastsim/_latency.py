@@ -112,6 +112,58 @@ class LatencyModel:
         object.__setattr__(model, "calibration", fit)
         return model
 
+    @classmethod
+    def from_vllm_bench(cls, paths, *, fit_prefill: bool = True, toml_path=None,
+                        verbose: bool = False) -> "LatencyModel":
+        """Fit the model to one or several ``vllm bench serve`` runs of one server.
+
+        The runs must be saved with ``vllm bench serve --save-result
+        --save-detailed`` (per-request ``ttfts``, ``itls``, ``input_lens``,
+        ``output_lens`` and, in recent vLLM, ``start_times``). Several runs
+        (say, at several request rates) are pooled into one fit. The batch
+        behind each inter-token gap is rebuilt from the request timelines
+        (see ``fastsim._calibration.fit_bench_serve`` for the method and its
+        limits).
+
+        Parameters
+        ----------
+        paths : path-like, dict, or a list of them
+            One run or several.
+        fit_prefill : bool
+            Also estimate ``prefill_per_token_s`` and ``ttft_overhead_s``.
+        toml_path : path-like, optional
+            Write the fitted ``[latency]`` table (standard errors as comments)
+            there, ready for a scenario TOML.
+        verbose : bool
+            Print the parameters with standard errors and the goodness-of-fit
+            table (``model.calibration.report()``).
+
+        Returns
+        -------
+        LatencyModel
+            Its ``calibration`` attribute holds the
+            :class:`~fastsim._calibration.CalibrationResult` (``summary()``,
+            ``report()``, ``to_toml()``, ``diagnostics``).
+
+        Raises
+        ------
+        ValueError
+            A file of another kind (the message says which format it looks
+            like), malformed or empty per-request lists, or too few gaps.
+        """
+        from pathlib import Path
+
+        from ._calibration import fit_bench_serve
+
+        fit = fit_bench_serve(paths, fit_prefill=fit_prefill)
+        model = fit.latency_model()
+        object.__setattr__(model, "calibration", fit)
+        if toml_path is not None:
+            Path(toml_path).write_text(fit.to_toml())
+        if verbose:
+            print(fit.report())
+        return model
+
     @property
     def is_constant(self) -> bool:
         return (self.decode_scale_s == 0 and self.prefill_per_token_s == 0 and self.ctx_per_token_s == 0

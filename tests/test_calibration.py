@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import Z
+import fastsim
 from fastsim import _calibration as cal
 from fastsim._latency import LatencyModel
 
@@ -378,3 +379,57 @@ def test_bench_fit_without_start_times_is_a_constant_step():
     assert res.params["base_s"] <= gaps.mean()
     assert res.stderr["base_s"] > 0
     assert any("no start_times" in n for n in res.notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# LatencyModel.from_vllm_bench: pooled runs, TOML output, files of the wrong kind
+# ---------------------------------------------------------------------------------------------
+
+def test_from_vllm_bench_pools_runs_and_recovers_known_model(tmp_path):
+    true = dict(base=0.008, scale=4e-5, alpha=1.2, prefill=5e-5, overhead=0.01)
+    paths = []
+    for seed in (21, 22):
+        p = tmp_path / f"run{seed}.json"
+        p.write_text(json.dumps(simulate_bench(np.random.default_rng(seed), n=300, **true)))
+        paths.append(p)
+    single = fastsim.LatencyModel.from_vllm_bench(paths[0]).calibration
+    pooled_model = fastsim.LatencyModel.from_vllm_bench(paths, toml_path=tmp_path / "lat.toml")
+    pooled = pooled_model.calibration
+    for key, t in (("base_s", true["base"]), ("decode_scale_s", true["scale"]),
+                   ("decode_alpha", true["alpha"]), ("prefill_per_token_s", true["prefill"])):
+        assert _within(pooled.params[key], t, pooled.stderr[key], K_FIT), (key, pooled.params[key], t)
+    assert _within(pooled.ttft_overhead_s, true["overhead"], pooled.stderr["ttft_overhead_s"], K_FIT)
+    # twice the data: the standard error of base_s shrinks (by ~1/sqrt(2); allow sampling noise)
+    assert pooled.stderr["base_s"] < 0.95 * single.stderr["base_s"]
+    assert any("2 runs pooled" in n for n in pooled.notes)
+    # the [latency] table round-trips through a scenario
+    import tomllib
+    table = tomllib.loads((tmp_path / "lat.toml").read_text())
+    sc = fastsim.Scenario.from_dict({"latency": table["latency"]})
+    assert sc.latency == pooled_model
+
+
+def test_from_vllm_bench_names_the_format_of_a_wrong_file(tmp_path):
+    traces = tmp_path / "traces.json"
+    traces.write_text(json.dumps(make_traces(np.random.default_rng(1))))
+    with pytest.raises(ValueError, match=r"looks like fastsim decode-step traces .*expected a `vllm bench serve"):
+        fastsim.LatencyModel.from_vllm_bench(traces)
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"request_throughput": 3.0, "mean_ttft_ms": 20.0}))
+    with pytest.raises(ValueError, match=r"without per-request data \(rerun with --save-detailed\)"):
+        fastsim.LatencyModel.from_vllm_bench(summary)
+    csv = tmp_path / "sweep.csv"
+    csv.write_text("arrival_rate,max_num_seqs\n0.5,64\n")
+    with pytest.raises(ValueError, match=r"looks like CSV"):
+        fastsim.LatencyModel.from_vllm_bench(csv)
+    jsonl = tmp_path / "requests.jsonl"
+    jsonl.write_text('{"a": 1}\n{"a": 2}\n')
+    with pytest.raises(ValueError, match=r"looks like JSON Lines"):
+        fastsim.LatencyModel.from_vllm_bench(jsonl)
+    with pytest.raises(ValueError, match=r"empty list of runs"):
+        fastsim.LatencyModel.from_vllm_bench([])
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(simulate_bench(np.random.default_rng(3), n=30)))
+    with pytest.raises(ValueError, match=r"looks like a `vllm bench serve --save-result --save-detailed` result "
+                                         r"\(use LatencyModel.from_vllm_bench"):
+        fastsim.LatencyModel.from_tpot_traces(bench)

@@ -1,0 +1,231 @@
+"""Validate Deployment (KV capacity), the roofline step time and Deployment.latency
+against the measured vLLM runs (docs/deployment.md, docs/validation.md).
+
+1. KV capacity: ``Deployment(...).num_gpu_blocks`` against the six counts vLLM
+   reported (``fastsim/data/vllm_kv_cache_reports.csv``).
+2. A10G / Qwen2.5-1.5B decode steps per batch size, predicted WITHOUT fitting on
+   the A10G (datasheet figures + the L40S-class kernel efficiencies, and the
+   median over the five microbenchmarked GPUs), then with the two corrections
+   (per-step and per-sequence overhead) calibrated on the A10G TPOT traces.
+3. The A10G serving sweep (32 runs, ``experiments/data/serving_sweep.csv``):
+   mean TPOT, mean TTFT and request throughput, simulated with the
+   deployment's engine and (a) the uncalibrated roofline latency, (b) the
+   A10G-calibrated roofline (+ the preset's fitted client overhead), (c) the
+   regression preset ``LatencyModel.default()`` for reference.
+4. The RTX 4090 / Llama-3.1-8B run (vLLM 0.19, 300 ShareGPT requests at ~10
+   req/s): the same arrivals and lengths replayed through the deployment's
+   engine and uncalibrated roofline latency, with prefix caching (shared
+   prefixes found in the prompts' token ids, :func:`prefix_groups`) and without; TTFT/TPOT/E2E mean and
+   percentiles against the measured ones, and the running/waiting series
+   (figure ``experiments/output/rtx4090_series.png``).
+
+Run: ``NUMBA_CACHE_DIR=/tmp/nbcache python experiments/deployment_validation.py [--reps 50]``
+(reads /work/shared/data for the RTX 4090 run; a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import fastsim  # noqa: E402
+from fastsim._roofline import Roofline, efficiencies  # noqa: E402
+
+OUT = ROOT / "experiments" / "output"
+RTX = Path("/work/shared/data/vllm-rtx4090-llama3.1-8b")
+QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def kv_table():
+    rep = pd.read_csv(resources.files("fastsim").joinpath("data/vllm_kv_cache_reports.csv"))
+    rows = []
+    for r in rep.itertuples():
+        d = fastsim.Deployment(model=r.model, gpu=r.gpu, gpu_memory_utilization=r.gpu_memory_utilization,
+                               max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+                               max_model_len=r.max_model_len, block_size=r.block_size)
+        rows.append({"gpu": r.gpu, "vllm": r.vllm_version, "util": r.gpu_memory_utilization,
+                     "max_num_seqs": r.max_num_seqs, "vllm_blocks": r.num_gpu_blocks,
+                     "fastsim_blocks": d.num_gpu_blocks,
+                     "rel_error": d.num_gpu_blocks / r.num_gpu_blocks - 1})
+    return pd.DataFrame(rows)
+
+
+def a10g_deployment(util=0.9, seqs=64):
+    return fastsim.Deployment(model=QWEN, gpu="A10G", gpu_memory_utilization=util, max_num_seqs=seqs,
+                              max_num_batched_tokens=2048, max_model_len=2048, enable_prefix_caching=False)
+
+
+def decode_table():
+    tr = json.loads((ROOT / "fastsim" / "data" / "tpot_traces.json").read_text())["measurements"]
+    b = np.array([m["batch_size"] for m in tr], float)
+    meas = np.array([m["mean_step_latency_s"] for m in tr])
+    dep = a10g_deployment()
+    ctx = 20 + 24  # prompt (~20 tokens) + mean generated tokens of the 48-token traces
+    r_cls = dep.roofline
+    r_med = Roofline(model=dep.spec, gpu=dep.gpu, eff=efficiencies(None))
+    r_cal = r_cls.calibrated(b, meas, ctx)
+    t = pd.DataFrame({"batch": b.astype(int), "measured_ms": meas * 1e3,
+                      "roofline_l40s_class_ms": r_cls.decode_step(b, ctx) * 1e3,
+                      "roofline_median_eff_ms": r_med.decode_step(b, ctx) * 1e3,
+                      "roofline_calibrated_ms": r_cal.decode_step(b, ctx) * 1e3})
+    for c in ("roofline_l40s_class_ms", "roofline_median_eff_ms", "roofline_calibrated_ms"):
+        t[c.replace("_ms", "_err")] = t[c] / t.measured_ms - 1
+    return t, r_cal
+
+
+def sweep_table(r_cal, reps):
+    from vllm_a10g_validation import SWEEP, scenario_for
+
+    sweep = pd.read_csv(SWEEP)
+    preset = fastsim.LatencyModel.default()
+    rows = []
+    for row in sweep.itertuples(index=False):
+        s = pd.Series(row._asdict())
+        dep = a10g_deployment(util=float(s.gpu_memory_utilization), seqs=int(s.max_num_seqs))
+        lat_un = dep.latency
+        lat_cal = r_cal.to_latency_model(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=2048,
+                                         max_context=2048, ttft_overhead_s=preset.ttft_overhead_s)
+        for name, lat in (("roofline", lat_un), ("roofline+A10G corrections", lat_cal), ("preset", preset)):
+            sc = scenario_for(s, lat, normalize_arrivals=True)
+            sc = sc.replace(engine=dep.engine)
+            res = fastsim.replicate(sc, reps, seed=1, n_threads=1, progress=False)
+            for m, col in (("tpot_mean", "mean_tpot_s"), ("ttft_mean", "mean_ttft_s"),
+                           ("request_throughput", "request_throughput")):
+                rows.append({"rate": s.arrival_rate, "util": s.gpu_memory_utilization, "model": name, "metric": m,
+                             "measured": getattr(s, col), "predicted": res.estimate(m)})
+    t = pd.DataFrame(rows)
+    t["rel_error"] = t.predicted / t.measured - 1
+    return t
+
+
+def prefix_groups(token_ids):
+    """Shared prefixes from the prompts' token ids: requests whose first 16-token block is equal form a
+    group; a member's prefix_len is its longest common prefix with another member (the kernel counts
+    the full blocks of it), capped below its prompt length."""
+    ids = [np.asarray(t) for t in token_ids]
+    by_first = {}
+    for i, t in enumerate(ids):
+        by_first.setdefault(tuple(t[:16]), []).append(i)
+    group = np.full(len(ids), -1)
+    plen = np.zeros(len(ids), dtype=int)
+    g = 0
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        for i in members:
+            best = 0
+            for j in members:
+                if j != i:
+                    a, b = ids[i], ids[j]
+                    n = min(len(a), len(b))
+                    best = max(best, int(np.argmin(np.r_[a[:n] == b[:n], False])))
+            group[i], plen[i] = g, min(best, len(ids[i]) - 1)
+        g += 1
+    return group, plen
+
+
+def rtx_replay(prefix_caching=True):
+    wl = pd.read_json(RTX / "workload.jsonl", lines=True)
+    rq = pd.read_json(RTX / "requests.jsonl", lines=True)
+    dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B", gpu="RTX-4090", gpu_memory_utilization=0.9,
+                             max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=32768, block_size=16,
+                             enable_prefix_caching=prefix_caching)
+    reqs = pd.DataFrame({"arrival_s": wl.arrival_time_ns.to_numpy() / 1e9, "prompt_len": wl.input_toks,
+                         "output_len": wl.output_toks})
+    if prefix_caching:
+        reqs["prefix_group"], reqs["prefix_len"] = prefix_groups(wl.input_tok_ids)
+    sc = fastsim.Scenario(engine=dep.engine, latency=dep.latency,
+                          workload=fastsim.Workload(arrival_rate=10.0, num_requests=len(reqs)))
+    sim = fastsim.simulate_requests(sc, reqs)
+    meas = pd.DataFrame({"ttft": rq.first_token_ts - rq.queued_ts,
+                         "tpot": (rq.last_token_ts - rq.first_token_ts) / (rq.output_toks - 1).clip(lower=1),
+                         "e2e": rq.last_token_ts - rq.queued_ts})
+    simm = pd.DataFrame({"ttft": sim.ttft_s, "e2e": sim.e2e_s,
+                         "tpot": (sim.e2e_s - sim.ttft_s) / (reqs.output_len - 1).clip(lower=1)})
+    ok = rq.output_toks > 1
+    rows = []
+    for m in ("ttft", "tpot", "e2e"):
+        for stat, f in (("mean", np.mean), ("p50", lambda x: np.percentile(x, 50)),
+                        ("p90", lambda x: np.percentile(x, 90)), ("p99", lambda x: np.percentile(x, 99))):
+            a, b = f(meas[m][ok]), f(simm[m][ok])
+            rows.append({"metric": f"{m}_{stat}", "measured_s": a, "simulated_s": b, "rel_error": b / a - 1})
+    series = _series(reqs, sim, rq)
+    return pd.DataFrame(rows), series, dep
+
+
+def _series(reqs, sim, rq):
+    ts = pd.read_csv(RTX / "timeseries.csv")
+    t = ts.t.to_numpy(float)
+    arr = reqs.arrival_s.to_numpy()
+    first, fin = sim.first_token_s.to_numpy(), sim.finish_s.to_numpy()
+    # simulated: waiting = arrived, no first token yet (a prefill chunk is short next to the queueing);
+    # running = first token out, not finished
+    sim_wait = [(np.sum((arr <= x) & (first > x))) for x in t]
+    sim_run = [(np.sum((first <= x) & (fin > x))) for x in t]
+    return pd.DataFrame({"t": t, "running_measured": ts.running, "waiting_measured": ts.waiting,
+                         "kv_pct_measured": ts.kv_cache_pct, "running_sim": sim_run, "waiting_sim": sim_wait})
+
+
+def plot_series(series, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(series.t, series.running_measured, "C0-", label="running (vLLM)")
+    ax.plot(series.t, series.running_sim, "C0--", label="running (fastsim)")
+    ax.plot(series.t, series.waiting_measured, "C1-", label="waiting (vLLM)")
+    ax.plot(series.t, series.waiting_sim, "C1--", label="waiting (fastsim)")
+    ax.set_xlabel("time since the first request (s)")
+    ax.set_ylabel("requests")
+    ax.set_title("RTX 4090 / Llama-3.1-8B, vLLM 0.19: replay with the uncalibrated roofline")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args(argv)
+    OUT.mkdir(exist_ok=True)
+    pd.set_option("display.width", 200)
+    kv = kv_table()
+    print("KV capacity\n", kv.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    dec, r_cal = decode_table()
+    print(f"\nA10G decode step (corrections: step_overhead_s={r_cal.step_overhead_s:.4g}, "
+          f"per_seq_overhead_s={r_cal.per_seq_overhead_s:.4g})\n", dec.round(4).to_string(index=False))
+    lm = a10g_deployment().latency
+    print("\nA10G mapping onto the kernel form:", lm, "\n", lm.calibration)
+    sw = sweep_table(r_cal, args.reps)
+    sw.to_csv(OUT / "deployment_validation_a10g_sweep.csv", index=False)
+    summ = sw.groupby(["model", "metric"]).rel_error.agg(
+        mean_abs=lambda x: np.mean(np.abs(x)), max_abs=lambda x: np.max(np.abs(x)), mean="mean")
+    print("\nA10G sweep (32 runs): relative error of the simulated metric\n", summ.round(4).to_string())
+    sub = sw[sw.rate <= 4.0].groupby(["model", "metric"]).rel_error.agg(mean_abs=lambda x: np.mean(np.abs(x)))
+    print("\n  rates <= 4 req/s:\n", sub.round(4).to_string())
+    # headline without prefix caching (see docs/validation.md); with the kernel's group model as a check
+    on, _, _ = rtx_replay(prefix_caching=True)
+    rtx, series, dep = rtx_replay(prefix_caching=False)
+    print("\nRTX 4090 replay:", dep.summary(), "\nlatency:", dep.latency, "\n", dep.latency.calibration)
+    rtx["simulated_prefix_caching_s"] = on.simulated_s
+    rtx["rel_error_prefix_caching"] = on.rel_error
+    print(rtx.round(4).to_string(index=False))
+    series.to_csv(OUT / "rtx4090_series.csv", index=False)
+    plot_series(series, OUT / "rtx4090_series.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""GPU and model catalogues, Deployment's KV capacity against vLLM's reports, and
+its input validation."""
+
+import json
+from importlib import resources
+
+import pandas as pd
+import pytest
+
+import fastsim
+from fastsim._deployment import Deployment
+from fastsim._hardware import GPU, get_gpu, gpu_names
+from fastsim._models import ModelSpec, model_names
+
+REPORTS = pd.read_csv(resources.files("fastsim").joinpath("data/vllm_kv_cache_reports.csv"))
+
+
+def _deployment(row, **kw):
+    return Deployment(model=row.model, gpu=row.gpu, gpu_memory_utilization=row.gpu_memory_utilization,
+                      max_num_seqs=int(row.max_num_seqs), max_num_batched_tokens=int(row.max_num_batched_tokens),
+                      max_model_len=int(row.max_model_len), block_size=int(row.block_size), **kw)
+
+
+# Two of the six reports (the sweep at 0.3 and the TPOT-trace run at 0.85, max_num_seqs 32) show
+# ~300 MiB more non-KV memory than the sweep's 0.5/0.7/0.9 runs of the same server, which nothing
+# in vLLM's formula depends on; they are 9.7% and 2.0% above (docs/deployment.md).
+_ANOMALOUS = {(0.3, 64), (0.85, 32)}
+_CASES = [pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="~300 MiB more non-KV memory in this run"))
+          if (REPORTS.gpu_memory_utilization[i], REPORTS.max_num_seqs[i]) in _ANOMALOUS else i
+          for i in range(len(REPORTS))]
+
+
+@pytest.mark.parametrize("i", _CASES)
+def test_num_gpu_blocks_matches_vllm(i):
+    row = REPORTS.iloc[i]
+    got = _deployment(row).num_gpu_blocks
+    assert abs(got / row.num_gpu_blocks - 1) <= 0.02, (row.to_dict(), got)
+
+
+def test_blocks_grow_with_memory_at_the_page_rate():
+    """Between two utilisations the KV cache grows by exactly the extra memory (vLLM's formula is affine)."""
+    row = REPORTS.iloc[1].copy()
+    a = _deployment(row)
+    row["gpu_memory_utilization"] = 0.7
+    b = _deployment(row)
+    extra = b.requested_bytes - a.requested_bytes
+    assert abs((b.num_gpu_blocks - a.num_gpu_blocks) - extra / a.page_bytes) <= 1
+
+
+@pytest.mark.parametrize("name", ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe",
+                                  "H200", "B200", "RTX-4090"])
+def test_gpu_catalogue(name):
+    g = get_gpu(name.lower())
+    assert g.name == name and get_gpu(name.upper()) is g
+    assert g.sources and 0 < g.total_memory_bytes < g.memory_gib * 2 ** 30
+
+
+def test_gpu_aliases_and_custom():
+    assert get_gpu("h100").name == "H100-SXM" and get_gpu("4090").name == "RTX-4090"
+    assert get_gpu("A100").name == "A100-80GB" and get_gpu("H100 PCIe").name == "H100-PCIe"
+    g = fastsim.GPU(name="my-gpu", memory_gib=96, memory_bandwidth_tbs=1.79, bf16_tflops=500.0, fp8_tflops=1000.0,
+                    interconnect_gbs=64)
+    d = Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu=g, max_model_len=8192)
+    assert d.num_gpu_blocks > 0 and d.gpu is g
+    with pytest.raises(ValueError, match="GPU.memory_gib"):
+        GPU(name="x", memory_gib=-1, memory_bandwidth_tbs=1, bf16_tflops=1)
+
+
+def test_model_parameter_counts():
+    """Parameter counts from the configs equal the published totals (Hugging Face model cards / safetensors)."""
+    published = {"meta-llama/Llama-3.1-8B": 8_030_261_248, "meta-llama/Llama-2-7b-hf": 6_738_415_616,
+                 "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304, "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
+                 "meta-llama/Llama-3.1-70B": 70_553_706_496}
+    for name, n in published.items():
+        assert ModelSpec.from_config(name).num_parameters() == n
+    moe = ModelSpec.from_config("Qwen/Qwen3-30B-A3B")
+    assert moe.is_moe and moe.qk_norm and 3.0e9 < moe.active_linear_params_per_token() + 2048 * 151936 < 3.6e9
+    assert ModelSpec.from_config("qwen2.5-1.5b-instruct").tie_word_embeddings
+
+
+def test_model_from_path_and_dict(tmp_path):
+    text = resources.files("fastsim").joinpath("data/models/llama-3.1-8b-instruct.json").read_text()
+    (tmp_path / "config.json").write_text(text)
+    a = Deployment(model=str(tmp_path / "config.json"), gpu="H100", max_model_len=4096)
+    b = Deployment(model=json.loads(text), gpu="H100", max_model_len=4096)
+    c = Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_model_len=4096)
+    assert a.num_gpu_blocks == b.num_gpu_blocks == c.num_gpu_blocks
+    assert len(model_names()) >= 10 and len(gpu_names()) >= 10
+
+
+def test_tp_and_fp8_shrink_per_rank_memory():
+    base = Deployment(model="meta-llama/Llama-3.1-8B", gpu="H100", max_model_len=8192)
+    tp2 = Deployment(model="meta-llama/Llama-3.1-8B", gpu="H100", tensor_parallel_size=2, max_model_len=8192)
+    fp8 = Deployment(model="meta-llama/Llama-3.1-8B", gpu="H100", quantization="fp8", kv_cache_dtype="fp8",
+                     max_model_len=8192)
+    assert tp2.weight_bytes_per_rank < 0.52 * base.weight_bytes_per_rank
+    assert tp2.kv_bytes_per_token * 2 == base.kv_bytes_per_token == fp8.kv_bytes_per_token * 2
+    assert fp8.num_gpu_blocks > 2 * base.num_gpu_blocks
+
+
+def test_engine_from_deployment():
+    d = Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", tensor_parallel_size=1,
+                   dtype="bfloat16", gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=256,
+                   max_num_batched_tokens=8192, block_size=16, enable_prefix_caching=True,
+                   enable_chunked_prefill=True)
+    e = d.engine
+    assert isinstance(e, fastsim.EngineConfig)
+    assert (e.num_gpu_blocks, e.max_num_seqs, e.max_num_batched_tokens, e.block_size) == (d.num_gpu_blocks, 256,
+                                                                                          8192, 16)
+    assert e.enable_prefix_caching and e.max_model_len == 131072
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(gpu="V100"), r"gpu must be a catalogue name .* known GPUs: A10G"),
+    (dict(model="no/such-model"), r"model must be a catalogue name.*known models"),
+    (dict(model="meta-llama/Llama-3.1-70B", max_model_len=8192), r"does not fit: .*tensor_parallel_size=2 would fit"),
+    (dict(tensor_parallel_size=3), r"tensor_parallel_size=3 must divide the model's 32 attention heads.*1, 2, 4, 8"),
+    (dict(gpu_memory_utilization=0.0), r"gpu_memory_utilization must be .* in \(0, 1\], got 0.0"),
+    (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be .* in \(0, 1\], got 1.5"),
+    (dict(gpu="RTX-4090", max_model_len=None), r"max_model_len=131072 needs .* set max_model_len <= \d+"),
+    (dict(dtype="float64"), r"dtype must be one of"),
+    (dict(quantization="int4"), r"quantization must be None or 'fp8'"),
+    (dict(model={"model_type": "deepseek_v2", "hidden_size": 8}), r"model_type 'deepseek_v2' is not supported"),
+])
+def test_invalid_deployments(kw, match):
+    args = dict(model="meta-llama/Llama-3.1-8B", gpu="H100", max_model_len=8192)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        Deployment(**args)
+
+
+def test_deployment_table_in_scenario_toml():
+    import tomllib
+
+    text = """
+name = "llama8b-h100"
+[deployment]
+model = "meta-llama/Llama-3.1-8B-Instruct"
+gpu = "h100"
+gpu_memory_utilization = 0.9
+max_model_len = 8192
+max_num_seqs = 128
+max_num_batched_tokens = 4096
+[engine]
+policy = "fcfs"
+[workload]
+arrival_rate = 5.0
+num_requests = 100
+"""
+    cfg = tomllib.loads(text)
+    sc = fastsim.Scenario.from_dict(cfg)
+    dep = Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", max_model_len=8192, max_num_seqs=128,
+                     max_num_batched_tokens=4096)
+    assert sc.engine == dep.engine and sc.latency == dep.latency
+    cfg["engine"]["max_num_seqs"] = 64
+    with pytest.raises(ValueError, match=r"\[engine\] \['max_num_seqs'\] are set by \[deployment\]"):
+        fastsim.Scenario.from_dict(cfg)
+    with pytest.raises(ValueError, match=r"\[deployment\]: .*unexpected keyword argument 'gpus'"):
+        fastsim.Scenario.from_dict({"deployment": {"model": "Qwen/Qwen3-14B", "gpus": "H100"}})
+
+
+def test_scenario_says_what_it_simulates():
+    default = fastsim.Scenario().describe()
+    assert "A10G" in default and "Qwen2.5-1.5B" in default and "fastsim.Deployment" in default
+    dep = Deployment(model="meta-llama/Llama-3.1-8B", gpu="H100", max_model_len=8192)
+    text = fastsim.Scenario(engine=dep.engine, latency=dep.latency).describe()
+    assert "A10G" not in text and "roofline" in text and str(dep.num_gpu_blocks) in text
