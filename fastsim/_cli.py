@@ -560,7 +560,7 @@ def _names(paths, scenarios) -> list[str]:
 
 def _compare_main(args, sig) -> int:
     from ._compare import compare
-    from . import _kernel as K
+    from . import kernel as K
 
     try:
         if len(args.configs) < 2:

@@ -68,13 +68,13 @@ def cuda_unavailable_reason() -> str | None:
         from numba import cuda  # noqa: F401
     except Exception as exc:  # numba-cuda missing or broken
         return (f"numba's CUDA target could not be imported ({exc}); install the GPU extra: "
-                f"pip install 'fastsim[gpu]'")
+                f"pip install 'fastsim-llm[gpu]'")
     if _simulator():
         return None
     try:
         import cupy
     except Exception as exc:
-        return f"CuPy could not be imported ({exc}); install the GPU extra: pip install 'fastsim[gpu]'"
+        return f"CuPy could not be imported ({exc}); install the GPU extra: pip install 'fastsim-llm[gpu]'"
     try:
         ok = bool(cupy.cuda.is_available())
     except Exception as exc:  # driver or runtime errors

@@ -1,7 +1,7 @@
 """How much memory a run needs, checked before anything is allocated.
 
-The engine (``_kernel._simulate``) works in two flat arrays whose sizes
-``_kernel._ws_dims`` and ``_kernel._ws_sizes`` state, computed in int64
+The engine (``kernel.replica._simulate``) works in two flat arrays whose sizes
+``kernel.workspace._ws_dims`` and ``kernel.workspace._ws_sizes`` state, computed in int64
 inside the kernel with no overflow check, and the kernel itself has no
 bounds checks: a product that wraps negative leaves the workspace too small
 and the engine writes past it (issue 43: a segfault on valid input). This
@@ -23,12 +23,13 @@ NumPy would raise MemoryError or the OS would kill the process).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import numpy as np
 
-from . import _kernel as K
+from . import kernel as K
 from ._distributions import KIND_EMPIRICAL, KIND_FIXED, KIND_LOGNORMAL, KIND_REPLAY, KIND_UNIFORM
 from ._validation import MAX_TOKENS
 
@@ -42,7 +43,7 @@ MEMORY_SHARE = 0.8
 #: are weighted samples, one per distinct step duration, so far fewer than
 #: the tokens, which only bound them (the arrays are sized by that bound,
 #: but pages never written cost address space only). Measured with
-#: `_kernel._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
+#: `kernel.replica._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
 #: request (A10G default model, rates 1 to 40/s, outputs 128 and lognormal
 #: up to a 609-token mean). With a context term every step's duration
 #: differs: up to 87 per request (128-token outputs at 1 req/s), so there
@@ -155,19 +156,22 @@ def reservable_memory():
 # The engine's workspace, in exact integers
 
 def ws_sizes(n, bs, cap, ncnt, nheld, nitl):
-    """``_kernel._ws_sizes`` in Python integers (no wrap-around): the
-    workspace's int64 and float64 entries for ``n`` requests, block size
-    ``bs`` and the dimensions `_kernel._ws_dims` gives. Keep in step with
-    the kernel's (``tests/test_memory.py`` compares them)."""
-    internal = ((2 * n + 2) + 2 + 2 * cap + n + n + cap + n + n + n + bs + cap + cap + 1 + 3
-                + cap + (n + 1) + 1 + n + (n + 1) + 3 * ncnt + 4 + nheld + n + n + (cap + 1))
-    need_i = K.WI_HEAD * n + K.N_HIST + nitl + internal
-    need_f = (K.WF_HEAD + K.WF_SCRATCH) * n + K.N_ACC + nitl + n + (cap + 1) + n + n
-    return need_i, need_f
+    """The workspace's int64 and float64 entries for ``n`` requests, block
+    size ``bs`` and the dimensions `kernel.workspace._ws_dims` gives: the
+    kernel's own statement of the layout (`kernel.workspace._ws_sizes`)
+    run as Python, in Python integers (no wrap-around)."""
+    return _python_ws_sizes()(int(n), int(bs), int(cap), int(ncnt), int(nheld), int(nitl))
+
+
+@functools.lru_cache(maxsize=None)
+def _python_ws_sizes():
+    from ._numba_options import python_version
+
+    return python_version(K.workspace._ws_sizes)
 
 
 def ws_dims(n, output, pgrp, plen, ipar):
-    """``_kernel._ws_dims`` of given requests, in Python integers: (seats,
+    """``kernel.workspace._ws_dims`` of given requests, in Python integers: (seats,
     prefix-cache entries, prefix references, gap samples, most prefix blocks
     of a request)."""
     bs = int(ipar[K.I_BLOCK_SIZE])
@@ -356,7 +360,7 @@ def check_stream_memory(n, output, pgrp, plen, ipar):
 
 
 class CheckedBuffers(K.ChunkBuffers):
-    """`_kernel.ChunkBuffers` whose workspace growth is refused with a
+    """`kernel.drivers.ChunkBuffers` whose workspace growth is refused with a
     ValueError (naming the parameters that size it) where NumPy cannot
     reserve it, or where the kernel's sizes wrapped around, instead of a
     MemoryError or a crash."""

@@ -13,7 +13,7 @@ import pytest
 
 import fastsim
 from fastsim._validation import check_metric_names
-from fastsim import _kernel as K
+from fastsim import kernel as K
 
 
 def empty_stream():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from fastsim import _kernel as K
+from fastsim import kernel as K
 from fastsim import _memory
 from fastsim._replicate import pack_scenario
 from test_workspace import CASES, stream

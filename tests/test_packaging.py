@@ -10,9 +10,6 @@ from fastsim._cli import DISTRIBUTION
 ROOT = Path(__file__).resolve().parents[1]
 #: A pip command that would install PyPI's `fastsim` (with or without extras).
 WRONG = re.compile(r"""pip install\s+(-U\s+|--upgrade\s+)?["']?fastsim(\[[^\]]*\])?["']?(\s|$|`)""")
-#: Files whose hint is fixed by another change (not editable here): fastsim/_cuda.py
-#: is being restructured in another branch; its two hints must become 'fastsim-llm[gpu]'.
-PENDING = {"fastsim/_cuda.py"}
 
 
 def test_distribution_name():
@@ -27,7 +24,7 @@ def test_install_hints_name_the_distribution():
     wrong = []
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
-        if rel in PENDING or rel == "tests/test_packaging.py":
+        if rel == "tests/test_packaging.py":
             continue
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if WRONG.search(line):
