@@ -20,12 +20,13 @@ against the measured vLLM runs (docs/deployment.md, docs/validation.md).
    (figure ``experiments/output/rtx4090_series.png``).
 
 Run: ``NUMBA_CACHE_DIR=/tmp/nbcache python experiments/deployment_validation.py [--reps 50]``
-(reads /work/shared/data for the RTX 4090 run; a few minutes on 2 cores).
+(reads ../shared/data, or FASTSIM_SHARED_DATA, for the RTX 4090 run; a few minutes on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from importlib import resources
@@ -42,7 +43,8 @@ import fastsim  # noqa: E402
 from fastsim._roofline import Roofline, efficiencies  # noqa: E402
 
 OUT = ROOT / "experiments" / "output"
-RTX = Path("/work/shared/data/vllm-rtx4090-llama3.1-8b")
+# The project's shared data folder beside the checkout (not shipped), or FASTSIM_SHARED_DATA
+RTX = Path(os.environ.get("FASTSIM_SHARED_DATA", ROOT.parent / "shared" / "data")) / "vllm-rtx4090-llama3.1-8b"
 QWEN = "Qwen/Qwen2.5-1.5B-Instruct"
 
 
@@ -198,7 +200,12 @@ def plot_series(series, path):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="3 replications a run (a smoke test)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.reps = 3
+    if not RTX.is_dir():
+        raise SystemExit(f"needs the RTX 4090 run at {RTX} (set FASTSIM_SHARED_DATA)")
     OUT.mkdir(exist_ok=True)
     pd.set_option("display.width", 200)
     kv = kv_table()

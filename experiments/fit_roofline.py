@@ -1,6 +1,6 @@
 """Fit the roofline's kernel efficiencies to vLLM kernel microbenchmarks.
 
-Reads ``/work/shared/data/gpu-kernels/<gpu>/`` (NVIDIA aiconfigurator-core
+Reads ``../shared/data/gpu-kernels/<gpu>/`` (NVIDIA aiconfigurator-core
 0.12.0, vLLM backend, Apache-2.0: GEMM, context and generation attention,
 custom all-reduce timings in ms, with each system's ``system.yaml``) and
 writes ``fastsim/data/roofline_efficiencies.json``: per microbenchmarked GPU,
@@ -10,13 +10,15 @@ percentile absolute relative error, and the leave-one-GPU-out errors (each
 GPU predicted with the median efficiencies of the other four).
 
 Run: ``python experiments/fit_roofline.py`` (about a minute). Only this
-script reads /work/shared; the package reads the JSON.
+script reads ../shared; the package reads the JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-ROOT = Path("/work/shared/data/gpu-kernels")
+# The project's shared data folder beside the checkout (not shipped with the
+# package), or FASTSIM_SHARED_DATA
+SHARED = Path(os.environ.get("FASTSIM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+ROOT = SHARED / "gpu-kernels"
 OUT = Path(__file__).resolve().parents[1] / "fastsim" / "data" / "roofline_efficiencies.json"
 GPUS = ["a100_sxm", "b200_sxm", "h100_sxm", "h200_sxm", "l40s"]
 RNG = np.random.default_rng(0)
@@ -128,11 +133,20 @@ def errors(kind, p, work, y, spec):
             "n": int(y.size)}
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="fit on 500 rows a family and print the table without writing the package's JSON")
+    args = ap.parse_args(argv)
+    if not ROOT.is_dir():
+        raise SystemExit(f"needs the vLLM kernel microbenchmarks at {ROOT} (set FASTSIM_SHARED_DATA)")
+    global MAX_ROWS
+    if args.quick:
+        MAX_ROWS = 500
     specs = {g: read_system(g) for g in GPUS}
     data = {g: {k: FAMILIES[k][0](g) for k in FAMILIES} for g in GPUS}
     params = {g: {k: fit(k, *data[g][k], specs[g]) for k in FAMILIES} for g in GPUS}
-    out = {"source": "fit by experiments/fit_roofline.py to /work/shared/data/gpu-kernels (aiconfigurator-core "
+    out = {"source": "fit by experiments/fit_roofline.py to ../shared/data/gpu-kernels (aiconfigurator-core "
                      "0.12.0 vLLM microbenchmarks, Apache-2.0); efficiencies are fractions of the system.yaml "
                      "peaks, latencies in seconds",
            "parameters": {"gemm": ["eta_compute", "eta_memory", "latency_s"], "gen_attn": ["eta_memory", "latency_s"],
@@ -147,7 +161,8 @@ def main():
                         "leave_one_gpu_out": errors(k, others, *data[g][k], specs[g])}
         out["gpus"][g] = entry
     out["median_of_gpus"] = {k: [float(v) for v in np.median([params[g][k] for g in GPUS], axis=0)] for k in FAMILIES}
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    if not args.quick:
+        OUT.write_text(json.dumps(out, indent=1) + "\n")
     rows = []
     for g in GPUS:
         for k in FAMILIES:

@@ -17,7 +17,7 @@ estimates its peak as the MLP activations of the forward pass plus
 :data:`LOGIT_COPIES` float32 copies of the ``max_num_seqs x vocab`` logits,
 and the non-torch memory (cuBLAS workspaces, CUDA graph pools) as
 :data:`NON_TORCH_BYTES`. Those two constants are fitted to the two vLLM runs
-in ``/work/shared/data`` (A10G / Qwen2.5-1.5B, vLLM 0.22, and RTX 4090 /
+in ``../shared/data`` (A10G / Qwen2.5-1.5B, vLLM 0.22, and RTX 4090 /
 Llama-3.1-8B, vLLM 0.19); ``docs/deployment.md`` gives the check.
 """
 
@@ -95,7 +95,7 @@ class Deployment:
 
     Examples
     --------
-    The RTX 4090 run in ``/work/shared/data`` (vLLM 0.19 reported 2588 blocks):
+    The RTX 4090 run in ``../shared/data`` (vLLM 0.19 reported 2588 blocks):
 
     >>> import fastsim
     >>> dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B", gpu="4090", gpu_memory_utilization=0.9,

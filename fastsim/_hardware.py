@@ -17,7 +17,7 @@ GIB = 1024 ** 3
 MIB = 1024 ** 2
 #: Device memory the driver keeps for itself (CUDA context excluded): the
 #: marketed 24 GiB of the RTX 4090 minus the 25,250,627,584 B torch reports as
-#: its total (``/work/shared/data/vllm-rtx4090-llama3.1-8b/meta.json``), 495 MiB.
+#: its total (``../shared/data/vllm-rtx4090-llama3.1-8b/meta.json``), 495 MiB.
 DRIVER_RESERVED_BYTES = 24 * GIB - 25_250_627_584
 
 
