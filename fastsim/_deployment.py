@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ._config import EngineConfig
-from ._hardware import GIB, MIB, get_gpu, gpu_names
+from ._hardware import DTYPES, GIB, KV_DTYPES, MIB, get_gpu, gpu_names
 from ._models import ModelSpec
 from ._validation import MAX_TOKENS, check_bool, check_choice, check_int
 
@@ -39,8 +39,6 @@ LOGIT_COPIES = 6
 #: Memory vLLM's profiler sees grow outside torch's allocator (cuBLAS/cuDNN
 #: workspaces, CUDA graph pools): fitted to the two runs (192 MiB).
 NON_TORCH_BYTES = 192 * MIB
-DTYPES = {"bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
-KV_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 QUANTIZATIONS = (None, "fp8")
 #: vLLM version whose names and defaults the deployment follows.
 VLLM_VERSION = "0.22"

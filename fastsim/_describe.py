@@ -34,9 +34,7 @@ def describe_latency(latency) -> str:
 
 
 def describe_engine(engine) -> str:
-    from ._config import EngineConfig
-
-    if engine.num_gpu_blocks == EngineConfig().num_gpu_blocks:
+    if engine.num_gpu_blocks == type(engine)().num_gpu_blocks:   # (EngineConfig's default)
         return (f"num_gpu_blocks={engine.num_gpu_blocks} (EngineConfig's default: what vLLM 0.22 reported for "
                 f"Qwen2.5-1.5B on an A10G at gpu_memory_utilization=0.3; use fastsim.Deployment(...).engine for "
                 f"another GPU or model)")

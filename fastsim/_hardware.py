@@ -13,6 +13,11 @@ from importlib import resources
 
 from ._validation import check_bool, check_float
 
+#: Bytes per element of the weight and KV-cache dtypes a deployment may name
+#: (vLLM's ``dtype`` and ``kv_cache_dtype``; ``None``: the model's dtype).
+DTYPES = {"bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
+KV_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 #: Device memory the driver keeps for itself (CUDA context excluded): the

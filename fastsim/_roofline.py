@@ -30,7 +30,7 @@ from importlib import resources
 
 import numpy as np
 
-from ._hardware import GPU, get_gpu
+from ._hardware import DTYPES, GPU, KV_DTYPES, get_gpu
 from ._latency import LatencyModel
 from ._models import ModelSpec
 from ._validation import check_float
@@ -113,7 +113,6 @@ class Roofline:
 
     @classmethod
     def from_deployment(cls, dep, **kwargs) -> "Roofline":
-        from ._deployment import DTYPES, KV_DTYPES
 
         return cls(model=dep.spec, gpu=dep.gpu, tensor_parallel_size=dep.tensor_parallel_size,
                    weight_bytes=1 if dep.quantization == "fp8" else DTYPES[dep.dtype],
