@@ -55,7 +55,7 @@ def no_ws_need(n, output, pgrp, plen, ipar):
 
 
 @njit(cache=False)
-def no_simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full):
+def no_simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full, t_stop, what):
     return np.int64(0)
 
 

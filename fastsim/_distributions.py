@@ -9,6 +9,7 @@ same way by every backend.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -288,6 +289,7 @@ def _component_moment(kind, p0, p1, values, cdf, order):
     return _ceil_lognormal_moment(p0, p1, order)
 
 
+@functools.lru_cache(maxsize=1024)   # (pure; a run's memory check asks for the same law on every call)
 def _ceil_lognormal_moment(median, sigma, order, terms=200_000):
     """E[ceil(X)^order] for X = median * exp(sigma Z).
 

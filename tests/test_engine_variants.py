@@ -54,7 +54,8 @@ def per_request(sc, full, rep=0):
     n = a.size
     ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
-    assert K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full) >= 0
+    assert K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full,
+                       np.inf, K.WHOLE_RUN) >= 0
     ints = [wi[j * n:(j + 1) * n] for j in (K.WI_STATUS, K.WI_G, K.WI_NPRE)]
     floats = [wf[j * n:(j + 1) * n] for j in (K.WF_FIRST, K.WF_FINISH)]
     return ints, floats
@@ -98,7 +99,7 @@ def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
     n = 5
     args = (np.linspace(0.0, 1.0, n),) + tuple(np.full(n, v, np.int64) for v in (40, 5, 0, 5, -1, 0))
     wi, wf = np.full(10, 7, np.int64), np.zeros(10)
-    assert K._simulate(n, *args, ipar, p["fpar"], p["lat"], wi, wf, None) == -2
+    assert K._simulate(n, *args, ipar, p["fpar"], p["lat"], wi, wf, None, np.inf, K.WHOLE_RUN) == -2
     assert (wi == 7).all()
     # simulate_requests and replicate choose the full engine by themselves: the
     # option acts (the results differ from the scenario without it) and agrees

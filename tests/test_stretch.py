@@ -316,7 +316,7 @@ def test_long_stretches_take_the_closed_form(latency):
         patch_kernel(mp, "_stretch_steps", counting_steps)
         patch_kernel(mp, "_stretch_kv", counting_kv)
         K._simulate(a.size, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf,
-                    K.engine_variant(p["ipar"]))
+                    K.engine_variant(p["ipar"]), np.inf, K.WHOLE_RUN)
     k = np.array([c[0] for c in stretches])
     assert len(stretches) > 10 and k.max() > 4 * 16                  # long stretches ...
     assert any(blocks > 0 for kk, blocks in stretches)                 # ... that allocate blocks

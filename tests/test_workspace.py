@@ -55,7 +55,8 @@ def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
     row = np.empty(K.N_COLUMNS)
     with kernel_as_python():
         # IndexError if it overflows
-        n_itl = K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]))
+        n_itl = K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]),
+                            np.inf, K.WHOLE_RUN)
         K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     assert n_itl >= 0
     # ... and gives the compiled kernel's per-request results and metrics
@@ -72,7 +73,8 @@ def test_a_short_workspace_is_refused_before_any_write(name):
     n, a, pr, o, c, q, grp, plen = args
     ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
     for wi, wf in ((np.full(ni - 1, 7, np.int64), np.zeros(nf)), (np.full(ni, 7, np.int64), np.zeros(nf - 1))):
-        assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"])) == -1
+        assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]),
+                           np.inf, K.WHOLE_RUN) == -1
         assert (wi == 7).all() and (wf == 0).all()
 
 
@@ -90,11 +92,12 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name, dirt):
     ni, nf = K._ws_need(n2, rest[2], rest[5], rest[6], p["ipar"])
     wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
     full = K.engine_variant(p["ipar"])
-    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, full)        # leaves state behind
+    K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, full,
+                np.inf, K.WHOLE_RUN)        # leaves state behind
     if dirt == "garbage":
         wi[:] = 7
         wf[:] = np.nan
-    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full)
+    K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full, np.inf, K.WHOLE_RUN)
     row = np.empty(K.N_COLUMNS)
     K._reduce(n, a, o, p["ipar"], p["fpar"], wi, wf, row)
     *_, row_fresh = K.simulate_stream(a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"])

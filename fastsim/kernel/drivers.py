@@ -23,7 +23,7 @@ from .layout import I_BLOCK_SIZE, I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
 from .workspace import (RF_CLOCK, WF_FINISH, WF_FIRST, WF_SCALARS, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_SCALARS, WI_STATUS, Stream, _ws_need)
-from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, _replica_step, _simulate, engine_variant
+from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, WHOLE_RUN, _simulate, engine_variant
 from .metrics import _reduce
 
 # The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
@@ -226,7 +226,8 @@ def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, 
             need[0] = need_i
             need[1] = need_f
             return j
-        rc = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+        rc = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full, np.inf,
+                      WHOLE_RUN)
         if rc < 0:
             return rc
         reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
@@ -266,7 +267,8 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
     wi = np.zeros(need_i, np.int64)   # zeros: the common engine leaves the swap and caching columns as they are
     wf = np.zeros(need_f)
-    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full)
+    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full,
+              np.inf, WHOLE_RUN)
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
     return _per_request(n, wi, wf) + (row,)
@@ -305,10 +307,14 @@ class Replica:
         need_i, need_f = _ws_need(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar)
         self.wi = np.zeros(need_i, np.int64)
         self.wf = np.zeros(need_f)
-        rc = _replica_step(self.n, self.stream, ipar, fpar, lat, self.wi, self.wf, 0.0, self.full, STEP_INIT)
+        rc = self._call(0.0, STEP_INIT)
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")
         self.finished = False
+
+    def _call(self, t_stop, what):
+        return _simulate(self.n, *self.stream, *self.params, self.wi, self.wf, self.full, np.float64(t_stop),
+                         np.int64(what))
 
     def advance_until(self, t):
         """Run every step that ends at or before ``t`` (a step that starts
@@ -316,7 +322,7 @@ class Replica:
         ``"paused"``, ``"idle"`` or ``"done"`` (the horizon reached)."""
         if self.finished:
             raise RuntimeError("the replica is finished")
-        rc = _replica_step(self.n, self.stream, *self.params, self.wi, self.wf, float(t), self.full, STEP_ADVANCE)
+        rc = self._call(float(t), STEP_ADVANCE)
         return ("paused", "idle", "done")[rc]
 
     @property
@@ -329,7 +335,7 @@ class Replica:
         """End the run where it stands (what is in the system is
         unfinished); return `simulate_stream`'s per-request results and row."""
         if not self.finished:
-            _replica_step(self.n, self.stream, *self.params, self.wi, self.wf, 0.0, self.full, STEP_FINISH)
+            self._call(0.0, STEP_FINISH)
             self.finished = True
         ipar, fpar, _ = self.params
         row = np.empty(N_COLUMNS)

@@ -112,9 +112,16 @@ def engine_variant(ipar):
 # ------------------------------------------------------------------------------
 # Entries
 
+# What a call of `_simulate` does (``what``): bits; a whole run is all three.
+STEP_INIT, STEP_ADVANCE, STEP_FINISH = 1, 2, 4
+WHOLE_RUN = STEP_INIT | STEP_ADVANCE | STEP_FINISH
+
+
 @njit_noalloc(entry=True)
-def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full):
-    """Run one replication of the engine model over requests ``0..n-1``.
+def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full, t_stop, what):
+    """Run a replica of the engine model over requests ``0..n-1``: set it up,
+    advance it through every step that ends at or before ``t_stop``, and end
+    its run, or any of the three (``what``).
 
     Parameters
     ----------
@@ -127,41 +134,128 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     ipar, fpar, lat : 1-D arrays
         The integer, float and latency parameter records (`layout`).
     wi, wf : 1-D int64 and float64 arrays
-        The workspace, at least `workspace._ws_need` entries.
+        The workspace, at least `workspace._ws_need` entries; between calls
+        it holds the replica.
     full : None or int
         The compiled engine (`engine_variant`).
+    t_stop : float
+        Advance through every step that ends at or before it (``np.inf``: to
+        the end); a step that starts before it and ends after it is left in
+        flight.
+    what : int
+        `STEP_INIT` (`_init_replica`), `STEP_ADVANCE`, `STEP_FINISH`
+        (`_finish_replica`), or their sum; `WHOLE_RUN` for a replication.
 
-    Fills the per-request columns of the workspace (status, first-token and
-    finish times, preemptions, tokens), the inter-token gaps of measured
-    requests as weighted samples and the run-level accumulators
-    (`layout.A_*`). Returns the number of inter-token gap entries, or -1 if
-    the workspace is too small, or -2 if the common engine was asked for an
-    option it does not have.
+    Returns
+    -------
+    int
+        With `STEP_FINISH`, the number of inter-token gap entries; else,
+        advancing, `ADVANCE_PAUSED`, `ADVANCE_IDLE` (every known request has
+        left the system) or `ADVANCE_DONE` (the horizon is reached); else 0.
+        -1 if the workspace is too small, -2 if the common engine was asked
+        for an option it does not have.
+
+    The loop lives here, not in a function of its own, so that LLVM
+    optimises and generates the engine's code once (a callee's code is
+    optimised again in every caller it is linked into).
     """
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
-    rc = _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
-    if rc < 0:
-        return rc
-    _advance_until(n, stream, ipar, fpar, lat, wi, wf, np.inf, full)
-    return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
-
-
-# What `_replica_step` does.
-STEP_INIT, STEP_ADVANCE, STEP_FINISH = 0, 1, 2
-
-
-@njit_noalloc(entry=True)
-def _replica_step(n, stream, ipar, fpar, lat, wi, wf, t_stop, full, what):
-    """`_init_replica`, `_advance_until` (to ``t_stop``) or `_finish_replica`,
-    as ``what`` (`STEP_INIT`, `STEP_ADVANCE`, `STEP_FINISH`) says: the one
-    entry from Python into a replica driven call by call
-    (`drivers.Replica`). Compiled only when used: `_simulate`, what the
-    drivers run, calls the three itself."""
-    if what == STEP_INIT:
-        return _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
-    if what == STEP_ADVANCE:
-        return _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full)
-    return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+    if what & STEP_INIT:
+        rc = _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+        if rc < 0:
+            return rc
+    rc = 0
+    if what & STEP_ADVANCE:
+        (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
+        ri, rf = sc.ri, sc.rf
+        # the scalar state in locals for the loop (registers), stored back at the end
+        nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
+        rl, n_oth = ri[RI_RUN_LEN], ri[RI_N_OTHERS]
+        S, sph, n_wait, free, reserved = ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED]
+        n_itl, n_sw, swap_used, pending_swap = ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP]
+        mode, n_dec, n_pf = ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL]
+        t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
+        acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
+        has_h = ipar[I_HAS_HORIZON] == 1
+        horizon = fpar[F_HORIZON]
+        ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
+        we = horizon if has_h else np.inf
+        rc = ADVANCE_PAUSED
+        while True:
+            if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
+                if t_end > t_stop:
+                    break
+                nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
+                                                                    n_wait, reserved, acc5, ws, we)
+                if mode == MODE_FAST_STEP:
+                    free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
+                        req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
+                        lat, bs, bsh)
+                    mode = MODE_STRETCH
+                else:
+                    free, reserved, n_run, rl, n_oth, n_itl = _end_slow_step(
+                        req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
+                    mode = MODE_BETWEEN_STEPS
+                t = t_end
+            if mode == MODE_STRETCH:
+                paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
+                    n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
+                    n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
+                if paused:
+                    break
+                mode = MODE_BETWEEN_STEPS
+                continue
+            # -- between steps
+            if n_run == 0 and n_wait == 0 and n_sw == 0:
+                if nxt >= n:
+                    rc = ADVANCE_IDLE
+                    break
+                if stream.arrival[nxt] > t:
+                    if stream.arrival[nxt] >= t_stop:
+                        break
+                    t = stream.arrival[nxt]   # idle: jump to the next arrival
+            if has_h and t >= horizon:
+                rc = ADVANCE_DONE
+                break
+            if t >= t_stop:
+                break   # (before ingesting: a request handed at t_stop is seen by this step)
+            nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait + n_sw, n_wait, reserved)
+            drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
+            if n_run == 0 and n_wait == 0 and n_sw == 0:
+                continue
+            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+                free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
+                    req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
+                mode = MODE_FAST_STEP
+                n_in_queue = n_wait
+            else:
+                _materialise_decoders(req, dec, t, S, bs, bsh)
+                rl = _compact_run(batch.run, rl, req.status)
+                (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
+                 n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
+                                         pending_swap, bs, bsh, jmax, full)
+                rl = n_run
+                if not ran:   # only preemptions happened; nothing ran
+                    n_oth = _rebuild(batch.run, n_run, batch.oth)
+                    continue
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
+                pending_swap = 0
+                mode = MODE_SLOW_STEP
+                n_in_queue = n_wait + n_sw
+            t_end = t + d
+            acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
+                                 ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
+        ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
+        ri[RI_RUN_LEN], ri[RI_N_OTHERS] = rl, n_oth
+        ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
+        ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP] = n_itl, n_sw, swap_used, pending_swap
+        ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, n_dec, n_pf
+        rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
+        rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
+    if what & STEP_FINISH:
+        return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+    return rc
 
 
 @njit_noalloc
@@ -339,102 +433,6 @@ def _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full):
     return n_itl
 
 
-# ------------------------------------------------------------------------------
-# The engine loop
-
-@njit_noalloc
-def _advance_until(n, stream, ipar, fpar, lat, wi, wf, t_stop, full):
-    """Advance a replica (`_init_replica`) through every step that ends at or
-    before ``t_stop`` (`np.inf`: to the end); a step that starts before
-    ``t_stop`` and ends after it is left in flight. Returns
-    `ADVANCE_PAUSED`, `ADVANCE_IDLE` (every known request has left the
-    system) or `ADVANCE_DONE` (the horizon is reached)."""
-    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
-    ri, rf = sc.ri, sc.rf
-    # the scalar state in locals for the loop (registers), stored back at the end
-    nxt, drop_ptr, n_run, rl, n_oth = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS]
-    S, sph, n_wait, free, reserved = ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED]
-    n_itl, n_sw, swap_used, pending_swap = ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP]
-    mode, n_dec, n_pf = ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL]
-    t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
-    acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
-    has_h = ipar[I_HAS_HORIZON] == 1
-    horizon = fpar[F_HORIZON]
-    ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
-    we = horizon if has_h else np.inf
-    rc = ADVANCE_PAUSED
-    while True:
-        if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
-            if t_end > t_stop:
-                break
-            nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
-                                                                n_wait, reserved, acc5, ws, we)
-            if mode == MODE_FAST_STEP:
-                free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
-                    req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
-                    lat, bs, bsh)
-                mode = MODE_STRETCH
-            else:
-                free, reserved, n_run, rl, n_oth, n_itl = _end_slow_step(
-                    req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
-                mode = MODE_BETWEEN_STEPS
-            t = t_end
-        if mode == MODE_STRETCH:
-            paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
-                n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
-                n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
-            if paused:
-                break
-            mode = MODE_BETWEEN_STEPS
-            continue
-        # -- between steps
-        if n_run == 0 and n_wait == 0 and n_sw == 0:
-            if nxt >= n:
-                rc = ADVANCE_IDLE
-                break
-            if stream.arrival[nxt] > t:
-                if stream.arrival[nxt] >= t_stop:
-                    break
-                t = stream.arrival[nxt]   # idle: jump to the next arrival
-        if has_h and t >= horizon:
-            rc = ADVANCE_DONE
-            break
-        if t >= t_stop:
-            break   # (before ingesting: a request handed at t_stop is seen by this step)
-        nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait + n_sw, n_wait, reserved)
-        drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
-        if n_run == 0 and n_wait == 0 and n_sw == 0:
-            continue
-        if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
-            free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
-                req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
-            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
-            mode = MODE_FAST_STEP
-            n_in_queue = n_wait
-        else:
-            _materialise_decoders(req, dec, t, S, bs, bsh)
-            rl = _compact_run(batch.run, rl, req.status)
-            (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
-             n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
-                                     pending_swap, bs, bsh, jmax, full)
-            rl = n_run
-            if not ran:   # only preemptions happened; nothing ran
-                n_oth = _rebuild(batch.run, n_run, batch.oth)
-                continue
-            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
-            pending_swap = 0
-            mode = MODE_SLOW_STEP
-            n_in_queue = n_wait + n_sw
-        t_end = t + d
-        acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
-                             ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
-    ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS] = nxt, drop_ptr, n_run, rl, n_oth
-    ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
-    ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP] = n_itl, n_sw, swap_used, pending_swap
-    ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, n_dec, n_pf
-    rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
-    rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
-    return rc
 
 
 # ------------------------------------------------------------------------------
