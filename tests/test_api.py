@@ -183,7 +183,7 @@ def test_cli_compile_leaves_both_engines_compiled(capsys):
     out = capsys.readouterr().out
     assert "common engine: ready in" in out and "full engine: ready in" in out
     # What a later run needs is there: the entries for either engine, and the driver for both.
-    assert {sig[-1] for sig in K._simulate.signatures} >= {K.drivers.nb_types.none, K.drivers.nb_types.int64}
+    assert {sig[13] for sig in K._simulate.signatures} >= {K.drivers.nb_types.none, K.drivers.nb_types.int64}   # (full)
     assert {sig[-5] for sig in K._run_chunk.signatures} >= {K.drivers.nb_types.none, K.drivers.nb_types.int64}
 
 
