@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -837,6 +836,54 @@ _POOL_MIN_REQUESTS = 20_000
 _CHUNK_MAX_REQUESTS = 100_000
 
 
+def _run_threads(work, chunks, n_threads, stop, bar):
+    """``work(chunk)`` for every chunk on ``n_threads`` threads, each taking
+    the next chunk by a shared counter, until done or ``stop`` is set.
+
+    The calling thread waits in `time.sleep`, holding no lock, so that an
+    interrupt (KeyboardInterrupt, raised in it) cannot leave a lock held that
+    the workers need: `concurrent.futures`' pool could deadlock so when
+    Ctrl-C came while it queued many chunks. On an interrupt or a worker's
+    error, the workers finish the chunk they are in and take no other."""
+    next_chunk = itertools.count()
+    done = [0] * n_threads       # chunks' replications each worker finished
+    ended = [False] * n_threads
+    errors = []
+
+    def worker(w):
+        try:
+            while not stop.is_set():
+                i = next(next_chunk)
+                if i >= len(chunks):
+                    return
+                done[w] += work(chunks[i])
+        except BaseException as exc:   # (re-raised by the calling thread)
+            errors.append(exc)
+            stop.set()
+        finally:
+            ended[w] = True
+
+    workers = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(n_threads)]
+    for t in workers:
+        t.start()
+    try:
+        shown = 0
+        while not all(ended):
+            time.sleep(0.005)
+            if bar is not None:
+                total = sum(done)
+                bar.update(total - shown)
+                shown = total
+        if bar is not None:
+            bar.update(sum(done) - shown)
+    finally:
+        stop.set()
+        for t in workers:
+            t.join()
+    if errors:
+        raise errors[0]
+
+
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
     out = np.empty((nrep, K.N_COLUMNS))
     if backend == "reference":
@@ -894,15 +941,7 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     pooled = threads > 1 and len(chunks) > 1
     try:
         if pooled:
-            pool = ThreadPoolExecutor(max_workers=threads)
-            try:
-                for m in pool.map(work, chunks):
-                    if bar is not None:
-                        bar.update(m)
-            finally:
-                # on an interrupt: drop the queued chunks, let the running ones end
-                stop.set()
-                pool.shutdown(wait=True, cancel_futures=True)
+            _run_threads(work, chunks, threads, stop, bar)
         else:
             for chunk in chunks:
                 m = work(chunk)

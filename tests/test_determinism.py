@@ -25,17 +25,17 @@ def test_identical_across_thread_counts_and_chunking(monkeypatch):
     # A run this small is simulated in the calling thread, unless batch_size
     # splits it; without that cut-off, two threads share it in chunks.
     pools = []
-    real_pool = _replicate.ThreadPoolExecutor
+    real_threads = _replicate._run_threads
 
-    def counting_pool(*args, **kwargs):
-        pools.append(kwargs)
-        return real_pool(*args, **kwargs)
+    def counting_threads(work, chunks, n_threads, stop, bar):
+        pools.append(n_threads)
+        return real_threads(work, chunks, n_threads, stop, bar)
 
-    monkeypatch.setattr(_replicate, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(_replicate, "_run_threads", counting_threads)
     fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2)
     assert pools == []
     c = fastsim.replicate(SCENARIO, 40, seed=123, batch_size=7, n_threads=2).per_replication
-    assert pools == [{"max_workers": 2}]
+    assert pools == [2]
     pd.testing.assert_frame_equal(a, c)
     monkeypatch.setattr(_replicate, "_POOL_MIN_REQUESTS", 0)
     d = fastsim.replicate(SCENARIO, 40, seed=123, n_threads=2).per_replication
