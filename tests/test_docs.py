@@ -187,3 +187,15 @@ def test_mkdocs_site_lists_every_page():
     config = (ROOT / "mkdocs.yml").read_text()
     for page in DOCS:
         assert f" {page.name}" in config, page.name
+
+
+def test_deployment_page_first_block_runs_as_written(capsys):
+    """docs/deployment.md's first Python block (a deployment described as vLLM
+    is launched, and a scenario from it) runs as written. (Its second block
+    reads the user's own benchmark files: parsed only, above.)"""
+    first = blocks(ROOT / "docs" / "deployment.md", "python")[0]
+    namespace = {}
+    exec(compile(first, "docs/deployment.md", "exec"), namespace)
+    dep, sc = namespace["dep"], namespace["sc"]
+    assert dep.num_gpu_blocks > 0 and sc.engine.num_gpu_blocks == dep.num_gpu_blocks
+    assert f"{dep.num_gpu_blocks} blocks" in capsys.readouterr().out   # the printed memory breakdown
