@@ -26,9 +26,9 @@ step with events (about 40 per step).
 No Python entry for internal functions. Numba gives every compiled function
 a CPython wrapper and a C wrapper, although only the few functions that
 Python calls (``entry=True``) need them: the code of the others is linked
-into, and cached with, their jitted callers. For the kernel's 60 internal
-functions these (with their disk-cache entries) were about 2 s (9%) of a
-cold start. Internal functions are read from the disk cache, but written
+into, and cached with, their jitted callers. For the kernel's many
+internal functions these (with their disk-cache entries) were a noticeable
+share of a cold start. Internal functions are read from the disk cache, but written
 there only by a cold start's helper process (below).
 
 Inlining by measurement. LLVM leaves a few helpers out of line in the
@@ -37,25 +37,23 @@ Inlining by measurement. LLVM leaves a few helpers out of line in the
 LLVM (Numba's ``forceinline``). Which helpers pay depends on code layout, so
 each is A/B measured (``benchmarks/ab_interleaved.py``). Numba's own IR
 inlining (``inline="always"``) is not offered: it types and lowers the
-helper again at every call site, and four helpers inlined that way were
-6 s of the engine's 16 s compile on the development VM, for no speed that
-LLVM's inlining does not give as well.
+helper again at every call site, which cost much compile time for no speed
+that LLVM's inlining does not give as well (`benchmarks/HISTORY.md`).
 
 Calls through a pointer where linking costs more than it gives. When a
 jitted function calls another, Numba links the callee's LLVM module into
 the caller's, and LLVM optimises and generates code for all of it again.
 `function_pointer` hands a compiled entry to a jitted caller as a
 first-class function instead, called through its address: the driver that
-loops over replications no longer compiles a second copy of the engine
-(its LLVM time went from 3.8 to 0.4 s).
+loops over replications does not compile a second copy of the engine.
 
 Two processes for a cold start. Numba compiles one function at a time (a
 global lock), so a cold start is serial: the engine, then the workload
 drawing, the reduction and the driver. `compile_entries` compiles the costliest entry
 here and, at the same time, the others in a helper process that writes them
 to Numba's disk cache, from which this process then loads them. The
-helper first compiles the internal functions the engine calls (about 4 of
-its 15 s when compiled here), which the engine's compilation then loads as
+helper first compiles the internal functions the engine's phases call
+(`kernel.callees.TABLE`), which the engine's compilation then loads as
 it asks for them, waiting for the helper where it must; at the end, this
 process takes the jobs the helper has not begun, from the last back (a
 process claims a job by creating a file). It does so only when the
@@ -379,7 +377,7 @@ class _FunctionPointer(WrapperAddressProtocol):
 def _typeof_function_pointer(val, c):
     # The pointer's type, built once: Numba's own typeof for the protocol
     # builds it on every call of a jitted function that takes the pointer
-    # (60 us a call for `_run_chunk`'s four, half its dispatch).
+    # (a large share of `_run_chunk`'s dispatch).
     return val.numba_type
 
 
@@ -405,10 +403,9 @@ HELPER_GRACE_S = 10.0
 #: anything heavy), and this process takes a helper it has not heard from
 #: for `HELPER_STALL_S` as stalled (stopped, swapped out, deadlocked): it
 #: waits for it no more, for any job, says so in a warning, and compiles
-#: what is left itself. (Before, a stalled helper cost `HELPER_GRACE_S` per
-#: callee still to come: a cold start of the common engine with the helper
-#: SIGSTOPped took 363 s, silently, against 14 s now and 7 s with a working
-#: helper; ``benchmarks/helper_stall.py``.) The heartbeat thread runs while
+#: what is left itself. (A fixed grace per job made a stalled helper cost
+#: minutes, silently; ``benchmarks/helper_stall.py`` measures it, and
+#: `benchmarks/HISTORY.md` has the figures.) The heartbeat thread runs while
 #: the main thread compiles: LLVM's calls release the GIL, and Python's
 #: switch interval (5 ms) hands it over during typing. 3 s of silence leaves
 #: room for a loaded machine's scheduling delays; a shorter limit would
