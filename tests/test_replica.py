@@ -2,7 +2,7 @@
 the bits of one call.
 
 `kernel.drivers.Replica` drives `replica._init_replica`,
-`replica._advance_until` and `replica._finish_replica`. Each scenario's
+`replica._simulate` with ``STEP_ADVANCE`` and `replica._finish_replica`. Each scenario's
 stream is run to the end in one call (`simulate_stream`, i.e. `_simulate`)
 and again in many calls at random times, which fall inside steps (a step in
 flight) and inside stretches (a stretch planned again on the next call); the

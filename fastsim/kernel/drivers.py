@@ -285,7 +285,7 @@ def _per_request(n, wi, wf):
 
 class Replica:
     """One replica of the engine over a given request stream, advanced from
-    Python in as many calls as wanted (`replica._advance_until`): the way a
+    Python in as many calls as wanted (`replica._simulate`'s ``STEP_ADVANCE``): the way a
     router, or a test, drives it. Run to the end in any number of calls, it
     gives the bits of `simulate_stream`.
 

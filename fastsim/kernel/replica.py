@@ -1,8 +1,9 @@
 """The engine: one replica of a vLLM-style server over a request stream.
 
-A replica is initialised (`_init_replica`), advanced (`_advance_until`:
-every step that ends at or before a given time) any number of times, and
-finished (`_finish_replica`); `_simulate` does the three at once. Its whole
+A replica is initialised (`_init_replica`), advanced through every step
+that ends at or before a given time any number of times, and finished
+(`_finish_replica`): `_simulate` does any of the three (``what``), and the
+three at once for a replication. Its whole
 state lives in a workspace (`workspace`), so a replica can be paused and
 resumed: between two calls its scalars are kept at the ``RI_*``/``RF_*``
 slots. Semantics: ``docs/engine-model.md``; reading guide:
@@ -27,7 +28,7 @@ every request's times are bit-identical to the reference's. Event skipping
 runs a *stretch* of fast steps in which nothing happens but token counts
 (`stretch`); its run-level figures agree with the reference to rounding.
 
-Where a replica may pause. ``_advance_until(.., t_stop)`` schedules a step
+Where a replica may pause. ``_simulate(.., t_stop, STEP_ADVANCE)`` schedules a step
 only if it starts before ``t_stop`` and ends a step only if it ends at or
 before ``t_stop``; a step that ends later stays *in flight* (scheduled and
 counted, its end not applied), and a stretch that would end later is not
@@ -84,7 +85,7 @@ MODE_FAST_STEP = 1       # a fast step is in flight (scheduled and counted, its 
 MODE_SLOW_STEP = 2       # a slow step is in flight
 MODE_STRETCH = 3         # a fast step ended: stretches may follow
 
-# What `_advance_until` returns.
+# What `_simulate` returns when it advances (and does not finish).
 ADVANCE_PAUSED = 0       # the next step starts, or the step in flight ends, after ``t_stop``
 ADVANCE_IDLE = 1         # nothing to do until another request is handed to it
 ADVANCE_DONE = 2         # the horizon is reached
@@ -159,14 +160,20 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     optimises and generates the engine's code once (a callee's code is
     optimised again in every caller it is linked into).
     """
+    if full is None and _needs_full_engine(ipar):
+        return -2
+    bs = ipar[I_BLOCK_SIZE]
+    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, output, pgrp, plen, ipar)
+    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
+    if need_i > wi.size or need_f > wf.size:
+        return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
+    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    bsh = _log2_exact(bs)
     if what & STEP_INIT:
-        rc = _init_replica(n, stream, ipar, fpar, lat, wi, wf, full)
-        if rc < 0:
-            return rc
+        _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full)
     rc = 0
     if what & STEP_ADVANCE:
-        (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
         ri, rf = sc.ri, sc.rf
         # the scalar state in locals for the loop (registers), stored back at the end
         nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
@@ -254,38 +261,18 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
         rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
     if what & STEP_FINISH:
-        return _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full)
+        return _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     return rc
 
 
 @njit_noalloc
-def _views(n, stream, ipar, wi, wf):
-    """The workspace's views (`workspace._carve`), block_size, its log2 (or
-    -1) and the most prefix blocks of a request (the sizes are checked by
-    `_init_replica`)."""
-    bs = ipar[I_BLOCK_SIZE]
-    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, stream.output, stream.pgrp, stream.plen, ipar)
-    views = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
-    return views, bs, _log2_exact(bs), jmax
-
-
-@njit_noalloc
-def _init_replica(n, stream, ipar, fpar, lat, wi, wf, full):
-    """Set up a replica for the requests of ``stream`` (the arguments of
-    `_simulate`); return 0, -1 if the workspace is too small, or -2 if the
-    common engine (``full`` None) was asked for an option it lacks."""
-    if full is None and _needs_full_engine(ipar):
-        return -2
-    bs = ipar[I_BLOCK_SIZE]
-    cap, ncnt, nheld, nitl, _jmax = _ws_dims(n, stream.output, stream.pgrp, stream.plen, ipar)
-    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
-    if need_i > wi.size or need_f > wf.size:
-        return -1
-    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
+def _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full):
+    """Set up a replica for the first ``n`` requests of ``req`` in the
+    workspace's views (`workspace._carve`)."""
     _init_requests(n, req, ipar, fpar)
     if full is not None:
-        _init_full_engine(n, req, swap, cache, ipar, bs)
-    _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld)
+        _init_full_engine(n, req, swap, cache, ipar, dec.ph.size)
+    _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
     for j in range(N_RF):
@@ -295,8 +282,7 @@ def _init_replica(n, stream, ipar, fpar, lat, wi, wf, full):
     warmup = ipar[I_WARMUP]
     # Measurement window start: the run's start (time 0, when a benchmark
     # client starts its clock) without warm-up, else the first measured arrival.
-    rec.acc[A_WINDOW_START] = 0.0 if warmup == 0 else (stream.arrival[warmup] if n > warmup else np.inf)
-    return 0
+    rec.acc[A_WINDOW_START] = 0.0 if warmup == 0 else (req.arrival[warmup] if n > warmup else np.inf)
 
 
 @njit_noalloc
@@ -359,11 +345,11 @@ def _init_full_engine(n, req, swap, cache, ipar, bs):
 
 
 @njit_noalloc
-def _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld):
+def _init_state(lat, batch, dec, swap, cache, rec):
     """Empty queues, no lazy decoders, an empty prefix cache, no gaps, the
     accumulators at zero, and the decode term by batch size."""
     cache.hoff[0] = 0
-    for j in range(bs):
+    for j in range(dec.ph.size):
         dec.ph[j] = 0
     for j in range(rec.gapw.size):
         rec.gapw[j] = 0
@@ -373,9 +359,9 @@ def _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld):
     swap.sqs[0] = 0
     for j in range(3):
         dec.dstate[j] = 0
-    for j in range(ncnt):
+    for j in range(cache.cnt.size):
         cache.cnt[j] = -1
-    for j in range(nheld):
+    for j in range(cache.held.size):
         cache.held[j] = 0
     cache.cst[0] = -1
     cache.cst[1] = -1
@@ -387,16 +373,15 @@ def _init_state(ipar, lat, batch, dec, swap, cache, rec, bs, ncnt, nheld):
 
 
 @njit_noalloc
-def _finish_replica(n, stream, ipar, fpar, lat, wi, wf, full):
-    """End a replica's run where `_advance_until` left it: materialise the
-    lazy decoders; whatever is in the system (or in flight) is unfinished;
-    store the accumulators and the inter-token gaps of pure decode steps.
-    Returns the number of inter-token gap entries."""
+def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full):
+    """End a replica's run where it stands: materialise the lazy decoders;
+    whatever is in the system (or in flight) is unfinished; store the
+    accumulators and the inter-token gaps of pure decode steps. Returns the
+    number of inter-token gap entries."""
     if full is None:
         caching = False
     else:
         caching = ipar[I_CACHING] == 1
-    (req, batch, dec, swap, cache, rec, sc), bs, bsh, jmax = _views(n, stream, ipar, wi, wf)
     ri, rf, acc = sc.ri, sc.rf, rec.acc
     t = rf[RF_CLOCK]
     S = ri[RI_FAST_STEPS]
