@@ -35,7 +35,6 @@ import numpy as np
 
 from . import kernel as K
 
-WHOLE_RUN = K.replica.WHOLE_RUN   # (a constant in the kernels below)
 
 __all__ = ["BackendUnavailableError", "cuda_unavailable_reason", "check_cuda_available", "compile_ptx",
            "run_replications_cuda"]
@@ -124,7 +123,7 @@ def _simulate_kernel(j0, nrep, ipar, fpar, lat, arrival, prompt, output, prio, s
         wij = wi[off_i[t]:off_i[t + 1]]
         wfj = wf[off_f[t]:off_f[t + 1]]
         _simulate(n, arrival[j], prompt[j], output[j], prio[j], sjfk[j], pgrp[j], plen[j],  # noqa: F821
-                  ipar, fpar, lat, wij, wfj, 1, np.inf, WHOLE_RUN)   # the full engine (one GPU build for every scenario)
+                  ipar, fpar, lat, wij, wfj, 1, np.inf, WHOLE_RUN)  # noqa: F821  (the full engine: one GPU build)
         _reduce(n, arrival[j], output[j], ipar, fpar, wij, wfj, out[j])  # noqa: F821
 
 

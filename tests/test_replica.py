@@ -82,7 +82,7 @@ def test_many_calls_give_the_bits_of_one(name):
             rep_ = K.drivers.Replica(*stream, p["ipar"], p["fpar"], p["lat"])
             for t in times:
                 rep_.advance_until(t)
-                modes.add(int(rep_.wi[K.drivers._offset_of_scalars(rep_.n, rep_.stream, p["ipar"])[0] + RI_MODE]))
+                modes.add(int(rep_.ri[RI_MODE]))
             rep_.advance_until(np.inf)
             _same(rep_.finish(), whole)
     assert R.MODE_BETWEEN_STEPS in modes or R.MODE_STRETCH in modes

@@ -17,12 +17,12 @@ import numba
 import numpy as np
 from numba.core import types as nb_types
 
-from .._numba_options import compile_entries, function_pointer, njit, python_version
+from .._numba_options import compile_entries, function_pointer, njit
 from . import callees
-from .layout import I_BLOCK_SIZE, I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
+from .layout import I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
-from .workspace import (RF_CLOCK, WF_FINISH, WF_FIRST, WF_SCALARS, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
-                        WI_SCALARS, WI_STATUS, Stream, _ws_need)
+from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
+                        WI_STATUS, Stream, _ws_need)
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, WHOLE_RUN, _simulate, engine_variant
 from .metrics import _reduce
 
@@ -307,6 +307,8 @@ class Replica:
         need_i, need_f = _ws_need(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar)
         self.wi = np.zeros(need_i, np.int64)
         self.wf = np.zeros(need_f)
+        # the replica's scalars: the last segment of each layout (`workspace`)
+        self.ri, self.rf = self.wi[need_i - N_RI:], self.wf[need_f - N_RF:]
         rc = self._call(0.0, STEP_INIT)
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")
@@ -329,7 +331,7 @@ class Replica:
     def clock(self):
         """The time the replica has reached: the start of its step in flight,
         or the end of its last step."""
-        return float(self.wf[_offset_of_scalars(self.n, self.stream, self.params[0])[1] + RF_CLOCK])
+        return float(self.rf[RF_CLOCK])
 
     def finish(self):
         """End the run where it stands (what is in the system is
@@ -342,14 +344,3 @@ class Replica:
         _reduce(self.n, self.stream.arrival, self.stream.output, ipar, fpar, self.wi, self.wf, row)
         return _per_request(int(self.n), self.wi, self.wf) + (row,)
 
-
-def _offset_of_scalars(n, stream, ipar):
-    """Where the replica's scalars (`workspace.WI_SCALARS`, `WF_SCALARS`) start in ``wi`` and ``wf``."""
-    from . import workspace as W
-
-    n = int(n)
-    bs = int(ipar[I_BLOCK_SIZE])
-    cap, ncnt, nheld, nitl, _ = python_version(W._ws_dims)(n, stream.output, stream.pgrp, stream.plen, ipar)
-    si = python_version(W._int_sizes)(n, bs, cap, ncnt, nheld, nitl)
-    sf = python_version(W._float_sizes)(n, cap, nitl)
-    return sum(si[:WI_SCALARS]), sum(sf[:WF_SCALARS])

@@ -70,7 +70,7 @@ from .scheduler import _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
-                        RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
+                        RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims,
                         _ws_sizes)
@@ -277,7 +277,6 @@ def _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, ful
         sc.ri[j] = 0
     for j in range(N_RF):
         sc.rf[j] = 0.0
-    sc.ri[RI_N] = n
     sc.ri[RI_FREE] = ipar[I_NUM_GPU_BLOCKS]
     warmup = ipar[I_WARMUP]
     # Measurement window start: the run's start (time 0, when a benchmark
@@ -348,7 +347,6 @@ def _init_full_engine(n, req, swap, cache, ipar, bs):
 def _init_state(lat, batch, dec, swap, cache, rec):
     """Empty queues, no lazy decoders, an empty prefix cache, no gaps, the
     accumulators at zero, and the decode term by batch size."""
-    cache.hoff[0] = 0
     for j in range(dec.ph.size):
         dec.ph[j] = 0
     for j in range(rec.gapw.size):
