@@ -138,6 +138,16 @@ class EngineConfig:
         Share the cached full KV blocks of a prefix group's shared prefix
         across requests (vLLM's automatic prefix caching); freed blocks stay
         cached until evicted (LRU).
+    scheduler_reserve_full_isl : bool
+        vLLM V1's full-input admission gate (``SchedulerConfig.
+        scheduler_reserve_full_isl``, on by default in vLLM 0.22): admit a
+        waiting request only if the KV blocks of its whole input (prompt and
+        tokens generated before a preemption) are free, not just those of its
+        first chunk.
+    null_block : bool
+        vLLM V1 reserves one block of the pool as the *null block*
+        (``BlockPool``), so that ``num_gpu_blocks`` (the count vLLM reports)
+        holds ``num_gpu_blocks - 1`` usable blocks. False: every block is usable.
     length_predictor : LogNormalPredictor or BucketPredictor, optional
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
@@ -163,6 +173,8 @@ class EngineConfig:
     priority_preemption: bool = False
     priority_aging_s: float | None = None
     enable_prefix_caching: bool = False
+    scheduler_reserve_full_isl: bool = False
+    null_block: bool = False
     length_predictor: LogNormalPredictor | BucketPredictor | None = None
 
     def __post_init__(self):
@@ -204,6 +216,12 @@ class EngineConfig:
         s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
                                                 low=0, low_open=True, optional=True))
         s(self, "enable_prefix_caching", check_bool("enable_prefix_caching", self.enable_prefix_caching))
+        s(self, "scheduler_reserve_full_isl", check_bool("scheduler_reserve_full_isl",
+                                                         self.scheduler_reserve_full_isl))
+        s(self, "null_block", check_bool("null_block", self.null_block))
+        if self.null_block and self.num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 with null_block=True (one block is vLLM's null "
+                             f"block), got {self.num_gpu_blocks}")
         lp = self.length_predictor
         if lp is not None:
             if not isinstance(lp, (LogNormalPredictor, BucketPredictor)):
@@ -236,8 +254,13 @@ class EngineConfig:
                                      f"(not modelled); use preemption_mode='recompute' or {name}=False")
 
     @property
+    def usable_gpu_blocks(self) -> int:
+        """The blocks requests can hold: ``num_gpu_blocks`` less the null block."""
+        return self.num_gpu_blocks - int(self.null_block)
+
+    @property
     def kv_capacity_tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size
+        return self.usable_gpu_blocks * self.block_size
 
 
 @dataclass(frozen=True, eq=False)

@@ -195,7 +195,7 @@ class _Reference:
 
     def plain_free(self) -> int:
         """Blocks holding nothing (spec: free + private + entries = num_gpu_blocks)."""
-        return self.e.num_gpu_blocks - self.private_used - len(self.cache)
+        return self.e.usable_gpu_blocks - self.private_used - len(self.cache)
 
     def free_blocks(self) -> int:
         """Spec: "enough free blocks" means at most free + evictable."""
@@ -284,7 +284,7 @@ class _Reference:
         """Conservation of blocks and swap space (asserted at every step)."""
         e = self.e
         assert 0 <= self.private_used and self.plain_free() >= 0
-        assert self.private_used + len(self.cache) <= e.num_gpu_blocks
+        assert self.private_used + len(self.cache) <= e.usable_gpu_blocks
         assert self.private_used == sum(r.private for r in self.running)
         refs: dict[tuple[int, int], int] = {}
         for r in self.running:
@@ -318,7 +318,7 @@ class _Reference:
         e = self.e
         # 1. Never-fits rejection (reason too_long).
         too_long = ((e.max_model_len is not None and r.P + r.O > e.max_model_len)
-                    or self.blocks_for(r.P + r.O - 1) > e.num_gpu_blocks
+                    or self.blocks_for(r.P + r.O - 1) > e.usable_gpu_blocks
                     or (not e.enable_chunked_prefill and r.P + r.O - 1 > e.max_num_batched_tokens))
         if too_long:
             r.status = REJECTED_TOO_LONG
@@ -338,7 +338,7 @@ class _Reference:
             # holds more than P + O - 1 (rule 1 uses P + O - 1), so a request with
             # P + O - 1 == capacity passes rule 1 but is always rejected here.
             need = r.P + r.O
-            if self.reserved_tokens + need > e.num_gpu_blocks * e.block_size:
+            if self.reserved_tokens + need > e.usable_gpu_blocks * e.block_size:
                 r.status = REJECTED_ADMISSION
                 return
             r.reserved_tokens = need
@@ -387,6 +387,14 @@ class _Reference:
         need = w.P + w.g - h * self.e.block_size
         return min(need, B) if self.e.enable_chunked_prefill else need
 
+    def admission_blocks(self, w: _Request, h: int, s: int) -> int:
+        """The free blocks admitting w takes: those of its first chunk s, or with
+        the full-input gate (vLLM's scheduler_reserve_full_isl), those of its whole
+        input P + g beyond its h hit blocks."""
+        if self.e.scheduler_reserve_full_isl:
+            return self.blocks_for(w.P + w.g) - h
+        return self.blocks_for(s)
+
     def could_schedule(self, w: _Request) -> bool:
         """Spec, phase 0: a seat, and ceil(c / bs) blocks of the free capacity for w,
         c its first chunk with the whole budget."""
@@ -394,7 +402,7 @@ class _Reference:
             return False
         h = self.lookup(w)
         c = self.first_chunk(w, h, self.e.max_num_batched_tokens)
-        return self.blocks_for(c) <= self.capacity_for(w, h)
+        return self.admission_blocks(w, h, c) <= self.capacity_for(w, h)
 
     def priority_preempt(self) -> None:
         """Spec, phase 0 (active priority preemption): while the waiting head w cannot
@@ -492,8 +500,8 @@ class _Reference:
                 s = self.first_chunk(w, h, B)
                 if s > B:
                     break     # chunked prefill off: "if need > B stop admitting in this step"
-                if self.blocks_for(s) > self.capacity_for(w, h):
-                    break     # "if ceil(s / bs) exceeds the free capacity for w, stop admitting"
+                if self.admission_blocks(w, h, s) > self.capacity_for(w, h):
+                    break     # "if ceil(s / bs) (the gate: of the whole input) exceeds the free capacity for w, stop admitting"
                 # "otherwise admit w (append to running), reference its h hit entries
                 # (k_w := h * bs), allocate ceil(s / bs) new blocks, schedule s, B -= s."
                 self.waiting.pop_head()

@@ -72,7 +72,7 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
                    goodput=good.sum() / window,
                    batch_occupancy_mean=(overlap * log[:, 2]).sum() / e.max_num_seqs / window,
                    queue_depth_mean=((overlap * log[:, 3]).sum() + queue_extra) / window,
-                   kv_utilization_mean=(overlap * log[:, 4]).sum() / e.num_gpu_blocks / window)
+                   kv_utilization_mean=(overlap * log[:, 4]).sum() / e.usable_gpu_blocks / window)
     else:
         row.update(dict.fromkeys(("request_throughput", "output_throughput", "goodput",
                                   "batch_occupancy_mean", "queue_depth_mean", "kv_utilization_mean"), np.nan))

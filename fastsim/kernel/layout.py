@@ -37,7 +37,8 @@ I_SWAP = 25           # 1: preemption_mode="swap"
 I_SWAP_BLOCKS = 26    # swap_space_blocks
 I_PREFIX = 27         # 1: the workload has prefix groups (laws at lrange[4:8])
 I_CACHING = 28        # 1: enable_prefix_caching
-N_IPAR = 29
+I_FULL_ISL = 29       # 1: scheduler_reserve_full_isl (admission needs the whole input's blocks)
+N_IPAR = 30
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

@@ -66,7 +66,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
                      ST_UNFINISHED, ST_WAITING)
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release_blocks, _take_blocks
-from .scheduler import _compact_run, _first_chunk, _rebuild, _start_running
+from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
@@ -483,7 +483,7 @@ def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free
         if s < 0:
             break
         nb = _blocks_of(s, bs, bsh)
-        if nb > free:
+        if _admission_blocks(req.prompt[w] + req.g[w], nb, ipar, bs, bsh) > free:
             break
         _start_running(w, nb, batch.q, batch.qs, req.key, policy, req.status, req.ever, req.blocks)
         n_wait -= 1
@@ -797,7 +797,8 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
             cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
         c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
-        if n_run < ipar[I_MAX_NUM_SEQS] and _blocks_of(c_w, bs, bsh) <= cap_w:
+        if n_run < ipar[I_MAX_NUM_SEQS] and _admission_blocks(need_w, _blocks_of(c_w, bs, bsh), ipar, bs,
+                                                              bsh) <= cap_w:
             break
         free = _release(v, free, req, cache, jmax, caching)
         req.k[v] = 0
@@ -940,10 +941,12 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
         if s < 0:
             break
         nb = _blocks_of(s, bs, bsh)
+        # (with the full-input gate, the blocks of the whole input beyond its hits)
+        nb_gate = _admission_blocks(req.prompt[w] + req.g[w] - h_w * bs, nb, ipar, bs, bsh)
         if caching:
-            if nb > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
+            if nb_gate > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
                 break
-        elif nb > free:
+        elif nb_gate > free:
             break
         _q_pop(batch.q, batch.qs, req.key, policy)
         n_wait -= 1

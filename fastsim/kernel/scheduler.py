@@ -6,8 +6,10 @@ upkeep.
 from __future__ import annotations
 
 from .._numba_options import njit_noalloc
-from .layout import ST_RUNNING
+from .kv_cache import _blocks_of
+from .layout import I_FULL_ISL, ST_RUNNING
 from .waiting_queue import _q_pop
+
 
 @njit_noalloc
 def _first_chunk(need, budget, chunked):
@@ -16,6 +18,18 @@ def _first_chunk(need, budget, chunked):
     if chunked:
         return min(need, budget)
     return need if need <= budget else -1
+
+
+@njit_noalloc(inline="llvm")
+def _admission_blocks(need, nb, ipar, bs, bsh):
+    """The free blocks a waiting request needs to be admitted: those of its
+    first chunk (``nb``), or, with vLLM's full-input gate
+    (``scheduler_reserve_full_isl``), those of its whole remaining input
+    (``need`` tokens: prompt and tokens generated before a preemption, less
+    prefix-cache hits)."""
+    if ipar[I_FULL_ISL] == 1:
+        return _blocks_of(need, bs, bsh)
+    return nb
 
 
 @njit_noalloc(inline="llvm")
