@@ -138,6 +138,12 @@ class EngineConfig:
         Share the cached full KV blocks of a prefix group's shared prefix
         across requests (vLLM's automatic prefix caching); freed blocks stay
         cached until evicted (LRU).
+    async_scheduling : bool
+        vLLM V1's async scheduling (on by default in vLLM 0.22): the engine
+        core schedules step j + 1 while step j runs (a batch queue of two),
+        so a step sees the arrivals and freed blocks of one step earlier,
+        and a request whose last token is in flight is not scheduled again.
+        False: the synchronous loop (schedule, run, update).
     scheduler_reserve_full_isl : bool
         vLLM V1's full-input admission gate (``SchedulerConfig.
         scheduler_reserve_full_isl``, on by default in vLLM 0.22): admit a
@@ -173,6 +179,7 @@ class EngineConfig:
     priority_preemption: bool = False
     priority_aging_s: float | None = None
     enable_prefix_caching: bool = False
+    async_scheduling: bool = False
     scheduler_reserve_full_isl: bool = False
     null_block: bool = False
     length_predictor: LogNormalPredictor | BucketPredictor | None = None
@@ -219,6 +226,16 @@ class EngineConfig:
         s(self, "scheduler_reserve_full_isl", check_bool("scheduler_reserve_full_isl",
                                                          self.scheduler_reserve_full_isl))
         s(self, "null_block", check_bool("null_block", self.null_block))
+        s(self, "async_scheduling", check_bool("async_scheduling", self.async_scheduling))
+        if self.async_scheduling:
+            for name, on in (("scheduler", self.scheduler == "static"), ("preemption_mode", self.preemption_mode == "swap"),
+                             ("priority_preemption", self.priority_preemption),
+                             ("enable_prefix_caching", self.enable_prefix_caching)):
+                if on:
+                    raise ValueError(f"async_scheduling=True cannot be combined with {name}="
+                                     f"{getattr(self, name)!r} (not modelled: vLLM V1's async scheduling has "
+                                     f"no static batching, swap or active priority preemption); set "
+                                     f"async_scheduling=False")
         if self.null_block and self.num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 with null_block=True (one block is vLLM's null "
                              f"block), got {self.num_gpu_blocks}")

@@ -89,6 +89,7 @@ def pack_scenario(scenario: Scenario) -> dict:
     ipar[K.I_BLOCK_SIZE] = e.block_size
     ipar[K.I_NUM_GPU_BLOCKS] = e.usable_gpu_blocks   # (the null block holds nothing)
     ipar[K.I_FULL_ISL] = int(e.scheduler_reserve_full_isl)
+    ipar[K.I_ASYNC] = int(e.async_scheduling)
     ipar[K.I_CHUNKED] = int(e.enable_chunked_prefill)
     ipar[K.I_POLICY] = K.POLICY_CODES[e.policy]
     ipar[K.I_STATIC] = int(e.scheduler == "static")

@@ -47,6 +47,15 @@ CASES = {
         engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=50, enable_prefix_caching=True),
         workload=fastsim.Workload(arrival_rate=5.0, num_requests=50, prompt_len=fastsim.Uniform(40, 160),
                                   output_len=fastsim.Uniform(2, 60), prefix_groups=3, prefix_len=64)),
+    # async scheduling (two steps in flight), tight KV (preemptions of requests with a token in
+    # flight), a horizon and abandonment, the full-input gate and the null block
+    "async": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=60, max_num_batched_tokens=256,
+                                    max_queue_delay_s=3.0, async_scheduling=True, null_block=True,
+                                    scheduler_reserve_full_isl=True),
+        workload=fastsim.Workload(arrival_rate=6.0, num_requests=80, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(5, 200), horizon_s=20.0),
+        latency=LAT),
     # static batching
     "static": fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200, scheduler="static"),
@@ -90,6 +99,8 @@ def test_many_calls_give_the_bits_of_one(name):
         assert {R.MODE_FAST_STEP, R.MODE_STRETCH} <= modes   # paused in a step and before a stretch
     if name in ("tight-kv-context", "priority-swap", "prefix-caching", "static"):
         assert R.MODE_SLOW_STEP in modes
+    if name == "async":
+        assert R.MODE_IN_FLIGHT in modes
 
 
 def test_a_step_in_flight_is_not_ended_before_its_end():

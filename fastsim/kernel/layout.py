@@ -38,7 +38,8 @@ I_SWAP_BLOCKS = 26    # swap_space_blocks
 I_PREFIX = 27         # 1: the workload has prefix groups (laws at lrange[4:8])
 I_CACHING = 28        # 1: enable_prefix_caching
 I_FULL_ISL = 29       # 1: scheduler_reserve_full_isl (admission needs the whole input's blocks)
-N_IPAR = 30
+I_ASYNC = 30          # 1: async_scheduling (a step is scheduled while the one before it runs)
+N_IPAR = 31
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

@@ -128,3 +128,15 @@ def _register(r, k0, k1, bs, grp, cache, jmax):
         cache.held[cache.hoff[r] + j] = 1
         cache.nent[r] += 1
         cache.private[r] -= 1
+
+
+@njit_noalloc(inline="llvm")
+def _release(r, free, req, cache, jmax, caching):
+    """Release the KV blocks of request ``r`` (with prefix caching, its
+    private blocks and its references to cache entries); return the free blocks."""
+    if caching:
+        free = _release_blocks(r, free, req.pgrp, cache, jmax)
+    else:
+        free += req.blocks[r]
+    req.blocks[r] = 0
+    return free

@@ -58,14 +58,15 @@ from .arrivals import _abandon, _arrivals_during_step, _ingest
 from .decoders import _complete_decoders, _d_add
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
-from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
+from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
                      I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS,
                      POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
                      ST_UNFINISHED, ST_WAITING)
-from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release_blocks, _take_blocks
+from .pipeline import _drop_in_flight, _init_pipeline, _last_end, _oldest_end, _pop_step, _push_step
+from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
@@ -76,14 +77,15 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_
                         _ws_sizes)
 
 # Static batching, active priority preemption, swap preemption, prefix
-# caching: the options only the full engine has (`_simulate`'s ``full``).
-_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
+# caching, async scheduling: the options only the full engine has (`_simulate`'s ``full``).
+_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING, I_ASYNC)
 
 # Where a paused replica stands (``RI_MODE``).
 MODE_BETWEEN_STEPS = 0   # the next step is not scheduled
 MODE_FAST_STEP = 1       # a fast step is in flight (scheduled and counted, its end not applied)
 MODE_SLOW_STEP = 2       # a slow step is in flight
 MODE_STRETCH = 3         # a fast step ended: stretches may follow
+MODE_IN_FLIGHT = 4       # async scheduling: steps in flight (`pipeline`), the oldest one's end next
 
 # What `_simulate` returns when it advances (and does not finish).
 ADVANCE_PAUSED = 0       # the next step starts, or the step in flight ends, after ``t_stop``
@@ -168,12 +170,19 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if need_i > wi.size or need_f > wf.size:
         return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
-    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    req, batch, dec, swap, cache, rec, pipe, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
     bsh = _log2_exact(bs)
     if what & STEP_INIT:
         _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full)
+        _init_pipeline(pipe)
     rc = 0
-    if what & STEP_ADVANCE:
+    advance = what & STEP_ADVANCE
+    if full is not None:
+        if advance and ipar[I_ASYNC] == 1:
+            rc = _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t_stop, bs, bsh, jmax,
+                                full)
+            advance = 0
+    if advance:
         ri, rf = sc.ri, sc.rf
         # the scalar state in locals for the loop (registers), stored back at the end
         nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
@@ -261,7 +270,90 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
         rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
     if what & STEP_FINISH:
+        if full is not None:
+            if ipar[I_ASYNC] == 1:
+                _drop_in_flight(req, pipe)
         return _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
+    return rc
+
+
+@njit_noalloc
+def _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t_stop, bs, bsh, jmax, full):
+    """`_simulate`'s loop with async scheduling (`pipeline`): at each step
+    boundary (the oldest step in flight ends, its tokens are emitted), the
+    arrivals are ingested and the next step is scheduled, while the step
+    after the one that ended runs; with nothing in flight, two steps are
+    scheduled at once (vLLM's batch queue of two). Every step is a slow one
+    (request by request). Pauses and returns as `_simulate` does."""
+    caching = ipar[I_CACHING] == 1
+    ri, rf = sc.ri, sc.rf
+    nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
+    n_wait, free, reserved, n_itl, mode = ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_ITL], ri[RI_MODE]
+    t = rf[RF_CLOCK]
+    acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    ws = rec.acc[A_WINDOW_START]
+    we = horizon if has_h else np.inf
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    rc = ADVANCE_PAUSED
+    while True:
+        if mode == MODE_IN_FLIGHT:
+            t_end = _oldest_end(pipe)
+            if t_end > t_stop:
+                break
+            n_listed = n_run
+            free, reserved, n_run, n_wait, n_itl = _pop_step(req, rec, pipe, cache, ipar, free, reserved, n_run,
+                                                             n_wait, n_itl, jmax, caching)
+            if n_run < n_listed:
+                _compact_run(batch.run, n_listed, req.status)
+            # the arrivals during the step are seen after its outputs (the engine core
+            # takes new requests at the top of its loop, after update_from_output)
+            nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run, n_wait,
+                                                                reserved, acc5, ws, we)
+            t = t_end
+            mode = MODE_BETWEEN_STEPS
+        # -- a step boundary (the oldest step in flight just ended, or none is in flight)
+        if n_run == 0 and n_wait == 0 and pipe.fs[0] == 0:
+            if nxt >= n:
+                rc = ADVANCE_IDLE
+                break
+            if req.arrival[nxt] > t:
+                if req.arrival[nxt] >= t_stop:
+                    break
+                t = req.arrival[nxt]
+        if has_h and t >= horizon:
+            rc = ADVANCE_DONE
+            break
+        if t >= t_stop:
+            break
+        nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait, n_wait, reserved)
+        drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
+        pushed = 0
+        while pipe.fs[0] < 2:
+            (free, n_wait, n_run, _n_sw, _su, _ps, ran, n_dec, n_pf,
+             n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, 0, 0, 0, bs, bsh,
+                                     jmax, full)
+            if not ran:
+                break
+            start = _last_end(pipe, t)
+            _push_step(req, batch.run, n_run, pipe, start + _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0))
+            pushed += 1
+        if pipe.fs[0] == 0:
+            continue   # only preemptions happened, or nothing can run: schedule again
+        t_next = _oldest_end(pipe)
+        acc5 = _account_step(acc5, t, t_next, t_next - t, n_run, n_wait, nblk - free - cache.cst[2], ws, we)
+        if pushed == 2:
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+            acc5 = (a_occ, a_queue, a_kv, a_l, a_steps + 1.0, a_max)
+        elif pushed == 0:
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+            acc5 = (a_occ, a_queue, a_kv, a_l, a_steps - 1.0, a_max)
+        mode = MODE_IN_FLIGHT
+    ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
+    ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_ITL], ri[RI_MODE] = n_wait, free, reserved, n_itl, mode
+    rf[RF_CLOCK] = t
+    rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
     return rc
 
 
@@ -693,18 +785,6 @@ def _victim(run, n_run, key, keyed):
 
 
 @njit_noalloc(inline="llvm")
-def _release(r, free, req, cache, jmax, caching):
-    """Release the KV blocks of request ``r`` (with prefix caching, its
-    private blocks and its references to cache entries); return the free blocks."""
-    if caching:
-        free = _release_blocks(r, free, req.pgrp, cache, jmax)
-    else:
-        free += req.blocks[r]
-    req.blocks[r] = 0
-    return free
-
-
-@njit_noalloc(inline="llvm")
 def _remove_running(run, n_run, vpos):
     """Drop position ``vpos`` of ``run[:n_run]``, keeping the order; return the new count."""
     for jj in range(vpos, n_run - 1):
@@ -823,11 +903,13 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         prio_preempt = False
         swap_on = False
         caching = False
+        async_on = False
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
         caching = ipar[I_CACHING] == 1
+        async_on = ipar[I_ASYNC] == 1
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
@@ -842,13 +924,18 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
             budget -= 1
             kk += 1
             continue
+        if async_on and req.g[r] == req.output[r]:
+            kk += 1   # its last token is in flight: not scheduled again (it stays, a possible victim)
+            continue
         s = min(req.prompt[r] + req.g[r] - req.k[r], budget)
         new_blk = _blocks_of(req.k[r] + s, bs, bsh) - req.blocks[r]
         self_preempted = False
         while new_blk > free + cache.cst[2]:   # free + evictable (0 without caching)
             vpos = _victim(run, n_run, req.key, keyed)
             v = run[vpos]
-            if vpos < kk:
+            if vpos < kk and req.sched[v] > 0:
+                # (one skipped with its last token in flight is not "scheduled": vLLM then
+                # moves no cursor, so the request after the victim waits for the next step)
                 budget += req.sched[v]
                 kk -= 1
             req.sched[v] = 0
