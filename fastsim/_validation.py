@@ -204,6 +204,10 @@ def check_metric_names(metrics, allowed):
 #: ``backend="reference"``, implements them all). Remove an entry when the
 #: kernel implements that option.
 KERNEL_PENDING_OPTIONS = {
+    "async_scheduling": False,
+    "scheduler_reserve_full_isl": False,
+    "null_block": False,
+    "block_hash_caching": False,
 }
 
 
