@@ -276,6 +276,8 @@ class _Reference:
         # (t, t + d, running, waiting incl. swapped, allocated blocks, swapped requests,
         #  swap blocks used, evictable cached blocks) of every step with a duration
         self.step_log: list[tuple] = []
+        # (start, ((request, tokens, computed before), ...)) of every step with a duration
+        self.batches: list[tuple] = []
 
     # ------------------------------------------------------------------ blocks
     def blocks_for(self, tokens: int) -> int:
@@ -800,8 +802,9 @@ class _Reference:
         self.pending_swap_blocks = 0
         return d
 
-    def log_step(self, t_end: float, t_start: float | None = None) -> None:
+    def log_step(self, t_end: float, scheduled: dict, t_start: float | None = None) -> None:
         t_start = self.t if t_start is None else t_start
+        self.batches.append((t_start, tuple((r.idx, s, r.k) for r, s in scheduled.items())))
         self.num_steps += 1
         self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
         self.max_blocks_resident = max(self.max_blocks_resident, self.blocks_used + self.num_evictable)
@@ -828,7 +831,7 @@ class _Reference:
                     d = self.step_time(scheduled)
                     end = start + d
                     gpu_free = end
-                    self.log_step(end, start)
+                    self.log_step(end, scheduled, start)
                 else:
                     end = self.t     # an empty batch runs nothing
                 outputs = []
@@ -909,7 +912,7 @@ class _Reference:
             # ---- step duration (spec, "Step duration (latency model)")
             d = self.step_time(scheduled)
             t_end = self.t + d
-            self.log_step(t_end)
+            self.log_step(t_end, scheduled)
 
             # ---- at t + d: arrivals with a_i < t + d are ingested before the
             # step's completions are applied ...
@@ -1084,6 +1087,9 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         ``prefix_queried`` : bool
             Whether it belongs to a prefix group, caching is on, and it was
             admitted at least once (the requests ``prefix_hit_rate`` covers).
+        ``batches`` : list of tuples
+            Per step: its start and, per scheduled request in scheduling
+            order, ``(index, tokens, tokens computed before)``.
         ``step_log`` : float64 array, shape (num_steps, 8)
             Per step: start, end, running, waiting (swapped included),
             allocated blocks, swapped requests, swap blocks used, evictable
@@ -1197,6 +1203,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         "cached_tokens": np.array([r.cached_tokens for r in requests], dtype=np.int64),
         "prefix_queried": np.array(queried, dtype=bool),
         "step_log": np.array(sim.step_log, dtype=np.float64).reshape(-1, 8),
+        "batches": sim.batches,
         "end_s": float(end_s),
         "num_steps": int(sim.num_steps),
         "max_blocks_used": int(sim.max_blocks_used),
