@@ -138,25 +138,32 @@ class EngineConfig:
         Share the cached full KV blocks of a prefix group's shared prefix
         across requests (vLLM's automatic prefix caching); freed blocks stay
         cached until evicted (LRU).
-    async_scheduling : bool
-        vLLM V1's async scheduling (on by default in vLLM 0.22): the engine
-        core schedules step j + 1 while step j runs (a batch queue of two),
-        so a step sees the arrivals and freed blocks of one step earlier,
-        and a request whose last token is in flight is not scheduled again.
-        False: the synchronous loop (schedule, run, update).
-    scheduler_reserve_full_isl : bool
-        vLLM V1's full-input admission gate (``SchedulerConfig.
-        scheduler_reserve_full_isl``, on by default in vLLM 0.22): admit a
-        waiting request only if the KV blocks of its whole input (prompt and
-        tokens generated before a preemption) are free, not just those of its
-        first chunk.
-    null_block : bool
-        vLLM V1 reserves one block of the pool as the *null block*
-        (``BlockPool``), so that ``num_gpu_blocks`` (the count vLLM reports)
-        holds ``num_gpu_blocks - 1`` usable blocks. False: every block is usable.
     length_predictor : LogNormalPredictor or BucketPredictor, optional
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
+    async_scheduling : bool
+        vLLM V1's asynchronous scheduling (a batch queue of 2): step ``k+1``
+        is scheduled when step ``k`` starts, so it sees arrivals, tokens and
+        freed blocks one step late, and a request whose in-flight token is
+        its last is not scheduled again. ``False``: the synchronous loop.
+    scheduler_reserve_full_isl : bool
+        vLLM's full-input admission gate: a waiting request is admitted only
+        if the blocks for its whole known sequence (prompt plus the tokens
+        generated so far, less its cached blocks) are free, not only those of
+        its first chunk.
+    null_block : bool
+        vLLM reserves one KV block (block 0, the null block): ``True`` makes
+        ``num_gpu_blocks`` the count vLLM reports, with ``num_gpu_blocks - 1``
+        usable; ``False``: all ``num_gpu_blocks`` are usable.
+    block_hash_caching : bool
+        With ``enable_prefix_caching``: vLLM V1's cache by block hash (any
+        identical chain of full blocks is shared, a recomputed request finds
+        its own cached blocks, blocks are cached when scheduled, one LRU
+        queue of free and cached blocks) instead of the prefix-group entries.
+        Transitional: it becomes the only model once the kernel has it.
+
+    The four switches above follow vLLM 0.22's V1 scheduler and are off by
+    default for now (the synchronous model).
 
     Notes
     -----
@@ -179,10 +186,11 @@ class EngineConfig:
     priority_preemption: bool = False
     priority_aging_s: float | None = None
     enable_prefix_caching: bool = False
+    length_predictor: LogNormalPredictor | BucketPredictor | None = None
     async_scheduling: bool = False
     scheduler_reserve_full_isl: bool = False
     null_block: bool = False
-    length_predictor: LogNormalPredictor | BucketPredictor | None = None
+    block_hash_caching: bool = False
 
     def __post_init__(self):
         s = object.__setattr__
@@ -211,6 +219,33 @@ class EngineConfig:
         s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, high=MAX_TOKENS,
                                            optional=True))
         self._check_scheduler_features()
+        self._check_v1_rules()
+
+    def _check_v1_rules(self):
+        """vLLM V1's rules (``docs/engine-model.md``, "vLLM V1 rules"): booleans, and
+        only where they have defined semantics."""
+        s = object.__setattr__
+        for name in ("async_scheduling", "scheduler_reserve_full_isl", "null_block", "block_hash_caching"):
+            s(self, name, check_bool(name, getattr(self, name)))
+        if self.null_block and self.num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 with null_block=True (one block is the null "
+                             f"block), got num_gpu_blocks={self.num_gpu_blocks}")
+        if self.block_hash_caching and not self.enable_prefix_caching:
+            raise ValueError("block_hash_caching=True requires enable_prefix_caching=True, got "
+                             "enable_prefix_caching=False")
+        if self.scheduler == "static":
+            for name in ("async_scheduling", "scheduler_reserve_full_isl"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}=True requires scheduler='continuous' (a vLLM V1 rule), got "
+                                     f"scheduler='static'")
+        if self.async_scheduling:
+            # vLLM V1 has neither; their interplay with the batch queue is not modelled.
+            for name, on in (("preemption_mode", self.preemption_mode == "swap"),
+                             ("priority_preemption", self.priority_preemption)):
+                if on:
+                    raise ValueError(f"async_scheduling=True cannot be combined with "
+                                     f"{name}={getattr(self, name)!r} (not modelled); use "
+                                     f"async_scheduling=False")
 
     def _check_scheduler_features(self):
         """Swap preemption, active priority preemption, aging and prefix caching
@@ -223,22 +258,6 @@ class EngineConfig:
         s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
                                                 low=0, low_open=True, optional=True))
         s(self, "enable_prefix_caching", check_bool("enable_prefix_caching", self.enable_prefix_caching))
-        s(self, "scheduler_reserve_full_isl", check_bool("scheduler_reserve_full_isl",
-                                                         self.scheduler_reserve_full_isl))
-        s(self, "null_block", check_bool("null_block", self.null_block))
-        s(self, "async_scheduling", check_bool("async_scheduling", self.async_scheduling))
-        if self.async_scheduling:
-            for name, on in (("scheduler", self.scheduler == "static"), ("preemption_mode", self.preemption_mode == "swap"),
-                             ("priority_preemption", self.priority_preemption),
-                             ("enable_prefix_caching", self.enable_prefix_caching)):
-                if on:
-                    raise ValueError(f"async_scheduling=True cannot be combined with {name}="
-                                     f"{getattr(self, name)!r} (not modelled: vLLM V1's async scheduling has "
-                                     f"no static batching, swap or active priority preemption); set "
-                                     f"async_scheduling=False")
-        if self.null_block and self.num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks must be >= 2 with null_block=True (one block is vLLM's null "
-                             f"block), got {self.num_gpu_blocks}")
         lp = self.length_predictor
         if lp is not None:
             if not isinstance(lp, (LogNormalPredictor, BucketPredictor)):

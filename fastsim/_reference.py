@@ -73,15 +73,24 @@ class _Request:
     itl_max: float = math.nan
     ingested: float = math.nan   # when it was ingested (>= arrival)
 
+    ph: int = 0       # async scheduling: output placeholders (tokens of steps in flight)
+    num_cached: int = 0   # block_hash_caching: its leading blocks already cached
+
     def __post_init__(self):
         self.gaps: list[float] = []  # inter-token gaps, in order
         # Prefix-cache entries (group, j) it references, by j (always ascending).
         self.entries: list[int] = []
+        # block_hash_caching: the ids of its blocks in the block pool, in token order,
+        # and the identity of each full block of its prompt (None: unique to it).
+        self.block_ids: list[int] = []
+        self.idents: list = []
+        self.chains: list[int] = []   # chained block hashes, computed as its blocks fill
 
     @property
     def blocks(self) -> int:
-        """Its KV blocks: referenced cache entries plus private blocks."""
-        return len(self.entries) + self.private
+        """Its KV blocks: referenced cache entries plus private blocks (or, with
+        block_hash_caching, its blocks in the pool)."""
+        return len(self.entries) + self.private + len(self.block_ids)
 
     def emit(self, when: float) -> None:
         """Spec: "the request emits one token (g += 1)" at the end of the step."""
@@ -147,6 +156,86 @@ class _WaitingQueue:
         return iter(list(self.items))
 
 
+class _BlockPool:
+    """vLLM V1's KV block pool with prefix caching by block hash
+    (``vllm/v1/core/block_pool.py``; spec, "Prefix caching by block hash").
+
+    One queue holds every block that no request references, free or cached, in
+    eviction order (head first): initially all blocks by id (block 0 taken out
+    as the null block when there is one); taking a block pops the head and
+    evicts the hash it had; a request's freed blocks join the tail in reverse
+    order (its last block is evicted first); a hit on a queued block removes it
+    from the queue. A hash may name several blocks (duplicates computed at the
+    same time); a lookup takes the first one cached.
+    """
+
+    def __init__(self, num_blocks: int, null_block: bool):
+        first = 1 if null_block else 0
+        self.usable = num_blocks - first
+        self.queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(first, num_blocks))
+        self.ref = [0] * num_blocks
+        self.hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, list[int]] = {}     # chained hash -> its blocks, in caching order
+
+    def num_free(self) -> int:
+        """Blocks no request references (free or cached): vLLM's get_num_free_blocks."""
+        return len(self.queue)
+
+    def num_evictable(self) -> int:
+        return sum(self.hash[b] is not None for b in self.queue)
+
+    def lookup(self, h: int) -> int | None:
+        blocks = self.cached.get(h)
+        return blocks[0] if blocks else None
+
+    def take(self, n: int) -> list[int]:
+        """get_new_blocks: pop n blocks from the head, evicting their hashes."""
+        assert n <= len(self.queue)
+        out = []
+        for _ in range(n):
+            b, _ = self.queue.popitem(last=False)
+            if self.hash[b] is not None:
+                lst = self.cached[self.hash[b]]
+                lst.remove(b)
+                if not lst:
+                    del self.cached[self.hash[b]]
+                self.hash[b] = None
+            assert self.ref[b] == 0
+            self.ref[b] = 1
+            out.append(b)
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.queue[b]
+            self.ref[b] += 1
+
+    def release(self, ordered: list[int]) -> None:
+        """free_blocks: drop one reference each; those reaching 0 join the tail in order."""
+        for b in ordered:
+            self.ref[b] -= 1
+        for b in ordered:
+            if self.ref[b] == 0:
+                self.queue[b] = None
+
+    def cache(self, b: int, h: int) -> None:
+        assert self.hash[b] is None
+        self.hash[b] = h
+        self.cached.setdefault(h, []).append(b)
+
+    def check(self, held: dict[int, int]) -> None:
+        """Conservation: every usable block is queued (no reference) or referenced
+        by the running requests exactly ref times; the hash map matches the
+        blocks' hashes."""
+        assert len(self.queue) + len(held) == self.usable
+        for b, n in held.items():
+            assert b not in self.queue and self.ref[b] == n
+        assert all(self.ref[b] == 0 for b in self.queue)
+        assert all(self.hash[b] == h for h, lst in self.cached.items() for b in lst)
+        assert sum(len(lst) for lst in self.cached.values()) == sum(h is not None for h in self.hash)
+
+
 class _Reference:
     """The state of one run and the operations of the spec on it."""
 
@@ -165,6 +254,11 @@ class _Reference:
         self.swapped = _WaitingQueue("keyed")  # spec: ordered by (e_i, i)
         self.swap = engine.preemption_mode == "swap"
         self.caching = engine.enable_prefix_caching
+        # Spec, "The null block": vLLM keeps block 0 out of use.
+        self.usable_blocks = engine.num_gpu_blocks - (1 if engine.null_block else 0)
+        self.hashing = engine.enable_prefix_caching and engine.block_hash_caching
+        self.pool = _BlockPool(engine.num_gpu_blocks, engine.null_block) if self.hashing else None
+        self.chain_ids: dict[tuple, int] = {}  # (parent chain, block identity) -> chained hash
         self.private_used = 0                 # private blocks of all requests
         # Prefix cache: (group, j) -> reference count; the evictable entries (count 0)
         # in LRU order (head = evicted first).
@@ -182,6 +276,8 @@ class _Reference:
         # (t, t + d, running, waiting incl. swapped, allocated blocks, swapped requests,
         #  swap blocks used, evictable cached blocks) of every step with a duration
         self.step_log: list[tuple] = []
+        # (start, ((request, tokens, computed before), ...)) of every step with a duration
+        self.batches: list[tuple] = []
 
     # ------------------------------------------------------------------ blocks
     def blocks_for(self, tokens: int) -> int:
@@ -191,14 +287,22 @@ class _Reference:
     @property
     def blocks_used(self) -> int:
         """Allocated blocks: private ones plus referenced cache entries (each counted once)."""
+        if self.hashing:
+            return self.pool.usable - self.pool.num_free()
         return self.private_used + len(self.cache) - len(self.evictable)
 
+    @property
+    def num_evictable(self) -> int:
+        return self.pool.num_evictable() if self.hashing else len(self.evictable)
+
     def plain_free(self) -> int:
-        """Blocks holding nothing (spec: free + private + entries = num_gpu_blocks)."""
-        return self.e.usable_gpu_blocks - self.private_used - len(self.cache)
+        """Blocks holding nothing (spec: free + private + entries = usable blocks)."""
+        return self.usable_blocks - self.private_used - len(self.cache)
 
     def free_blocks(self) -> int:
         """Spec: "enough free blocks" means at most free + evictable."""
+        if self.hashing:
+            return self.pool.num_free()
         return self.plain_free() + len(self.evictable)
 
     def take_block(self) -> None:
@@ -211,7 +315,15 @@ class _Reference:
     def allocate_to(self, r: _Request, total_tokens: int) -> None:
         """Grow r's allocation to cover total_tokens tokens (caller checked it fits)."""
         new = self.blocks_for(total_tokens) - r.blocks
-        assert 0 <= new <= self.free_blocks()
+        assert new <= self.free_blocks()
+        if self.hashing:
+            # vLLM's allocate_slots: new blocks from the queue's head, then every block
+            # full of known tokens (prompt and tokens generated so far) up to the end
+            # of the scheduled chunk is cached at once, before the step runs.
+            r.block_ids += self.pool.take(max(new, 0))
+            self.cache_full_blocks(r, min(total_tokens, r.P + r.g))
+            return
+        assert new >= 0
         for _ in range(new):
             self.take_block()
             r.private += 1
@@ -219,6 +331,8 @@ class _Reference:
 
     def shrink_to(self, r: _Request, total_tokens: int) -> None:
         """Return the private blocks beyond total_tokens (a victim's unexecuted tokens)."""
+        if self.hashing:
+            return    # vLLM frees the victim's blocks, these included, in its preemption
         extra = r.blocks - self.blocks_for(total_tokens)
         assert 0 <= extra <= r.private
         r.private -= extra
@@ -227,6 +341,13 @@ class _Reference:
     def free_all_blocks(self, r: _Request) -> None:
         """Spec, "Release": private blocks become free; entry counts drop in
         descending j, an entry reaching 0 joins the tail of the evictable list."""
+        if self.hashing:
+            # vLLM frees a request's blocks last block first, so that its tail is
+            # evicted before its head.
+            self.pool.release(list(reversed(r.block_ids)))
+            r.block_ids = []
+            r.num_cached = 0
+            return
         self.private_used -= r.private
         r.private = 0
         for j in reversed(r.entries):
@@ -243,8 +364,39 @@ class _Reference:
             return 0
         return r.prefix_len // self.e.block_size
 
+    def chain(self, r: _Request, j: int) -> int:
+        """The chained hash of r's block j (its tokens and all before them): block
+        identities from the workload for the prompt's full blocks, unique to r
+        otherwise (blocks holding generated tokens)."""
+        while len(r.chains) <= j:
+            m = len(r.chains)
+            ident = r.idents[m] if m < len(r.idents) and r.idents[m] is not None else ("req", r.idx, m)
+            key = (r.chains[-1] if r.chains else -1, ident)
+            r.chains.append(self.chain_ids.setdefault(key, len(self.chain_ids)))
+        return r.chains[j]
+
+    def cache_full_blocks(self, r: _Request, num_tokens: int) -> None:
+        """vLLM's cache_blocks: cache r's blocks num_cached .. num_tokens // bs - 1."""
+        full = num_tokens // self.e.block_size
+        for j in range(r.num_cached, full):
+            self.pool.cache(r.block_ids[j], self.chain(r, j))
+        r.num_cached = max(r.num_cached, full)
+
+    def hit_blocks(self, w: _Request) -> list[int]:
+        """vLLM's find_longest_cache_hit: the cached blocks of w's leading full blocks,
+        at most (P + g - 1) tokens' worth (the last known token is always recomputed)."""
+        out = []
+        for j in range((w.P + w.g - 1) // self.e.block_size):
+            b = self.pool.lookup(self.chain(w, j))
+            if b is None:
+                break
+            out.append(b)
+        return out
+
     def lookup(self, w: _Request) -> int:
         """Spec, "Lookup": the longest run of cached entries (G_w, 0..h-1), h <= f_w."""
+        if self.hashing:
+            return len(self.hit_blocks(w))
         f = self.full_prefix_blocks(w)
         h = 0
         while h < f and (w.group, h) in self.cache:
@@ -253,11 +405,20 @@ class _Reference:
 
     def capacity_for(self, w: _Request, h: int) -> int:
         """Spec: free + evictable - (evictable entries among w's h hits)."""
+        if self.hashing:
+            return self.pool.num_free() - sum(self.pool.ref[b] == 0 for b in self.hit_blocks(w)[:h])
         return self.free_blocks() - sum((w.group, j) in self.evictable for j in range(h))
 
     def claim_hits(self, w: _Request, h: int) -> None:
         """Admission references the h hit entries and starts w at k = h * bs."""
         assert w.k == 0 and w.blocks == 0
+        if self.hashing:
+            hits = self.hit_blocks(w)[:h]
+            self.pool.touch(hits)
+            w.block_ids = list(hits)
+            w.num_cached = h
+            w.k = h * self.e.block_size
+            return
         for j in range(h):
             key = (w.group, j)
             self.cache[key] += 1
@@ -269,6 +430,8 @@ class _Reference:
         """Spec, "Registration": r's computed tokens grew from k0 to r.k; each of its
         blocks j with floor(k0/bs) <= j < min(floor(k/bs), f) becomes the entry
         (G, j) if the cache has none (else it stays a private duplicate)."""
+        if self.hashing:
+            return    # cached when scheduled (allocate_to)
         bs = self.e.block_size
         for j in range(k0 // bs, min(r.k // bs, self.full_prefix_blocks(r))):
             key = (r.group, j)
@@ -283,8 +446,15 @@ class _Reference:
     def check_invariants(self) -> None:
         """Conservation of blocks and swap space (asserted at every step)."""
         e = self.e
+        if self.hashing:
+            held: dict[int, int] = {}
+            for r in self.running:
+                assert len(r.block_ids) >= self.blocks_for(r.k) and r.num_cached <= len(r.block_ids)
+                for b in r.block_ids:
+                    held[b] = held.get(b, 0) + 1
+            self.pool.check(held)
         assert 0 <= self.private_used and self.plain_free() >= 0
-        assert self.private_used + len(self.cache) <= e.usable_gpu_blocks
+        assert self.private_used + len(self.cache) <= self.usable_blocks
         assert self.private_used == sum(r.private for r in self.running)
         refs: dict[tuple[int, int], int] = {}
         for r in self.running:
@@ -318,7 +488,7 @@ class _Reference:
         e = self.e
         # 1. Never-fits rejection (reason too_long).
         too_long = ((e.max_model_len is not None and r.P + r.O > e.max_model_len)
-                    or self.blocks_for(r.P + r.O - 1) > e.usable_gpu_blocks
+                    or self.blocks_for(r.P + r.O - 1) > self.usable_blocks
                     or (not e.enable_chunked_prefill and r.P + r.O - 1 > e.max_num_batched_tokens))
         if too_long:
             r.status = REJECTED_TOO_LONG
@@ -338,7 +508,7 @@ class _Reference:
             # holds more than P + O - 1 (rule 1 uses P + O - 1), so a request with
             # P + O - 1 == capacity passes rule 1 but is always rejected here.
             need = r.P + r.O
-            if self.reserved_tokens + need > e.usable_gpu_blocks * e.block_size:
+            if self.reserved_tokens + need > e.num_gpu_blocks * e.block_size:
                 r.status = REJECTED_ADMISSION
                 return
             r.reserved_tokens = need
@@ -387,14 +557,6 @@ class _Reference:
         need = w.P + w.g - h * self.e.block_size
         return min(need, B) if self.e.enable_chunked_prefill else need
 
-    def admission_blocks(self, w: _Request, h: int, s: int) -> int:
-        """The free blocks admitting w takes: those of its first chunk s, or with
-        the full-input gate (vLLM's scheduler_reserve_full_isl), those of its whole
-        input P + g beyond its h hit blocks."""
-        if self.e.scheduler_reserve_full_isl:
-            return self.blocks_for(w.P + w.g) - h
-        return self.blocks_for(s)
-
     def could_schedule(self, w: _Request) -> bool:
         """Spec, phase 0: a seat, and ceil(c / bs) blocks of the free capacity for w,
         c its first chunk with the whole budget."""
@@ -402,7 +564,9 @@ class _Reference:
             return False
         h = self.lookup(w)
         c = self.first_chunk(w, h, self.e.max_num_batched_tokens)
-        return self.admission_blocks(w, h, c) <= self.capacity_for(w, h)
+        if self.e.scheduler_reserve_full_isl and self.blocks_for(w.P + w.g) - h > self.capacity_for(w, h):
+            return False
+        return self.blocks_for(c) <= self.capacity_for(w, h)
 
     def priority_preempt(self) -> None:
         """Spec, phase 0 (active priority preemption): while the waiting head w cannot
@@ -434,15 +598,19 @@ class _Reference:
         i = 0
         while i < len(self.running) and B > 0:          # "Stop when B = 0."
             r = self.running[i]
-            s = min(r.P + r.g - r.k, B)
+            if r.ph > 0 and r.k + 2 - r.ph >= r.P + r.O:
+                # Spec, "Async scheduling": its step in flight emits its last token.
+                i += 1
+                continue
+            s = min(r.P + r.g + r.ph - r.k, B)
             r_was_victim = False
             # "Allocate the blocks for k_r + s tokens. If there are not enough free
             # blocks, preempt a victim and retry until the allocation fits or r
             # itself was the victim."
             while self.blocks_for(r.k + s) - r.blocks > self.free_blocks():
                 v = self.victim()
-                v_index = self.running.index(v)
-                if v in scheduled:
+                v_was_scheduled = v in scheduled
+                if v_was_scheduled:
                     # "If the victim had already been scheduled earlier in this step,
                     # its tokens (and the blocks allocated for them) are returned first."
                     B += scheduled.pop(v)
@@ -452,7 +620,7 @@ class _Reference:
                 if v is r:
                     r_was_victim = True
                     break
-                if v_index < i:
+                if v_was_scheduled:
                     i -= 1        # the list shifted under the cursor
             if r_was_victim:
                 break             # "If r was the victim, stop scheduling running requests."
@@ -500,8 +668,10 @@ class _Reference:
                 s = self.first_chunk(w, h, B)
                 if s > B:
                     break     # chunked prefill off: "if need > B stop admitting in this step"
-                if self.admission_blocks(w, h, s) > self.capacity_for(w, h):
-                    break     # "if ceil(s / bs) (the gate: of the whole input) exceeds the free capacity for w, stop admitting"
+                if self.blocks_for(s) > self.capacity_for(w, h):
+                    break     # "if ceil(s / bs) exceeds the free capacity for w, stop admitting"
+                if e.scheduler_reserve_full_isl and self.blocks_for(w.P + w.g) - h > self.capacity_for(w, h):
+                    break     # spec, "Full-input admission gate"
                 # "otherwise admit w (append to running), reference its h hit entries
                 # (k_w := h * bs), allocate ceil(s / bs) new blocks, schedule s, B -= s."
                 self.waiting.pop_head()
@@ -525,7 +695,7 @@ class _Reference:
         self.running.remove(v)
         v.num_preemptions += 1
         m = self.blocks_for(v.k)
-        assert v.blocks == m
+        assert v.blocks == m or self.hashing   # vLLM frees a victim's just-allocated blocks with it
         if self.swap and m <= self.e.swap_space_blocks - self.swap_used:
             assert not v.entries      # swap is not combined with prefix caching
             self.free_all_blocks(v)
@@ -609,8 +779,111 @@ class _Reference:
         return scheduled
 
     # --------------------------------------------------------------- main loop
+    def step_time(self, scheduled: dict) -> float:
+        """Spec, "Step duration": the latency model on the scheduled batch (before
+        its tokens are applied; with async scheduling, tokens of a step in flight
+        count as known: its placeholders)."""
+        n_decode = 0
+        n_prefill_tokens = 0
+        n_context_tokens = 0
+        for r, s in scheduled.items():
+            # decoding: "one token, g >= 1, k = P + g - 1". Literal reading: the
+            # last 1-token chunk of a recompute (g >= 1) also counts as decoding,
+            # the last 1-token chunk of a first prefill (g = 0) does not.
+            g = r.g + r.ph
+            if s == 1 and g >= 1 and r.k == r.P + g - 1:
+                n_decode += 1
+            else:
+                n_prefill_tokens += s
+            n_context_tokens += r.k + s
+        # ... + swap_s_per_block * n_swap_blocks, added last.
+        d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
+                                         self.pending_swap_blocks))
+        self.pending_swap_blocks = 0
+        return d
+
+    def log_step(self, t_end: float, scheduled: dict, t_start: float | None = None) -> None:
+        t_start = self.t if t_start is None else t_start
+        self.batches.append((t_start, tuple((r.idx, s, r.k) for r, s in scheduled.items())))
+        self.num_steps += 1
+        self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
+        self.max_blocks_resident = max(self.max_blocks_resident, self.blocks_used + self.num_evictable)
+        self.step_log.append((t_start, t_end, len(self.running), len(self.waiting) + len(self.swapped),
+                              self.blocks_used, len(self.swapped), self.swap_used, self.num_evictable))
+
+    def run_async(self) -> float:
+        """Spec, "Async scheduling": vLLM's engine core with a batch queue of 2
+        (``EngineCore.step_with_batch_queue``). A batch is scheduled at the clock
+        ``t`` and runs when the GPU is free; the core schedules a second batch
+        at once while one is in flight, and otherwise waits for the oldest batch
+        and applies its output at its end. So batch n+1 is scheduled when batch
+        n starts, before batch n's tokens and completions are known."""
+        in_flight: list[tuple[float, list]] = []   # (end, [(request, emits)]) oldest first
+        gpu_free = 0.0
+        while True:
+            self.ingest_until(self.t, inclusive=True)
+            self.abandon()
+            if self.running or len(self.waiting) > 0:
+                scheduled = self.schedule_continuous()
+                self.check_invariants()
+                if scheduled:
+                    start = max(self.t, gpu_free)
+                    d = self.step_time(scheduled)
+                    end = start + d
+                    gpu_free = end
+                    self.log_step(end, scheduled, start)
+                else:
+                    end = self.t     # an empty batch runs nothing
+                outputs = []
+                # vLLM's _update_after_schedule: k advances now; a request whose
+                # known tokens (placeholders included) are all computed emits a
+                # token at the batch's end and holds a placeholder until then.
+                for r, s in scheduled.items():
+                    r.k += s
+                    emits = r.k == r.P + r.g + r.ph
+                    if emits:
+                        r.ph += 1
+                    outputs.append((r, emits))
+                in_flight.append((end, outputs))
+                if scheduled and len(in_flight) < 2:
+                    continue      # the only batch in flight: schedule the next one now
+            elif not in_flight:
+                if self.next_arrival >= len(self.arrivals):
+                    break         # drained
+                self.t = max(self.t, self.arrivals[self.next_arrival].arrival)
+                continue
+            # Wait for the oldest batch and apply its output at its end.
+            end, outputs = in_flight.pop(0)
+            self.t = max(self.t, end)
+            for r, emits in outputs:
+                if not emits or r.status != _IN_SYSTEM:
+                    continue
+                r.ph -= 1
+                r.emit(self.t)
+                running = r in self.running
+                if running and self.hashing:
+                    self.cache_full_blocks(r, r.k - r.ph)
+                if r.g == r.O:
+                    # A request preempted while this step ran completes from the
+                    # waiting queue (its blocks were freed when it was preempted).
+                    if running:
+                        self.running.remove(r)
+                    else:
+                        self.waiting.remove(r)
+                    self.leave(r, COMPLETED, self.t)
+            if self.horizon is not None and self.t >= self.horizon:
+                break     # steps still in flight leave their requests unfinished
+        self.check_invariants()
+        for r in self.running:
+            r.status = UNFINISHED
+        for r in self.waiting:
+            r.status = UNFINISHED
+        return self.t
+
     def run(self) -> float:
         e = self.e
+        if e.async_scheduling:
+            return self.run_async()
         static = e.scheduler == "static"
         while True:
             # ---- step start at time t (all arrivals with a_i <= t are ingested)
@@ -637,28 +910,9 @@ class _Reference:
                 continue
 
             # ---- step duration (spec, "Step duration (latency model)")
-            n_decode = 0
-            n_prefill_tokens = 0
-            n_context_tokens = 0
-            for r, s in scheduled.items():
-                # decoding: "one token, g >= 1, k = P + g - 1". Literal reading: the
-                # last 1-token chunk of a recompute (g >= 1) also counts as decoding,
-                # the last 1-token chunk of a first prefill (g = 0) does not.
-                if s == 1 and r.g >= 1 and r.k == r.P + r.g - 1:
-                    n_decode += 1
-                else:
-                    n_prefill_tokens += s
-                n_context_tokens += r.k + s
-            # ... + swap_s_per_block * n_swap_blocks, added last.
-            d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
-                                             self.pending_swap_blocks))
-            self.pending_swap_blocks = 0
-            self.num_steps += 1
-            self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
-            self.max_blocks_resident = max(self.max_blocks_resident, self.blocks_used + len(self.evictable))
+            d = self.step_time(scheduled)
             t_end = self.t + d
-            self.step_log.append((self.t, t_end, len(self.running), len(self.waiting) + len(self.swapped),
-                                  self.blocks_used, len(self.swapped), self.swap_used, len(self.evictable)))
+            self.log_step(t_end, scheduled)
 
             # ---- at t + d: arrivals with a_i < t + d are ingested before the
             # step's completions are applied ...
@@ -727,9 +981,36 @@ def queue_key(policy: str, index: int, arrival: float, priority: int, sjf_key: i
     return float(base) + arrival / aging_s
 
 
+def prompt_block_identities(index: int, prompt_len: int, block_size: int, prefix_group: int = -1,
+                            prefix_len: int = 0, block_hashes=None, hash_block_size: int | None = None) -> list:
+    """The identity of each full block of a prompt, for prefix caching by block hash.
+
+    Two blocks with the same identity (and the same identities before them)
+    hold the same tokens. From a prefix group: block ``j`` with
+    ``(j + 1) * block_size <= prefix_len`` is ``("group", G, j)``; from a trace's
+    hash list (one hash per ``hash_block_size`` tokens, as the Mooncake traces'
+    ``hash_ids`` per 512 tokens): block ``j`` is ``("hash", hashes[m], o)`` with
+    ``m, o`` the hash block holding it and its place there, when the hash list
+    covers it. Other blocks are ``None``: unique to the request.
+    """
+    out: list = []
+    for j in range(prompt_len // block_size):
+        end = (j + 1) * block_size
+        if block_hashes is not None:
+            m = (j * block_size) // hash_block_size
+            out.append(("hash", int(block_hashes[m]), (j * block_size) % hash_block_size // block_size)
+                       if m < len(block_hashes) else None)
+        elif prefix_group >= 0 and end <= prefix_len:
+            out.append(("group", prefix_group, j))
+        else:
+            out.append(None)
+    return out
+
+
 def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: EngineConfig,
                        latency: LatencyModel, horizon_s: float | None = None, *,
-                       sjf_key=None, prefix_group=None, prefix_len=None) -> dict:
+                       sjf_key=None, prefix_group=None, prefix_len=None,
+                       block_hashes=None, hash_block_size: int = 512) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -762,6 +1043,14 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         shared prefix at the start of the prompt (``0 <= L_i < P_i``, 0 when
         ``G_i = -1``); used with ``engine.enable_prefix_caching``. Both or
         neither. Default: no groups.
+    block_hashes : sequence of int sequences, length n, optional
+        With ``engine.block_hash_caching``: each request's prompt as hashes of
+        consecutive ``hash_block_size``-token blocks (a trace's ``hash_ids``);
+        requests with equal leading hashes share those blocks' KV. Replaces
+        the prefix groups as the source of block identities.
+    hash_block_size : int
+        Tokens per hash of ``block_hashes`` (512 in the Mooncake traces); a
+        multiple of ``engine.block_size``.
 
     Returns
     -------
@@ -798,6 +1087,9 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         ``prefix_queried`` : bool
             Whether it belongs to a prefix group, caching is on, and it was
             admitted at least once (the requests ``prefix_hit_rate`` covers).
+        ``batches`` : list of tuples
+            Per step: its start and, per scheduled request in scheduling
+            order, ``(index, tokens, tokens computed before)``.
         ``step_log`` : float64 array, shape (num_steps, 8)
             Per step: start, end, running, waiting (swapped included),
             allocated blocks, swapped requests, swap blocks used, evictable
@@ -879,6 +1171,17 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
                          qkey=queue_key(engine.policy, i, float(a[i]), int(c[i]), int(q[i]),
                                         engine.priority_aging_s))
                 for i in range(n)]
+    if block_hashes is not None:
+        if len(block_hashes) != n:
+            raise ValueError(f"block_hashes must have one hash list per request ({n}), got {len(block_hashes)}")
+        if hash_block_size < engine.block_size or hash_block_size % engine.block_size:
+            raise ValueError(f"hash_block_size must be a multiple of engine.block_size ({engine.block_size}), "
+                             f"got {hash_block_size}")
+    if engine.enable_prefix_caching and engine.block_hash_caching:
+        for r in requests:
+            r.idents = prompt_block_identities(
+                r.idx, r.P, engine.block_size, r.group, r.prefix_len,
+                None if block_hashes is None else block_hashes[r.idx], hash_block_size)
     sim = _Reference(requests, engine, latency, horizon_s)
     end_s = sim.run()
 
@@ -900,6 +1203,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         "cached_tokens": np.array([r.cached_tokens for r in requests], dtype=np.int64),
         "prefix_queried": np.array(queried, dtype=bool),
         "step_log": np.array(sim.step_log, dtype=np.float64).reshape(-1, 8),
+        "batches": sim.batches,
         "end_s": float(end_s),
         "num_steps": int(sim.num_steps),
         "max_blocks_used": int(sim.max_blocks_used),

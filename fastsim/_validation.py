@@ -204,6 +204,7 @@ def check_metric_names(metrics, allowed):
 #: ``backend="reference"``, implements them all). Remove an entry when the
 #: kernel implements that option.
 KERNEL_PENDING_OPTIONS = {
+    "block_hash_caching": False,
 }
 
 
@@ -211,6 +212,10 @@ def check_kernel_supports(engine) -> None:
     """Raise ``NotImplementedError`` naming the first option of ``engine`` (an
     ``EngineConfig``) that is on but not implemented by the Numba kernel yet
     (:data:`KERNEL_PENDING_OPTIONS`). The reference backend supports them."""
+    if getattr(engine, "async_scheduling", False) and getattr(engine, "enable_prefix_caching", False):
+        raise NotImplementedError("async_scheduling=True with enable_prefix_caching=True is not implemented "
+                                  "by the numba backend yet (allowed there: either one alone); use "
+                                  "backend='reference'")
     for name, off in KERNEL_PENDING_OPTIONS.items():
         value = getattr(engine, name, off)
         if value != off:
