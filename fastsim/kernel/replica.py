@@ -329,7 +329,6 @@ def _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t
             break
         nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait, n_wait, reserved)
         drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
-        pushed = 0
         while pipe.fs[0] < 2:
             (free, n_wait, n_run, _n_sw, _su, _ps, ran, n_dec, n_pf,
              n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, 0, 0, 0, bs, bsh,
@@ -337,18 +336,12 @@ def _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t
             if not ran:
                 break
             start = _last_end(pipe, t)
-            _push_step(req, batch.run, n_run, pipe, start + _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0))
-            pushed += 1
+            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
+            # the step's GPU interval, with the state it was scheduled in
+            acc5 = _account_step(acc5, start, start + d, d, n_run, n_wait, nblk - free - cache.cst[2], ws, we)
+            _push_step(req, batch.run, n_run, pipe, start + d)
         if pipe.fs[0] == 0:
             continue   # only preemptions happened, or nothing can run: schedule again
-        t_next = _oldest_end(pipe)
-        acc5 = _account_step(acc5, t, t_next, t_next - t, n_run, n_wait, nblk - free - cache.cst[2], ws, we)
-        if pushed == 2:
-            a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-            acc5 = (a_occ, a_queue, a_kv, a_l, a_steps + 1.0, a_max)
-        elif pushed == 0:
-            a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-            acc5 = (a_occ, a_queue, a_kv, a_l, a_steps - 1.0, a_max)
         mode = MODE_IN_FLIGHT
     ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
     ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_ITL], ri[RI_MODE] = n_wait, free, reserved, n_itl, mode
