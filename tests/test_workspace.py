@@ -118,7 +118,7 @@ def test_the_views_are_the_segments_of_the_layout():
     assert (need_i, need_f) == (sum(si), sum(sf)) and len(si) == W.N_WI and len(sf) == W.N_WF
     wi, wf = np.arange(need_i, dtype=np.int64), np.arange(need_f, dtype=np.float64)
     stream = W.Stream(np.zeros(5), *(np.zeros(5, np.int64),) * 6)
-    req, batch, dec, swap, cache, rec, pipe, sc = python_version(W._carve)(stream, dims, wi, wf)
+    req, batch, dec, swap, cache, rec, sc = python_version(W._carve)(stream, dims, wi, wf)
     ints = {"WI_STATUS": req.status, "WI_K": req.k, "WI_G": req.g, "WI_BLOCKS": req.blocks, "WI_NPRE": req.npre,
             "WI_NSWAP": swap.nswap, "WI_CTOK": cache.ctok, "WI_ITL_W": rec.itl_w, "WI_QUEUE": batch.q,
             "WI_QUEUE_STATE": batch.qs, "WI_RUN": batch.run, "WI_SCHED": req.sched, "WI_EVER": req.ever,
@@ -127,12 +127,12 @@ def test_the_views_are_the_segments_of_the_layout():
             "WI_DSTATE": dec.dstate, "WI_OTHERS": batch.oth, "WI_SWAPQ": swap.sq, "WI_SWAPQ_SIZE": swap.sqs,
             "WI_FPRE": cache.fpre, "WI_HOFF": cache.hoff, "WI_CNT": cache.cnt, "WI_LPREV": cache.lprev,
             "WI_LNEXT": cache.lnext, "WI_CST": cache.cst, "WI_HELD": cache.held, "WI_PRIVATE": cache.private,
-            "WI_NENT": cache.nent, "WI_GAPW": rec.gapw, "WI_FLY": pipe.fly,
-            "WI_FLY_STATE": pipe.fs, "WI_SCALARS": sc.ri}
+            "WI_NENT": cache.nent, "WI_GAPW": rec.gapw,
+            "WI_HELD_FINISHED": batch.zl, "WI_SCALARS": sc.ri}
     floats = {"WF_FIRST": req.first_t, "WF_LAST": req.last_t, "WF_FINISH": req.finish_t,
               "WF_SWAPPED": swap.swapped_s, "WF_ACC": rec.acc, "WF_ITL_V": rec.itl_v, "WF_KEY": req.key,
               "WF_DEC_COST": rec.dec_cost, "WF_SKEY": swap.skey, "WF_SWAPPED_SINCE": swap.swapped_since,
-              "WF_FLY_END": pipe.fe, "WF_SCALARS": sc.rf}
+              "WF_SCALARS": sc.rf}
     for views, sizes in ((ints, si), (floats, sf)):
         for name, view in views.items():
             j = getattr(W, name)

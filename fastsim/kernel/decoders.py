@@ -76,6 +76,25 @@ def _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh):
 
 
 @njit_noalloc
+def _hold_decoders(t, S, dec, req, zl, n_held, warmup, bs, bsh):
+    """Async scheduling (`pipeline`): the lazy decoders whose last token came
+    at the end of fast step ``S`` (at ``t``) finish, but hold their seats
+    and the blocks of their tokens until the next step is scheduled: listed
+    in ``zl`` after the ``n_held`` already there. Returns the number held."""
+    while dec.hs[0] > 0 and dec.hk[0] == S:
+        r = _heap2_pop(dec.hk, dec.hr, dec.hs)
+        _d_remove(r, dec, warmup, bs, bsh)
+        req.k[r] = dec.koff[r] + S
+        req.g[r] = req.output[r]
+        req.blocks[r] = _blocks_of(req.k[r], bs, bsh)
+        req.finish_t[r] = t
+        req.last_t[r] = t
+        zl[n_held] = r
+        n_held += 1
+    return n_held
+
+
+@njit_noalloc
 def _heap2_push(hk, hr, hs, key, r):
     pos = hs[0]
     hs[0] = pos + 1

@@ -55,7 +55,7 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .accounting import _account_step, _gap_add
 from .arrivals import _abandon, _arrivals_during_step, _ingest
-from .decoders import _complete_decoders, _d_add
+from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
@@ -65,7 +65,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS,
                      POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
                      ST_UNFINISHED, ST_WAITING)
-from .pipeline import _drop_in_flight, _init_pipeline, _last_end, _oldest_end, _pop_step, _push_step
+from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
@@ -73,19 +73,19 @@ from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
-                        RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims,
+                        RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED,
+                        Stream, _carve, _ws_dims,
                         _ws_sizes)
 
 # Static batching, active priority preemption, swap preemption, prefix
-# caching, async scheduling: the options only the full engine has (`_simulate`'s ``full``).
-_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING, I_ASYNC)
+# caching: the options only the full engine has (`_simulate`'s ``full``).
+_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
 
 # Where a paused replica stands (``RI_MODE``).
 MODE_BETWEEN_STEPS = 0   # the next step is not scheduled
 MODE_FAST_STEP = 1       # a fast step is in flight (scheduled and counted, its end not applied)
 MODE_SLOW_STEP = 2       # a slow step is in flight
 MODE_STRETCH = 3         # a fast step ended: stretches may follow
-MODE_IN_FLIGHT = 4       # async scheduling: steps in flight (`pipeline`), the oldest one's end next
 
 # What `_simulate` returns when it advances (and does not finish).
 ADVANCE_PAUSED = 0       # the next step starts, or the step in flight ends, after ``t_stop``
@@ -170,19 +170,17 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if need_i > wi.size or need_f > wf.size:
         return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
-    req, batch, dec, swap, cache, rec, pipe, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
     bsh = _log2_exact(bs)
     if what & STEP_INIT:
         _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full)
-        _init_pipeline(pipe)
+    if full is None:
+        caching = False
+    else:
+        caching = ipar[I_CACHING] == 1
+    async_on = ipar[I_ASYNC] == 1
     rc = 0
-    advance = what & STEP_ADVANCE
-    if full is not None:
-        if advance and ipar[I_ASYNC] == 1:
-            rc = _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t_stop, bs, bsh, jmax,
-                                full)
-            advance = 0
-    if advance:
+    if what & STEP_ADVANCE:
         ri, rf = sc.ri, sc.rf
         # the scalar state in locals for the loop (registers), stored back at the end
         nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
@@ -192,6 +190,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         mode, n_dec, n_pf = ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL]
         t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
         acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
+        n_held, t_vis = ri[RI_N_HELD], rf[RF_VISIBLE]   # async scheduling (`pipeline`)
         has_h = ipar[I_HAS_HORIZON] == 1
         horizon = fpar[F_HORIZON]
         ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
@@ -201,24 +200,38 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
                 if t_end > t_stop:
                     break
-                nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run + n_sw,
-                                                                    n_wait, reserved, acc5, ws, we)
+                if async_on:
+                    if has_h and t >= horizon:
+                        rc = ADVANCE_DONE   # (scheduled, as vLLM had, but not run)
+                        break
+                else:
+                    nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt,
+                                                                        n_run + n_sw, n_wait, reserved, acc5, ws, we)
                 if mode == MODE_FAST_STEP:
-                    free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
+                    free, reserved, n_run, n_oth, S, sph, n_itl, n_held = _end_fast_step(
                         req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
-                        lat, bs, bsh)
+                        lat, bs, bsh, n_held, full)
                     mode = MODE_STRETCH
                 else:
-                    free, reserved, n_run, rl, n_oth, n_itl = _end_slow_step(
-                        req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
+                    free, reserved, n_run, rl, n_oth, n_itl, n_held = _end_slow_step(
+                        req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
+                        n_held, full)
                     mode = MODE_BETWEEN_STEPS
+                t_vis = t   # (async: the next step was scheduled when this one started)
                 t = t_end
             if mode == MODE_STRETCH:
-                paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
-                    n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
-                    n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
-                if paused:
-                    break
+                if n_held == 0:
+                    t0 = t
+                    paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
+                        n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
+                        n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
+                    if paused:
+                        break
+                    if async_on and t > t0:
+                        # no arrival came before the last step of the stretch started
+                        t_vis = t0
+                        if dec.hs[0] > 0 and dec.hk[0] == S:
+                            n_held = _hold_decoders(t, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
                 mode = MODE_BETWEEN_STEPS
                 continue
             # -- between steps
@@ -230,18 +243,24 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     if stream.arrival[nxt] >= t_stop:
                         break
                     t = stream.arrival[nxt]   # idle: jump to the next arrival
-            if has_h and t >= horizon:
+                t_vis = t   # (async: nothing in flight)
+            t_in = t_vis if async_on else t   # arrivals up to t_in are seen
+            if has_h and t_in >= horizon:
                 rc = ADVANCE_DONE
                 break
             if t >= t_stop:
                 break   # (before ingesting: a request handed at t_stop is seen by this step)
-            nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait + n_sw, n_wait, reserved)
-            drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
+            if async_on:
+                nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
+                                                                    n_wait, reserved, acc5, ws, we)
+            nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
+            drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
+                ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
                 mode = MODE_FAST_STEP
                 n_in_queue = n_wait
@@ -252,16 +271,32 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                  n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
                                          pending_swap, bs, bsh, jmax, full)
                 rl = n_run
-                if not ran:   # only preemptions happened; nothing ran
-                    n_oth = _rebuild(batch.run, n_run, batch.oth)
-                    continue
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
-                pending_swap = 0
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
+            if not ran:   # only preemptions happened, or (async) only held requests run
+                if n_held > 0:
+                    # vLLM: the step in flight ends, its output is applied, and the
+                    # scheduler tries again at once (nothing in flight: no lag)
+                    free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free,
+                                                                      reserved, n_run, n_wait, jmax, caching)
+                    n_held = 0
+                    rl = _compact_run(batch.run, rl, req.status)
+                t_vis = t
+                n_oth = _rebuild(batch.run, rl, batch.oth)
+                mode = MODE_BETWEEN_STEPS
+                continue
+            if mode == MODE_SLOW_STEP:
+                pending_swap = 0
             t_end = t + d
             acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
                                  ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
+            if n_held > 0:
+                free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
+                                                                  n_run, n_wait, jmax, caching)
+                n_held = 0
+                if mode == MODE_SLOW_STEP:
+                    rl = _compact_run(batch.run, rl, req.status)
         ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
         ri[RI_RUN_LEN], ri[RI_N_OTHERS] = rl, n_oth
         ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
@@ -269,84 +304,14 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, n_dec, n_pf
         rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
         rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
+        ri[RI_N_HELD], rf[RF_VISIBLE] = n_held, t_vis
     if what & STEP_FINISH:
-        if full is not None:
-            if ipar[I_ASYNC] == 1:
-                _drop_in_flight(req, pipe)
+        if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
+            sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN], sc.ri[RI_N_WAIT] = _release_finished(
+                req, batch.zl, sc.ri[RI_N_HELD], cache, ipar, sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN],
+                sc.ri[RI_N_WAIT], jmax, caching)
+            sc.ri[RI_N_HELD] = 0
         return _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
-    return rc
-
-
-@njit_noalloc
-def _advance_async(n, req, batch, swap, cache, rec, pipe, sc, ipar, fpar, lat, t_stop, bs, bsh, jmax, full):
-    """`_simulate`'s loop with async scheduling (`pipeline`): at each step
-    boundary (the oldest step in flight ends, its tokens are emitted), the
-    arrivals are ingested and the next step is scheduled, while the step
-    after the one that ended runs; with nothing in flight, two steps are
-    scheduled at once (vLLM's batch queue of two). Every step is a slow one
-    (request by request). Pauses and returns as `_simulate` does."""
-    caching = ipar[I_CACHING] == 1
-    ri, rf = sc.ri, sc.rf
-    nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
-    n_wait, free, reserved, n_itl, mode = ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_ITL], ri[RI_MODE]
-    t = rf[RF_CLOCK]
-    acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
-    has_h = ipar[I_HAS_HORIZON] == 1
-    horizon = fpar[F_HORIZON]
-    ws = rec.acc[A_WINDOW_START]
-    we = horizon if has_h else np.inf
-    nblk = ipar[I_NUM_GPU_BLOCKS]
-    rc = ADVANCE_PAUSED
-    while True:
-        if mode == MODE_IN_FLIGHT:
-            t_end = _oldest_end(pipe)
-            if t_end > t_stop:
-                break
-            n_listed = n_run
-            free, reserved, n_run, n_wait, n_itl = _pop_step(req, rec, pipe, cache, ipar, free, reserved, n_run,
-                                                             n_wait, n_itl, jmax, caching)
-            if n_run < n_listed:
-                _compact_run(batch.run, n_listed, req.status)
-            # the arrivals during the step are seen after its outputs (the engine core
-            # takes new requests at the top of its loop, after update_from_output)
-            nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run, n_wait,
-                                                                reserved, acc5, ws, we)
-            t = t_end
-            mode = MODE_BETWEEN_STEPS
-        # -- a step boundary (the oldest step in flight just ended, or none is in flight)
-        if n_run == 0 and n_wait == 0 and pipe.fs[0] == 0:
-            if nxt >= n:
-                rc = ADVANCE_IDLE
-                break
-            if req.arrival[nxt] > t:
-                if req.arrival[nxt] >= t_stop:
-                    break
-                t = req.arrival[nxt]
-        if has_h and t >= horizon:
-            rc = ADVANCE_DONE
-            break
-        if t >= t_stop:
-            break
-        nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait, n_wait, reserved)
-        drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
-        while pipe.fs[0] < 2:
-            (free, n_wait, n_run, _n_sw, _su, _ps, ran, n_dec, n_pf,
-             n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, 0, 0, 0, bs, bsh,
-                                     jmax, full)
-            if not ran:
-                break
-            start = _last_end(pipe, t)
-            d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
-            # the step's GPU interval, with the state it was scheduled in
-            acc5 = _account_step(acc5, start, start + d, d, n_run, n_wait, nblk - free - cache.cst[2], ws, we)
-            _push_step(req, batch.run, n_run, pipe, start + d)
-        if pipe.fs[0] == 0:
-            continue   # only preemptions happened, or nothing can run: schedule again
-        mode = MODE_IN_FLIGHT
-    ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
-    ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_ITL], ri[RI_MODE] = n_wait, free, reserved, n_itl, mode
-    rf[RF_CLOCK] = t
-    rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
     return rc
 
 
@@ -598,11 +563,13 @@ def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free
 
 @njit_noalloc(inline="llvm")
 def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
-                   lat, bs, bsh):
+                   lat, bs, bsh, n_held, full):
     """The end of a fast step at ``t_end``: the lazy decoders emit one token
     each (and those at their last complete), the others emit, complete or
     become lazy decoders. Return the updated (free blocks, reserved tokens,
-    running, others, fast steps, phase, gap entries)."""
+    running, others, fast steps, phase, gap entries, requests held). With
+    async scheduling, the requests that finish are held (`pipeline`)."""
+    async_on = ipar[I_ASYNC] == 1
     dstate = dec.dstate
     if dstate[2] > 0:
         if _constant_in_step(lat) and n_pf == 0:
@@ -613,7 +580,10 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
     sph = sph - 1 if sph > 0 else bs - 1
     warmup = ipar[I_WARMUP]
     admission = ipar[I_ADMISSION]
-    free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
+    if async_on:
+        n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, warmup, bs, bsh)
+    else:
+        free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
     m = 0
     for jj in range(n_oth):
         r = batch.oth[jj]
@@ -630,19 +600,23 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
                 n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - req.last_t[r], 1)
             req.last_t[r] = t_end
         if req.g[r] == req.output[r]:
-            req.status[r] = ST_COMPLETED
             req.finish_t[r] = t_end
-            free += req.blocks[r]
-            req.blocks[r] = 0
-            if admission == ADMISSION_KV_RESERVATION:
-                reserved -= req.prompt[r] + req.output[r]
-            n_run -= 1
+            if async_on:
+                batch.zl[n_held] = r
+                n_held += 1
+            else:
+                req.status[r] = ST_COMPLETED
+                free += req.blocks[r]
+                req.blocks[r] = 0
+                if admission == ADMISSION_KV_RESERVATION:
+                    reserved -= req.prompt[r] + req.output[r]
+                n_run -= 1
         elif emitted:
             _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
         else:
             batch.oth[m] = r
             m += 1
-    return free, reserved, n_run, m, S, sph, n_itl
+    return free, reserved, n_run, m, S, sph, n_itl, n_held
 
 
 # ------------------------------------------------------------------------------
@@ -664,6 +638,7 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         prio_preempt = False
     else:
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+    async_on = ipar[I_ASYNC] == 1
     mns = ipar[I_MAX_NUM_SEQS]
     has_delay = ipar[I_HAS_DELAY] == 1
     nblk = ipar[I_NUM_GPU_BLOCKS]
@@ -729,6 +704,8 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
                 sph = sph - 1 if sph > 0 else bs - 1
                 t = t_end
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+        if async_on:
+            break   # (the caller holds the finished decoders; an arrival is seen a step later)
         # the stretch's last step, as a fast step ends: arrivals during
         # it (they see it before its completions), then completions
         nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
@@ -896,13 +873,12 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         prio_preempt = False
         swap_on = False
         caching = False
-        async_on = False
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
         caching = ipar[I_CACHING] == 1
-        async_on = ipar[I_ASYNC] == 1
+    async_on = ipar[I_ASYNC] == 1
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
@@ -947,6 +923,11 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 req.status[v] = ST_SWAPPED
                 _heap_push(swap.sq, swap.sqs, swap.skey, v)
                 n_sw += 1
+            elif async_on and req.g[v] == req.output[v]:
+                # held, finished: vLLM preempts it to the waiting queue, where its
+                # last token reaches it (counted waiting until `_release_finished`)
+                req.status[v] = ST_WAITING
+                n_wait += 1
             else:
                 req.k[v] = 0
                 req.status[v] = ST_WAITING
@@ -1071,18 +1052,21 @@ def _composition(req, batch, n_run, static):
 
 
 @njit_noalloc(inline="llvm")
-def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full):
+def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, n_held,
+                   full):
     """The end of a slow step at ``t_end``: token emission (and, with prefix
     caching, registration of full blocks), completions and their blocks'
     release; decoders that emitted become lazy, the rest are "others".
     Return the updated (free blocks, reserved tokens, running, run length,
-    others, gap entries)."""
+    others, gap entries, requests held). With async scheduling, the
+    requests that finish are held, in the running list (`pipeline`)."""
     if full is None:
         static = False
         caching = False
     else:
         static = ipar[I_STATIC] == 1
         caching = ipar[I_CACHING] == 1
+    async_on = ipar[I_ASYNC] == 1
     warmup = ipar[I_WARMUP]
     run = batch.run
     for jj in range(n_run):
@@ -1104,8 +1088,12 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
                 n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - req.last_t[r], 1)
             req.last_t[r] = t_end
         if req.g[r] == req.output[r] and not static:
-            req.status[r] = ST_COMPLETED
             req.finish_t[r] = t_end
+            if async_on:
+                batch.zl[n_held] = r
+                n_held += 1
+            else:
+                req.status[r] = ST_COMPLETED
     if static:
         _end_static_batch(req, run, n_run, t_end)
     m = 0
@@ -1119,13 +1107,15 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
         else:
             run[m] = r
             m += 1
+            if async_on and req.g[r] == req.output[r]:
+                continue   # finished, held: neither lazy nor scheduled again
             # decoders that emitted at t_end become lazy; the rest are "others"
             if not static and not caching and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
                 _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
             else:
                 batch.oth[n_oth] = r
                 n_oth += 1
-    return free, reserved, m, m, n_oth, n_itl
+    return free, reserved, m, m, n_oth, n_itl, n_held
 
 
 @njit_noalloc

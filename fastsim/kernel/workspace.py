@@ -35,9 +35,9 @@ from .layout import I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I
  WI_SWAPQ, WI_SWAPQ_SIZE,       # the swapped queue (preemption_mode="swap")
  WI_FPRE, WI_HOFF, WI_CNT, WI_LPREV, WI_LNEXT, WI_CST, WI_HELD, WI_PRIVATE, WI_NENT,   # `prefix_cache`
  WI_GAPW,                       # inter-token gaps of pure decode steps, by decoder count
- WI_FLY, WI_FLY_STATE,          # async scheduling: the steps in flight (`pipeline`)
+ WI_HELD_FINISHED,              # async scheduling: finished requests holding seat and blocks (`pipeline`)
  WI_SCALARS,                    # the replica's scalar state between calls (`RI_*`)
- N_WI) = range(41)
+ N_WI) = range(40)
 WI_HEAD = 8
 
 # The segments of ``wf`` (float64), in their order.
@@ -46,9 +46,8 @@ WI_HEAD = 8
  WF_TTFT, WF_E2E, WF_TPOT,      # reduction scratch
  WF_ITL_V,                      # values of the inter-token gap samples
  WF_KEY, WF_DEC_COST, WF_SKEY, WF_SWAPPED_SINCE,   # queue keys, decode term by batch size, swap keys and times
- WF_FLY_END,                    # async scheduling: the end times of the steps in flight
  WF_SCALARS,                    # the replica's scalar state between calls (`RF_*`)
- N_WF) = range(16)
+ N_WF) = range(15)
 WF_HEAD = 4
 WF_SCRATCH = 3
 
@@ -56,8 +55,8 @@ WF_SCRATCH = 3
 # ``wi[WI_SCALARS]`` and ``wf[WF_SCALARS]``.
 (RI_NEXT_ARRIVAL, RI_NEXT_DROP, RI_N_RUN, RI_RUN_LEN, RI_N_OTHERS, RI_FAST_STEPS, RI_PHASE,
  RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
- RI_MODE, RI_N_DEC, RI_N_PREFILL, N_RI) = range(19)
-(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, N_RF) = range(8)
+ RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, N_RI) = range(20)
+(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, N_RF) = range(9)
 
 
 @njit_noalloc
@@ -108,7 +107,7 @@ def _int_sizes(n, bs, cap, ncnt, nheld, nitl):
             n + 1, 1,
             n, n + 1, ncnt, ncnt, ncnt, 4, nheld, n, n,
             cap + 1,
-            4 * cap, 4,
+            cap,
             N_RI)
 
 
@@ -120,7 +119,6 @@ def _float_sizes(n, cap, nitl):
             n, n, n,
             nitl,
             n, cap + 1, n, n,
-            2,
             N_RF)
 
 
@@ -157,7 +155,7 @@ Requests = namedtuple("Requests", (
     "first_t", "last_t", "finish_t",        # first-token, last-token and finish times
     "key"))                                 # waiting-queue key e_i (priority or SJF, aged)
 #: The waiting queue and the running batch.
-Batch = namedtuple("Batch", ("q", "qs", "run", "oth"))
+Batch = namedtuple("Batch", ("q", "qs", "run", "oth", "zl"))   # zl: finished, held (`pipeline`)
 #: The lazy decoders (`decoders`) and their completion heap.
 Decoders = namedtuple("Decoders", ("dmem", "dpos", "koff", "goff", "ph", "hk", "hr", "hs", "dstate"))
 #: Swap preemption: the swapped queue, its keys, and each request's swaps and time swapped.
@@ -165,11 +163,6 @@ Swap = namedtuple("Swap", ("sq", "sqs", "skey", "swapped_since", "nswap", "swapp
 #: The prefix cache (`prefix_cache`) and each request's cached tokens.
 PrefixCache = namedtuple("PrefixCache", ("fpre", "hoff", "cnt", "lprev", "lnext", "cst", "held", "private",
                                          "nent", "ctok"))
-#: Async scheduling (`pipeline`): the steps in flight, oldest first: for
-#: each of two slots, its (request, token index) emissions ``fly`` and its
-#: end time ``fe``; ``fs``: (steps in flight, the oldest's slot, emissions
-#: of slot 0, of slot 1).
-Pipeline = namedtuple("Pipeline", ("fly", "fs", "fe"))
 #: What the run records: inter-token gaps, the decode term by batch size, the accumulators.
 Record = namedtuple("Record", ("itl_v", "itl_w", "gapw", "dec_cost", "acc"))
 #: The replica's scalar state between calls (`RI_*`, `RF_*`).
@@ -181,7 +174,7 @@ Stream = namedtuple("Stream", ("arrival", "prompt", "output", "prio", "sjfk", "p
 @njit_noalloc
 def _carve(stream, dims, wi, wf):
     """The engine's views (`Requests`, `Batch`, `Decoders`, `Swap`,
-    `PrefixCache`, `Record`, `Pipeline`, `Scalars`) of the workspace ``wi``/``wf`` for
+    `PrefixCache`, `Record`, `Scalars`) of the workspace ``wi``/``wf`` for
     the requests of ``stream`` and the dimensions ``dims`` (`_ws_dims`:
     seats, cache entries, prefix references, gap samples; n first): each
     layout's segments taken in their order, ``WI_*`` 0, 1, ... (checked by
@@ -226,8 +219,7 @@ def _carve(stream, dims, wi, wf):
     private, o = _take(o, si[WI_PRIVATE])
     nent, o = _take(o, si[WI_NENT])
     gapw, o = _take(o, si[WI_GAPW])
-    fly, o = _take(o, si[WI_FLY])
-    fs, o = _take(o, si[WI_FLY_STATE])
+    zl, o = _take(o, si[WI_HELD_FINISHED])
     ri, o = _take(o, si[WI_SCALARS])
     sf = _float_sizes(n, cap, nitl)
     o = 0
@@ -244,16 +236,14 @@ def _carve(stream, dims, wi, wf):
     dec_cost, o = _take(o, sf[WF_DEC_COST])
     skey, o = _take(o, sf[WF_SKEY])
     swapped_since, o = _take(o, sf[WF_SWAPPED_SINCE])
-    fe, o = _take(o, sf[WF_FLY_END])
     rf, o = _take(o, sf[WF_SCALARS])
     req = Requests(stream.arrival, stream.prompt, stream.output, stream.prio, stream.sjfk, stream.pgrp, stream.plen,
                    wi[status], wi[k], wi[g], wi[blocks], wi[npre], wi[sched], wi[ever], wf[first_t], wf[last_t],
                    wf[finish_t], wf[key])
-    return (req, Batch(wi[q], wi[qs], wi[run], wi[oth]),
+    return (req, Batch(wi[q], wi[qs], wi[run], wi[oth], wi[zl]),
             Decoders(wi[dmem], wi[dpos], wi[koff], wi[goff], wi[ph], wi[hk], wi[hr], wi[hs], wi[dstate]),
             Swap(wi[sq], wi[sqs], wf[skey], wf[swapped_since], wi[nswap], wf[swapped_s]),
             PrefixCache(wi[fpre], wi[hoff], wi[cnt], wi[lprev], wi[lnext], wi[cst], wi[held], wi[private],
                         wi[nent], wi[ctok]),
             Record(wf[itl_v], wi[itl_w], wi[gapw], wf[dec_cost], wf[acc]),
-            Pipeline(wi[fly], wi[fs], wf[fe]),
             Scalars(wi[ri], wf[rf]))
