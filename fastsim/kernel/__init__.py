@@ -46,7 +46,7 @@ any module invalidates every cached kernel function.
 from __future__ import annotations
 
 from . import (accounting, arrivals, callees, decoders, drivers, kv_cache, latency, layout, metrics,  # noqa: F401
-               prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
+               pipeline, prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
 from .drivers import (SCENARIO_ARRAYS, ChunkBuffers, _run_chunk, chunk_runner, draw_workload,  # noqa: F401
                       engine_pointers, run_chunk, run_on, scenario_arrays, simulate_stream)
 from .layout import *  # noqa: F401,F403  (the shared vocabulary: slots, codes, columns)
@@ -58,7 +58,7 @@ from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SCRATCH, WF_SW
 
 #: The kernel's modules, in reading order.
 MODULES = (layout, rng, workload, waiting_queue, kv_cache, prefix_cache, arrivals, scheduler, decoders,
-           latency, stretch, accounting, workspace, replica, metrics, drivers)
+           pipeline, latency, stretch, accounting, workspace, replica, metrics, drivers)
 
 
 def namespace():

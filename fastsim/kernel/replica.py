@@ -221,17 +221,12 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 t = t_end
             if mode == MODE_STRETCH:
                 if n_held == 0:
-                    t0 = t
-                    paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
-                        n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
-                        n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
+                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                     t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                         n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
+                                         n_held, t_vis, full)
                     if paused:
                         break
-                    if async_on and t > t0:
-                        # no arrival came before the last step of the stretch started
-                        t_vis = t0
-                        if dec.hs[0] > 0 and dec.hk[0] == S:
-                            n_held = _hold_decoders(t, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
                 mode = MODE_BETWEEN_STEPS
                 continue
             # -- between steps
@@ -623,8 +618,8 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
 # Stretches of decode steps (event skipping, `stretch`)
 
 @njit_noalloc(inline="llvm")
-def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw, S,
-               sph, n_itl, acc5, ws, we, bs, bsh, full):
+def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw,
+               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
     """While every running request is a lazy decoder and nothing else can
     happen (no admission, no abandonment, enough free blocks), run the next
     steps as one stretch, up to the step of the next completion or the one
@@ -633,7 +628,13 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
     completion, with nobody waiting and no arrival yet, the next stretch
     follows at once. (Not with active priority preemption and a waiting
     request: phase 0.) A stretch that would end after ``t_stop`` is not
-    taken: the first value returned is then True (paused)."""
+    taken: the first value returned is then True (paused).
+
+    With async scheduling (`pipeline`), the step after a stretch is one that
+    vLLM schedules before it sees the stretch's completions or an arrival
+    during its last step: a pure decode step (`_lagged_step`), after which
+    the stretches go on, or, once an arrival is seen, the caller takes over
+    (with the visibility time ``t_vis`` returned last)."""
     if full is None:
         prio_preempt = False
     else:
@@ -659,7 +660,9 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         if kk == 0:
             break
         if t_end > t_stop:
-            return True, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+            return True, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+        if async_on:
+            t_vis = t   # (no arrival came before the stretch's last step started)
         a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
         in_sys = n_run + n_wait
         nm_d = dstate[2]
@@ -705,7 +708,23 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
                 t = t_end
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
         if async_on:
-            break   # (the caller holds the finished decoders; an arrival is seen a step later)
+            if dec.hs[0] > 0 and dec.hk[0] == S:
+                n_held = _hold_decoders(t, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
+            elif t < next_a:
+                break   # the free blocks or the horizon ended the stretch
+            # the lagged steps: the finished requests held, an arrival not seen yet
+            ok = True
+            while ok and n_held > 0 and t_vis < next_a:
+                (ok, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held,
+                 t_vis) = _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                       n_wait, S, sph, n_itl, acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full)
+            if ok and t_vis < next_a <= t:
+                (ok, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held,
+                 t_vis) = _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                       n_wait, S, sph, n_itl, acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full)
+            if not ok or t_vis >= next_a or n_held > 0:
+                break   # the caller goes on: an arrival to see, or a step it must schedule
+            continue
         # the stretch's last step, as a fast step ends: arrivals during
         # it (they see it before its completions), then completions
         nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
@@ -715,7 +734,48 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
         if t >= next_a:
             break   # an arrival to ingest first
-    return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+    return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+
+
+@njit_noalloc(inline="llvm")
+def _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_wait, S, sph, n_itl,
+                 acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full):
+    """Async scheduling: the step at ``t`` after a stretch, in which only the
+    lazy decoders run (the finished requests hold their seats and blocks,
+    and leave once it is scheduled; an arrival is not seen yet): what the
+    fast step would do, without its scheduling loop. Returns False first
+    (nothing done) when it is not such a step, or it ends after ``t_stop``,
+    or it starts at the horizon; then the caller schedules it."""
+    if full is None:
+        caching = False
+    else:
+        caching = ipar[I_CACHING] == 1
+    dstate = dec.dstate
+    n_d = dstate[0]
+    nb = dec.ph[sph]
+    # (a waiting request could be admitted, or give up, at a step's start)
+    admissible = n_wait > 0 and (n_run < ipar[I_MAX_NUM_SEQS] or ipar[I_HAS_DELAY] == 1)
+    if n_d == 0 or nb > free or t >= we or admissible:
+        return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
+    d = _step_time(lat, rec.dec_cost, n_d, 0, dstate[1] + n_d * (S + 1), 0)
+    t_end = t + d
+    if t_end > t_stop:
+        return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
+    free -= nb
+    acc5 = _account_step(acc5, t, t_end, d, n_run, n_wait, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
+    if n_held > 0:
+        free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved, n_run,
+                                                          n_wait, jmax, caching)
+        n_held = 0
+    if dstate[2] > 0:
+        if _constant_in_step(lat):
+            rec.gapw[n_d] += dstate[2]
+        else:
+            n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, dstate[2])
+    S += 1
+    sph = sph - 1 if sph > 0 else bs - 1
+    n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
+    return True, t_end, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t
 
 
 # ------------------------------------------------------------------------------
