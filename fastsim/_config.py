@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
-                             Mixture, Uniform, _ArrivalSpec, as_length)
+from ._distributions import (Empirical, Exponential, Fixed, Gamma, Geometric, Histogram, LengthDistribution,
+                             LengthTrace, LogNormal, Mixture, Truncated, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
 from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice,
                           check_float, check_int, check_probabilities)
@@ -608,7 +608,10 @@ class Scenario:
         return _scenario_from_dict(config, base_dir=base_dir)
 
 
-_LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical}
+_LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical,
+                "exponential": Exponential, "geometric": Geometric, "gamma": Gamma, "histogram": Histogram}
+#: TOML keys of the laws whose dataclass field is named otherwise (``mean`` would shadow the method)
+_LAW_KEY_ALIASES = {"mean": "mean_len"}
 
 #: Keys of the TOML tables other than the dataclass fields (``Scenario.from_dict``).
 _WORKLOAD_EXTRA_KEYS = ("trace", "sharegpt", "sharegpt_order")
@@ -672,7 +675,26 @@ def _length_from_config(name, spec, base_dir):
     if not isinstance(spec, dict):
         return spec
     spec = dict(spec)
+    if "truncate" in spec:
+        # any law: {dist = ..., ..., truncate = N} is the law conditioned on L <= N
+        high = spec.pop("truncate")
+        law = _length_from_config(name, spec, base_dir)
+        try:
+            return Truncated(law, high)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}.truncate: {exc}") from None
     kind = spec.pop("dist", None)
+    if kind == "lognormal" and ("mean" in spec or "sd" in spec):
+        extra = sorted(set(spec) - {"mean", "sd"})
+        if extra or "mean" not in spec or "sd" not in spec:
+            raise ValueError(f"{name}: a lognormal by its moments takes mean and sd (and no other key), "
+                             f"got {sorted(spec)}")
+        try:
+            return LogNormal.from_mean_sd(spec["mean"], spec["sd"])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if kind in _LENGTH_LAWS:
+        spec = {_LAW_KEY_ALIASES.get(k, k): v for k, v in spec.items()}
     if kind == "mixture":
         comps = spec.pop("components", None)
         if not isinstance(comps, list) or not comps:
@@ -706,7 +728,8 @@ def _length_from_config(name, spec, base_dir):
     try:
         return _LENGTH_LAWS[kind](**spec)
     except TypeError:
-        allowed = ["dist"] + [f.name for f in dataclasses.fields(_LENGTH_LAWS[kind])]
+        aliases = {v: k for k, v in _LAW_KEY_ALIASES.items()}
+        allowed = ["dist"] + [aliases.get(f.name, f.name) for f in dataclasses.fields(_LENGTH_LAWS[kind])]
         raise ValueError(f"{name}: unknown key(s) {sorted(set(spec) - set(allowed))} for dist = {kind!r}; "
                          f"allowed: {', '.join(allowed)}") from None
     except ValueError as exc:

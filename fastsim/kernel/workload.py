@@ -68,6 +68,12 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
         width = np.int64(lpar[j, 1]) - low + 1
         k = np.int64(_uniform(state, s_val) * width)
         return low + min(k, width - 1)
+    if kind == 5:  # geometric: ceil(-log(U) / q), so P(L > k) = exp(-q k)
+        x = -math.log(_uniform(state, s_val)) / lpar[j, 0]
+        return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
+    if kind == 6:  # ceil(X), X ~ Gamma(shape lpar[j, 0], scale lpar[j, 1])
+        x = _gamma(state, s_val, lpar[j, 0]) * lpar[j, 1]
+        return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
     # tables: rows [start, start + n) of ltab hold (value, cdf)
     start = lcomp[j, 1]
     if kind == 4:  # replayed in order
