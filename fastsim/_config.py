@@ -308,6 +308,17 @@ class Workload:
         prompt (required with ``prefix_groups``).
     prefix_popularity : float
         Zipf exponent of the group popularity (>= 0; 0: uniform).
+    request_trace : RequestTrace, optional
+        Recorded requests replayed as they are (build it with
+        :meth:`from_trace`): their arrival times and lengths (then
+        ``arrival_times`` and ``lengths``), and their block identities
+        (``request_trace.blocks(row)``; ``sample_requests`` gives them).
+    trace_window_s : float, optional
+        With ``request_trace``: replay, in each replication, the requests of
+        a window of this many seconds whose start is drawn uniformly (from
+        0 to the last arrival less the window), so that replications differ
+        while keeping the trace's burstiness; ``num_requests`` is then the
+        most requests any window holds.
     """
 
     arrival_rate: float | None = 1.0
@@ -328,10 +339,14 @@ class Workload:
     prefix_groups: int = 0
     prefix_len: object = None
     prefix_popularity: float = 0.0
+    request_trace: object = None
+    trace_window_s: float | None = None
 
     def __post_init__(self):
         s = object.__setattr__
         self._check_prefix_groups()
+        if self.request_trace is not None or self.trace_window_s is not None:
+            self._check_request_trace()
         if self.users is not None:
             self._check_multi_user()
         elif self.requests_per_user is not None or self.user_rate is not None:
@@ -349,7 +364,7 @@ class Workload:
                 raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
                                  f"got {self.num_requests!r}")
             s(self, "num_requests", int(t.size))
-        elif self.users is None:
+        elif self.users is None and self.trace_window_s is None:
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
         if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
@@ -387,6 +402,42 @@ class Workload:
         if self.burstiness != 1.0 and self.arrival_times is not None:
             raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
                              f"got {self.burstiness!r}")
+
+    def _check_request_trace(self):
+        """A replayed trace gives the arrivals and the lengths: fill them in
+        (again, after `dataclasses.replace`), or check they are the trace's."""
+        from ._traces import RequestTrace, max_window_count
+
+        s = object.__setattr__
+        tr = self.request_trace
+        if not isinstance(tr, RequestTrace):
+            raise ValueError(f"request_trace must be a fastsim RequestTrace (Workload.from_trace reads one), "
+                             f"got {tr!r}")
+        if self.users is not None:
+            raise ValueError("request_trace gives the arrivals: users must be None")
+        if self.arrival_rate not in (None, 1.0):
+            raise ValueError(f"arrival_rate must be None with request_trace (replay faster with "
+                             f"Workload.from_trace(..., rate_scale=k)), got {self.arrival_rate!r}")
+        lengths = LengthTrace(tr.prompt_len, tr.output_len, "replay")
+        if self.lengths is not None and not (np.array_equal(self.lengths.prompt_len, tr.prompt_len)
+                                             and np.array_equal(self.lengths.output_len, tr.output_len)
+                                             and self.lengths.order == "replay"):
+            raise ValueError("lengths must be None with request_trace (the trace gives them)")
+        s(self, "lengths", lengths)
+        if self.trace_window_s is None:
+            if self.arrival_times is not None and not np.array_equal(np.asarray(self.arrival_times),
+                                                                     tr.arrival_s):
+                raise ValueError("arrival_times must be None with request_trace (the trace gives them)")
+            s(self, "arrival_times", np.asarray(tr.arrival_s, dtype=np.float64))
+            s(self, "arrival_rate", None)
+            return
+        s(self, "trace_window_s", check_float("trace_window_s", self.trace_window_s, low=0, low_open=True,
+                                              high=MAX_CLOCK_S))
+        if self.arrival_times is not None:
+            raise ValueError("arrival_times must be None with trace_window_s (each replication draws a window "
+                             "of the trace's times)")
+        s(self, "arrival_rate", None)
+        s(self, "num_requests", max_window_count(np.asarray(tr.arrival_s, float), self.trace_window_s))
 
     def _check_prefix_groups(self):
         s = object.__setattr__
@@ -482,20 +533,93 @@ class Workload:
         """Expected arrivals per replication (before any horizon)."""
         if self.users is not None:
             return 0.5 * (self.users[0] + self.users[1]) * self.requests_per_user
+        if self.trace_window_s is not None:
+            # the mean over window starts (a fine grid of them) of the requests in the window
+            t = np.asarray(self.request_trace.arrival_s, float)
+            starts = np.linspace(0.0, max(t[-1] - self.trace_window_s, 0.0), 4001)
+            counts = (np.searchsorted(t, starts + self.trace_window_s, side="left")
+                      - np.searchsorted(t, starts, side="left"))
+            return float(np.minimum(counts, self.num_requests).mean())
         return float(self.num_requests)
 
     @classmethod
-    def from_trace(cls, path, *, num_requests: int | None = None, arrival_rate: float = 1.0,
-                   order: str = "replay", **kwargs) -> "Workload":
-        """Lengths from a CSV trace (columns ``prompt_len`` and ``output_len``/``gen_len``).
+    def from_trace(cls, path, *, format: str = "auto", rate_scale: float = 1.0, start_s: float = 0.0,
+                   duration_s: float | None = None, resample: bool = False, block_size: int | None = None,
+                   timestamp: str | None = None, prompt: str | None = None, output: str | None = None,
+                   class_column: str | None = None, num_requests: int | None = None,
+                   arrival_rate: float | None = None, order: str = "replay", **kwargs) -> "Workload":
+        """Replay a recorded trace: its arrivals, lengths and block identities.
 
-        With ``order="replay"`` request ``i`` gets row ``i`` (the first
-        ``num_requests`` rows, in order); arrivals are a renewal process at
-        ``arrival_rate`` (Poisson unless ``burstiness`` is given).
+        Parameters
+        ----------
+        path : str or Path
+            A CSV with a timestamp column and prompt/output length columns (the
+            Azure LLM inference traces 2023), Mooncake-style JSON lines with
+            ``hash_ids``, or JSON lines with token ids (``input_tok_ids``, hashed
+            into blocks of ``block_size`` tokens as vLLM does); see
+            ``fastsim._traces``. A CSV with lengths only (``prompt_len`` and
+            ``output_len``/``gen_len``) gives the lengths, with renewal arrivals
+            at ``arrival_rate`` (1/s, default 1; ``order`` and ``num_requests``
+            as :class:`LengthTrace`).
+        format : {"auto", "csv", "mooncake", "token_ids"}
+        rate_scale : float
+            Replay ``rate_scale`` times as fast: every gap divided by it.
+        start_s, duration_s : float
+            Replay the requests arriving in ``[start_s, start_s + duration_s)``
+            of the trace (seconds from its first arrival, before scaling),
+            shifted to start at 0. Default: all of it.
+        resample : bool
+            Replay, in each replication, a window of ``duration_s`` whose start
+            is drawn uniformly over the trace (reproducible per seed and
+            replication; ``Workload.trace_window_s``); ``start_s`` must be 0.
+        block_size : int, optional
+            Tokens per block when hashing token ids (default 16).
+        timestamp, prompt, output, class_column : str, optional
+            Column (or JSON field) names, when not the known ones; ``class_column``
+            gives each request's class (``classes=("column", ...)``).
+        **kwargs
+            Other :class:`Workload` fields (``priorities``, ``warmup_requests``, ...).
+
+        Returns
+        -------
+        Workload
+            With ``request_trace`` (the replayed requests) and ``arrival_times``
+            and ``lengths`` taken from it, or ``trace_window_s`` when resampled.
         """
-        trace = LengthTrace.from_csv(path, order=order, nrows=num_requests if order == "replay" else None)
-        n = len(trace) if num_requests is None else num_requests
-        return cls(arrival_rate=arrival_rate, num_requests=n, lengths=trace, **kwargs)
+        from ._traces import read_trace, window
+
+        p = Path(path)
+        if p.suffix.lower() == ".csv" and p.is_file() and timestamp is None:
+            with p.open(newline="") as fh:
+                header = fh.readline().strip().split(",")
+            from ._traces import TIME_COLUMNS
+
+            if not any(c in header for c in TIME_COLUMNS):
+                # lengths only: renewal arrivals (the LengthTrace reading)
+                trace = LengthTrace.from_csv(p, order=order,
+                                             nrows=num_requests if order == "replay" else None)
+                n = len(trace) if num_requests is None else num_requests
+                return cls(arrival_rate=1.0 if arrival_rate is None else arrival_rate, num_requests=n,
+                           lengths=trace, **kwargs)
+        if arrival_rate is not None:
+            raise ValueError(f"arrival_rate must be None when the trace gives the arrival times (replay it "
+                             f"faster with rate_scale), got {arrival_rate!r}")
+        if order != "replay":
+            raise ValueError(f"order must be 'replay' when the trace gives the arrival times, got {order!r}")
+        trace = read_trace(p, format=format, block_size=block_size, nrows=num_requests, timestamp=timestamp,
+                           prompt=prompt, output=output, class_column=class_column)
+        resample = check_bool("resample", resample)
+        if resample:
+            if duration_s is None:
+                raise ValueError("duration_s (the window's length, s) is required with resample=True, got None")
+            start_s = check_float("start_s", start_s, low=0)
+            if start_s != 0.0:
+                raise ValueError(f"start_s must be 0 with resample=True (windows start anywhere), got {start_s!r}")
+            duration_s = check_float("duration_s", duration_s, low=0, low_open=True)
+            rate_scale = check_float("rate_scale", rate_scale, low=0, low_open=True)
+            scaled = trace.with_times(trace.arrival_s / rate_scale)
+            return cls(arrival_rate=None, request_trace=scaled, trace_window_s=duration_s / rate_scale, **kwargs)
+        return cls(arrival_rate=None, request_trace=window(trace, start_s, duration_s, rate_scale), **kwargs)
 
     @property
     def mean_prompt_len(self) -> float:
@@ -506,6 +630,8 @@ class Workload:
         return float(self.lengths.output_len.mean()) if self.lengths is not None else self.output_len.mean()
 
     def _arrival_spec(self) -> _ArrivalSpec:
+        if self.trace_window_s is not None:
+            return _ArrivalSpec(kind=3, times=np.asarray(self.request_trace.arrival_s, dtype=np.float64))
         if self.arrival_times is not None:
             return _ArrivalSpec(kind=1, times=self.arrival_times)
         if self.users is not None:
@@ -629,7 +755,7 @@ def table_keys(table: str) -> list[str]:
     if table == "engine":
         return _field_names(EngineConfig)
     if table == "workload":
-        return _field_names(Workload, skip=("lengths",)) + list(_WORKLOAD_EXTRA_KEYS)
+        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s")) + list(_WORKLOAD_EXTRA_KEYS)
     if table == "latency":
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":

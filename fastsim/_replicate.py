@@ -130,6 +130,8 @@ def pack_scenario(scenario: Scenario) -> dict:
         ipar[K.I_USER_CAP] = arr.user_cap
         fpar[K.F_USER_REQUESTS] = arr.requests_per_user
     arr_times = np.ascontiguousarray(arr.times, dtype=np.float64)
+    if arr.kind == K.ARRIVAL_TRACE_WINDOW:
+        fpar[K.F_TRACE_WINDOW] = w.trace_window_s
 
     comps, tab_rows = [], []
     # lrange: [lo, hi) component rows of the prompt, output and prefix length
@@ -223,7 +225,10 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``sjf_key`` (the predicted output lengths that ``policy="sjf"``
         orders by) when the engine has a ``length_predictor``, and
         ``prefix_group`` and ``prefix_len`` when the workload has
-        ``prefix_groups``.
+        ``prefix_groups``; with a ``request_trace``, ``trace_row`` (the
+        trace's request each one replays) and, when the trace identifies
+        blocks, ``block_hashes`` (an int64 array per request: its prompt's
+        block identities, ``request_trace.block_size`` tokens each).
     """
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     if not isinstance(scenario, Scenario):
@@ -240,7 +245,23 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     if scenario.workload.prefix_groups > 0:
         cols["prefix_group"] = grp
         cols["prefix_len"] = plen
+    tr = scenario.workload.request_trace
+    if tr is not None:
+        rows = trace_rows(scenario.workload, k0, k1, replication, a.size)
+        cols["trace_row"] = rows
+        if tr.block_offsets is not None:
+            cols["block_hashes"] = pd.Series([tr.blocks(r) for r in rows], dtype=object)
     return pd.DataFrame(cols)
+
+
+def trace_rows(workload: Workload, k0, k1, replication: int, n: int) -> np.ndarray:
+    """The rows of ``workload.request_trace`` that the ``n`` requests of
+    ``replication`` replay: 0 .. n - 1, or from the first row of its window
+    (the kernel's draw, `kernel.trace_window`)."""
+    row0 = 0
+    if workload.trace_window_s is not None:
+        row0 = K.trace_window(replication, k0, k1, workload.request_trace.arrival_s, workload.trace_window_s)[1]
+    return np.arange(row0, row0 + n, dtype=np.int64)
 
 
 def compile_kernels(engine: str = "both") -> pd.DataFrame:

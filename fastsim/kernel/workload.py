@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_USER_REQUESTS,
+from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_TRACE_WINDOW, F_USER_REQUESTS,
     I_ARRIVAL_KIND, I_HAS_HORIZON, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
     I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
@@ -134,6 +134,41 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
     return n
 
 
+@njit_noalloc
+def _window_start(state, times, duration):
+    """A window of a trace's arrival ``times``: its start ``ws``, uniform on
+    [0, max(T - duration, 0)] (T the last arrival; one uniform of stream
+    S_TRACE_ROW), and its first row, the first with ``times[row] >= ws``."""
+    span = max(times[times.size - 1] - duration, 0.0)
+    ws = _uniform(state, S_TRACE_ROW) * span
+    # (ws <= T: the last row qualifies, as `_search_cdf` needs)
+    return ws, _search_cdf(times, 0, times.size, ws)
+
+
+@njit_noalloc(entry=True)
+def _trace_window(rep, key0, key1, times, duration, state):
+    """`_window_start` of replication ``rep`` (for Python: which trace rows it
+    replays; ``state``: scratch of N_STREAMS words)."""
+    _seed_streams(key0, key1, rep, state)
+    return _window_start(state, times, duration)
+
+
+@njit_noalloc
+def _trace_window_arrivals(ipar, fpar, state, arr_times, arrival):
+    """The arrivals of a trace window (`_window_start`): ``times[row0 + i] - ws``
+    while before ``ws + duration``, at most I_NUM_REQUESTS; return (count, row0)."""
+    duration = fpar[F_TRACE_WINDOW]
+    ws, row0 = _window_start(state, arr_times, duration)
+    end = ws + duration
+    n = 0
+    while row0 + n < arr_times.size and n < ipar[I_NUM_REQUESTS] and arr_times[row0 + n] < end:
+        arrival[n] = arr_times[row0 + n] - ws
+        if ipar[I_HAS_HORIZON] == 1 and arrival[n] >= fpar[F_HORIZON]:
+            break
+        n += 1
+    return n, row0
+
+
 @njit_noalloc(entry=True)
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
@@ -149,7 +184,10 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     has_h = ipar[I_HAS_HORIZON] == 1
     horizon = fpar[F_HORIZON]
     n = 0
-    if ipar[I_ARRIVAL_KIND] == 1:
+    row0 = 0   # the trace row of request 0 (a trace window's first)
+    if ipar[I_ARRIVAL_KIND] == 3:
+        n, row0 = _trace_window_arrivals(ipar, fpar, state, arr_times, arrival)
+    elif ipar[I_ARRIVAL_KIND] == 1:
         for i in range(n_cap):
             if has_h and arr_times[i] >= horizon:
                 break
@@ -210,7 +248,7 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
                                            lrange[2], lrange[3], lcomp, lpar, ltab, i)
         else:
             if mode == 1:
-                row = i % nrows
+                row = (row0 + i) % nrows
             else:
                 row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
             prompt[i] = trace[row, 0]
