@@ -21,6 +21,7 @@ from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_time
                           check_float, check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
+SJF_KEYS = ("output", "prompt", "total")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
 #: histogram of this many entries).
 MAX_BLOCK_SIZE = 65536
@@ -141,6 +142,9 @@ class EngineConfig:
     length_predictor : LogNormalPredictor or BucketPredictor, optional
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
+    sjf_key : {"output", "prompt", "total"}
+        With ``policy="sjf"``: the length the SJF key is (or, with a
+        ``length_predictor``, predicts): the output, the prompt, or both.
 
     Notes
     -----
@@ -164,6 +168,7 @@ class EngineConfig:
     priority_aging_s: float | None = None
     enable_prefix_caching: bool = False
     length_predictor: LogNormalPredictor | BucketPredictor | None = None
+    sjf_key: str = "output"
 
     def __post_init__(self):
         s = object.__setattr__
@@ -179,6 +184,10 @@ class EngineConfig:
                              f"got {self.max_num_batched_tokens}")
         s(self, "enable_chunked_prefill", check_bool("enable_chunked_prefill", self.enable_chunked_prefill))
         check_choice("policy", self.policy, POLICIES)
+        check_choice("sjf_key", self.sjf_key, SJF_KEYS)
+        if self.sjf_key != "output" and self.policy != "sjf":
+            raise ValueError(f"sjf_key requires policy='sjf' (the SJF keys are only used there), got "
+                             f"sjf_key={self.sjf_key!r} with policy={self.policy!r}")
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_choice("admission", self.admission, ADMISSIONS)
         s(self, "max_waiting", check_int("max_waiting", self.max_waiting, low=0, high=MAX_COUNT, optional=True))
@@ -313,6 +322,12 @@ class Workload:
         :meth:`from_trace`): their arrival times and lengths (then
         ``arrival_times`` and ``lengths``), and their block identities
         (``request_trace.blocks(row)``; ``sample_requests`` gives them).
+    classes : RequestClasses, "priority", "trace" or (by, edges), optional
+        The request classes that ``replicate(...).summary(by="class")``
+        reports apart: length bands (``("prompt_len", [64, 256])``; also
+        ``"output_len"``, ``"total_len"``), the priority class, or a trace
+        column. With ``RequestClasses(..., priorities=...)`` each length band
+        has its own priority (``priorities`` must then keep its default).
     trace_window_s : float, optional
         With ``request_trace``: replay, in each replication, the requests of
         a window of this many seconds whose start is drawn uniformly (from
@@ -341,10 +356,12 @@ class Workload:
     prefix_popularity: float = 0.0
     request_trace: object = None
     trace_window_s: float | None = None
+    classes: object = None
 
     def __post_init__(self):
         s = object.__setattr__
         self._check_prefix_groups()
+        self._check_classes()
         if self.request_trace is not None or self.trace_window_s is not None:
             self._check_request_trace()
         if self.users is not None:
@@ -402,6 +419,20 @@ class Workload:
         if self.burstiness != 1.0 and self.arrival_times is not None:
             raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
                              f"got {self.burstiness!r}")
+
+    def _check_classes(self):
+        from ._classes import as_classes
+
+        c = as_classes(self.classes)
+        object.__setattr__(self, "classes", c)
+        if c is None:
+            return
+        if c.priorities is not None and (tuple(self.priorities) != (0,) or tuple(self.priority_probs) != (1.0,)):
+            raise ValueError(f"priorities and priority_probs must keep their defaults when classes set a priority "
+                             f"per band, got priorities={self.priorities!r}")
+        if c.by == "trace" and (self.request_trace is None or self.request_trace.classes is None):
+            raise ValueError("classes='trace' needs a request trace with a class column "
+                             "(Workload.from_trace(..., class_column=...))")
 
     def _check_request_trace(self):
         """A replayed trace gives the arrivals and the lengths: fill them in
@@ -755,7 +786,7 @@ def table_keys(table: str) -> list[str]:
     if table == "engine":
         return _field_names(EngineConfig)
     if table == "workload":
-        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s")) + list(_WORKLOAD_EXTRA_KEYS)
+        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s", "classes")) + list(_WORKLOAD_EXTRA_KEYS)
     if table == "latency":
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":

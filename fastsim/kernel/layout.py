@@ -37,7 +37,10 @@ I_SWAP = 25           # 1: preemption_mode="swap"
 I_SWAP_BLOCKS = 26    # swap_space_blocks
 I_PREFIX = 27         # 1: the workload has prefix groups (laws at lrange[4:8])
 I_CACHING = 28        # 1: enable_prefix_caching
-N_IPAR = 29
+I_PRIO_BAND = 29      # priority per length band (BAND_*): prio_val[j] for the band j in which the length
+                      # falls, prio_cdf the bands' upper edges (the last inf); BAND_NONE: drawn by prio_cdf
+I_SJF_KEY = 30        # the length the SJF key is (or predicts): SJF_KEY_*
+N_IPAR = 31
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
@@ -80,6 +83,12 @@ ADMISSION_CODES = {"none": ADMISSION_NONE, "queue_limit": ADMISSION_QUEUE_LIMIT,
 ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW = 0, 1, 2, 3
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
+# ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)
+BAND_NONE, BAND_PROMPT, BAND_OUTPUT, BAND_TOTAL = 0, 1, 2, 3
+BAND_CODES = {"prompt_len": BAND_PROMPT, "output_len": BAND_OUTPUT, "total_len": BAND_TOTAL}
+# ipar[I_SJF_KEY]: the length SJF orders by (before any predictor's error)
+SJF_KEY_OUTPUT, SJF_KEY_PROMPT, SJF_KEY_TOTAL = 0, 1, 2
+SJF_KEY_CODES = {"output": SJF_KEY_OUTPUT, "prompt": SJF_KEY_PROMPT, "total": SJF_KEY_TOTAL}
 # ipar[I_PREDICTOR]: the SJF key: the true output length, a lognormal prediction, or a bucket classifier
 PREDICTOR_EXACT, PREDICTOR_LOGNORMAL, PREDICTOR_BUCKETS = 0, 1, 2
 
