@@ -501,6 +501,18 @@ class ReplicateResult:
     metrics: tuple = field(default=K.METRICS)
     interrupted: bool = False
     per_class: pd.DataFrame | None = None
+    stability: object = None
+
+    @property
+    def arrivals(self) -> str:
+        """The requests that arrived per replication, in words ("200", or
+        "about 41 (31-52)" when they vary): not a buffer size."""
+        n = self.per_replication["n_arrived"].to_numpy()
+        if n.size == 0:
+            return "0"
+        if n.min() == n.max():
+            return f"{int(n[0])}"
+        return f"about {n.mean():.0f} ({int(n.min())}-{int(n.max())})"
 
     @property
     def n_replications(self) -> int:
@@ -524,6 +536,8 @@ class ReplicateResult:
             return self._class_summary(level)
         frame = summary_frame(self.per_replication, self.metrics, level)
         frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
+        if self.stability is not None and self.stability.overloaded:
+            frame.attrs["stability"] = self.stability.message
         return frame
 
     def _class_summary(self, level) -> pd.DataFrame:
@@ -539,6 +553,8 @@ class ReplicateResult:
             parts.append(frame)
         out = pd.concat(parts, ignore_index=True)
         out["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in out["metric"]]
+        if self.stability is not None and self.stability.overloaded:
+            out.attrs["stability"] = self.stability.message
         return out
 
     to_frame = summary
@@ -589,8 +605,10 @@ class ReplicateResult:
         level = self.confidence_level
         name = self.scenario.name or "scenario"
         head = (f"<b>{html.escape(name)}</b>: {self.n_replications} replications x "
-                f"{self.scenario.workload.num_requests} requests, seed {html.escape(str(self.seed))}"
+                f"{self.arrivals} requests, seed {html.escape(str(self.seed))}"
                 + (" <b>(partial: interrupted)</b>" if self.interrupted else ""))
+        if self.stability is not None and self.stability.overloaded:
+            head += f"<br><b>{html.escape(self.stability.message)}</b>"
         rows = []
         for metric, row in self.summary().iterrows():
             unit, scale = metric_unit(metric)
@@ -830,7 +848,15 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
                           time.perf_counter() - start)
     if w.classes is not None:
         result.per_class = class_table(scenario, result.per_replication, entropy, backend)
-        result.elapsed_s = time.perf_counter() - start
+    from ._stability import CHECK_REPLICATIONS, check_stability
+
+    result.stability = check_stability(scenario, entropy, result.per_replication.index[:CHECK_REPLICATIONS],
+                                       backend)
+    if result.stability.overloaded:
+        import warnings
+
+        warnings.warn(result.stability.message, RuntimeWarning, stacklevel=2)
+    result.elapsed_s = time.perf_counter() - start
     return result
 
 
