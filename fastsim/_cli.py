@@ -295,7 +295,7 @@ def format_table(summary, scenario=None, result=None, *, n_requested=None) -> st
         lines.append(f"{title}: {result.n_replications} replications x "
                      f"{arrived} requests "
                      f"({scenario.workload.warmup_requests} warm-up), {result.elapsed_s:.1f} s")
-        stab = getattr(result, "stability", None)
+        stab = getattr(result, "stability", None) if getattr(result, "n_replications", 0) else None
         if stab is not None and stab.overloaded:
             lines.append(f"WARNING: {stab.message}")
         if getattr(result, "interrupted", False):

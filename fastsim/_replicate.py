@@ -501,7 +501,24 @@ class ReplicateResult:
     metrics: tuple = field(default=K.METRICS)
     interrupted: bool = False
     per_class: pd.DataFrame | None = None
-    stability: object = None
+    _stability: object = field(default=None, repr=False)
+
+    @property
+    def stability(self):
+        """`fastsim._stability.StabilityCheck`: is the offered load more than the
+        engine serves? Computed on first use (it simulates up to five of the
+        replications' streams again, so `replicate` itself costs nothing more);
+        warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
+        if self._stability is None:
+            from ._stability import CHECK_REPLICATIONS, check_stability
+
+            self._stability = check_stability(self.scenario, self.seed,
+                                              self.per_replication.index[:CHECK_REPLICATIONS], self.backend)
+            if self._stability.overloaded:
+                import warnings
+
+                warnings.warn(self._stability.message, RuntimeWarning, stacklevel=3)
+        return self._stability
 
     @property
     def arrivals(self) -> str:
@@ -536,7 +553,7 @@ class ReplicateResult:
             return self._class_summary(level)
         frame = summary_frame(self.per_replication, self.metrics, level)
         frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
-        if self.stability is not None and self.stability.overloaded:
+        if self.n_replications and self.stability.overloaded:
             frame.attrs["stability"] = self.stability.message
         return frame
 
@@ -553,7 +570,7 @@ class ReplicateResult:
             parts.append(frame)
         out = pd.concat(parts, ignore_index=True)
         out["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in out["metric"]]
-        if self.stability is not None and self.stability.overloaded:
+        if self.n_replications and self.stability.overloaded:
             out.attrs["stability"] = self.stability.message
         return out
 
@@ -607,7 +624,7 @@ class ReplicateResult:
         head = (f"<b>{html.escape(name)}</b>: {self.n_replications} replications x "
                 f"{self.arrivals} requests, seed {html.escape(str(self.seed))}"
                 + (" <b>(partial: interrupted)</b>" if self.interrupted else ""))
-        if self.stability is not None and self.stability.overloaded:
+        if self.n_replications and self.stability.overloaded:
             head += f"<br><b>{html.escape(self.stability.message)}</b>"
         rows = []
         for metric, row in self.summary().iterrows():
@@ -848,15 +865,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
                           time.perf_counter() - start)
     if w.classes is not None:
         result.per_class = class_table(scenario, result.per_replication, entropy, backend)
-    from ._stability import CHECK_REPLICATIONS, check_stability
-
-    result.stability = check_stability(scenario, entropy, result.per_replication.index[:CHECK_REPLICATIONS],
-                                       backend)
-    if result.stability.overloaded:
-        import warnings
-
-        warnings.warn(result.stability.message, RuntimeWarning, stacklevel=2)
-    result.elapsed_s = time.perf_counter() - start
+        result.elapsed_s = time.perf_counter() - start
     return result
 
 
