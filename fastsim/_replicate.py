@@ -513,7 +513,8 @@ class ReplicateResult:
             from ._stability import CHECK_REPLICATIONS, check_stability
 
             self._stability = check_stability(self.scenario, self.seed,
-                                              self.per_replication.index[:CHECK_REPLICATIONS], self.backend)
+                                              self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,
+                                              simulate_requests, self.backend)
             if self._stability.overloaded:
                 import warnings
 

@@ -57,10 +57,11 @@ class StabilityCheck:
                 f"estimates here grow with the run's length rather than estimate a steady state.")
 
 
-def check_stability(scenario, seed, replications, backend="numba") -> StabilityCheck:
-    """`StabilityCheck` from the per-request results of ``replications``."""
-    from ._replicate import sample_requests, simulate_requests
-
+def check_stability(scenario, seed, replications, sample_requests, simulate_requests,
+                    backend="numba") -> StabilityCheck:
+    """`StabilityCheck` from the per-request results of ``replications``
+    (their streams from ``sample_requests``, simulated by ``simulate_requests``:
+    `fastsim._replicate`'s, passed in so that this module imports neither)."""
     w = scenario.workload
     arrived = done = span = 0.0
     growth = []
