@@ -15,9 +15,11 @@ The engine model is specified in ``docs/engine-model.md``. Start with
 """
 
 from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario, Workload
-from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
-                             Uniform, sharegpt_lengths)
+from ._distributions import (Empirical, Exponential, Fixed, Gamma, Geometric, Histogram, LengthDistribution,
+                             LengthTrace, LogNormal, Mixture, Truncated, Uniform, sharegpt_lengths)
+from ._classes import RequestClasses
 from ._latency import LatencyModel
+from ._traces import RequestTrace
 from ._hardware import GPU
 from ._deployment import Deployment
 from ._roofline import Roofline
@@ -34,9 +36,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
-    "EngineConfig", "Fixed", "GPU", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal",
+    "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
-    "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
+    "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "SweepResult", "Truncated", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
     "simulate_requests", "sweep", "testing", "analytical",
 ]

@@ -291,9 +291,13 @@ def format_table(summary, scenario=None, result=None, *, n_requested=None) -> st
     if result is not None:
         level = int(round(result.confidence_level * 100))
         title = scenario.name or "scenario"
+        arrived = getattr(result, "arrivals", None) or f"{scenario.workload.num_requests}"
         lines.append(f"{title}: {result.n_replications} replications x "
-                     f"{scenario.workload.num_requests} requests "
+                     f"{arrived} requests "
                      f"({scenario.workload.warmup_requests} warm-up), {result.elapsed_s:.1f} s")
+        stab = getattr(result, "stability", None) if getattr(result, "n_replications", 0) else None
+        if stab is not None and stab.overloaded:
+            lines.append(f"WARNING: {stab.message}")
         if getattr(result, "interrupted", False):
             of = f" of {n_requested}" if n_requested else ""
             lines.append(f"PARTIAL: interrupted after {result.n_replications}{of} replications")
@@ -439,8 +443,9 @@ def _run_main(args, sig) -> int:
         quiet = args.no_progress or args.format != "table"
         compile_s = _warm_up(scenario, kwargs.get("backend"), quiet)
         if not quiet:
-            print(f"fastsim: running {kwargs['n_replications']} replications x {scenario.workload.num_requests} "
-                  f"requests (Ctrl-C stops and keeps the finished ones)", file=sys.stderr, flush=True)
+            print(f"fastsim: running {kwargs['n_replications']} replications x about "
+                  f"{scenario.workload.mean_arrivals:.0f} requests (Ctrl-C stops and keeps the finished ones)",
+                  file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             result = replicate(scenario, progress=_progress(args), **kwargs)
@@ -522,7 +527,7 @@ def _sweep_main(args, sig) -> int:
     level = int(round(result.confidence_level * 100))
     shown = frame[frame["metric"].isin(["ttft_p99", "tpot_mean", "request_throughput", "goodput"])]
     print(f"{scenario.name or 'scenario'}: {result.n_points} points x {n} replications x "
-          f"{scenario.workload.num_requests} requests, seed {result.seed}, {result.elapsed_s:.1f} s "
+          f"about {scenario.workload.mean_arrivals:.0f} requests, seed {result.seed}, {result.elapsed_s:.1f} s "
           f"({sum(result.cached)} points from the cache)")
     if result.interrupted:
         print("PARTIAL: interrupted; only the finished points are shown")

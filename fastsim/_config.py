@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal,
-                             Mixture, Uniform, _ArrivalSpec, as_length)
+from ._distributions import (Empirical, Exponential, Fixed, Gamma, Geometric, Histogram, LengthDistribution,
+                             LengthTrace, LogNormal, Mixture, Truncated, Uniform, _ArrivalSpec, as_length)
 from ._latency import LatencyModel
 from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_times, check_bool, check_choice,
                           check_float, check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
+SJF_KEYS = ("output", "prompt", "total")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
 #: histogram of this many entries).
 MAX_BLOCK_SIZE = 65536
@@ -164,6 +165,9 @@ class EngineConfig:
 
     The four switches above follow vLLM 0.22's V1 scheduler and are off by
     default for now (the synchronous model).
+    sjf_key : {"output", "prompt", "total"}
+        With ``policy="sjf"``: the length the SJF key is (or, with a
+        ``length_predictor``, predicts): the output, the prompt, or both.
 
     Notes
     -----
@@ -191,6 +195,7 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = False
     null_block: bool = False
     block_hash_caching: bool = False
+    sjf_key: str = "output"
 
     def __post_init__(self):
         s = object.__setattr__
@@ -206,6 +211,10 @@ class EngineConfig:
                              f"got {self.max_num_batched_tokens}")
         s(self, "enable_chunked_prefill", check_bool("enable_chunked_prefill", self.enable_chunked_prefill))
         check_choice("policy", self.policy, POLICIES)
+        check_choice("sjf_key", self.sjf_key, SJF_KEYS)
+        if self.sjf_key != "output" and self.policy != "sjf":
+            raise ValueError(f"sjf_key requires policy='sjf' (the SJF keys are only used there), got "
+                             f"sjf_key={self.sjf_key!r} with policy={self.policy!r}")
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_choice("admission", self.admission, ADMISSIONS)
         s(self, "max_waiting", check_int("max_waiting", self.max_waiting, low=0, high=MAX_COUNT, optional=True))
@@ -367,6 +376,23 @@ class Workload:
         prompt (required with ``prefix_groups``).
     prefix_popularity : float
         Zipf exponent of the group popularity (>= 0; 0: uniform).
+    request_trace : RequestTrace, optional
+        Recorded requests replayed as they are (build it with
+        :meth:`from_trace`): their arrival times and lengths (then
+        ``arrival_times`` and ``lengths``), and their block identities
+        (``request_trace.blocks(row)``; ``sample_requests`` gives them).
+    classes : RequestClasses, "priority", "trace" or (by, edges), optional
+        The request classes that ``replicate(...).summary(by="class")``
+        reports apart: length bands (``("prompt_len", [64, 256])``; also
+        ``"output_len"``, ``"total_len"``), the priority class, or a trace
+        column. With ``RequestClasses(..., priorities=...)`` each length band
+        has its own priority (``priorities`` must then keep its default).
+    trace_window_s : float, optional
+        With ``request_trace``: replay, in each replication, the requests of
+        a window of this many seconds whose start is drawn uniformly (from
+        0 to the last arrival less the window), so that replications differ
+        while keeping the trace's burstiness; ``num_requests`` is then the
+        most requests any window holds.
     """
 
     arrival_rate: float | None = 1.0
@@ -387,10 +413,16 @@ class Workload:
     prefix_groups: int = 0
     prefix_len: object = None
     prefix_popularity: float = 0.0
+    request_trace: object = None
+    trace_window_s: float | None = None
+    classes: object = None
 
     def __post_init__(self):
         s = object.__setattr__
         self._check_prefix_groups()
+        self._check_classes()
+        if self.request_trace is not None or self.trace_window_s is not None:
+            self._check_request_trace()
         if self.users is not None:
             self._check_multi_user()
         elif self.requests_per_user is not None or self.user_rate is not None:
@@ -408,7 +440,7 @@ class Workload:
                 raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
                                  f"got {self.num_requests!r}")
             s(self, "num_requests", int(t.size))
-        elif self.users is None:
+        elif self.users is None and self.trace_window_s is None:
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
         if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
@@ -446,6 +478,56 @@ class Workload:
         if self.burstiness != 1.0 and self.arrival_times is not None:
             raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
                              f"got {self.burstiness!r}")
+
+    def _check_classes(self):
+        from ._classes import as_classes
+
+        c = as_classes(self.classes)
+        object.__setattr__(self, "classes", c)
+        if c is None:
+            return
+        if c.priorities is not None and (tuple(self.priorities) != (0,) or tuple(self.priority_probs) != (1.0,)):
+            raise ValueError(f"priorities and priority_probs must keep their defaults when classes set a priority "
+                             f"per band, got priorities={self.priorities!r}")
+        if c.by == "trace" and (self.request_trace is None or self.request_trace.classes is None):
+            raise ValueError("classes='trace' needs a request trace with a class column "
+                             "(Workload.from_trace(..., class_column=...))")
+
+    def _check_request_trace(self):
+        """A replayed trace gives the arrivals and the lengths: fill them in
+        (again, after `dataclasses.replace`), or check they are the trace's."""
+        from ._traces import RequestTrace, max_window_count
+
+        s = object.__setattr__
+        tr = self.request_trace
+        if not isinstance(tr, RequestTrace):
+            raise ValueError(f"request_trace must be a fastsim RequestTrace (Workload.from_trace reads one), "
+                             f"got {tr!r}")
+        if self.users is not None:
+            raise ValueError("request_trace gives the arrivals: users must be None")
+        if self.arrival_rate not in (None, 1.0):
+            raise ValueError(f"arrival_rate must be None with request_trace (replay faster with "
+                             f"Workload.from_trace(..., rate_scale=k)), got {self.arrival_rate!r}")
+        lengths = LengthTrace(tr.prompt_len, tr.output_len, "replay")
+        if self.lengths is not None and not (np.array_equal(self.lengths.prompt_len, tr.prompt_len)
+                                             and np.array_equal(self.lengths.output_len, tr.output_len)
+                                             and self.lengths.order == "replay"):
+            raise ValueError("lengths must be None with request_trace (the trace gives them)")
+        s(self, "lengths", lengths)
+        if self.trace_window_s is None:
+            if self.arrival_times is not None and not np.array_equal(np.asarray(self.arrival_times),
+                                                                     tr.arrival_s):
+                raise ValueError("arrival_times must be None with request_trace (the trace gives them)")
+            s(self, "arrival_times", np.asarray(tr.arrival_s, dtype=np.float64))
+            s(self, "arrival_rate", None)
+            return
+        s(self, "trace_window_s", check_float("trace_window_s", self.trace_window_s, low=0, low_open=True,
+                                              high=MAX_CLOCK_S))
+        if self.arrival_times is not None:
+            raise ValueError("arrival_times must be None with trace_window_s (each replication draws a window "
+                             "of the trace's times)")
+        s(self, "arrival_rate", None)
+        s(self, "num_requests", max_window_count(np.asarray(tr.arrival_s, float), self.trace_window_s))
 
     def _check_prefix_groups(self):
         s = object.__setattr__
@@ -541,20 +623,93 @@ class Workload:
         """Expected arrivals per replication (before any horizon)."""
         if self.users is not None:
             return 0.5 * (self.users[0] + self.users[1]) * self.requests_per_user
+        if self.trace_window_s is not None:
+            # the mean over window starts (a fine grid of them) of the requests in the window
+            t = np.asarray(self.request_trace.arrival_s, float)
+            starts = np.linspace(0.0, max(t[-1] - self.trace_window_s, 0.0), 4001)
+            counts = (np.searchsorted(t, starts + self.trace_window_s, side="left")
+                      - np.searchsorted(t, starts, side="left"))
+            return float(np.minimum(counts, self.num_requests).mean())
         return float(self.num_requests)
 
     @classmethod
-    def from_trace(cls, path, *, num_requests: int | None = None, arrival_rate: float = 1.0,
-                   order: str = "replay", **kwargs) -> "Workload":
-        """Lengths from a CSV trace (columns ``prompt_len`` and ``output_len``/``gen_len``).
+    def from_trace(cls, path, *, format: str = "auto", rate_scale: float = 1.0, start_s: float = 0.0,
+                   duration_s: float | None = None, resample: bool = False, block_size: int | None = None,
+                   timestamp: str | None = None, prompt: str | None = None, output: str | None = None,
+                   class_column: str | None = None, num_requests: int | None = None,
+                   arrival_rate: float | None = None, order: str = "replay", **kwargs) -> "Workload":
+        """Replay a recorded trace: its arrivals, lengths and block identities.
 
-        With ``order="replay"`` request ``i`` gets row ``i`` (the first
-        ``num_requests`` rows, in order); arrivals are a renewal process at
-        ``arrival_rate`` (Poisson unless ``burstiness`` is given).
+        Parameters
+        ----------
+        path : str or Path
+            A CSV with a timestamp column and prompt/output length columns (the
+            Azure LLM inference traces 2023), Mooncake-style JSON lines with
+            ``hash_ids``, or JSON lines with token ids (``input_tok_ids``, hashed
+            into blocks of ``block_size`` tokens as vLLM does); see
+            ``fastsim._traces``. A CSV with lengths only (``prompt_len`` and
+            ``output_len``/``gen_len``) gives the lengths, with renewal arrivals
+            at ``arrival_rate`` (1/s, default 1; ``order`` and ``num_requests``
+            as :class:`LengthTrace`).
+        format : {"auto", "csv", "mooncake", "token_ids"}
+        rate_scale : float
+            Replay ``rate_scale`` times as fast: every gap divided by it.
+        start_s, duration_s : float
+            Replay the requests arriving in ``[start_s, start_s + duration_s)``
+            of the trace (seconds from its first arrival, before scaling),
+            shifted to start at 0. Default: all of it.
+        resample : bool
+            Replay, in each replication, a window of ``duration_s`` whose start
+            is drawn uniformly over the trace (reproducible per seed and
+            replication; ``Workload.trace_window_s``); ``start_s`` must be 0.
+        block_size : int, optional
+            Tokens per block when hashing token ids (default 16).
+        timestamp, prompt, output, class_column : str, optional
+            Column (or JSON field) names, when not the known ones; ``class_column``
+            gives each request's class (``classes=("column", ...)``).
+        **kwargs
+            Other :class:`Workload` fields (``priorities``, ``warmup_requests``, ...).
+
+        Returns
+        -------
+        Workload
+            With ``request_trace`` (the replayed requests) and ``arrival_times``
+            and ``lengths`` taken from it, or ``trace_window_s`` when resampled.
         """
-        trace = LengthTrace.from_csv(path, order=order, nrows=num_requests if order == "replay" else None)
-        n = len(trace) if num_requests is None else num_requests
-        return cls(arrival_rate=arrival_rate, num_requests=n, lengths=trace, **kwargs)
+        from ._traces import read_trace, window
+
+        p = Path(path)
+        if p.suffix.lower() == ".csv" and p.is_file() and timestamp is None:
+            with p.open(newline="") as fh:
+                header = fh.readline().strip().split(",")
+            from ._traces import TIME_COLUMNS
+
+            if not any(c in header for c in TIME_COLUMNS):
+                # lengths only: renewal arrivals (the LengthTrace reading)
+                trace = LengthTrace.from_csv(p, order=order,
+                                             nrows=num_requests if order == "replay" else None)
+                n = len(trace) if num_requests is None else num_requests
+                return cls(arrival_rate=1.0 if arrival_rate is None else arrival_rate, num_requests=n,
+                           lengths=trace, **kwargs)
+        if arrival_rate is not None:
+            raise ValueError(f"arrival_rate must be None when the trace gives the arrival times (replay it "
+                             f"faster with rate_scale), got {arrival_rate!r}")
+        if order != "replay":
+            raise ValueError(f"order must be 'replay' when the trace gives the arrival times, got {order!r}")
+        trace = read_trace(p, format=format, block_size=block_size, nrows=num_requests, timestamp=timestamp,
+                           prompt=prompt, output=output, class_column=class_column)
+        resample = check_bool("resample", resample)
+        if resample:
+            if duration_s is None:
+                raise ValueError("duration_s (the window's length, s) is required with resample=True, got None")
+            start_s = check_float("start_s", start_s, low=0)
+            if start_s != 0.0:
+                raise ValueError(f"start_s must be 0 with resample=True (windows start anywhere), got {start_s!r}")
+            duration_s = check_float("duration_s", duration_s, low=0, low_open=True)
+            rate_scale = check_float("rate_scale", rate_scale, low=0, low_open=True)
+            scaled = trace.with_times(trace.arrival_s / rate_scale)
+            return cls(arrival_rate=None, request_trace=scaled, trace_window_s=duration_s / rate_scale, **kwargs)
+        return cls(arrival_rate=None, request_trace=window(trace, start_s, duration_s, rate_scale), **kwargs)
 
     @property
     def mean_prompt_len(self) -> float:
@@ -565,6 +720,8 @@ class Workload:
         return float(self.lengths.output_len.mean()) if self.lengths is not None else self.output_len.mean()
 
     def _arrival_spec(self) -> _ArrivalSpec:
+        if self.trace_window_s is not None:
+            return _ArrivalSpec(kind=3, times=np.asarray(self.request_trace.arrival_s, dtype=np.float64))
         if self.arrival_times is not None:
             return _ArrivalSpec(kind=1, times=self.arrival_times)
         if self.users is not None:
@@ -667,7 +824,10 @@ class Scenario:
         return _scenario_from_dict(config, base_dir=base_dir)
 
 
-_LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical}
+_LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical,
+                "exponential": Exponential, "geometric": Geometric, "gamma": Gamma, "histogram": Histogram}
+#: TOML keys of the laws whose dataclass field is named otherwise (``mean`` would shadow the method)
+_LAW_KEY_ALIASES = {"mean": "mean_len"}
 
 #: Keys of the TOML tables other than the dataclass fields (``Scenario.from_dict``).
 _WORKLOAD_EXTRA_KEYS = ("trace", "sharegpt", "sharegpt_order")
@@ -685,7 +845,7 @@ def table_keys(table: str) -> list[str]:
     if table == "engine":
         return _field_names(EngineConfig)
     if table == "workload":
-        return _field_names(Workload, skip=("lengths",)) + list(_WORKLOAD_EXTRA_KEYS)
+        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s", "classes")) + list(_WORKLOAD_EXTRA_KEYS)
     if table == "latency":
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":
@@ -731,7 +891,26 @@ def _length_from_config(name, spec, base_dir):
     if not isinstance(spec, dict):
         return spec
     spec = dict(spec)
+    if "truncate" in spec:
+        # any law: {dist = ..., ..., truncate = N} is the law conditioned on L <= N
+        high = spec.pop("truncate")
+        law = _length_from_config(name, spec, base_dir)
+        try:
+            return Truncated(law, high)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}.truncate: {exc}") from None
     kind = spec.pop("dist", None)
+    if kind == "lognormal" and ("mean" in spec or "sd" in spec):
+        extra = sorted(set(spec) - {"mean", "sd"})
+        if extra or "mean" not in spec or "sd" not in spec:
+            raise ValueError(f"{name}: a lognormal by its moments takes mean and sd (and no other key), "
+                             f"got {sorted(spec)}")
+        try:
+            return LogNormal.from_mean_sd(spec["mean"], spec["sd"])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if kind in _LENGTH_LAWS:
+        spec = {_LAW_KEY_ALIASES.get(k, k): v for k, v in spec.items()}
     if kind == "mixture":
         comps = spec.pop("components", None)
         if not isinstance(comps, list) or not comps:
@@ -765,7 +944,8 @@ def _length_from_config(name, spec, base_dir):
     try:
         return _LENGTH_LAWS[kind](**spec)
     except TypeError:
-        allowed = ["dist"] + [f.name for f in dataclasses.fields(_LENGTH_LAWS[kind])]
+        aliases = {v: k for k, v in _LAW_KEY_ALIASES.items()}
+        allowed = ["dist"] + [aliases.get(f.name, f.name) for f in dataclasses.fields(_LENGTH_LAWS[kind])]
         raise ValueError(f"{name}: unknown key(s) {sorted(set(spec) - set(allowed))} for dist = {kind!r}; "
                          f"allowed: {', '.join(allowed)}") from None
     except ValueError as exc:

@@ -22,6 +22,9 @@ from ._validation import (MAX_TOKENS, check_choice, check_float, check_int, chec
 
 # Component kinds understood by the kernel's length sampler.
 KIND_FIXED, KIND_LOGNORMAL, KIND_UNIFORM, KIND_EMPIRICAL, KIND_REPLAY = 0, 1, 2, 3, 4
+KIND_GEOMETRIC, KIND_GAMMA = 5, 6
+#: Most rows of the exact table a truncated law is drawn from (`Truncated`).
+MAX_TABLE_ROWS = 2 ** 22
 
 
 class LengthDistribution:
@@ -40,6 +43,25 @@ class LengthDistribution:
         """The exact second moment ``E[L^2]`` of the (integer) length."""
         return float(sum(w * _component_moment(k, p0, p1, v, c, 2)
                          for w, k, p0, p1, v, c in self._components()))
+
+    def variance(self) -> float:
+        """The exact variance of the (integer) length."""
+        m = self.mean()
+        return max(self.second_moment() - m * m, 0.0)
+
+    def cdf(self, k) -> np.ndarray:
+        """``P(L <= k)`` of the (integer) length, elementwise for an array ``k``."""
+        k = np.floor(np.asarray(k, dtype=float))
+        return sum(w * _component_cdf(kind, p0, p1, v, c, k) for w, kind, p0, p1, v, c in self._components())
+
+    def pmf(self, k) -> np.ndarray:
+        """``P(L = k)`` of the (integer) length, elementwise for an array ``k``."""
+        k = np.floor(np.asarray(k, dtype=float))
+        return self.cdf(k) - self.cdf(k - 1)
+
+    def truncate(self, high: int) -> "Truncated":
+        """This law conditioned on ``L <= high`` (e.g. ``max_model_len``): see :class:`Truncated`."""
+        return Truncated(self, high)
 
 
 @dataclass(frozen=True)
@@ -73,6 +95,17 @@ class LogNormal(LengthDistribution):
                                                        high=MAX_TOKENS))
         object.__setattr__(self, "sigma", check_float("sigma", self.sigma, low=0))
 
+    @classmethod
+    def from_mean_sd(cls, mean_len: float, sd: float) -> "LogNormal":
+        """The lognormal whose continuous ``X`` has mean ``mean_len`` and standard
+        deviation ``sd`` (``sigma**2 = log(1 + sd**2 / mean_len**2)``,
+        ``median = mean_len / sqrt(1 + sd**2 / mean_len**2)``); the integer
+        length ``ceil(X)`` has mean about ``mean_len + 1/2`` (exactly :meth:`mean`)."""
+        mean_len = check_float("mean_len", mean_len, low=0, low_open=True, high=MAX_TOKENS)
+        sd = check_float("sd", sd, low=0)
+        r = 1.0 + (sd / mean_len) ** 2
+        return cls(median=mean_len / math.sqrt(r), sigma=math.sqrt(math.log(r)))
+
     def _components(self):
         return [(1.0, KIND_LOGNORMAL, self.median, self.sigma, None, None)]
 
@@ -94,6 +127,75 @@ class Uniform(LengthDistribution):
 
     def _components(self):
         return [(1.0, KIND_UNIFORM, float(self.low), float(self.high), None, None)]
+
+
+@dataclass(frozen=True)
+class Geometric(LengthDistribution):
+    """The geometric law on ``1, 2, ...`` with mean ``mean``:
+    ``P(L = k) = (1 - p) ** (k - 1) * p`` with ``p = 1 / mean``, so
+    ``E[L] = mean`` and ``Var[L] = (1 - p) / p ** 2`` exactly. The integer
+    counterpart of an exponential length (``mean=1``: every length is 1).
+    """
+
+    mean_len: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "mean_len", check_float("mean_len", self.mean_len, low=1, high=MAX_TOKENS))
+
+    def _components(self):
+        p = 1.0 / self.mean_len
+        # the kernel draws ceil(-log(U) / q), q = -log(1 - p): P(L > k) = (1 - p) ** k
+        q = math.inf if p >= 1.0 else -math.log1p(-p)
+        return [(1.0, KIND_GEOMETRIC, q, 0.0, None, None)]
+
+
+@dataclass(frozen=True)
+class Exponential(LengthDistribution):
+    """``ceil(X)`` with ``X`` exponential of mean ``mean`` (tokens), the law of
+    the vLLM scheduler study's lengths. ``ceil`` makes it the geometric law
+    with ``p = 1 - exp(-1 / mean)``: ``E[L] = 1 / p``, about ``mean + 1/2``
+    (use :class:`Geometric` for an integer law of mean exactly ``mean``).
+    """
+
+    mean_len: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "mean_len", check_float("mean_len", self.mean_len, low=0, low_open=True,
+                                                         high=MAX_TOKENS))
+
+    def _components(self):
+        return [(1.0, KIND_GEOMETRIC, 1.0 / self.mean_len, 0.0, None, None)]
+
+
+@dataclass(frozen=True)
+class Gamma(LengthDistribution):
+    """``ceil(X)`` with ``X`` gamma of mean ``mean_len`` and standard deviation
+    ``sd`` (shape ``(mean_len / sd) ** 2``, scale ``sd ** 2 / mean_len``); the
+    ceiling makes the length an integer >= 1 without clipping.
+    """
+
+    mean_len: float
+    sd: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "mean_len", check_float("mean_len", self.mean_len, low=0, low_open=True,
+                                                         high=MAX_TOKENS))
+        object.__setattr__(self, "sd", check_float("sd", self.sd, low=0, low_open=True, high=MAX_TOKENS))
+        shape = (self.mean_len / self.sd) ** 2
+        if not 1e-3 <= shape <= 1e8:
+            raise ValueError(f"sd must give a gamma shape (mean_len / sd) ** 2 in [1e-3, 1e8], got sd={self.sd!r} "
+                             f"with mean_len={self.mean_len!r} (shape {shape:.3g})")
+
+    @property
+    def shape(self) -> float:
+        return (self.mean_len / self.sd) ** 2
+
+    @property
+    def scale(self) -> float:
+        return self.sd ** 2 / self.mean_len
+
+    def _components(self):
+        return [(1.0, KIND_GAMMA, self.shape, self.scale, None, None)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,6 +265,80 @@ class Mixture(LengthDistribution):
         return out
 
 
+@dataclass(frozen=True, eq=False)
+class Histogram(LengthDistribution):
+    """A histogram of observed lengths: bin ``j`` holds the integers
+    ``edges[j] .. edges[j + 1] - 1`` and has probability proportional to
+    ``counts[j]``, spread uniformly over its integers (the empirical pmf
+    when every bin is one integer wide).
+
+    Parameters
+    ----------
+    edges : array_like of int
+        Strictly increasing bin edges, ``edges[0] >= 1`` (``len(counts) + 1`` of them).
+    counts : array_like of float
+        Non-negative bin counts or weights, not all zero.
+    """
+
+    edges: np.ndarray
+    counts: np.ndarray
+
+    def __post_init__(self):
+        e = check_int_array("edges", self.edges, low=1)
+        if e.size < 2 or np.any(np.diff(e) <= 0):
+            raise ValueError(f"edges must be at least two strictly increasing integers >= 1, got {self.edges!r}")
+        c = np.asarray(self.counts, dtype=float)
+        if c.shape != (e.size - 1,) or not np.all(np.isfinite(c)) or np.any(c < 0) or c.sum() <= 0:
+            raise ValueError(f"counts must be {e.size - 1} finite non-negative numbers (one per bin of edges), "
+                             f"not all zero, got {self.counts!r}")
+        object.__setattr__(self, "edges", e)
+        object.__setattr__(self, "counts", c)
+
+    def _components(self):
+        w = self.counts / self.counts.sum()
+        return [(float(wj), KIND_UNIFORM, float(lo), float(hi - 1), None, None)
+                for wj, lo, hi in zip(w, self.edges[:-1], self.edges[1:]) if wj > 0]
+
+
+@dataclass(frozen=True, eq=False)
+class Truncated(LengthDistribution):
+    """``law`` conditioned on ``L <= high``: ``P(L = k) = P_law(L = k) / P_law(L <= high)``
+    for ``k <= high`` (e.g. ``high = max_model_len`` less the other length, so
+    that no request is rejected as too long). Drawn from the exact table of
+    those probabilities (at most `MAX_TABLE_ROWS` lengths).
+    """
+
+    law: LengthDistribution
+    high: int
+
+    def __post_init__(self):
+        law = as_length("law", self.law)
+        high = check_int("high", self.high, low=1, high=MAX_TABLE_ROWS)
+        if isinstance(law, Empirical) and law.order == "replay":
+            raise ValueError("law must not replay in order inside Truncated (a truncated law is sampled)")
+        mass = float(law.cdf(high))
+        if not mass > 0.0:
+            raise ValueError(f"high must leave the law some probability (P(L <= high) > 0), got high={high} "
+                             f"for {law!r}")
+        object.__setattr__(self, "law", law)
+        object.__setattr__(self, "high", high)
+
+    @functools.cached_property
+    def _table(self):
+        k = np.arange(1, self.high + 1, dtype=float)
+        c = np.minimum(self.law.cdf(k), 1.0)
+        p = np.diff(np.concatenate([[0.0], c]))
+        keep = p > 0
+        values, probs = k[keep], p[keep] / c[-1]
+        cdf = np.cumsum(probs)
+        cdf[-1] = 1.0
+        return values, cdf
+
+    def _components(self):
+        values, cdf = self._table
+        return [(1.0, KIND_EMPIRICAL, 0.0, 0.0, values, cdf)]
+
+
 def as_length(name: str, value) -> LengthDistribution:
     """Accept an int (a fixed length) or a length law; reject anything else."""
     if isinstance(value, LengthDistribution):
@@ -170,7 +346,8 @@ def as_length(name: str, value) -> LengthDistribution:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
         return Fixed(int(check_int(name, value, low=1, high=MAX_TOKENS)))
     raise ValueError(f"{name} must be an integer >= 1 or a length distribution "
-                     f"(Fixed, LogNormal, Uniform, Empirical, Mixture), got {value!r}")
+                     f"(Fixed, LogNormal, Uniform, Geometric, Exponential, Gamma, Histogram, "
+                     f"Empirical, Mixture, Truncated), got {value!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,7 +463,58 @@ def _component_moment(kind, p0, p1, values, cdf, order):
         # (for a replay: the long-run average over requests)
         probs = np.diff(np.concatenate([[0.0], cdf]))
         return float(np.sum(probs * values ** order))
+    if kind == KIND_GEOMETRIC:
+        p = -math.expm1(-p0)      # P(L = 1)
+        return 1.0 / p if order == 1 else (2.0 - p) / (p * p)
+    if kind == KIND_GAMMA:
+        return _ceil_gamma_moment(p0, p1, order)
     return _ceil_lognormal_moment(p0, p1, order)
+
+
+def _component_cdf(kind, p0, p1, values, cdf, k):
+    """P(L <= k) of one component for integer-valued float arrays ``k``."""
+    from scipy import stats
+
+    if kind == KIND_FIXED:
+        return (k >= p0).astype(float)
+    if kind == KIND_UNIFORM:
+        return np.clip((k - p0 + 1.0) / (p1 - p0 + 1.0), 0.0, 1.0)
+    if kind in (KIND_EMPIRICAL, KIND_REPLAY):
+        probs = np.diff(np.concatenate([[0.0], cdf]))
+        order = np.argsort(values, kind="stable")
+        cum = np.concatenate([[0.0], np.cumsum(probs[order])])
+        return np.minimum(cum[np.searchsorted(values[order], k, side="right")], 1.0)
+    kpos = np.maximum(k, 0.0)
+    if kind == KIND_GEOMETRIC:
+        # P(L <= k) = 1 - exp(-q k); L >= 1 also when q = inf (mean 1)
+        return np.where(k >= 1, -np.expm1(-p0 * np.maximum(k, 1.0)), 0.0)
+    # ceil(X) <= k  <=>  X <= k (X continuous, > 0); ceil(X) >= 1 always
+    if kind == KIND_GAMMA:
+        c = stats.gamma.cdf(kpos, p0, scale=p1)
+    else:
+        c = stats.lognorm.cdf(kpos, s=p1, scale=p0) if p1 > 0 else (kpos >= math.ceil(p0)).astype(float)
+    return np.where(k >= 1, c, 0.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ceil_gamma_moment(shape, scale, order, terms=200_000):
+    """E[ceil(X)^order] for X ~ Gamma(shape, scale): summed exactly over the
+    integer support up to ``K``, plus the tail beyond K from the gamma's
+    partial moments with ceil(X) ~ X + 1/2 there (as `_ceil_lognormal_moment`)."""
+    from scipy import special, stats
+
+    dist = stats.gamma(shape, scale=scale)
+    hi = int(min(max(np.ceil(dist.isf(1e-17)), 1), terms))
+    k = np.arange(1, hi + 1, dtype=float)
+    probs = np.diff(np.concatenate([[0.0], dist.cdf(k)]))
+    head = float(np.sum(probs * k ** order))
+
+    def partial(j):  # E[X^j; X > hi] = scale^j Gamma(shape + j) / Gamma(shape) P(Gamma(shape + j) > hi / scale)
+        return scale ** j * math.exp(special.gammaln(shape + j) - special.gammaln(shape)) * \
+            special.gammaincc(shape + j, hi / scale)
+
+    tail = partial(1) + 0.5 * partial(0) if order == 1 else partial(2) + partial(1) + 0.25 * partial(0)
+    return head + tail
 
 
 @functools.lru_cache(maxsize=1024)   # (pure; a run's memory check asks for the same law on every call)

@@ -132,6 +132,8 @@ def pack_scenario(scenario: Scenario) -> dict:
         ipar[K.I_USER_CAP] = arr.user_cap
         fpar[K.F_USER_REQUESTS] = arr.requests_per_user
     arr_times = np.ascontiguousarray(arr.times, dtype=np.float64)
+    if arr.kind == K.ARRIVAL_TRACE_WINDOW:
+        fpar[K.F_TRACE_WINDOW] = w.trace_window_s
 
     comps, tab_rows = [], []
     # lrange: [lo, hi) component rows of the prompt, output and prefix length
@@ -172,9 +174,16 @@ def pack_scenario(scenario: Scenario) -> dict:
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
-    prio_val = np.asarray(w.priorities, dtype=np.int64)
-    prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
-    prio_cdf[-1] = 1.0
+    ipar[K.I_SJF_KEY] = K.SJF_KEY_CODES[e.sjf_key]
+    if w.classes is not None and w.classes.priorities is not None:
+        # a priority per length band: prio_val the bands' priorities, prio_cdf their upper edges
+        ipar[K.I_PRIO_BAND] = K.BAND_CODES[w.classes.by]
+        prio_val = np.asarray(w.classes.priorities, dtype=np.int64)
+        prio_cdf = np.asarray(w.classes.edges + (np.inf,), dtype=np.float64)
+    else:
+        prio_val = np.asarray(w.priorities, dtype=np.int64)
+        prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
+        prio_cdf[-1] = 1.0
     return dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
                 lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
                 prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
@@ -225,7 +234,10 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``sjf_key`` (the predicted output lengths that ``policy="sjf"``
         orders by) when the engine has a ``length_predictor``, and
         ``prefix_group`` and ``prefix_len`` when the workload has
-        ``prefix_groups``.
+        ``prefix_groups``; with a ``request_trace``, ``trace_row`` (the
+        trace's request each one replays) and, when the trace identifies
+        blocks, ``block_hashes`` (an int64 array per request: its prompt's
+        block identities, ``request_trace.block_size`` tokens each).
     """
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     if not isinstance(scenario, Scenario):
@@ -242,7 +254,23 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     if scenario.workload.prefix_groups > 0:
         cols["prefix_group"] = grp
         cols["prefix_len"] = plen
+    tr = scenario.workload.request_trace
+    if tr is not None:
+        rows = trace_rows(scenario.workload, k0, k1, replication, a.size)
+        cols["trace_row"] = rows
+        if tr.block_offsets is not None:
+            cols["block_hashes"] = pd.Series([tr.blocks(r) for r in rows], dtype=object)
     return pd.DataFrame(cols)
+
+
+def trace_rows(workload: Workload, k0, k1, replication: int, n: int) -> np.ndarray:
+    """The rows of ``workload.request_trace`` that the ``n`` requests of
+    ``replication`` replay: 0 .. n - 1, or from the first row of its window
+    (the kernel's draw, `kernel.trace_window`)."""
+    row0 = 0
+    if workload.trace_window_s is not None:
+        row0 = K.trace_window(replication, k0, k1, workload.request_trace.arrival_s, workload.trace_window_s)[1]
+    return np.arange(row0, row0 + n, dtype=np.int64)
 
 
 def compile_kernels(engine: str = "both") -> pd.DataFrame:
@@ -356,6 +384,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         if col in requests:
             x = np.asarray(requests[col])
             extra[col] = x[keep] if h is not None else x
+    if "sjf_key" not in extra and scenario.engine.sjf_key != "output":
+        extra["sjf_key"] = p if scenario.engine.sjf_key == "prompt" else p + o
     if scenario.engine.length_predictor is not None and "sjf_key" not in extra:
         raise ValueError("requests must have an 'sjf_key' column (the predicted output lengths) when "
                          f"engine.length_predictor is set (got length_predictor="
@@ -472,22 +502,80 @@ class ReplicateResult:
     elapsed_s: float = 0.0
     metrics: tuple = field(default=K.METRICS)
     interrupted: bool = False
+    per_class: pd.DataFrame | None = None
+    _stability: object = field(default=None, repr=False)
+
+    @property
+    def stability(self):
+        """`fastsim._stability.StabilityCheck`: is the offered load more than the
+        engine serves? Computed on first use (it simulates up to five of the
+        replications' streams again, so `replicate` itself costs nothing more);
+        warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
+        if self._stability is None:
+            from ._stability import CHECK_REPLICATIONS, check_stability
+
+            self._stability = check_stability(self.scenario, self.seed,
+                                              self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,
+                                              simulate_requests, self.backend)
+            if self._stability.overloaded:
+                import warnings
+
+                warnings.warn(self._stability.message, RuntimeWarning, stacklevel=3)
+        return self._stability
+
+    @property
+    def arrivals(self) -> str:
+        """The requests that arrived per replication, in words ("200", or
+        "about 41 (31-52)" when they vary): not a buffer size."""
+        n = self.per_replication["n_arrived"].to_numpy()
+        if n.size == 0:
+            return "0"
+        if n.min() == n.max():
+            return f"{int(n[0])}"
+        return f"about {n.mean():.0f} ({int(n.min())}-{int(n.max())})"
 
     @property
     def n_replications(self) -> int:
         return len(self.per_replication)
 
-    def summary(self, confidence_level: float | None = None) -> pd.DataFrame:
+    def summary(self, confidence_level: float | None = None, by: str | None = None) -> pd.DataFrame:
         """Estimates with confidence intervals, one row per metric.
 
         Columns: ``estimate`` (mean over replications), ``ci_low``,
         ``ci_high`` (Student-t interval), ``std_error``, ``n`` (replications
         with a finite value) and ``description`` (what is estimated).
+
+        ``by="class"`` (a workload with ``classes``): one row per (class,
+        metric) of the per-request metrics (`fastsim._classes.CLASS_METRICS`),
+        each the mean over replications of the class's per-run value, with
+        a ``class`` column first.
         """
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
+        if by is not None:
+            check_choice("by", by, ("class",))
+            return self._class_summary(level)
         frame = summary_frame(self.per_replication, self.metrics, level)
         frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
+        if self.n_replications and self.stability.overloaded:
+            frame.attrs["stability"] = self.stability.message
         return frame
+
+    def _class_summary(self, level) -> pd.DataFrame:
+        from ._classes import CLASS_METRICS
+
+        if self.per_class is None:
+            raise ValueError("summary(by='class') needs a workload with classes (Workload(classes=...)), "
+                             "got one without")
+        parts = []
+        for cls, rows in self.per_class.groupby("class", sort=False):
+            frame = summary_frame(rows, CLASS_METRICS, level).reset_index()
+            frame.insert(0, "class", cls)
+            parts.append(frame)
+        out = pd.concat(parts, ignore_index=True)
+        out["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in out["metric"]]
+        if self.n_replications and self.stability.overloaded:
+            out.attrs["stability"] = self.stability.message
+        return out
 
     to_frame = summary
 
@@ -537,8 +625,10 @@ class ReplicateResult:
         level = self.confidence_level
         name = self.scenario.name or "scenario"
         head = (f"<b>{html.escape(name)}</b>: {self.n_replications} replications x "
-                f"{self.scenario.workload.num_requests} requests, seed {html.escape(str(self.seed))}"
+                f"{self.arrivals} requests, seed {html.escape(str(self.seed))}"
                 + (" <b>(partial: interrupted)</b>" if self.interrupted else ""))
+        if self.n_replications and self.stability.overloaded:
+            head += f"<br><b>{html.escape(self.stability.message)}</b>"
         rows = []
         for metric, row in self.summary().iterrows():
             unit, scale = metric_unit(metric)
@@ -774,8 +864,57 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
             warnings.warn(f"in {exhausted} replications all num_requests={w.num_requests} arrivals came "
                           f"before horizon_s={w.horizon_s}: arrivals stopped early; raise num_requests "
                           f"above about arrival_rate * horizon_s", RuntimeWarning, stacklevel=2)
-    return _make_result(scenario, data, None, confidence_level, entropy, backend, precision,
-                        time.perf_counter() - start)
+    result = _make_result(scenario, data, None, confidence_level, entropy, backend, precision,
+                          time.perf_counter() - start)
+    if w.classes is not None:
+        result.per_class = class_table(scenario, result.per_replication, entropy, backend)
+        result.elapsed_s = time.perf_counter() - start
+    return result
+
+
+def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend: str) -> pd.DataFrame:
+    """Per-class rows of every replication in ``per_replication`` (its index):
+    each replication's stream drawn again (`sample_requests`), simulated
+    again (`simulate_requests`; the GPU's replications on the CPU kernel),
+    labelled by the workload's classes and reduced per class over the run's
+    window (`fastsim._classes.class_rows`)."""
+    from ._classes import class_rows
+
+    w = scenario.workload
+    rows = []
+    for rep in per_replication.index:
+        req = sample_requests(scenario, seed=seed, replication=int(rep))
+        labels = w.classes.label(req, w.request_trace)
+        res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba")
+        status = np.asarray(res["status"].cat.codes, dtype=np.int64)   # 0 completed ... (`_STATUS_NAMES`)
+        got = class_rows(labels, w.classes.order(labels), req["arrival_s"].to_numpy(), req["output_len"].to_numpy(), status,
+                         res["first_token_s"].to_numpy(), res["finish_s"].to_numpy(),
+                         res["num_preemptions"].to_numpy(), w.warmup_requests,
+                         float(per_replication.at[rep, "window_s"]), scenario.latency.ttft_overhead_s,
+                         scenario.ttft_slo_s, scenario.tpot_slo_s)
+        for r in got:
+            r["replication"] = int(rep)
+        rows.extend(got)
+    frame = pd.DataFrame(rows)
+    if not w.classes.is_band and len(frame):
+        # a class absent from a replication: present in the table with no arrivals (throughput 0)
+        every = sorted(set(frame["class"].tolist()), key=str)
+        full = []
+        for rep, part in frame.groupby("replication", sort=True):
+            have = set(part["class"].tolist())
+            full.append(part)
+            miss = [c for c in every if c not in have]
+            if miss:
+                extra = class_rows(np.asarray(miss, dtype=object), miss, np.zeros(0), np.zeros(0, np.int64),
+                                   np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), 0,
+                                   float(per_replication.at[rep, "window_s"]), 0.0, None, None)
+                for r in extra:
+                    r["replication"] = int(rep)
+                full.append(pd.DataFrame(extra))
+        frame = pd.concat(full, ignore_index=True)
+        frame["_o"] = frame["class"].map({c: j for j, c in enumerate(every)})
+        frame = frame.sort_values(["_o", "replication"], kind="stable").drop(columns="_o")
+    return frame.reset_index(drop=True)
 
 
 def _make_result(scenario, data, ids, confidence_level, seed, backend, precision, elapsed_s, interrupted=False):

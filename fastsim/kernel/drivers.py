@@ -20,7 +20,7 @@ from numba.core import types as nb_types
 from .._numba_options import compile_entries, function_pointer, njit
 from . import callees
 from .layout import I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
-from .workload import _draw_workload
+from .workload import _draw_workload, _trace_window
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_STATUS, Stream, _ws_need)
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, WHOLE_RUN, _simulate, engine_variant
@@ -242,6 +242,15 @@ def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lra
     n = _draw_workload(np.int64(rep), np.uint64(key0), np.uint64(key1), ipar, fpar, arr_times, lcomp, lpar, ltab,
                        lrange, trace, prio_val, prio_cdf, pred_edges, buf.state, *buf.requests)
     return tuple(c[:n].copy() for c in buf.requests)
+
+
+def trace_window(rep, key0, key1, times, duration):
+    """The trace window replication ``rep`` replays (arrival kind
+    ``ARRIVAL_TRACE_WINDOW``): its start and its first row."""
+    ws, row0 = _trace_window(np.int64(rep), np.uint64(key0), np.uint64(key1),
+                             np.ascontiguousarray(times, dtype=np.float64), float(duration),
+                             np.empty(N_STREAMS, np.uint64))
+    return float(ws), int(row0)
 
 
 @functools.lru_cache(maxsize=None)

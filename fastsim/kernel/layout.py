@@ -21,7 +21,7 @@ I_MAX_MODEL_LEN = 9   # 0 = no limit
 I_WARMUP = 10
 I_HAS_DELAY = 11
 I_HAS_HORIZON = 12
-I_ARRIVAL_KIND = 13   # 0 renewal (gamma gaps), 1 given times
+I_ARRIVAL_KIND = 13   # 0 renewal (gamma gaps), 1 given times, 2 multi-user, 3 trace windows
 I_TRACE_MODE = 14     # 0 independent laws, 1 replay rows, 2 sample rows
 I_NUM_REQUESTS = 15   # arrivals to generate (buffer capacity with a horizon)
 I_HAS_TTFT_SLO = 16
@@ -39,7 +39,10 @@ I_PREFIX = 27         # 1: the workload has prefix groups (laws at lrange[4:8])
 I_CACHING = 28        # 1: enable_prefix_caching
 I_FULL_ISL = 29       # 1: scheduler_reserve_full_isl (admission needs the whole input's blocks)
 I_ASYNC = 30          # 1: async_scheduling (a step is scheduled while the one before it runs)
-N_IPAR = 31
+I_PRIO_BAND = 31      # priority per length band (BAND_*): prio_val[j] for the band j in which the length
+                      # falls, prio_cdf the bands' upper edges (the last inf); BAND_NONE: drawn by prio_cdf
+I_SJF_KEY = 32        # the length the SJF key is (or predicts): SJF_KEY_*
+N_IPAR = 33
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
@@ -54,7 +57,8 @@ F_USER_REQUESTS = 7   # multi-user arrivals: mean requests per user (F_RATE is t
 F_PRED_SIGMA = 8      # lognormal length predictor: sigma of the log error
 F_AGING = 9           # priority_aging_s
 F_PRED_ACCURACY = 10  # bucket length predictor: probability of the right bucket
-N_FPAR = 11
+F_TRACE_WINDOW = 11   # trace windows (I_ARRIVAL_KIND 3): the window's duration (s, scaled)
+N_FPAR = 12
 
 
 # --- layout of the latency record ``lat`` (the step-time coefficients, `latency`) ---
@@ -76,10 +80,17 @@ POLICY_CODES = {"fcfs": POLICY_FCFS, "priority": POLICY_PRIORITY, "sjf": POLICY_
 ADMISSION_NONE, ADMISSION_QUEUE_LIMIT, ADMISSION_KV_RESERVATION = 0, 1, 2
 ADMISSION_CODES = {"none": ADMISSION_NONE, "queue_limit": ADMISSION_QUEUE_LIMIT,
                    "kv_reservation": ADMISSION_KV_RESERVATION}
-# ipar[I_ARRIVAL_KIND]: renewal process (gamma gaps), given times, or multi-user
-ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER = 0, 1, 2
+# ipar[I_ARRIVAL_KIND]: renewal process (gamma gaps), given times, multi-user, or a window of a
+# trace's times drawn per replication (arr_times: the whole trace; its rows: the trace table)
+ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW = 0, 1, 2, 3
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
+# ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)
+BAND_NONE, BAND_PROMPT, BAND_OUTPUT, BAND_TOTAL = 0, 1, 2, 3
+BAND_CODES = {"prompt_len": BAND_PROMPT, "output_len": BAND_OUTPUT, "total_len": BAND_TOTAL}
+# ipar[I_SJF_KEY]: the length SJF orders by (before any predictor's error)
+SJF_KEY_OUTPUT, SJF_KEY_PROMPT, SJF_KEY_TOTAL = 0, 1, 2
+SJF_KEY_CODES = {"output": SJF_KEY_OUTPUT, "prompt": SJF_KEY_PROMPT, "total": SJF_KEY_TOTAL}
 # ipar[I_PREDICTOR]: the SJF key: the true output length, a lognormal prediction, or a bucket classifier
 PREDICTOR_EXACT, PREDICTOR_LOGNORMAL, PREDICTOR_BUCKETS = 0, 1, 2
 

@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_USER_REQUESTS,
-    I_ARRIVAL_KIND, I_HAS_HORIZON, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
+from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_TRACE_WINDOW, F_USER_REQUESTS,
+    I_ARRIVAL_KIND, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
     I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
 from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
@@ -68,6 +68,12 @@ def _sample_length(state, s_comp, s_val, lo, hi, lcomp, lpar, ltab, i):
         width = np.int64(lpar[j, 1]) - low + 1
         k = np.int64(_uniform(state, s_val) * width)
         return low + min(k, width - 1)
+    if kind == 5:  # geometric: ceil(-log(U) / q), so P(L > k) = exp(-q k)
+        x = -math.log(_uniform(state, s_val)) / lpar[j, 0]
+        return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
+    if kind == 6:  # ceil(X), X ~ Gamma(shape lpar[j, 0], scale lpar[j, 1])
+        x = _gamma(state, s_val, lpar[j, 0]) * lpar[j, 1]
+        return max(np.int64(1), np.int64(math.ceil(min(x, _MAX_LEN_FLOAT))))
     # tables: rows [start, start + n) of ltab hold (value, cdf)
     start = lcomp[j, 1]
     if kind == 4:  # replayed in order
@@ -128,13 +134,49 @@ def _multi_user_arrivals(ipar, fpar, state, arrival):
     return n
 
 
+@njit_noalloc
+def _window_start(state, times, duration):
+    """A window of a trace's arrival ``times``: its start ``ws``, uniform on
+    [0, max(T - duration, 0)] (T the last arrival; one uniform of stream
+    S_TRACE_ROW), and its first row, the first with ``times[row] >= ws``."""
+    span = max(times[times.size - 1] - duration, 0.0)
+    ws = _uniform(state, S_TRACE_ROW) * span
+    # (ws <= T: the last row qualifies, as `_search_cdf` needs)
+    return ws, _search_cdf(times, 0, times.size, ws)
+
+
+@njit_noalloc(entry=True)
+def _trace_window(rep, key0, key1, times, duration, state):
+    """`_window_start` of replication ``rep`` (for Python: which trace rows it
+    replays; ``state``: scratch of N_STREAMS words)."""
+    _seed_streams(key0, key1, rep, state)
+    return _window_start(state, times, duration)
+
+
+@njit_noalloc
+def _trace_window_arrivals(ipar, fpar, state, arr_times, arrival):
+    """The arrivals of a trace window (`_window_start`): ``times[row0 + i] - ws``
+    while before ``ws + duration``, at most I_NUM_REQUESTS; return (count, row0)."""
+    duration = fpar[F_TRACE_WINDOW]
+    ws, row0 = _window_start(state, arr_times, duration)
+    end = ws + duration
+    n = 0
+    while row0 + n < arr_times.size and n < ipar[I_NUM_REQUESTS] and arr_times[row0 + n] < end:
+        arrival[n] = arr_times[row0 + n] - ws
+        if ipar[I_HAS_HORIZON] == 1 and arrival[n] >= fpar[F_HORIZON]:
+            break
+        n += 1
+    return n, row0
+
+
 @njit_noalloc(entry=True)
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
     """Fill the request arrays of replication ``rep``; return the arrival count.
 
-    ``sjfk`` gets the SJF keys q_i: the true output length, or with a
-    lognormal length predictor ceil(O_i * exp(sigma * Z_i)), Z_i standard
+    ``sjfk`` gets the SJF keys q_i: the true length L_i (output, prompt or
+    total, I_SJF_KEY), or with a lognormal length predictor
+    ceil(L_i * exp(sigma * Z_i)), Z_i standard
     normal from the dedicated stream S_PREDICT (so the other columns do not
     depend on the predictor). ``pgrp`` and ``plen`` get the prefix group
     (-1: none) and the prefix length min(L, P_i - 1) (streams of their own)."""
@@ -143,7 +185,10 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     has_h = ipar[I_HAS_HORIZON] == 1
     horizon = fpar[F_HORIZON]
     n = 0
-    if ipar[I_ARRIVAL_KIND] == 1:
+    row0 = 0   # the trace row of request 0 (a trace window's first)
+    if ipar[I_ARRIVAL_KIND] == 3:
+        n, row0 = _trace_window_arrivals(ipar, fpar, state, arr_times, arrival)
+    elif ipar[I_ARRIVAL_KIND] == 1:
         for i in range(n_cap):
             if has_h and arr_times[i] >= horizon:
                 break
@@ -204,31 +249,38 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
                                            lrange[2], lrange[3], lcomp, lpar, ltab, i)
         else:
             if mode == 1:
-                row = i % nrows
+                row = (row0 + i) % nrows
             else:
                 row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
             prompt[i] = trace[row, 0]
             output[i] = trace[row, 1]
-        if npri > 1:
+        band = ipar[I_PRIO_BAND]
+        if band != 0:
+            # the class of its length band: the first upper edge above the length
+            blen = prompt[i] if band == 1 else (output[i] if band == 2 else prompt[i] + output[i])
+            prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, blen + 0.5)]
+        elif npri > 1:
             prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
         else:
             prio[i] = prio_val[0]
+        key = ipar[I_SJF_KEY]
+        base = output[i] if key == 0 else (prompt[i] if key == 1 else prompt[i] + output[i])
         if ipar[I_PREDICTOR] == 1:
-            sjfk[i] = _lognormal_length(state, S_PREDICT, float(output[i]), fpar[F_PRED_SIGMA])
+            sjfk[i] = _lognormal_length(state, S_PREDICT, float(base), fpar[F_PRED_SIGMA])
         elif ipar[I_PREDICTOR] == 2:
             # bucket classifier: buckets [e_b, e_{b+1}) with e_0 = 1 (pred_edges =
             # e_0 .. e_{B-1}); right with probability F_PRED_ACCURACY, else a
             # uniformly drawn other bucket; the key is its lower edge
             nb = pred_edges.size
             b = 0
-            while b + 1 < nb and output[i] >= pred_edges[b + 1]:
+            while b + 1 < nb and base >= pred_edges[b + 1]:
                 b += 1
             if nb > 1 and _uniform(state, S_PREDICT) >= fpar[F_PRED_ACCURACY]:
                 o = min(np.int64(_uniform(state, S_PREDICT) * (nb - 1)), nb - 2)
                 b = o + 1 if o >= b else o
             sjfk[i] = np.int64(pred_edges[b])
         else:
-            sjfk[i] = output[i]
+            sjfk[i] = base
         if ipar[I_PREFIX] == 1:
             pgrp[i] = _sample_length(state, S_PREFIX_GROUP, S_PREFIX_GROUP, lrange[6], lrange[7],
                                      lcomp, lpar, ltab, i)

@@ -1,0 +1,126 @@
+"""Request classes (issue 41): per-class estimates equal the per-request
+computation from `simulate_requests` (the reference simulator, which shares
+no code with the kernel) on the same streams; a priority per length band;
+SJF keyed on prompt or total length, kernel = reference bit for bit."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fastsim
+from fastsim import EngineConfig, Exponential, RequestClasses, Scenario, Workload
+
+EDGES = [128, 512]
+
+
+def _scenario(policy="priority", rate=4.0, **engine):
+    w = Workload(arrival_rate=rate, num_requests=150, prompt_len=Exponential(300), output_len=Exponential(60),
+                 warmup_requests=10, classes=RequestClasses("prompt_len", EDGES, priorities=[0, 1, 2]))
+    return Scenario(engine=EngineConfig(policy=policy, max_num_seqs=8, num_gpu_blocks=400, **engine), workload=w,
+                    ttft_slo_s=1.0)
+
+
+def _by_hand(sc, seed, rep, window):
+    """Per-class metrics from the reference simulator's per-request output, in pandas."""
+    req = fastsim.sample_requests(sc, seed=seed, replication=rep)
+    res = fastsim.simulate_requests(sc, req, backend="reference")
+    band = np.array(["<128", "128-511", ">=512"])[np.searchsorted(EDGES, req["prompt_len"], side="right")]
+    df = res.assign(cls=band)
+    meas = df.iloc[sc.workload.warmup_requests:]
+    out = {c: {"n_completed": int((g["status"] == "completed").sum())} for c, g in df.groupby("cls")}
+    for c, g in meas.groupby("cls"):
+        done = g[g["status"] == "completed"]
+        tp = ((done["finish_s"] - done["first_token_s"]) / (done["output_len"] - 1))[done["output_len"] > 1]
+        out[c] |= {"ttft_mean": done["ttft_s"].mean(), "ttft_p90": np.percentile(done["ttft_s"], 90),
+                  "e2e_p99": np.percentile(done["e2e_s"], 99), "tpot_mean": tp.mean(),
+                  "request_throughput": len(done) / window, "goodput": (done["ttft_s"] <= 1.0).sum() / window}
+    return out
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_per_class_estimates_equal_per_request_computation(policy):
+    sc = _scenario(policy)
+    res = fastsim.replicate(sc, n_replications=6, seed=11)
+    pc = res.per_class
+    assert set(pc["class"]) == {"<128", "128-511", ">=512"}
+    for rep in range(6):
+        hand = _by_hand(sc, res.seed, rep, res.per_replication.at[rep, "window_s"])
+        for c, metrics in hand.items():
+            row = pc[(pc["replication"] == rep) & (pc["class"] == c)].iloc[0]
+            for m, v in metrics.items():
+                assert row[m] == pytest.approx(v, rel=1e-12, abs=1e-15), (rep, c, m)
+    # the summary is the mean over replications, with its interval
+    s = res.summary(by="class")
+    assert list(s.columns[:2]) == ["class", "metric"]
+    for c, g in pc.groupby("class"):
+        est = s[(s["class"] == c) & (s["metric"] == "ttft_mean")].iloc[0]
+        assert est["estimate"] == pytest.approx(g["ttft_mean"].mean(), rel=1e-12)
+        assert est["ci_low"] <= est["estimate"] <= est["ci_high"]
+    # nothing lost: the classes' counts and throughputs add up to the totals
+    tot = pc.groupby("replication")[["n_arrived", "n_completed", "request_throughput"]].sum()
+    np.testing.assert_array_equal(tot["n_arrived"], res.per_replication["n_arrived"])
+    np.testing.assert_array_equal(tot["n_completed"], res.per_replication["n_completed"])
+    meas_done = res.per_replication["request_throughput"] * res.per_replication["window_s"]
+    np.testing.assert_allclose(tot["request_throughput"], res.per_replication["request_throughput"], rtol=1e-12)
+    assert np.all(meas_done.round(6) <= res.per_replication["n_completed"])
+
+
+def test_priority_per_band_and_by_priority():
+    sc = _scenario()
+    r = fastsim.sample_requests(sc, seed=2)
+    np.testing.assert_array_equal(r["priority"], np.searchsorted(EDGES, r["prompt_len"], side="right"))
+    by_prio = sc.replace(**{"workload.classes": "priority", "workload.priorities": (0, 1, 2),
+                            "workload.priority_probs": (0.2, 0.3, 0.5)})
+    res = fastsim.replicate(by_prio, n_replications=3, seed=2)
+    assert set(res.per_class["class"]) == {0, 1, 2}
+    s = res.to_frame(by="class")
+    assert "class" in s.columns and len(s) == 3 * len(fastsim._classes.CLASS_METRICS)
+
+
+@pytest.mark.parametrize("key", ["prompt", "total"])
+def test_sjf_key_kernel_equals_reference(key):
+    sc = _scenario("sjf", rate=40.0, sjf_key=key)
+    a = fastsim.replicate(sc, n_replications=3, seed=4)
+    b = fastsim.replicate(sc, n_replications=3, seed=4, backend="reference")
+    pd.testing.assert_frame_equal(a.per_replication, b.per_replication, check_exact=False, rtol=1e-12)
+    req = fastsim.sample_requests(sc, seed=4)
+    got = fastsim.simulate_requests(sc, req)
+    length = req["prompt_len"] if key == "prompt" else req["prompt_len"] + req["output_len"]
+    explicit = fastsim.simulate_requests(sc, req.assign(sjf_key=length))
+    pd.testing.assert_frame_equal(got, explicit)
+    # ordering by the key: not what output-keyed SJF gives
+    out_keyed = fastsim.simulate_requests(sc.replace(**{"engine.sjf_key": "output"}), req)
+    assert not np.array_equal(got["first_token_s"], out_keyed["first_token_s"])
+
+
+def test_trace_column_classes(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,prompt_len,output_len,tenant\n0,10,5,a\n0.5,20,5,b\n1.0,30,5,a\n")
+    w = Workload.from_trace(path, class_column="tenant", classes="trace")
+    res = fastsim.replicate(Scenario(workload=w), n_replications=2, seed=0)
+    s = res.summary(by="class")
+    assert set(s["class"]) == {"a", "b"}
+    assert res.per_class.groupby("class")["n_arrived"].first().to_dict() == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(classes=("prompt_len", [5, 3])), "classes.edges must be"),
+    (dict(classes={"by": "output_len", "edges": [10], "priorities": [1]}), "classes.priorities must be 2"),
+    (dict(classes="tenant"), "classes.by must be one of"),
+    (dict(classes="trace"), "needs a request trace with a class column"),
+    (dict(classes={"by": "prompt_len", "edges": [10], "priorities": [0, 1]}, priorities=(0, 1),
+          priority_probs=(0.5, 0.5)), "priorities and priority_probs must keep their defaults"),
+])
+def test_bad_classes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Workload(**kwargs)
+
+
+def test_summary_by_class_needs_classes():
+    res = fastsim.replicate(Scenario(workload=Workload(num_requests=20)), n_replications=2, seed=0)
+    with pytest.raises(ValueError, match="needs a workload with classes"):
+        res.summary(by="class")
+    with pytest.raises(ValueError, match="by must be one of"):
+        res.summary(by="user")
+    with pytest.raises(ValueError, match="sjf_key requires policy='sjf'"):
+        EngineConfig(sjf_key="prompt")
