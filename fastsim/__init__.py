@@ -17,7 +17,7 @@ The engine model is specified in ``docs/engine-model.md``. Start with
 from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario, Workload
 from ._distributions import (Empirical, Fixed, LengthDistribution, LengthTrace, LogNormal, Mixture,
                              Uniform, sharegpt_lengths)
-from ._latency import LatencyModel
+from ._latency import LatencyModel, StepNoise
 from ._hardware import GPU
 from ._deployment import Deployment
 from ._roofline import Roofline
@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
-    "EngineConfig", "Fixed", "GPU", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal",
+    "EngineConfig", "Fixed", "GPU", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "Scenario", "SweepResult", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",

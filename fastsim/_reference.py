@@ -151,9 +151,10 @@ class _Reference:
     """The state of one run and the operations of the spec on it."""
 
     def __init__(self, requests: list[_Request], engine: EngineConfig, latency: LatencyModel,
-                 horizon_s: float | None):
+                 horizon_s: float | None, step_noise=None):
         self.e = engine
         self.latency = latency
+        self.step_noise = step_noise   # per-step jitter and stalls (`_reference_noise.StepNoiseDraws`)
         self.horizon = horizon_s
         self.requests = requests
         # Spec, "Horizon": "only arrivals with a_i < H exist".
@@ -644,6 +645,8 @@ class _Reference:
             # ... + swap_s_per_block * n_swap_blocks, added last.
             d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
                                              self.pending_swap_blocks))
+            if self.step_noise is not None:   # step k's noise, k = the steps before it
+                d = self.step_noise.apply(d, self.num_steps)
             self.pending_swap_blocks = 0
             self.num_steps += 1
             self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
@@ -721,7 +724,7 @@ def queue_key(policy: str, index: int, arrival: float, priority: int, sjf_key: i
 
 def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: EngineConfig,
                        latency: LatencyModel, horizon_s: float | None = None, *,
-                       sjf_key=None, prefix_group=None, prefix_len=None) -> dict:
+                       sjf_key=None, prefix_group=None, prefix_len=None, step_noise=None) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -754,6 +757,10 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         shared prefix at the start of the prompt (``0 <= L_i < P_i``, 0 when
         ``G_i = -1``); used with ``engine.enable_prefix_caching``. Both or
         neither. Default: no groups.
+    step_noise : object with ``apply(d, k)``, optional
+        Per-step noise: step k (from 0) lasts ``step_noise.apply(d, k)``
+        instead of ``d`` (``fastsim._reference_noise.run_latency`` gives it,
+        with the run's ``latency``). Default: deterministic steps.
 
     Returns
     -------
@@ -871,7 +878,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
                          qkey=queue_key(engine.policy, i, float(a[i]), int(c[i]), int(q[i]),
                                         engine.priority_aging_s))
                 for i in range(n)]
-    sim = _Reference(requests, engine, latency, horizon_s)
+    sim = _Reference(requests, engine, latency, horizon_s, step_noise)
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)

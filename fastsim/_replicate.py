@@ -289,7 +289,8 @@ def _prepare_kernel(scenario: Scenario) -> None:
     K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
 
 
-def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba") -> pd.DataFrame:
+def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba", *, seed=None,
+                      replication: int = 0) -> pd.DataFrame:
     """Simulate one given request stream and return per-request results.
 
     Parameters
@@ -303,6 +304,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         lengths) (e.g. from :func:`sample_requests`). With a
         ``length_predictor`` the ``sjf_key`` column is required.
     backend : {"numba", "reference"}
+    seed, replication : optional
+        With a stochastic latency model (``latency.noise``), the run's noise
+        is that of replication ``replication`` of ``replicate(scenario,
+        seed=seed)``. Ignored by a deterministic model.
 
     Returns
     -------
@@ -317,6 +322,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         its first admission).
     """
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
+    replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     from ._validation import check_arrival_times, check_int_array
 
     if not isinstance(scenario, Scenario):
@@ -384,14 +390,19 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._cuda import check_cuda_available
 
         check_cuda_available()
+    k0, k1, _ = _seed_keys(seed)
+    c0 = scenario.latency.ttft_overhead_s
     if a.size == 0:   # nothing to simulate (each backend would want at least one request)
         status = np.zeros(0, np.int64)
         first = finish = swapped = np.zeros(0)
         npre = ntok = nswap = ctok = np.zeros(0, np.int64)
     elif backend == "reference":
         from ._reference import simulate_reference
+        from ._reference_noise import run_latency
 
-        res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h, **extra)
+        run, steps = run_latency(scenario.latency, k0, k1, replication)
+        c0 = run.ttft_overhead_s
+        res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps, **extra)
         status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
@@ -405,10 +416,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._memory import check_stream_memory
 
         check_stream_memory(a.size, o, grp, plen, packed["ipar"])
+        rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
+        c0 = float(rfpar[K.F_TTFT_OVERHEAD])
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
-            a, p, o, c, q, grp, plen, packed["ipar"], packed["fpar"], packed["lat"])
+            a, p, o, c, q, grp, plen, packed["ipar"], rfpar, rlat)
         status = np.asarray(st) - K.ST_COMPLETED
-    c0 = scenario.latency.ttft_overhead_s
     return pd.DataFrame({
         "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
         "status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
@@ -601,6 +613,9 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
+    if backend == "cuda" and scenario.latency.is_stochastic:
+        raise ValueError("backend='cuda' does not simulate a stochastic latency model (latency.noise); use "
+                         "backend='numba', or latency.deterministic()")
     _check_backend(backend)
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)

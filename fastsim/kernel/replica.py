@@ -57,7 +57,7 @@ from .accounting import _account_step, _gap_add
 from .arrivals import _abandon, _arrivals_during_step, _ingest
 from .decoders import _complete_decoders, _d_add
 from .kv_cache import _blocks_of, _log2_exact, _phase
-from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
+from .latency import _closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
@@ -198,7 +198,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free, reserved, n_run, n_oth, S, sph, n_itl = _end_fast_step(
                         req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
                         lat, bs, bsh)
-                    mode = MODE_STRETCH
+                    # (per-step noise: no closed forms, the next step is taken as a step)
+                    mode = MODE_STRETCH if _closed_forms(lat) else MODE_BETWEEN_STEPS
                 else:
                     free, reserved, n_run, rl, n_oth, n_itl = _end_slow_step(
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
@@ -233,7 +234,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4])
                 mode = MODE_FAST_STEP
                 n_in_queue = n_wait
             else:
@@ -246,7 +247,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if not ran:   # only preemptions happened; nothing ran
                     n_oth = _rebuild(batch.run, n_run, batch.oth)
                     continue
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
                 pending_swap = 0
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
