@@ -12,7 +12,7 @@ costs time only (the helper skips a job it cannot compile; the engine
 compiles what it does not find), never a wrong result.
 
 Argument types are written as codes (`type_codes`): ``i``, ``f``, ``b``
-(int64, float64, boolean), ``vi``, ``vf`` (1-D C arrays), ``none``, the
+(int64, float64, boolean; ``u`` uint64), ``vi``, ``vf`` (1-D C arrays), ``none``, the
 workspace's views by name (``Requests``, ``Batch``, ... of `workspace`) and
 a few tuples.
 """
@@ -75,6 +75,7 @@ TABLE = {
         ('kv_cache._blocks_of', ('i', 'i', 'i')),
         ('decoders._d_add', ('i', 'i', 'i', 'i', 'Decoders', 'vi', 'i', 'i', 'i')),
         ('decoders._heap2_push', ('vi', 'vi', 'vi', 'i', 'i')),
+        ('latency._closed_forms', ('vf',)),
         ('prefix_cache._release_blocks', ('i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._lru_append', ('i', 'PrefixCache')),
         ('latency._context_slope', ('vf',)),
@@ -95,7 +96,10 @@ TABLE = {
         ('scheduler._first_chunk', ('i', 'i', 'b')),
         ('scheduler._start_running', ('i', 'i', 'vi', 'vi', 'vf', 'i', 'vi', 'vi', 'vi')),
         ('scheduler._compact_run', ('vi', 'i', 'vi')),
-        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i')),
+        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f')),
+        ('latency._step_noise', ('vf', 'f', 'f')),
+        ('rng._mix64', ('u',)),
+        ('latency._unit_jit', ('u',)),
         ('scheduler._rebuild', ('vi', 'i', 'vi')),
     ),
     1: (
@@ -124,6 +128,7 @@ TABLE = {
         ('kv_cache._blocks_of', ('i', 'i', 'i')),
         ('decoders._d_add', ('i', 'i', 'i', 'i', 'Decoders', 'vi', 'i', 'i', 'i')),
         ('decoders._heap2_push', ('vi', 'vi', 'vi', 'i', 'i')),
+        ('latency._closed_forms', ('vf',)),
         ('prefix_cache._register', ('i', 'i', 'i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._release_blocks', ('i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._lru_append', ('i', 'PrefixCache')),
@@ -145,7 +150,10 @@ TABLE = {
         ('scheduler._first_chunk', ('i', 'i', 'b')),
         ('scheduler._start_running', ('i', 'i', 'vi', 'vi', 'vf', 'i', 'vi', 'vi', 'vi')),
         ('scheduler._compact_run', ('vi', 'i', 'vi')),
-        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i')),
+        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f')),
+        ('latency._step_noise', ('vf', 'f', 'f')),
+        ('rng._mix64', ('u',)),
+        ('latency._unit_jit', ('u',)),
         ('prefix_cache._lookup', ('i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._evictable_hits', ('i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._take_blocks', ('i', 'i', 'PrefixCache')),
@@ -166,7 +174,7 @@ def type_codes():
 
     vi, vf = V_I, V_F
     i64, f64 = nb_types.int64, nb_types.float64
-    codes = {"i": i64, "f": f64, "b": nb_types.boolean, "vi": vi, "vf": vf, "none": nb_types.none,
+    codes = {"i": i64, "f": f64, "u": nb_types.uint64, "b": nb_types.boolean, "vi": vi, "vf": vf, "none": nb_types.none,
              "acc": nb_types.Tuple((f64,) * 5 + (i64,)),
              "dims": nb_types.UniTuple(i64, 6),
              "isizes": nb_types.UniTuple(i64, W.N_WI), "fsizes": nb_types.UniTuple(i64, W.N_WF)}
