@@ -16,7 +16,7 @@ from ._io import save_table
 from . import kernel as K
 from ._config import BucketPredictor, EngineConfig, Scenario, Workload
 from ._distributions import KIND_EMPIRICAL, LogNormal
-from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
+from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, prediction_band, summary_frame
 from ._validation import MAX_COUNT, check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "cuda", "reference")
@@ -492,10 +492,20 @@ class ReplicateResult:
 
         Columns: ``estimate`` (mean over replications), ``ci_low``,
         ``ci_high`` (Student-t interval), ``std_error``, ``n`` (replications
-        with a finite value) and ``description`` (what is estimated).
+        with a finite value), ``band_low``, ``band_high`` (the single-run
+        prediction band, :meth:`prediction_band`) and ``description`` (what
+        is estimated).
+
+        The two intervals answer two questions. ``ci_low``/``ci_high``: where
+        the *expected value* lies (the long-run average over many benchmark
+        runs); it shrinks as replications are added. ``band_low``/``band_high``:
+        where the value of *one* run (one ``vllm bench serve``) falls with
+        probability ``confidence_level``; it does not shrink, and with a
+        stochastic latency model (``latency.noise``) it includes the
+        server's own noise and the calibration's uncertainty.
         """
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
-        frame = summary_frame(self.per_replication, self.metrics, level)
+        frame = summary_frame(self.per_replication, self.metrics, level, bands=True)
         frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
         return frame
 
@@ -507,6 +517,15 @@ class ReplicateResult:
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
         _, low, high, _, _ = mean_interval(self.per_replication[metric].to_numpy(), level)
         return ConfidenceInterval(low, high)
+
+    def prediction_band(self, metric: str, confidence_level: float | None = None) -> ConfidenceInterval:
+        """Where one run's value of ``metric`` falls with probability
+        ``confidence_level``: the central quantiles of the per-replication
+        values (one replication = one benchmark run). Unlike
+        :meth:`confidence_interval`, it does not shrink with more replications."""
+        check_choice("metric", metric, self.metrics)
+        level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
+        return ConfidenceInterval(*prediction_band(self.per_replication[metric].to_numpy(), level))
 
     def estimate(self, metric: str) -> float:
         check_choice("metric", metric, self.metrics)
