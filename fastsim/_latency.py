@@ -219,10 +219,19 @@ class LatencyModel:
         the measured mean decode step within 1.3% at batch sizes 1-32. Its
         prefill cost per token is weakly identified by those traces (one
         prompt length) and is an upper bound. It includes the fitted
-        client-side ``ttft_overhead_s`` (12.5 ms), so that TTFT and E2E are
-        what a ``vllm bench serve`` client measures.
+        client-side ``ttft_overhead_s``, so that TTFT and E2E are what a
+        ``vllm bench serve`` client measures, and its fitted noise
+        (``noise``: per-step jitter, per-run effects, the calibration's
+        covariance; ``docs/calibration.md``), so that a replication is one
+        plausible benchmark run. :meth:`deterministic_default` is the same
+        calibration without noise (the traces' fit alone, 12.5 ms overhead).
         """
         return cls.preset("a10g-qwen2.5-1.5b")
+
+    @classmethod
+    def deterministic_default(cls) -> "LatencyModel":
+        """The A10G preset without noise: ``preset("a10g-qwen2.5-1.5b-deterministic")``."""
+        return cls.preset("a10g-qwen2.5-1.5b-deterministic")
 
     @classmethod
     def preset(cls, name: str) -> "LatencyModel":
