@@ -151,6 +151,28 @@ def coverage(sweep: pd.DataFrame, lm: fastsim.LatencyModel, reps: int, seed: int
     return pd.DataFrame(lines)
 
 
+def plot(t: pd.DataFrame, path: Path) -> None:
+    """Measured value against the predicted single-run 95 % band, per row and metric."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    for ax, (name, _) in zip(axes, COVERED):
+        m = t[t.metric == name].reset_index(drop=True)
+        x = np.arange(len(m))
+        ax.vlines(x, m.band_lo, m.band_hi, color="tab:blue", alpha=0.6, label="single-run 95 % band")
+        ax.plot(x, m.det_pred_mean, "_", color="gray", label="deterministic prediction")
+        ax.scatter(x, m.measured, c=np.where(m.inside, "tab:green", "tab:red"), s=14, zorder=3,
+                   label="measured (red: outside)")
+        ax.set_title(name)
+        ax.set_xlabel("sweep row (rate 0.5 .. 8 req/s, 4 gmu each)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=100, help="replications per sweep row (default 100)")
@@ -192,10 +214,21 @@ def main(argv=None) -> int:
           f"speed_sd={noise.speed_sd!r}, prefill_log_mean={noise.prefill_log_mean!r}, "
           f"prefill_sd={noise.prefill_sd!r}, overhead_sd={noise.overhead_sd!r})")
     t = coverage(sweep, dataclasses.replace(base, ttft_overhead_s=over, noise=noise), reps)
+    # the deterministic model (the traces' fit, no noise) with a band of the same relative width
+    d = coverage(sweep, base, reps)
+    half = t.rel_width.to_numpy() / 2 * d.pred_mean.to_numpy()
+    t["det_pred_mean"] = d.pred_mean.to_numpy()
+    t["det_inside_same_width"] = (np.abs(t.measured - d.pred_mean.to_numpy()) <= half).to_numpy()
+    t["det_inside_own_band"] = d.inside.to_numpy()
+    t["det_rel_error"] = d.rel_error.to_numpy()
     t.to_csv(OUT / "fit_noise_insample.csv", index=False)
-    print("in sample: coverage / median |rel. error| / median rel. width:")
+    print("in sample: coverage / median |rel. error| / median rel. width; deterministic model: own band's "
+          "coverage, coverage with the same width, median |rel. error|:")
+    plot(t, OUT / "fit_noise_bands.png")
     print(t.groupby("metric").agg(coverage=("inside", "mean"), abs_err=("rel_error", lambda e: e.abs().median()),
-                                  width=("rel_width", "median")).to_string())
+                                  width=("rel_width", "median"), det_own=("det_inside_own_band", "mean"),
+                                  det_same_width=("det_inside_same_width", "mean"),
+                                  det_abs_err=("det_rel_error", lambda e: e.abs().median())).to_string())
     return 0
 
 

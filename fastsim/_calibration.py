@@ -122,11 +122,11 @@ PRESETS: dict[str, dict[str, float]] = {
 #: same preset without noise.
 NOISE_PRESETS: dict[str, dict] = {
     "a10g-qwen2.5-1.5b": {
-        "ttft_overhead_s": 0.016628225862872006,
+        "ttft_overhead_s": 0.01747249660680036,
         "noise": {"jitter_sd": 0.011875241102765721, "stall_prob": 0.0, "stall_mean_s": 0.0,
-                  "speed_log_mean": 0.026650519040210013, "speed_sd": 0.010557072969614218,
-                  "prefill_log_mean": -0.5173938390852174, "prefill_sd": 0.43964777833072916,
-                  "overhead_sd": 0.00197895150228519},
+                  "speed_log_mean": 0.026412098626376085, "speed_sd": 0.010611197473343928,
+                  "prefill_log_mean": -0.6009230425382931, "prefill_sd": 0.4784493989059713,
+                  "overhead_sd": 0.0024060627570847834},
     },
 }
 
