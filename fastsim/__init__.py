@@ -18,7 +18,7 @@ from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario
 from ._distributions import (Empirical, Exponential, Fixed, Gamma, Geometric, Histogram, LengthDistribution,
                              LengthTrace, LogNormal, Mixture, Truncated, Uniform, sharegpt_lengths)
 from ._classes import RequestClasses
-from ._latency import LatencyModel
+from ._latency import LatencyModel, StepNoise
 from ._traces import RequestTrace
 from ._hardware import GPU
 from ._deployment import Deployment
@@ -36,7 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketPredictor", "CapacityResult", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
-    "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "LengthDistribution", "LengthTrace", "LogNormal",
+    "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "SweepResult", "Truncated", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",

@@ -37,7 +37,7 @@ import pandas as pd
 # scipy.stats, .signal, .sparse and .optimize are imported inside the functions that use them:
 # at module level they were about 1 s of `import fastsim` (tests/test_import.py).
 
-from ._latency import LatencyModel
+from ._latency import CALIBRATED, LatencyModel, StepNoise
 
 __all__ = [
     "CalibrationResult",
@@ -113,22 +113,71 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 
 
+#: The fitted noise of each preset (``experiments/fit_noise.py``; method in
+#: ``docs/calibration.md``, "Noise"): per-step jitter and stalls from the
+#: traces, the calibration's covariance, and per-run speed, prefill and
+#: overhead laws from the spread between the A10G sweep's runs, which also
+#: re-identify the TTFT constant (``ttft_overhead_s``) that the traces cannot
+#: separate from the prefill slope. ``PRESETS[name + "-deterministic"]`` is the
+#: same preset without noise.
+NOISE_PRESETS: dict[str, dict] = {
+    "a10g-qwen2.5-1.5b": {
+        "ttft_overhead_s": 0.01747249660680036,
+        # The per-step jitter fitted on the traces (sd 0.0119, lag-1 autocorrelation
+        # -0.12, `experiments/fit_noise.py`) averages out over a run's thousands of
+        # steps, but would make every step a step of its own (no stretches): the
+        # preset leaves it out; StepNoise(jitter_sd=0.0119, ...) puts it in.
+        "noise": {"jitter_sd": 0.0, "stall_prob": 0.0, "stall_mean_s": 0.0,
+                  "speed_log_mean": 0.026412098626376085, "speed_sd": 0.010611197473343928,
+                  "prefill_log_mean": -0.6009230425382931, "prefill_sd": 0.4784493989059713,
+                  "overhead_sd": 0.0024060627570847834},
+    },
+}
+
+
+def _preset_names():
+    return list(PRESETS) + [f"{k}-deterministic" for k in PRESETS]
+
+
 def preset_latency_model(name: str) -> LatencyModel:
     """The :class:`LatencyModel` of a named preset.
 
     Parameters
     ----------
     name : str
-        A key of :data:`PRESETS`, e.g. ``"a10g-qwen2.5-1.5b"``.
+        A key of :data:`PRESETS`, e.g. ``"a10g-qwen2.5-1.5b"`` (with its fitted
+        noise, :data:`NOISE_PRESETS`), or that name with ``"-deterministic"``
+        (the traces' fit alone, deterministic steps).
 
     Returns
     -------
     LatencyModel
     """
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"name must be one of {', '.join(repr(k) for k in PRESETS)}, got {name!r}")
-    p = PRESETS[name]
-    return LatencyModel(**{k: p[k] for k in _MODEL_KEYS}, ttft_overhead_s=p["ttft_overhead_s"])
+    if not isinstance(name, str) or name not in _preset_names():
+        raise ValueError(f"name must be one of {', '.join(repr(k) for k in _preset_names())}, got {name!r}")
+    deterministic = name.endswith("-deterministic")
+    key = name[:-len("-deterministic")] if deterministic else name
+    p = PRESETS[key]
+    model = LatencyModel(**{k: p[k] for k in _MODEL_KEYS}, ttft_overhead_s=p["ttft_overhead_s"])
+    if deterministic or key not in NOISE_PRESETS:
+        return model
+    from dataclasses import replace
+
+    fitted = NOISE_PRESETS[key]
+    cov = _preset_covariance(key)
+    return replace(model, ttft_overhead_s=fitted["ttft_overhead_s"],
+                   noise=StepNoise(**fitted["noise"], calibration_cov=cov))
+
+
+def _preset_covariance(key):
+    """The covariance of a preset's fit (refitted from its packaged traces, once)."""
+    cov = _COVARIANCES.get(key)
+    if cov is None:
+        cov = _COVARIANCES[key] = fit_tpot_traces(PACKAGED_TRACES).covariance.to_numpy()
+    return cov
+
+
+_COVARIANCES: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +214,12 @@ class CalibrationResult:
         Identification caveats and what was assumed.
     method : str
         Which estimator produced the result.
+    covariance : pandas.DataFrame or None
+        The estimates' covariance, rows and columns ``base_s``,
+        ``decode_scale_s``, ``decode_alpha``, ``prefill_per_token_s``,
+        ``ttft_overhead_s`` (``_latency.CALIBRATED``; 0 where a parameter was
+        not estimated): ``StepNoise(calibration_cov=...)`` draws each run's
+        coefficients from it.
     """
 
     params: dict
@@ -175,6 +230,7 @@ class CalibrationResult:
     ttft_diagnostics: pd.DataFrame | None = None
     notes: list = field(default_factory=list)
     method: str = ""
+    covariance: pd.DataFrame | None = None
 
     def latency_model(self) -> LatencyModel:
         """The fitted :class:`fastsim._latency.LatencyModel`."""
@@ -624,14 +680,24 @@ def fit_tpot_traces(path_or_dict=PACKAGED_TRACES, *, prompt_tokens: int | None =
     ttft_over = None
     ttft_diag = None
     if fit_prefill:
-        ttft_diag, pf, ttft_over, se_pf, se_over, pf_notes = _fit_ttft(runs, base_s, prompt_tokens)
+        ttft_diag, pf, ttft_over, se_pf, se_over, pf_notes, cov_ttft = _fit_ttft(runs, base_s, prompt_tokens)
         params["prefill_per_token_s"] = pf
         stderr["prefill_per_token_s"] = se_pf
         stderr["ttft_overhead_s"] = se_over
         notes.extend(pf_notes)
 
+    # the joint covariance, in the order of `_latency.CALIBRATED` (the decode fit and the
+    # TTFT fit are separate fits: no cross terms; the decode fit works in ms)
+    full_cov = np.zeros((5, 5))
+    if np.all(np.isfinite(cov)):
+        unit = np.array([1e-3, 1e-3, 1.0])
+        full_cov[:3, :3] = cov * np.outer(unit, unit)
+    if fit_prefill and cov_ttft is not None and np.all(np.isfinite(cov_ttft)):
+        full_cov[3, 3], full_cov[4, 4] = cov_ttft[1, 1], cov_ttft[0, 0]
+        full_cov[3, 4] = full_cov[4, 3] = cov_ttft[0, 1]
     return CalibrationResult(params=params, stderr=stderr, ttft_overhead_s=ttft_over,
                              diagnostics=diag, max_rel_error=max_rel, ttft_diagnostics=ttft_diag,
+                             covariance=pd.DataFrame(full_cov, index=list(CALIBRATED), columns=list(CALIBRATED)),
                              notes=notes, method="fit_tpot_traces (decode: robust Huber fit of "
                                                  "per-step observations; prefill: robust TTFT "
                                                  "line)")
@@ -701,7 +767,7 @@ def _fit_ttft(runs, base_s, prompt_tokens):
     nan = float("nan")
     if np.unique(tok).size < 2:
         notes.append("prefill not identified: all runs have the same prompt-token count")
-        return None, 0.0, None, nan, nan, notes
+        return None, 0.0, None, nan, nan, notes, None
     c0, s0, lms_scale = _lms_line(tok, yy)
     # f_scale: Rousseeuw's LMS residual scale of the points about the line (small-sample
     # corrected), floored by the pooled within-batch TTFT spread.
@@ -742,7 +808,7 @@ def _fit_ttft(runs, base_s, prompt_tokens):
     if np.all(np.isfinite(cov)):
         notes.append(f"correlation(ttft_overhead_s, prefill_per_token_s) = "
                      f"{cov[0, 1] / math.sqrt(cov[0, 0] * cov[1, 1]):+.3f}")
-    return ttft_diag, pf, over, float(se[1]), float(se[0]), notes
+    return ttft_diag, pf, over, float(se[1]), float(se[0]), notes, cov
 
 
 # ---------------------------------------------------------------------------------------------

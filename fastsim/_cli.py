@@ -301,7 +301,10 @@ def format_table(summary, scenario=None, result=None, *, n_requested=None) -> st
         if getattr(result, "interrupted", False):
             of = f" of {n_requested}" if n_requested else ""
             lines.append(f"PARTIAL: interrupted after {result.n_replications}{of} replications")
-        lines.append(f"{'metric':<26}{'estimate':>13}   {level}% confidence interval")
+        head = f"{'metric':<26}{'estimate':>13}   {level}% confidence interval"
+        if "band_low" in summary:
+            head = f"{head:<70}{level}% single-run band"
+        lines.append(head)
     skipped = inapplicable_metrics(scenario) if scenario is not None else {}
     zeros = []
     for name, row in summary.iterrows():
@@ -313,13 +316,19 @@ def format_table(summary, scenario=None, result=None, *, n_requested=None) -> st
         unit, scale = metric_unit(name)
         est, lo, hi = row.estimate * scale, row.ci_low * scale, row.ci_high * scale
         extra = f"  ({_goodput_slo(scenario)})" if name == "goodput" and scenario is not None else ""
-        lines.append(f"{name:<26}{est:>13.4g}   [{lo:.4g}, {hi:.4g}] {unit}{extra}".rstrip())
+        line = f"{name:<26}{est:>13.4g}   [{lo:.4g}, {hi:.4g}] {unit}"
+        if "band_low" in summary and math.isfinite(row.band_low):
+            line = f"{line:<70}[{row.band_low * scale:.4g}, {row.band_high * scale:.4g}] {unit}"
+        lines.append(f"{line}{extra}".rstrip())
     if zeros:
         lines.append(f"zero in every replication: {', '.join(zeros)}")
     if skipped:
         lines.append("not applicable here: " + "; ".join(f"{m} ({why})" for m, why in skipped.items()))
     lines.append("Each estimate is the mean over replications of a per-run value (one run = one "
                  "benchmark of num_requests requests); percentiles are per-run percentiles.")
+    if "band_low" in summary:
+        lines.append("The confidence interval is where the expected value lies (it shrinks with more "
+                     "replications); the single-run band is where one benchmark run's value falls.")
     return "\n".join(lines)
 
 

@@ -8,6 +8,128 @@ import numpy as np
 
 from ._validation import check_float
 
+#: The coefficients whose joint uncertainty `StepNoise.calibration_cov` holds, in its order.
+CALIBRATED = ("base_s", "decode_scale_s", "decode_alpha", "prefill_per_token_s", "ttft_overhead_s")
+
+
+@dataclass(frozen=True)
+class StepNoise:
+    """The noise of a real server's step times (``LatencyModel(noise=...)``).
+
+    Three kinds, each fitted from measurements (``docs/calibration.md``,
+    ``experiments/fit_noise.py``):
+
+    * **per step**: every step's duration is multiplied by a lognormal jitter
+      ``exp(jitter_sd * z - jitter_sd**2 / 2)`` (mean 1), and with probability
+      ``stall_prob`` a stall of exponential duration (mean ``stall_mean_s``) is
+      added to it;
+    * **per run** (one benchmark run = one replication): a speed factor
+      ``exp(N(speed_log_mean, speed_sd**2))`` multiplies every term of the step
+      time, a prefill factor ``exp(N(prefill_log_mean, prefill_sd**2))`` the
+      prefill term, and the client overhead is ``N(ttft_overhead_s,
+      overhead_sd**2)`` (at least 0);
+    * **calibration uncertainty**: with ``calibration_cov``, the coefficients
+      ``(base_s, decode_scale_s, decode_alpha, prefill_per_token_s,
+      ttft_overhead_s)`` of each run are drawn from a normal law about the
+      fitted values with that covariance (kept in their domain).
+
+    Per-run effects keep the simulator's closed forms for runs of decode
+    steps; per-step jitter and stalls make it take every step by itself.
+
+    Parameters
+    ----------
+    jitter_sd : float
+        Standard deviation of the log of a step's multiplicative jitter (>= 0).
+    stall_prob : float
+        Probability that a step stalls (0 <= p < 1).
+    stall_mean_s : float
+        Mean duration of a stall, seconds (>= 0).
+    speed_log_mean, speed_sd : float
+        Mean and standard deviation (>= 0) of the log of the per-run speed factor.
+    prefill_log_mean, prefill_sd : float
+        Mean and standard deviation (>= 0) of the log of the per-run prefill factor.
+    overhead_sd : float
+        Standard deviation of the per-run client overhead, seconds (>= 0).
+    calibration_cov : array_like, shape (5, 5), optional
+        Covariance of the fitted coefficients, in the order of ``CALIBRATED``
+        (symmetric, positive semi-definite).
+    """
+
+    jitter_sd: float = 0.0
+    stall_prob: float = 0.0
+    stall_mean_s: float = 0.0
+    speed_log_mean: float = 0.0
+    speed_sd: float = 0.0
+    prefill_log_mean: float = 0.0
+    prefill_sd: float = 0.0
+    overhead_sd: float = 0.0
+    calibration_cov: tuple | None = None
+
+    def __post_init__(self):
+        for name in ("jitter_sd", "stall_mean_s", "speed_sd", "prefill_sd", "overhead_sd"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
+        object.__setattr__(self, "stall_prob", check_float("stall_prob", self.stall_prob, low=0, high=1,
+                                                           high_open=True))
+        for name in ("speed_log_mean", "prefill_log_mean"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name)))
+        if self.calibration_cov is not None:
+            cov = np.asarray(self.calibration_cov, dtype=float)
+            if cov.shape != (5, 5) or not np.all(np.isfinite(cov)) or not np.allclose(cov, cov.T):
+                raise ValueError(f"calibration_cov must be a finite symmetric 5 x 5 matrix (the covariance of "
+                                 f"{', '.join(CALIBRATED)}), got shape {cov.shape}")
+            if np.linalg.eigvalsh(cov).min() < -1e-12 * max(np.abs(cov).max(), 1e-300):
+                raise ValueError("calibration_cov must be positive semi-definite, got a negative eigenvalue "
+                                 f"{np.linalg.eigvalsh(cov).min():.3g}")
+            object.__setattr__(self, "calibration_cov", tuple(tuple(float(x) for x in row) for row in cov))
+
+    @property
+    def per_step(self) -> bool:
+        """Whether steps have noise of their own (jitter or stalls)."""
+        return self.jitter_sd > 0 or (self.stall_prob > 0 and self.stall_mean_s > 0)
+
+    @property
+    def per_run(self) -> bool:
+        """Whether each run draws effects of its own."""
+        return (self.speed_log_mean != 0 or self.speed_sd > 0 or self.prefill_log_mean != 0
+                or self.prefill_sd > 0 or self.overhead_sd > 0 or self.calibration_cov is not None)
+
+    def cholesky(self) -> np.ndarray:
+        """The lower Cholesky factor of ``calibration_cov`` (zeros without one;
+        a semi-definite matrix by its eigen-decomposition, made triangular)."""
+        if self.calibration_cov is None:
+            return np.zeros((5, 5))
+        cov = np.array(self.calibration_cov)
+        scale = np.sqrt(np.clip(np.diag(cov), 0, None))
+        s = np.where(scale > 0, scale, 1.0)
+        corr = cov / np.outer(s, s)
+        try:
+            chol = np.linalg.cholesky(corr + 1e-12 * np.eye(5))
+        except np.linalg.LinAlgError:   # semi-definite: through the eigen-decomposition
+            w, v = np.linalg.eigh(corr)
+            _, r = np.linalg.qr((v * np.sqrt(np.clip(w, 0, None))).T)
+            chol = r.T * np.sign(np.diag(r))
+        return chol * scale[:, None]
+
+    def _record(self) -> np.ndarray:
+        """The noise slots of the latency record (`kernel.layout` L_NOISE ..)."""
+        from .kernel import layout as L
+
+        r = np.zeros(L.N_LAT - L.L_NOISE)
+        o = L.L_NOISE
+        r[L.L_NOISE - o] = 1.0 if self.per_step else 0.0
+        r[L.L_JITTER_SD - o] = self.jitter_sd
+        r[L.L_JITTER_SHIFT - o] = -0.5 * self.jitter_sd * self.jitter_sd
+        r[L.L_STALL_PROB - o] = self.stall_prob if self.stall_mean_s > 0 else 0.0
+        r[L.L_STALL_MEAN - o] = self.stall_mean_s
+        r[L.L_RUN - o] = 1.0 if self.per_run else 0.0
+        r[L.L_SPEED_MU - o] = self.speed_log_mean
+        r[L.L_SPEED_SD - o] = self.speed_sd
+        r[L.L_PREFILL_MU - o] = self.prefill_log_mean
+        r[L.L_PREFILL_SD - o] = self.prefill_sd
+        r[L.L_OVERHEAD_SD - o] = self.overhead_sd
+        r[L.L_CHOL - o:] = self.cholesky().ravel()
+        return r
+
 
 @dataclass(frozen=True)
 class LatencyModel:
@@ -39,6 +161,11 @@ class LatencyModel:
         Time to move one KV block between GPU and CPU swap space (either
         direction, over PCIe), added to the step in which the transfer happens
         (``EngineConfig(preemption_mode="swap")``). 0 by default.
+    noise : StepNoise or dict, optional
+        The server's noise (per-step jitter and stalls, per-run effects, the
+        calibration's uncertainty). ``None`` (the default for a model built
+        by hand): deterministic steps. The calibrated preset carries its
+        fitted noise; :meth:`deterministic` drops it.
 
     See ``docs/engine-model.md`` for how the batch quantities are counted.
     """
@@ -51,6 +178,7 @@ class LatencyModel:
     ttft_overhead_s: float = 0.0
     swap_s_per_block: float = 0.0
     calibration: object = field(default=None, compare=False, repr=False)
+    noise: StepNoise | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "base_s", check_float("base_s", self.base_s, low=0, low_open=True))
@@ -59,6 +187,22 @@ class LatencyModel:
             object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
         object.__setattr__(self, "decode_alpha",
                            check_float("decode_alpha", self.decode_alpha, low=0, low_open=True))
+        if isinstance(self.noise, dict):
+            object.__setattr__(self, "noise", StepNoise(**self.noise))
+        if self.noise is not None and not isinstance(self.noise, StepNoise):
+            raise ValueError(f"noise must be None, a fastsim.StepNoise or a dict of its fields, "
+                             f"got {type(self.noise).__name__}")
+
+    @property
+    def is_stochastic(self) -> bool:
+        """Whether steps or runs have noise (``noise`` with any effect)."""
+        return self.noise is not None and (self.noise.per_step or self.noise.per_run)
+
+    def deterministic(self) -> "LatencyModel":
+        """The same model without its noise (``noise=None``)."""
+        from dataclasses import replace
+
+        return replace(self, noise=None)
 
     @classmethod
     def constant(cls, step_s: float) -> "LatencyModel":
@@ -75,10 +219,19 @@ class LatencyModel:
         the measured mean decode step within 1.3% at batch sizes 1-32. Its
         prefill cost per token is weakly identified by those traces (one
         prompt length) and is an upper bound. It includes the fitted
-        client-side ``ttft_overhead_s`` (12.5 ms), so that TTFT and E2E are
-        what a ``vllm bench serve`` client measures.
+        client-side ``ttft_overhead_s``, so that TTFT and E2E are what a
+        ``vllm bench serve`` client measures, and its fitted noise
+        (``noise``: per-step jitter, per-run effects, the calibration's
+        covariance; ``docs/calibration.md``), so that a replication is one
+        plausible benchmark run. :meth:`deterministic_default` is the same
+        calibration without noise (the traces' fit alone, 12.5 ms overhead).
         """
         return cls.preset("a10g-qwen2.5-1.5b")
+
+    @classmethod
+    def deterministic_default(cls) -> "LatencyModel":
+        """The A10G preset without noise: ``preset("a10g-qwen2.5-1.5b-deterministic")``."""
+        return cls.preset("a10g-qwen2.5-1.5b-deterministic")
 
     @classmethod
     def preset(cls, name: str) -> "LatencyModel":
@@ -200,8 +353,14 @@ class LatencyModel:
         return out[()] if out.ndim == 0 else out
 
     def _params(self) -> np.ndarray:
-        """The parameters in the order the kernel reads them (``swap_s_per_block``
-        last, at index 5)."""
-        return np.array([self.base_s, self.decode_scale_s, self.decode_alpha,
-                         self.prefill_per_token_s, self.ctx_per_token_s, self.swap_s_per_block],
-                        dtype=np.float64)
+        """The latency record the kernel reads (`kernel.layout` ``L_*``): the
+        coefficients (``swap_s_per_block`` at index 5), then the noise slots
+        (all 0.0 without noise)."""
+        from .kernel.layout import N_LAT
+
+        out = np.zeros(N_LAT)
+        out[:6] = (self.base_s, self.decode_scale_s, self.decode_alpha,
+                   self.prefill_per_token_s, self.ctx_per_token_s, self.swap_s_per_block)
+        if self.is_stochastic:
+            out[6:] = self.noise._record()
+        return out

@@ -240,9 +240,10 @@ class _Reference:
     """The state of one run and the operations of the spec on it."""
 
     def __init__(self, requests: list[_Request], engine: EngineConfig, latency: LatencyModel,
-                 horizon_s: float | None):
+                 horizon_s: float | None, step_noise=None):
         self.e = engine
         self.latency = latency
+        self.step_noise = step_noise   # per-step jitter and stalls (`_reference_noise.StepNoiseDraws`)
         self.horizon = horizon_s
         self.requests = requests
         # Spec, "Horizon": "only arrivals with a_i < H exist".
@@ -799,6 +800,8 @@ class _Reference:
         # ... + swap_s_per_block * n_swap_blocks, added last.
         d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
                                          self.pending_swap_blocks))
+        if self.step_noise is not None:   # step k's noise, k = the steps before it
+            d = self.step_noise.apply(d, self.num_steps)
         self.pending_swap_blocks = 0
         return d
 
@@ -1010,7 +1013,7 @@ def prompt_block_identities(index: int, prompt_len: int, block_size: int, prefix
 def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: EngineConfig,
                        latency: LatencyModel, horizon_s: float | None = None, *,
                        sjf_key=None, prefix_group=None, prefix_len=None,
-                       block_hashes=None, hash_block_size: int = 512) -> dict:
+                       block_hashes=None, hash_block_size: int = 512, step_noise=None) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -1051,6 +1054,10 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
     hash_block_size : int
         Tokens per hash of ``block_hashes`` (512 in the Mooncake traces); a
         multiple of ``engine.block_size``.
+    step_noise : object with ``apply(d, k)``, optional
+        Per-step noise: step k (from 0) lasts ``step_noise.apply(d, k)``
+        instead of ``d`` (``fastsim._reference_noise.run_latency`` gives it,
+        with the run's ``latency``). Default: deterministic steps.
 
     Returns
     -------
@@ -1182,7 +1189,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
             r.idents = prompt_block_identities(
                 r.idx, r.P, engine.block_size, r.group, r.prefix_len,
                 None if block_hashes is None else block_hashes[r.idx], hash_block_size)
-    sim = _Reference(requests, engine, latency, horizon_s)
+    sim = _Reference(requests, engine, latency, horizon_s, step_noise)
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)

@@ -16,7 +16,7 @@ from ._io import save_table
 from . import kernel as K
 from ._config import BucketPredictor, EngineConfig, Scenario, Workload
 from ._distributions import KIND_EMPIRICAL, LogNormal
-from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, summary_frame
+from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, prediction_band, summary_frame
 from ._validation import MAX_COUNT, check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "cuda", "reference")
@@ -319,7 +319,8 @@ def _prepare_kernel(scenario: Scenario) -> None:
     K.chunk_runner(K.scenario_arrays(packed), K.engine_variant(packed["ipar"]))
 
 
-def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba") -> pd.DataFrame:
+def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str = "numba", *, seed=0,
+                      replication: int = 0) -> pd.DataFrame:
     """Simulate one given request stream and return per-request results.
 
     Parameters
@@ -333,6 +334,12 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         lengths) (e.g. from :func:`sample_requests`). With a
         ``length_predictor`` the ``sjf_key`` column is required.
     backend : {"numba", "reference"}
+    seed, replication : optional
+        With a stochastic latency model (``latency.noise``), the run's noise
+        is that of replication ``replication`` of ``replicate(scenario,
+        seed=seed)`` (seed 0 by default: a given stream gives the same
+        results on every call and backend; ``None`` draws fresh noise).
+        Ignored by a deterministic model.
 
     Returns
     -------
@@ -347,6 +354,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         its first admission).
     """
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
+    replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     from ._validation import check_arrival_times, check_int_array
 
     if not isinstance(scenario, Scenario):
@@ -416,14 +424,19 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._cuda import check_cuda_available
 
         check_cuda_available()
+    k0, k1, _ = _seed_keys(seed)
+    c0 = scenario.latency.ttft_overhead_s
     if a.size == 0:   # nothing to simulate (each backend would want at least one request)
         status = np.zeros(0, np.int64)
         first = finish = swapped = np.zeros(0)
         npre = ntok = nswap = ctok = np.zeros(0, np.int64)
     elif backend == "reference":
         from ._reference import simulate_reference
+        from ._reference_noise import run_latency
 
-        res = simulate_reference(a, p, o, c, scenario.engine, scenario.latency, horizon_s=h, **extra)
+        run, steps = run_latency(scenario.latency, k0, k1, replication)
+        c0 = run.ttft_overhead_s
+        res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps, **extra)
         status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
@@ -437,10 +450,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         from ._memory import check_stream_memory
 
         check_stream_memory(a.size, o, grp, plen, packed["ipar"])
+        rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
+        c0 = float(rfpar[K.F_TTFT_OVERHEAD])
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
-            a, p, o, c, q, grp, plen, packed["ipar"], packed["fpar"], packed["lat"])
+            a, p, o, c, q, grp, plen, packed["ipar"], rfpar, rlat)
         status = np.asarray(st) - K.ST_COMPLETED
-    c0 = scenario.latency.ttft_overhead_s
     return pd.DataFrame({
         "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
         "status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
@@ -543,7 +557,17 @@ class ReplicateResult:
 
         Columns: ``estimate`` (mean over replications), ``ci_low``,
         ``ci_high`` (Student-t interval), ``std_error``, ``n`` (replications
-        with a finite value) and ``description`` (what is estimated).
+        with a finite value), ``band_low``, ``band_high`` (the single-run
+        prediction band, :meth:`prediction_band`) and ``description`` (what
+        is estimated).
+
+        The two intervals answer two questions. ``ci_low``/``ci_high``: where
+        the *expected value* lies (the long-run average over many benchmark
+        runs); it shrinks as replications are added. ``band_low``/``band_high``:
+        where the value of *one* run (one ``vllm bench serve``) falls with
+        probability ``confidence_level``; it does not shrink, and with a
+        stochastic latency model (``latency.noise``) it includes the
+        server's own noise and the calibration's uncertainty.
 
         ``by="class"`` (a workload with ``classes``): one row per (class,
         metric) of the per-request metrics (`fastsim._classes.CLASS_METRICS`),
@@ -554,7 +578,7 @@ class ReplicateResult:
         if by is not None:
             check_choice("by", by, ("class",))
             return self._class_summary(level)
-        frame = summary_frame(self.per_replication, self.metrics, level)
+        frame = summary_frame(self.per_replication, self.metrics, level, bands=True)
         frame["description"] = [METRIC_DESCRIPTIONS.get(m, "") for m in frame.index]
         if self.n_replications and self.stability.overloaded:
             frame.attrs["stability"] = self.stability.message
@@ -585,6 +609,15 @@ class ReplicateResult:
         level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
         _, low, high, _, _ = mean_interval(self.per_replication[metric].to_numpy(), level)
         return ConfidenceInterval(low, high)
+
+    def prediction_band(self, metric: str, confidence_level: float | None = None) -> ConfidenceInterval:
+        """Where one run's value of ``metric`` falls with probability
+        ``confidence_level``: the central quantiles of the per-replication
+        values (one replication = one benchmark run). Unlike
+        :meth:`confidence_interval`, it does not shrink with more replications."""
+        check_choice("metric", metric, self.metrics)
+        level = self.confidence_level if confidence_level is None else check_confidence_level(confidence_level)
+        return ConfidenceInterval(*prediction_band(self.per_replication[metric].to_numpy(), level))
 
     def estimate(self, metric: str) -> float:
         check_choice("metric", metric, self.metrics)
@@ -693,6 +726,9 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
+    if backend == "cuda" and scenario.latency.is_stochastic:
+        raise ValueError("backend='cuda' does not simulate a stochastic latency model (latency.noise); use "
+                         "backend='numba', or latency.deterministic()")
     _check_backend(backend)
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)

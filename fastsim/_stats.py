@@ -66,8 +66,29 @@ def mean_interval(x, confidence_level: float = 0.95):
     return est, est - q * se, est + q * se, se, n
 
 
-def summary_frame(per_replication, metrics, confidence_level: float = 0.95):
-    """Tidy summary: one row per metric with estimate, CI, standard error, n."""
+def prediction_band(x, level: float = 0.95):
+    """The central ``level`` band of the finite entries of ``x``: its
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (linear
+    interpolation). Over replications, where one more run (one benchmark
+    run) falls with probability about ``level``: it does not shrink with more
+    replications, as the confidence interval of the mean does.
+
+    Returns
+    -------
+    low, high : float
+    """
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return np.nan, np.nan
+    lo, hi = np.quantile(x, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def summary_frame(per_replication, metrics, confidence_level: float = 0.95, bands: bool = False):
+    """Tidy summary: one row per metric with estimate, CI, standard error, n
+    and, with ``bands``, the single-run prediction band at the same level
+    (``band_low``, ``band_high``: `prediction_band`)."""
     import pandas as pd
 
     rows = {m: mean_interval(per_replication[m].to_numpy(), confidence_level) for m in metrics}
@@ -75,4 +96,8 @@ def summary_frame(per_replication, metrics, confidence_level: float = 0.95):
                                    columns=["estimate", "ci_low", "ci_high", "std_error", "n"])
     frame.index.name = "metric"
     frame["n"] = frame["n"].astype(int)
+    if bands:
+        b = [prediction_band(per_replication[m].to_numpy(), confidence_level) for m in metrics]
+        frame["band_low"] = [x[0] for x in b]
+        frame["band_high"] = [x[1] for x in b]
     return frame

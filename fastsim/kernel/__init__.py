@@ -48,7 +48,7 @@ from __future__ import annotations
 from . import (accounting, arrivals, callees, decoders, drivers, kv_cache, latency, layout, metrics,  # noqa: F401
                pipeline, prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
 from .drivers import (SCENARIO_ARRAYS, ChunkBuffers, _run_chunk, chunk_runner, draw_workload,  # noqa: F401
-                      engine_pointers, run_chunk, run_on, scenario_arrays, simulate_stream,
+                      engine_pointers, run_chunk, run_on, run_records, scenario_arrays, simulate_stream,
                       trace_window)
 from .layout import *  # noqa: F401,F403  (the shared vocabulary: slots, codes, columns)
 from .metrics import _reduce  # noqa: F401

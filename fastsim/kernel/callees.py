@@ -12,7 +12,7 @@ costs time only (the helper skips a job it cannot compile; the engine
 compiles what it does not find), never a wrong result.
 
 Argument types are written as codes (`type_codes`): ``i``, ``f``, ``b``
-(int64, float64, boolean), ``vi``, ``vf`` (1-D C arrays), ``none``, the
+(int64, float64, boolean; ``u`` uint64), ``vi``, ``vf`` (1-D C arrays), ``none``, the
 workspace's views by name (``Requests``, ``Batch``, ... of `workspace`) and
 a few tuples.
 """
@@ -76,6 +76,7 @@ TABLE = {
         ('decoders._complete_decoders', ('f', 'i', 'i', 'i', 'i', 'Decoders', 'Requests', 'vi', 'i', 'i')),
         ('decoders._d_add', ('i', 'i', 'i', 'i', 'Decoders', 'vi', 'i', 'i', 'i')),
         ('decoders._heap2_push', ('vi', 'vi', 'vi', 'i', 'i')),
+        ('latency._closed_forms', ('vf',)),
         ('prefix_cache._release', ('i', 'i', 'Requests', 'PrefixCache', 'i', 'b')),
         ('prefix_cache._release_blocks', ('i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._lru_append', ('i', 'PrefixCache')),
@@ -89,7 +90,10 @@ TABLE = {
         ('stretch._kv_weight', ('f', 'f', 'f', 'f')),
         ('stretch._elapsed', ('i', 'f', 'f')),
         ('accounting._account_step', ('acc', 'f', 'f', 'f', 'i', 'i', 'i', 'f', 'f')),
-        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i')),
+        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f')),
+        ('latency._step_noise', ('vf', 'f', 'f')),
+        ('rng._mix64', ('u',)),
+        ('latency._unit_jit', ('u',)),
         ('pipeline._release_finished', ('Requests', 'vi', 'i', 'PrefixCache', 'vi', 'i', 'i', 'i', 'i', 'i', 'b')),
         ('arrivals._ingest', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i')),
         ('arrivals._abandon', ('Requests', 'vi', 'vf', 'f', 'i', 'i', 'i', 'i')),
@@ -129,6 +133,7 @@ TABLE = {
         ('decoders._complete_decoders', ('f', 'i', 'i', 'i', 'i', 'Decoders', 'Requests', 'vi', 'i', 'i')),
         ('decoders._d_add', ('i', 'i', 'i', 'i', 'Decoders', 'vi', 'i', 'i', 'i')),
         ('decoders._heap2_push', ('vi', 'vi', 'vi', 'i', 'i')),
+        ('latency._closed_forms', ('vf',)),
         ('prefix_cache._register', ('i', 'i', 'i', 'i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._release', ('i', 'i', 'Requests', 'PrefixCache', 'i', 'b')),
         ('prefix_cache._release_blocks', ('i', 'i', 'vi', 'PrefixCache', 'i')),
@@ -143,7 +148,10 @@ TABLE = {
         ('stretch._kv_weight', ('f', 'f', 'f', 'f')),
         ('stretch._elapsed', ('i', 'f', 'f')),
         ('accounting._account_step', ('acc', 'f', 'f', 'f', 'i', 'i', 'i', 'f', 'f')),
-        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i')),
+        ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f')),
+        ('latency._step_noise', ('vf', 'f', 'f')),
+        ('rng._mix64', ('u',)),
+        ('latency._unit_jit', ('u',)),
         ('pipeline._release_finished', ('Requests', 'vi', 'i', 'PrefixCache', 'vi', 'i', 'i', 'i', 'i', 'i', 'b')),
         ('arrivals._ingest', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i')),
         ('arrivals._abandon', ('Requests', 'vi', 'vf', 'f', 'i', 'i', 'i', 'i')),
@@ -174,7 +182,7 @@ def type_codes():
 
     vi, vf = V_I, V_F
     i64, f64 = nb_types.int64, nb_types.float64
-    codes = {"i": i64, "f": f64, "b": nb_types.boolean, "vi": vi, "vf": vf, "none": nb_types.none,
+    codes = {"i": i64, "f": f64, "u": nb_types.uint64, "b": nb_types.boolean, "vi": vi, "vf": vf, "none": nb_types.none,
              "acc": nb_types.Tuple((f64,) * 5 + (i64,)),
              "dims": nb_types.UniTuple(i64, 6),
              "isizes": nb_types.UniTuple(i64, W.N_WI), "fsizes": nb_types.UniTuple(i64, W.N_WF)}

@@ -19,7 +19,9 @@ from numba.core import types as nb_types
 
 from .._numba_options import compile_entries, function_pointer, njit
 from . import callees
-from .layout import I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
+from .latency import _draw_run_latency
+from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
+from .rng import _seed_streams
 from .workload import _draw_workload, _trace_window
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_STATUS, Stream, _ws_need)
@@ -69,7 +71,7 @@ def _driver_types(given, full):
     returns = {_draw_workload: i64, _ws_need: nb_types.UniTuple(i64, 2), _simulate: i64, _reduce: nb_types.none}
     pointers = tuple(nb_types.FunctionType(returns[d](*types[d])) for d in _POINTED)
     types[_run_chunk] = (i64, i64, u64, u64, *given, nb_types.Array(nb_types.float64, 2, "C"),
-                         _V_U, vf, vi, vi, vi, vi, vi, vi, vi, vf, vi,     # ChunkBuffers.arrays()
+                         _V_U, vf, vi, vi, vi, vi, vi, vi, vi, vf, vi, vf, vf,     # ChunkBuffers.arrays()
                          nb_types.none if full is None else i64, *pointers)
     # The engine first (`compile_entries` compiles it here), then the others
     # from the costliest down: the helper takes them from the front and this
@@ -132,10 +134,12 @@ class ChunkBuffers:
         self.wi = np.empty(0, np.int64)
         self.wf = np.empty(0)
         self.need = np.zeros(2, np.int64)   # the workspace sizes a replication asked for
+        self.rlat = np.empty(N_LAT)          # a replication's latency and float records
+        self.rfpar = np.empty(N_FPAR)        # (`latency._draw_run_latency`)
 
     def arrays(self):
         """`_run_chunk`'s buffer arguments, in its order."""
-        return (self.state, *self.requests, self.wi, self.wf, self.need)
+        return (self.state, *self.requests, self.wi, self.wf, self.need, self.rlat, self.rfpar)
 
     def grow(self):
         """Make the workspace larger than ``need`` says by a quarter, and by
@@ -212,8 +216,10 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
 @njit
 def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
                lrange, trace, prio_val, prio_cdf, pred_edges, out, state, arrival, prompt, output, prio,
-               sjfk, pgrp, plen, wi, wf, need, full, draw, ws_need, simulate, reduce):
+               sjfk, pgrp, plen, wi, wf, need, rlat, rfpar, full, draw, ws_need, simulate, reduce):
     """`run_chunk` compiled, on the buffers `ChunkBuffers.arrays` gives;
+    each replication runs on its own records ``rlat``, ``rfpar`` (its per-run
+    latency effects and step-noise key, `latency._draw_run_latency`);
     ``draw``, ``ws_need``, ``simulate``, ``reduce``: `_entry_pointers`.
     Returns the number of replications done: ``nrep``, or fewer when the
     next one needs a larger workspace (its sizes are then in ``need``), or
@@ -226,11 +232,12 @@ def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, 
             need[0] = need_i
             need[1] = need_f
             return j
-        rc = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full, np.inf,
+        _draw_run_latency(lat, fpar, state, rlat, rfpar)   # (`draw` seeded ``state`` for the replication)
+        rc = simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, rfpar, rlat, wi, wf, full, np.inf,
                       WHOLE_RUN)
         if rc < 0:
             return rc
-        reduce(n, arrival, output, ipar, fpar, wi, wf, out[j])
+        reduce(n, arrival, output, ipar, rfpar, wi, wf, out[j])
     return nrep
 
 
@@ -281,6 +288,22 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
     return _per_request(n, wi, wf) + (row,)
+
+
+@njit
+def _run_records(lat, fpar, key0, key1, rep, state, rlat, rfpar):
+    _seed_streams(key0, key1, rep, state)
+    _draw_run_latency(lat, fpar, state, rlat, rfpar)
+
+
+def run_records(lat, fpar, key0, key1, rep):
+    """The latency and float records replication ``rep`` of the keys
+    (``key0``, ``key1``) runs on (`latency._draw_run_latency`), for one
+    stream simulated from Python (`simulate_stream`, `Replica`)."""
+    rlat, rfpar = np.empty(N_LAT), np.empty(N_FPAR)
+    _run_records(lat, fpar, np.uint64(key0), np.uint64(key1), np.int64(rep), np.empty(N_STREAMS, np.uint64),
+                 rlat, rfpar)
+    return rlat, rfpar
 
 
 def _per_request(n, wi, wf):

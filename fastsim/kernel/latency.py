@@ -13,12 +13,36 @@ to or from CPU swap space) lasts::
 
 added in that order (the reference simulator adds the same terms in the
 same order, so the two agree to the last bit).
+
+A stochastic model (``lat[L_NOISE]`` or ``lat[L_RUN]`` not 0.0;
+``fastsim._latency.StepNoise``) adds two kinds of noise:
+
+* **per run**, drawn once per replication by `_draw_run_latency` into the
+  replication's own copy of the records: the coefficients from the
+  calibration's covariance, a speed factor (every term), a prefill factor
+  (the prefill term) and the client overhead. A run's steps are then a
+  deterministic function of its batches again, so the stretch's closed forms
+  still apply.
+* **per step**: step k (the k-th step of the run, from 0) lasts
+  ``d * exp(sd * z_k - sd^2 / 2)``, plus, with probability ``p``, a stall of
+  exponential duration; ``z_k`` and the stall's draws come from the run's
+  step-noise key and k alone (`_step_noise`), so the draws do not depend on
+  how the steps were reached, and common random numbers hold. Steps no longer
+  share a duration: `_closed_forms` says no, and the engine takes them one by one.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .._numba_options import njit_noalloc
-from .layout import L_BASE, L_CTX, L_DECODE_ALPHA, L_DECODE_SCALE, L_PREFILL, L_SWAP
+from .layout import (F_TTFT_OVERHEAD, L_BASE, L_CHOL, L_CTX, L_DECODE_ALPHA, L_DECODE_SCALE, L_JITTER_SD,
+                     L_JITTER_SHIFT, L_KEY_HI, L_KEY_LO, L_NOISE, L_OVERHEAD_SD, L_PREFILL, L_PREFILL_MU,
+                     L_PREFILL_SD, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
+                     S_RUN_EFFECTS, S_STEP_NOISE)
+from .rng import _GOLDEN, _mix64, _uniform
 
 
 @njit_noalloc
@@ -36,9 +60,10 @@ def _fill_decode_costs(lat, dec_cost):
 
 
 @njit_noalloc(inline="llvm")
-def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap):
-    """Duration of a step of ``n_dec`` decoders, ``n_pf`` prefill tokens and
-    ``n_ctx`` context tokens that moves ``n_swap`` blocks to or from swap space."""
+def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k):
+    """Duration of step ``k`` of a run (counted from 0, a float), a step of
+    ``n_dec`` decoders, ``n_pf`` prefill tokens and ``n_ctx`` context tokens
+    that moves ``n_swap`` blocks to or from swap space."""
     d = lat[L_BASE]
     if n_dec > 1:
         d += dec_cost[n_dec]
@@ -46,7 +71,99 @@ def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap):
     d += lat[L_CTX] * n_ctx
     if n_swap > 0:
         d += lat[L_SWAP] * n_swap   # the swap term last (docs/engine-model.md)
+    if lat[L_NOISE] != 0.0:
+        d = _step_noise(lat, d, k)   # (a call: the rare case stays out of the loop's registers)
     return d
+
+
+def _unit(z):
+    """A double in (0, 1) from 64 random bits (as `rng._uniform`)."""
+    return (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+_unit_jit = njit_noalloc(inline="llvm")(_unit)
+
+
+@njit_noalloc
+def _step_noise(lat, d, k):
+    """The noisy duration of step ``k`` whose deterministic duration is
+    ``d``: ``d * exp(sd * z + shift)`` (z standard normal by Box-Muller, so
+    the jitter's mean is 1), plus, with probability ``lat[L_STALL_PROB]``,
+    a stall of exponential duration with mean ``lat[L_STALL_MEAN]``. Four
+    uniforms from the run's key and ``k`` (counter-based: step k's draws are
+    the same however the engine reached it)."""
+    key = (np.uint64(lat[L_KEY_HI]) << np.uint64(32)) | np.uint64(lat[L_KEY_LO])
+    c = key + np.uint64(k) * np.uint64(4) * _GOLDEN
+    u1 = _unit_jit(_mix64(c + _GOLDEN))
+    u2 = _unit_jit(_mix64(c + np.uint64(2) * _GOLDEN))
+    z = math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+    d = d * math.exp(lat[L_JITTER_SD] * z + lat[L_JITTER_SHIFT])
+    if lat[L_STALL_PROB] > 0.0:
+        u3 = _unit_jit(_mix64(c + np.uint64(3) * _GOLDEN))
+        if u3 < lat[L_STALL_PROB]:
+            u4 = _unit_jit(_mix64(c + np.uint64(4) * _GOLDEN))
+            d = d + lat[L_STALL_MEAN] * -math.log(u4)
+    return d
+
+
+@njit_noalloc
+def _run_normal(state):
+    """A standard normal variate from the per-run stream (Box-Muller, one
+    variate per pair of uniforms: simple to state again in plain Python)."""
+    u1 = _uniform(state, S_RUN_EFFECTS)
+    u2 = _uniform(state, S_RUN_EFFECTS)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+
+
+@njit_noalloc
+def _draw_run_latency(lat, fpar, state, rlat, rfpar):
+    """The records of one replication, ``rlat`` and ``rfpar``: copies of
+    ``lat`` and ``fpar`` with the per-run effects drawn (stream
+    `S_RUN_EFFECTS` of ``state``, seeded for the replication) and the
+    step-noise key (stream `S_STEP_NOISE`) in place. With a deterministic
+    model, plain copies.
+
+    The draws, always all of them and in this order (a parameter set to 0
+    leaves the others' draws where they were): five normals z, the
+    coefficients theta_i + sum_j chol[i, j] * z_j of (base_s, decode_scale_s,
+    decode_alpha, prefill_per_token_s, ttft_overhead_s), each summed from j = 0
+    up; then the log speed, the log prefill factor and the overhead, each
+    mu + sd * z. The coefficients are kept in their domain (base_s, alpha > 0,
+    the costs and the overhead >= 0)."""
+    for j in range(rlat.size):
+        rlat[j] = lat[j]
+    for j in range(rfpar.size):
+        rfpar[j] = fpar[j]
+    key = state[S_STEP_NOISE]
+    rlat[L_KEY_HI] = float(key >> np.uint64(32))
+    rlat[L_KEY_LO] = float(key & np.uint64(0xFFFFFFFF))
+    if lat[L_RUN] == 0.0:
+        return
+    over = fpar[F_TTFT_OVERHEAD]
+    for j in range(N_CAL):
+        z = _run_normal(state)
+        for i in range(j, N_CAL):
+            c = lat[L_CHOL + i * N_CAL + j]
+            if i == 0:
+                rlat[L_BASE] += c * z
+            elif i == 1:
+                rlat[L_DECODE_SCALE] += c * z
+            elif i == 2:
+                rlat[L_DECODE_ALPHA] += c * z
+            elif i == 3:
+                rlat[L_PREFILL] += c * z
+            else:
+                over += c * z
+    speed = math.exp(lat[L_SPEED_MU] + lat[L_SPEED_SD] * _run_normal(state))
+    pf = math.exp(lat[L_PREFILL_MU] + lat[L_PREFILL_SD] * _run_normal(state))
+    over += lat[L_OVERHEAD_SD] * _run_normal(state)
+    rlat[L_BASE] = max(rlat[L_BASE], 1e-9) * speed
+    rlat[L_DECODE_SCALE] = max(rlat[L_DECODE_SCALE], 0.0) * speed
+    rlat[L_DECODE_ALPHA] = max(rlat[L_DECODE_ALPHA], 1e-3)
+    rlat[L_PREFILL] = max(rlat[L_PREFILL], 0.0) * speed * pf
+    rlat[L_CTX] = rlat[L_CTX] * speed
+    rlat[L_SWAP] = rlat[L_SWAP] * speed
+    rfpar[F_TTFT_OVERHEAD] = max(over, 0.0)
 
 
 @njit_noalloc
@@ -66,7 +183,18 @@ def _context_slope(lat):
 
 @njit_noalloc(inline="llvm")
 def _constant_in_step(lat):
-    """Whether a stretch's decode steps all last the same (no context term):
-    then its clock may take many steps at once, and its KV integral needs no
-    second moment."""
-    return lat[L_CTX] == 0.0
+    """Whether a stretch's decode steps all last the same (no context term,
+    no per-step noise): then its clock may take many steps at once, its KV
+    integral needs no second moment, and the inter-token gaps of pure decode
+    steps are recorded by batch size."""
+    return lat[L_CTX] == 0.0 and lat[L_NOISE] == 0.0
+
+
+@njit_noalloc(inline="llvm")
+def _closed_forms(lat):
+    """Whether a run of pure decode steps has closed forms (the stretch, in
+    `stretch`): yes for a deterministic model and for per-run effects (a
+    run's steps are then a deterministic function of its batches); no with
+    per-step noise, where each step has a duration of its own and the engine
+    takes the steps one by one."""
+    return lat[L_NOISE] == 0.0

@@ -68,7 +68,23 @@ L_DECODE_ALPHA = 2   # decode_alpha
 L_PREFILL = 3        # prefill_per_token_s
 L_CTX = 4            # ctx_per_token_s
 L_SWAP = 5           # swap_s_per_block
-N_LAT = 6
+# the noise of the step time (`latency`; `_latency.StepNoise`): all 0.0 for a deterministic model
+L_NOISE = 6          # 1.0: per-step jitter and stalls (the stretch's closed forms do not apply)
+L_JITTER_SD = 7      # sd of the log of a step's multiplicative jitter
+L_JITTER_SHIFT = 8   # the log-mean of the jitter, -sd^2 / 2 (its mean is 1)
+L_STALL_PROB = 9     # probability that a step stalls
+L_STALL_MEAN = 10    # mean of a stall's (exponential) duration, seconds
+L_KEY_HI = 11        # the replication's step-noise key, as two 32-bit halves (written per replication)
+L_KEY_LO = 12
+L_RUN = 13           # 1.0: per-run effects drawn once per replication (`latency._draw_run_latency`)
+L_SPEED_MU = 14      # the log of the per-run speed factor ~ N(mu, sd^2), multiplying every step term
+L_SPEED_SD = 15
+L_PREFILL_MU = 16    # the log of the per-run prefill factor ~ N(mu, sd^2), multiplying the prefill term
+L_PREFILL_SD = 17
+L_OVERHEAD_SD = 18   # sd of the per-run client overhead (normal about ttft_overhead_s, at least 0)
+L_CHOL = 19          # 5 x 5 lower Cholesky factor (row-major) of the covariance of
+N_CAL = 5            # (base_s, decode_scale_s, decode_alpha, prefill_per_token_s, ttft_overhead_s)
+N_LAT = L_CHOL + N_CAL * N_CAL
 
 # --- named codes, shared by Python (`fastsim/_replicate.py`) and the kernel ---
 # ipar[I_POLICY]: the waiting queue's order
@@ -119,7 +135,9 @@ S_USERS = 7           # multi-user arrivals: user count and per-user request cou
 S_PREDICT = 8         # SJF key prediction errors (a stream of its own: the other draws do not change)
 S_PREFIX_GROUP = 9    # prefix group of each request
 S_PREFIX_LEN = 10     # prefix length of each request
-N_STREAMS = 11
+S_RUN_EFFECTS = 11    # per-run latency effects: speed, prefill and overhead levels, calibration draw
+S_STEP_NOISE = 12     # per-step jitter and stalls: a key, drawn by step counter (`latency._step_noise`)
+N_STREAMS = 13
 
 
 # --- per-replication output row -------------------------------------------------

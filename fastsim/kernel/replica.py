@@ -57,7 +57,8 @@ from .accounting import _account_step, _gap_add
 from .arrivals import _abandon, _arrivals_during_step, _ingest
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
-from .latency import _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs, _step_time
+from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs,
+                      _step_time)
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
@@ -211,7 +212,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free, reserved, n_run, n_oth, S, sph, n_itl, n_held = _end_fast_step(
                         req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
                         lat, bs, bsh, n_held, full)
-                    mode = MODE_STRETCH
+                    # (per-step noise: no closed forms, the next step is taken as a step)
+                    mode = MODE_STRETCH if _closed_forms(lat) else MODE_BETWEEN_STEPS
                 else:
                     free, reserved, n_run, rl, n_oth, n_itl, n_held = _end_slow_step(
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
@@ -256,7 +258,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4])
                 mode = MODE_FAST_STEP
                 n_in_queue = n_wait
             else:
@@ -266,7 +268,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                  n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
                                          pending_swap, bs, bsh, jmax, full)
                 rl = n_run
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
             if not ran:   # only preemptions happened, or (async) only held requests run
@@ -757,7 +759,7 @@ def _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserv
     admissible = n_wait > 0 and (n_run < ipar[I_MAX_NUM_SEQS] or ipar[I_HAS_DELAY] == 1)
     if n_d == 0 or nb > free or t >= we or admissible:
         return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
-    d = _step_time(lat, rec.dec_cost, n_d, 0, dstate[1] + n_d * (S + 1), 0)
+    d = _step_time(lat, rec.dec_cost, n_d, 0, dstate[1] + n_d * (S + 1), 0, acc5[4])
     t_end = t + d
     if t_end > t_stop:
         return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
