@@ -31,10 +31,10 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      FL_STALENESS, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING,
                      LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, _COL)
 from .metrics import _reduce
-from .replica import MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, _hand, \
-    _simulate
+from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
+                      STEP_NO_STRETCH, _hand, _simulate)
 from .rng import _seed_streams
-from .router import _live_state, _needs_state, _route
+from .router import _live_state, _needs_state, _reads_kv, _route
 from .workspace import (N_RF, N_RI, RF_STEP_END, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WF_SCRATCH, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
@@ -57,8 +57,8 @@ def _call(fb, r, n, fpar, lat, full, t, what):
 
 
 @njit_noalloc
-def _advance(fb, r, n, fpar, lat, full, t):
-    """Advance replica ``r`` to ``t``; a call that could change nothing (a
+def _advance(fb, r, n, fpar, lat, full, t, what):
+    """Advance replica ``r`` to ``t`` (``what``: `_simulate`'s); a call that could change nothing (a
     step in flight beyond ``t``, or nothing known left to do) is skipped."""
     wi, wf = fb.wi[r], fb.wf[r]
     ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
@@ -67,7 +67,7 @@ def _advance(fb, r, n, fpar, lat, full, t):
         return 0
     if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
         return 0
-    return _call(fb, r, n, fpar, lat, full, t, STEP_ADVANCE)
+    return _call(fb, r, n, fpar, lat, full, t, what)
 
 
 @njit_noalloc
@@ -85,11 +85,11 @@ def _observe(fb, r, nblk):
 
 
 @njit_noalloc
-def _look(fb, nrep, n, fpar, lat, full, t, nblk):
+def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
     """Every replica advanced to ``t`` and observed; returns the first
     negative code of `_simulate`, else 0."""
     for r in range(nrep):
-        rc = _advance(fb, r, n, fpar, lat, full, t)
+        rc = _advance(fb, r, n, fpar, lat, full, t, what)
         if rc < 0:
             return rc
         _observe(fb, r, nblk)
@@ -143,7 +143,9 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
         fb.table[g] = -1
     _seed_streams(key0, key1, rep, fb.rstate)
     stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
-    reads = _needs_state(router)
+    reads = _needs_state(router) and nrep > 1
+    # a router that reads the KV cache sees it at the arrival: no stretch across it
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
     live = stale == 0.0 or _live_state(router)
     k_scrape = 0
     for i in range(n):
@@ -154,11 +156,11 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
                 fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if reads:
             if live:
-                rc = _look(fb, nrep, n, fpar, lat, full, t, nblk)
+                rc = _look(fb, nrep, n, fpar, lat, full, t, nblk, what)
             else:
                 rc = 0
                 while rc == 0 and k_scrape * stale <= t:   # every scrape up to t, in turn
-                    rc = _look(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk)
+                    rc = _look(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk, what)
                     k_scrape += 1
             if rc < 0:
                 return rc

@@ -116,7 +116,10 @@ def engine_variant(ipar):
 # What a call of `_simulate` does (``what``): bits; a whole run is all three.
 # `STEP_EMPTY` with `STEP_INIT`: set up with no request known, the ``n``
 # requests given being only the bound on the ones `_hand` will hand it.
-STEP_INIT, STEP_ADVANCE, STEP_FINISH, STEP_EMPTY = 1, 2, 4, 8
+# `STEP_NO_STRETCH` with `STEP_ADVANCE`: run pure decode steps one by one (the
+# same requests' times), so that a pause leaves the KV cache as it is at
+# ``t_stop`` (a router that reads it), not at the start of a stretch.
+STEP_INIT, STEP_ADVANCE, STEP_FINISH, STEP_EMPTY, STEP_NO_STRETCH = 1, 2, 4, 8, 16
 WHOLE_RUN = STEP_INIT | STEP_ADVANCE | STEP_FINISH
 
 
@@ -215,6 +218,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, full)
                     mode = MODE_BETWEEN_STEPS
                 t = t_end
+            if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
+                mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
                 paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
                     n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,

@@ -143,3 +143,10 @@ def _live_state(code):
     """Whether the router reads state it keeps itself, never stale: least
     outstanding counts what it sent and what came back."""
     return code == ROUTER_LEAST_OUTSTANDING
+
+
+@njit_noalloc
+def _reads_kv(code):
+    """Whether the router reads the replicas' KV cache (which grows inside a
+    stretch of pure decode steps: the replicas then run step by step)."""
+    return code == ROUTER_LEAST_KV
