@@ -32,10 +32,10 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, _COL)
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
-                      STEP_NO_STRETCH, _hand, _simulate)
+                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
 from .router import _live_state, _needs_state, _reads_kv, _route
-from .workspace import (N_RF, N_RI, RF_STEP_END, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
+from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WF_SCRATCH, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
 
@@ -65,6 +65,8 @@ def _advance(fb, r, n, fpar, lat, full, t, what):
     mode = ri[RI_MODE]
     if (mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP) and rf[RF_STEP_END] > t:
         return 0
+    if mode == MODE_STRETCH and rf[RF_STRETCH_END] > t and what & STEP_NO_STRETCH == 0:
+        return 0   # (the stretch it waits at would be planned again, and not taken)
     if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
         return 0
     return _call(fb, r, n, fpar, lat, full, t, what)
@@ -127,11 +129,15 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     """
     warmup = ipar[I_WARMUP]
     nblk = ipar[I_NUM_GPU_BLOCKS]
+    # set up empty: the fleet's stream bounds what a replica may be handed (its layout, one scan)
+    _state_dims(n, output, pgrp, plen, ipar, fb.wi[0])
+    w0 = fb.wi[0]
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
-        ri = fb.rs_i
-        # set up empty: the fleet's stream bounds what it may be handed (its layout)
+        w = fb.wi[r]
+        for j in range(RI_DIM_CAP, RI_DIM_JMAX + 1):
+            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
         rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
                        fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
         if rc < 0:

@@ -23,7 +23,8 @@ from .layout import I_NUM_REQUESTS, N_COLUMNS, N_STREAMS
 from .workload import _draw_workload
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_STATUS, Stream, _ws_need)
-from .replica import STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RUN, _hand, _simulate, engine_variant
+from .replica import (STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RUN, _hand, _simulate, _state_dims,
+                      engine_variant)
 from .metrics import _reduce
 
 # The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
@@ -313,6 +314,8 @@ class Replica:
         self.wf = np.zeros(need_f)
         # the replica's scalars: the last segment of each layout (`workspace`)
         self.ri, self.rf = self.wi[need_i - N_RI:], self.wf[need_f - N_RF:]
+        if empty:
+            _state_dims(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar, self.wi)
         rc = self._call(0.0, STEP_INIT | (STEP_EMPTY if empty else 0))
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")

@@ -73,7 +73,7 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims,
-                        _ws_sizes, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX)
+                        _ws_sizes, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
 # caching: the options only the full engine has (`_simulate`'s ``full``).
@@ -224,7 +224,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5 = _stretches(
                     n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
                     n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, full)
-                if paused:
+                if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
+                    rf[RF_STRETCH_END] = paused
                     break
                 mode = MODE_BETWEEN_STEPS
                 continue
@@ -285,11 +286,24 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 def _layout_dims(n, output, pgrp, plen, ipar, wi, what):
     """The layout's dimensions (`workspace._ws_dims`): read off the requests
     when the replica is set up, else kept in its scalars (the last ``N_RI``
-    entries of ``wi``), so that resuming it scans no requests."""
-    if what & STEP_INIT:
+    entries of ``wi``), so that resuming it scans no requests; set up with
+    `STEP_EMPTY`, as `_state_dims` stated them there (a fleet's replicas
+    share one scan)."""
+    if (what & STEP_INIT) != 0 and (what & STEP_EMPTY) == 0:
         return _ws_dims(n, output, pgrp, plen, ipar)
-    ri = wi[wi.size - N_RI:]
+    ri = wi[wi.size - N_RI:]   # (`STEP_EMPTY`: the caller stated them, `_state_dims`)
     return ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX]
+
+
+@njit_noalloc(entry=True)
+def _state_dims(n, output, pgrp, plen, ipar, wi):
+    """State the layout's dimensions for requests ``0..n-1`` in the scalars
+    of the workspace ``wi`` (exactly `workspace._ws_need`'s size) before a
+    `STEP_INIT` | `STEP_EMPTY` call (or copy them from one that has them)."""
+    ri = wi[wi.size - N_RI:]
+    ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX] = _ws_dims(
+        n, output, pgrp, plen, ipar)
+    return 0
 
 
 @njit_noalloc
@@ -603,7 +617,8 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
     completion, with nobody waiting and no arrival yet, the next stretch
     follows at once. (Not with active priority preemption and a waiting
     request: phase 0.) A stretch that would end after ``t_stop`` is not
-    taken: the first value returned is then True (paused)."""
+    taken: the first value returned is then the time it would end (paused;
+    else 0.0)."""
     if full is None:
         prio_preempt = False
     else:
@@ -628,7 +643,7 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         if kk == 0:
             break
         if t_end > t_stop:
-            return True, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+            return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
         a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
         in_sys = n_run + n_wait
         nm_d = dstate[2]
@@ -682,7 +697,7 @@ def _stretches(n, req, batch, dec, rec, ipar, lat, t, t_stop, free, reserved, n_
         free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
         if t >= next_a:
             break   # an arrival to ingest first
-    return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
+    return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5
 
 
 # ------------------------------------------------------------------------------
@@ -1117,6 +1132,7 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
     i = ri[RI_N_KNOWN]
     if i >= n:
         return -1
+    wf[wf.size - N_RF + RF_STRETCH_END] = -np.inf   # (a stretch planned may now end at this arrival)
     if i > 0 and a < arrival[i - 1]:
         return -3
     arrival[i], prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i] = a, p, o, c, q, grp, lp

@@ -60,7 +60,9 @@ WF_SCRATCH = 3
  RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
  RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX,
  N_RI) = range(25)
-(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, N_RF) = range(8)
+# ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
+# time that stretch would end (no request comes or goes before it).
+(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_STRETCH_END, N_RF) = range(9)
 
 
 @njit_noalloc
