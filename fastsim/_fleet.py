@@ -97,7 +97,9 @@ class _FleetWorker:
 
     def buffers(self, n, need_i, need_f):
         if self.fb is None or self.size[0] < n or self.size[1] < need_i or self.size[2] < need_f:
-            self.size = (max(n, self.size[0]), max(need_i, self.size[1]), max(need_f, self.size[2]))
+            # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
+            # each regrowth faults in the pages of fresh replica rows
+            self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
             self._wi = np.empty(self.nrep * self.size[1], np.int64)
             self._wf = np.empty(self.nrep * self.size[2])
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
