@@ -27,7 +27,8 @@ from ._stats import ConfidenceInterval
 from ._sweep import SweepResult, sweep
 from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
-from ._fleet import Fleet, FleetCapacityResult, fleet_capacity
+from ._fleet import Fleet
+from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)
 

@@ -902,7 +902,7 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
         from ._fleet import run_fleet
 
-        return run_fleet(scenario, packed, k0, k1, rep0, nrep, n_threads)
+        return run_fleet(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
     out = np.empty((nrep, K.N_COLUMNS))
     if backend == "reference":
         from ._reference_metrics import run_reference_replications

@@ -189,11 +189,12 @@ C_WINDOW = _COL["window_s"]
 
 
 @njit_noalloc(entry=True)
-def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, fb, wm_i, wm_f, row, balance):
+def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row, balance):
     """The fleet's metrics row (`metrics._reduce` over every request of the
     fleet, from its replicas' results gathered in the workspace ``wm_i``/
     ``wm_f`` of the stream) and its load balance (`layout.FLEET_COLUMNS`)
-    into ``balance``."""
+    into ``balance``. ``lag``: the routing latency, during which a request
+    is in the fleet and in no replica."""
     swap = ipar[I_SWAP] == 1
     macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
     for j in range(N_ACC):
@@ -217,6 +218,9 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, fb, wm_i, wm_f, row, bal
             wm_f[o_wv + m + e] = wf[o_wv + e]
         m += k
     macc[A_N_ITL] = m
+    if lag > 0.0:   # requests in transit are in the system (Little's law over the fleet)
+        for i in range(n):
+            macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
     for i in range(n):
         r, j = fb.owner[i], fb.local[i]
         wi, wf = fb.wi[r], fb.wf[r]
@@ -301,7 +305,8 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
-    _reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(nrep), fb, wm_i, wm_f, row, balance)
+    _reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
+                  wm_i, wm_f, row, balance)
     return _per_request(n, wm_i, wm_f)[:3] + _gather(fb, n) + (fb.owner.copy(), row, balance)
 
 
