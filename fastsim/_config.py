@@ -745,6 +745,9 @@ class Scenario:
         within these limits (all completed requests count if neither is set).
     name : str, optional
         A label used in tables.
+    fleet : Fleet, optional
+        Several replicas of this server behind a router (`fastsim.Fleet`);
+        the workload is then the fleet's. None: one replica.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -753,11 +756,17 @@ class Scenario:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     name: str | None = None
+    fleet: object = None
 
     def __post_init__(self):
         for name, cls in (("engine", EngineConfig), ("workload", Workload), ("latency", LatencyModel)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        if self.fleet is not None:
+            from ._fleet import Fleet
+
+            if not isinstance(self.fleet, Fleet):
+                raise ValueError(f"fleet must be None or a fastsim.Fleet, got {self.fleet!r}")
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,

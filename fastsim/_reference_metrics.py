@@ -119,10 +119,16 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
         from tqdm.auto import tqdm
 
         rows = tqdm(rows, desc="reference replications", unit="rep", leave=False)
+    from dataclasses import replace
+
+    from ._reference_noise import run_latency
+
     for j in rows:
         a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, *K.scenario_arrays(p, lat=False))
-        res = simulate_reference(a, pr, o, c, scenario.engine, scenario.latency,
+        # the replication's latency: its per-run effects and step noise (none when deterministic)
+        run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
+        res = simulate_reference(a, pr, o, c, scenario.engine, run,
                                  horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
-                                 prefix_len=plen)
-        row = reference_row(res, a, o, scenario, prompt=pr)
+                                 prefix_len=plen, step_noise=steps)
+        row = reference_row(res, a, o, replace(scenario, latency=run), prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

@@ -184,9 +184,17 @@ def pack_scenario(scenario: Scenario) -> dict:
         prio_val = np.asarray(w.priorities, dtype=np.int64)
         prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
         prio_cdf[-1] = 1.0
-    return dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
-                lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
-                prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
+    packed = dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
+                  lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
+                  prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
+    f = scenario.fleet
+    if f is not None:   # the fleet's record (`kernel.layout.FL_*`), router and size
+        fleet = np.zeros(K.N_FLEET)
+        fleet[K.FL_STALENESS] = f.router_staleness_s
+        fleet[K.FL_LATENCY] = f.routing_latency_s
+        fleet[K.FL_LOAD_CAP] = f.prefix_load_cap
+        packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.replicas)
+    return packed
 
 
 def as_seed_sequence(seed) -> np.random.SeedSequence:
@@ -730,6 +738,16 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         raise ValueError("backend='cuda' does not simulate a stochastic latency model (latency.noise); use "
                          "backend='numba', or latency.deterministic()")
     _check_backend(backend)
+    if scenario.fleet is not None and backend != "numba":
+        raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
+    if scenario.fleet is not None and scenario.engine.async_scheduling:
+        raise NotImplementedError("fleets with async_scheduling=True are not implemented yet (the reference "
+                                  "fleet that checks the kernel's lacks it); set async_scheduling=False")
+    noise = scenario.latency.noise
+    if scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
+        raise NotImplementedError("fleets with per-step noise (StepNoise jitter_sd or stall_prob) are not "
+                                  "implemented yet (the per-run effects are: a replication's replicas share "
+                                  "them); set jitter_sd=0 and stall_prob=0")
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
     confidence_level = check_confidence_level(confidence_level)
@@ -758,6 +776,8 @@ def _check_replicate_memory(scenario, n_replications, backend, n_threads):
     before anything is allocated: ValueError naming the parameter."""
     from . import _memory
 
+    if scenario.fleet is not None:
+        return   # (a fleet's replicas touch only the pages of the requests they get)
     if backend == "numba":
         _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), "replicate")
         return
@@ -956,13 +976,15 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
 def _make_result(scenario, data, ids, confidence_level, seed, backend, precision, elapsed_s, interrupted=False):
     """A ReplicateResult from the kernel's rows (``ids``: their replication numbers, None for 0..n-1)."""
     # One frame from typed columns (14 astype assignments cost ~1 ms a call).
+    columns = K.COLUMNS + (K.FLEET_COLUMNS if scenario.fleet is not None else ())
     per_rep = pd.DataFrame({c: data[:, j].astype(np.int64) if c in _INT_COLUMNS else data[:, j]
-                            for j, c in enumerate(K.COLUMNS)}, index=None if ids is None else pd.Index(ids))
+                            for j, c in enumerate(columns)}, index=None if ids is None else pd.Index(ids))
     if ids is not None:
         per_rep = per_rep.sort_index()
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
                            seed=seed, backend=backend, precision=precision, elapsed_s=elapsed_s,
+                           metrics=K.METRICS + (K.FLEET_COLUMNS if scenario.fleet is not None else ()),
                            interrupted=interrupted)
 
 
@@ -1062,6 +1084,10 @@ def _run_threads(work, chunks, n_threads, stop, bar):
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
+    if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
+        from ._fleet import run_fleet
+
+        return run_fleet(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
     out = np.empty((nrep, K.N_COLUMNS))
     if backend == "reference":
         from ._reference_metrics import run_reference_replications

@@ -126,3 +126,33 @@ def test_pausing_at_the_same_time_again_does_nothing():
     rep.advance_until(3.3)
     rep.advance_until(1.0)   # (an earlier time: nothing to do)
     assert np.array_equal(wi, rep.wi) and np.array_equal(wf, rep.wf, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_requests_handed_one_at_a_time_give_the_bits_of_one_run(name):
+    """A replica set up with no request known (`STEP_EMPTY`, the stream
+    only bounding the requests), advanced to each arrival and handed that
+    request there (`replica._hand`, as a router does), gives the per-request
+    results and the metrics row of one whole run of the stream."""
+    for rep in range(3):
+        stream, p = _stream(CASES[name], rep)
+        whole = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])
+        rep_ = K.drivers.Replica(*stream, p["ipar"], p["fpar"], p["lat"], empty=True)
+        assert int(rep_.ri[K.workspace.RI_N_KNOWN]) == 0
+        assert rep_.advance_until(1.0) == "idle"   # nothing known yet
+        for i in range(stream[0].size):
+            rep_.advance_until(stream[0][i])
+            assert rep_.hand(*(col[i] for col in stream)) == i
+        rep_.advance_until(np.inf)
+        _same(rep_.finish(), whole)
+
+
+def test_a_full_or_out_of_order_hand_is_refused():
+    stream, p = _stream(CASES["stretches"], 0)
+    rep = K.drivers.Replica(*(c[:2] for c in stream), p["ipar"], p["fpar"], p["lat"], empty=True)
+    rep.hand(*(c[1] for c in stream))
+    with pytest.raises(RuntimeError, match="-3 out of order"):
+        rep.hand(*(c[0] for c in stream))
+    rep.hand(*(c[1] for c in stream))
+    with pytest.raises(RuntimeError, match="-1 full"):
+        rep.hand(*(c[1] for c in stream))

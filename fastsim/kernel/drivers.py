@@ -25,7 +25,8 @@ from .rng import _seed_streams
 from .workload import _draw_workload, _trace_window
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
                         WI_STATUS, Stream, _ws_need)
-from .replica import STEP_ADVANCE, STEP_FINISH, STEP_INIT, WHOLE_RUN, _simulate, engine_variant
+from .replica import (STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RUN, _hand, _simulate, _state_dims,
+                      engine_variant)
 from .metrics import _reduce
 
 # The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
@@ -327,9 +328,13 @@ class Replica:
         The request stream, sorted by arrival (`draw_workload`'s columns).
     ipar, fpar, lat : ndarray
         The parameter records (`_replicate.pack_scenario`).
+    empty : bool
+        Start with no request known: the stream only bounds the requests
+        that `hand` will hand it (as a router does), and the arrays are
+        filled as they are handed.
     """
 
-    def __init__(self, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
+    def __init__(self, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, empty=False):
         arrival = np.array(arrival, dtype=np.float64)
         ints = [np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen)]
         self.stream = Stream(arrival, *ints)
@@ -341,7 +346,9 @@ class Replica:
         self.wf = np.zeros(need_f)
         # the replica's scalars: the last segment of each layout (`workspace`)
         self.ri, self.rf = self.wi[need_i - N_RI:], self.wf[need_f - N_RF:]
-        rc = self._call(0.0, STEP_INIT)
+        if empty:
+            _state_dims(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar, self.wi)
+        rc = self._call(0.0, STEP_INIT | (STEP_EMPTY if empty else 0))
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")
         self.finished = False
@@ -358,6 +365,17 @@ class Replica:
             raise RuntimeError("the replica is finished")
         rc = self._call(float(t), STEP_ADVANCE)
         return ("paused", "idle", "done")[rc]
+
+    def hand(self, arrival, prompt, output, prio=0, sjfk=0, pgrp=-1, plen=0):
+        """Hand it one more request (`replica._hand`), arriving at or after
+        the time it was last advanced to; return its index."""
+        if self.finished:
+            raise RuntimeError("the replica is finished")
+        i = _hand(self.n, *self.stream, *self.params[:2], self.wi, self.wf, self.full, np.float64(arrival),
+                  *(np.int64(x) for x in (prompt, output, prio, sjfk, pgrp, plen)))
+        if i < 0:
+            raise RuntimeError(f"the request could not be handed (code {i}: -1 full, -3 out of order)")
+        return int(i)
 
     @property
     def clock(self):

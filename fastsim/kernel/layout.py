@@ -197,3 +197,28 @@ A_QUERY_TOK = 11    # ... and their prompt tokens
 A_MAX_SWAP = 12     # most blocks held in CPU swap space
 N_ACC = 13
 N_HIST = 256       # buckets of the histogram that narrows percentile searches (`_percentiles`)
+
+
+# --- fleets of replicas behind a router (`router`, `cluster`) -----------------
+# The router's random stream: keyed as the workload's streams are, after them
+# (so that a fleet's requests are the ones one replica would get).
+S_ROUTE = N_STREAMS
+# The routing policies (`router._route`), by the names `fastsim.Fleet` takes.
+(ROUTER_RANDOM, ROUTER_ROUND_ROBIN, ROUTER_LEAST_OUTSTANDING, ROUTER_VLLM_DP, ROUTER_JSQ, ROUTER_POWER_OF_TWO,
+ ROUTER_LEAST_KV, ROUTER_PREFIX_AFFINITY, ROUTER_SESSION_AFFINITY) = range(9)
+ROUTER_CODES = {"random": ROUTER_RANDOM, "round_robin": ROUTER_ROUND_ROBIN,
+                "least_outstanding": ROUTER_LEAST_OUTSTANDING, "vllm_dp": ROUTER_VLLM_DP, "jsq": ROUTER_JSQ,
+                "power_of_two": ROUTER_POWER_OF_TWO, "least_kv": ROUTER_LEAST_KV,
+                "prefix_affinity": ROUTER_PREFIX_AFFINITY, "session_affinity": ROUTER_SESSION_AFFINITY}
+# The fleet's float record ``fleet``: how stale the state the router sees is
+# (its scrape period; 0: live), the routing latency added to each arrival,
+# and prefix affinity's load cap (requests above the least loaded replica).
+FL_STALENESS, FL_LATENCY, FL_LOAD_CAP = 0, 1, 2
+N_FLEET = 3
+# A replica's state as the router sees it (`router.LOAD_*`, a row per replica).
+LOAD_IN_SYSTEM, LOAD_WAITING, LOAD_RUNNING, LOAD_KV = 0, 1, 2, 3
+N_LOAD = 4
+# The fleet's columns after `COLUMNS`: load balance across replicas.
+FLEET_COLUMNS = ("requests_per_replica_cv", "requests_per_replica_max_ratio",
+                 "kv_utilization_spread", "queue_depth_spread")
+N_FLEET_COLUMNS = len(FLEET_COLUMNS)

@@ -75,8 +75,8 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED,
-                        Stream, _carve, _ws_dims,
-                        _ws_sizes)
+                        Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD,
+                        RI_DIM_NITL, RI_DIM_JMAX, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
 # caching: the options only the full engine has (`_simulate`'s ``full``).
@@ -117,7 +117,12 @@ def engine_variant(ipar):
 # Entries
 
 # What a call of `_simulate` does (``what``): bits; a whole run is all three.
-STEP_INIT, STEP_ADVANCE, STEP_FINISH = 1, 2, 4
+# `STEP_EMPTY` with `STEP_INIT`: set up with no request known, the ``n``
+# requests given being only the bound on the ones `_hand` will hand it.
+# `STEP_NO_STRETCH` with `STEP_ADVANCE`: run pure decode steps one by one (the
+# same requests' times), so that a pause leaves the KV cache as it is at
+# ``t_stop`` (a router that reads it), not at the start of a stretch.
+STEP_INIT, STEP_ADVANCE, STEP_FINISH, STEP_EMPTY, STEP_NO_STRETCH = 1, 2, 4, 8, 16
 WHOLE_RUN = STEP_INIT | STEP_ADVANCE | STEP_FINISH
 
 
@@ -130,16 +135,20 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     Parameters
     ----------
     n : int
-        The number of requests.
+        The number of requests (the replica's capacity with `STEP_EMPTY`).
     arrival, prompt, output, prio, sjfk, pgrp, plen : 1-D arrays
         Each request's arrival time, prompt and output lengths, priority
         class, SJF key, prefix group (-1: none) and prefix length
-        (`workload._draw_workload` fills them), sorted by arrival.
+        (`workload._draw_workload` fills them), sorted by arrival; with
+        `STEP_EMPTY`, requests that bound the ones to be handed (the
+        layout's dimensions are read off them), and afterwards the arrays
+        `_hand` fills.
     ipar, fpar, lat : 1-D arrays
         The integer, float and latency parameter records (`layout`).
     wi, wf : 1-D int64 and float64 arrays
         The workspace, at least `workspace._ws_need` entries; between calls
-        it holds the replica.
+        it holds the replica (a call without `STEP_INIT` finds its scalars,
+        and the layout's dimensions, at the end: exactly that many).
     full : None or int
         The compiled engine (`engine_variant`).
     t_stop : float
@@ -147,8 +156,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         the end); a step that starts before it and ends after it is left in
         flight.
     what : int
-        `STEP_INIT` (`_init_replica`), `STEP_ADVANCE`, `STEP_FINISH`
-        (`_finish_replica`), or their sum; `WHOLE_RUN` for a replication.
+        `STEP_INIT` (`_init_replica`; with `STEP_EMPTY`, no request known),
+        `STEP_ADVANCE`, `STEP_FINISH` (`_finish_replica`), or their sum;
+        `WHOLE_RUN` for a replication.
 
     Returns
     -------
@@ -166,15 +176,18 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if full is None and _needs_full_engine(ipar):
         return -2
     bs = ipar[I_BLOCK_SIZE]
-    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, output, pgrp, plen, ipar)
+    cap, ncnt, nheld, nitl, jmax = _layout_dims(n, output, pgrp, plen, ipar, wi, what)
     need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
-    if need_i > wi.size or need_f > wf.size:
+    if need_i > wi.size or need_f > wf.size or (what & STEP_INIT == 0 and (need_i, need_f) != (wi.size, wf.size)):
         return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
     req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
     bsh = _log2_exact(bs)
     if what & STEP_INIT:
-        _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full)
+        _init_replica(n, 0 if what & STEP_EMPTY else n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat,
+                      full)
+        sc.ri[RI_DIM_CAP], sc.ri[RI_DIM_NCNT], sc.ri[RI_DIM_NHELD] = cap, ncnt, nheld
+        sc.ri[RI_DIM_NITL], sc.ri[RI_DIM_JMAX] = nitl, jmax
     if full is None:
         caching = False
     else:
@@ -183,6 +196,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     rc = 0
     if what & STEP_ADVANCE:
         ri, rf = sc.ri, sc.rf
+        n = ri[RI_N_KNOWN]   # (the loop sees the requests handed so far)
         # the scalar state in locals for the loop (registers), stored back at the end
         nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
         rl, n_oth = ri[RI_RUN_LEN], ri[RI_N_OTHERS]
@@ -221,13 +235,16 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     mode = MODE_BETWEEN_STEPS
                 t_vis = t   # (async: the next step was scheduled when this one started)
                 t = t_end
+            if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
+                mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
                 if n_held == 0:
                     (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
                      t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
                                          n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
                                          n_held, t_vis, full)
-                    if paused:
+                    if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
+                        rf[RF_STRETCH_END] = paused
                         break
                 mode = MODE_BETWEEN_STEPS
                 continue
@@ -308,23 +325,49 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 req, batch.zl, sc.ri[RI_N_HELD], cache, ipar, sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN],
                 sc.ri[RI_N_WAIT], jmax, caching)
             sc.ri[RI_N_HELD] = 0
-        return _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
+        return _finish_replica(sc.ri[RI_N_KNOWN], req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     return rc
 
 
 @njit_noalloc
-def _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full):
-    """Set up a replica for the first ``n`` requests of ``req`` in the
-    workspace's views (`workspace._carve`)."""
-    _init_requests(n, req, ipar, fpar)
+def _layout_dims(n, output, pgrp, plen, ipar, wi, what):
+    """The layout's dimensions (`workspace._ws_dims`): read off the requests
+    when the replica is set up, else kept in its scalars (the last ``N_RI``
+    entries of ``wi``), so that resuming it scans no requests; set up with
+    `STEP_EMPTY`, as `_state_dims` stated them there (a fleet's replicas
+    share one scan)."""
+    if (what & STEP_INIT) != 0 and (what & STEP_EMPTY) == 0:
+        return _ws_dims(n, output, pgrp, plen, ipar)
+    ri = wi[wi.size - N_RI:]   # (`STEP_EMPTY`: the caller stated them, `_state_dims`)
+    return ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX]
+
+
+@njit_noalloc(entry=True)
+def _state_dims(n, output, pgrp, plen, ipar, wi):
+    """State the layout's dimensions for requests ``0..n-1`` in the scalars
+    of the workspace ``wi`` (exactly `workspace._ws_need`'s size) before a
+    `STEP_INIT` | `STEP_EMPTY` call (or copy them from one that has them)."""
+    ri = wi[wi.size - N_RI:]
+    ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX] = _ws_dims(
+        n, output, pgrp, plen, ipar)
+    return 0
+
+
+@njit_noalloc
+def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full):
+    """Set up a replica for the first ``known`` of the ``n`` requests of
+    ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
+    the others."""
+    _init_requests(known, req, ipar, fpar)
     if full is not None:
-        _init_full_engine(n, req, swap, cache, ipar, dec.ph.size)
+        _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
     for j in range(N_RF):
         sc.rf[j] = 0.0
     sc.ri[RI_FREE] = ipar[I_NUM_GPU_BLOCKS]
+    sc.ri[RI_N_KNOWN] = known
     warmup = ipar[I_WARMUP]
     # Measurement window start: the run's start (time 0, when a benchmark
     # client starts its clock) without warm-up, else the first measured arrival.
@@ -630,7 +673,8 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     completion, with nobody waiting and no arrival yet, the next stretch
     follows at once. (Not with active priority preemption and a waiting
     request: phase 0.) A stretch that would end after ``t_stop`` is not
-    taken: the first value returned is then True (paused).
+    taken: the first value returned is then the time it would end (paused;
+    else 0.0).
 
     With async scheduling (`pipeline`), the step after a stretch is one that
     vLLM schedules before it sees the stretch's completions or an arrival
@@ -662,7 +706,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if kk == 0:
             break
         if t_end > t_stop:
-            return True, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+            return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
         if async_on:
             t_vis = t   # (no arrival came before the stretch's last step started)
         a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
@@ -736,7 +780,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
         if t >= next_a:
             break   # an arrival to ingest first
-    return False, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+    return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
 
 
 @njit_noalloc(inline="llvm")
@@ -1190,3 +1234,63 @@ def _end_static_batch(req, run, n_run, t_end):
         r = run[jj]
         req.status[r] = ST_COMPLETED
         req.finish_t[r] = t_end
+
+
+# ------------------------------------------------------------------------------
+# Handing a request to a paused replica (a router's dispatch)
+
+@njit_noalloc(entry=True)
+def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf, full,
+          a, p, o, c, q, grp, lp):
+    """Hand one request to a paused replica: it becomes request
+    ``RI_N_KNOWN`` of the stream arrays (capacity ``n``), set up as
+    `_init_replica` sets up a known one. O(1): the layout's dimensions are
+    the replica's (`_layout_dims`), its workspace exactly `_ws_need`'s size.
+
+    Parameters
+    ----------
+    n, arrival .. plen, ipar, fpar, wi, wf, full : as `_simulate`'s
+        The replica, set up with `STEP_INIT` and `STEP_EMPTY` (or with
+        room left), paused at a time at or before ``a``.
+    a, p, o, c, q, grp, lp : float, int
+        The request: arrival time (not before the last one handed), prompt
+        and output lengths, priority class, SJF key, prefix group (-1: none),
+        prefix length.
+
+    Returns
+    -------
+    int
+        Its index in the replica's stream, or -1 if the replica is full,
+        -3 if ``a`` precedes the last request's arrival.
+    """
+    ri = wi[wi.size - N_RI:]
+    i = ri[RI_N_KNOWN]
+    if i >= n:
+        return -1
+    wf[wf.size - N_RF + RF_STRETCH_END] = -np.inf   # (a stretch planned may now end at this arrival)
+    if i > 0 and a < arrival[i - 1]:
+        return -3
+    arrival[i], prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i] = a, p, o, c, q, grp, lp
+    bs = ipar[I_BLOCK_SIZE]
+    dims = (n, bs, ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL])
+    stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
+    req, _batch, _dec, swap, cache, _rec, _sc = _carve(stream, dims, wi, wf)
+    req.status[i] = ST_PENDING
+    req.k[i], req.g[i], req.blocks[i], req.npre[i], req.sched[i], req.ever[i] = 0, 0, 0, 0, 0, 0
+    req.first_t[i], req.last_t[i], req.finish_t[i] = np.nan, np.nan, np.nan
+    policy = ipar[I_POLICY]
+    has_aging = ipar[I_HAS_AGING] == 1
+    if policy != POLICY_FCFS or has_aging or ipar[I_PRIO_PREEMPT] == 1:   # (as `_init_requests`)
+        req.key[i] = float(c) if policy == POLICY_PRIORITY else float(q)
+        if has_aging:
+            req.key[i] = req.key[i] + a / fpar[F_AGING]
+    if full is not None:   # (as `_init_full_engine`)
+        swap.nswap[i], cache.ctok[i], swap.swapped_s[i] = 0, 0, 0.0
+        swap.skey[i] = req.key[i] if policy != POLICY_FCFS else float(i)
+        cache.fpre[i] = lp // bs if ipar[I_CACHING] == 1 and grp >= 0 else 0
+        if i == 0:
+            cache.hoff[0] = 0
+        cache.hoff[i + 1] = cache.hoff[i] + cache.fpre[i]
+        cache.private[i], cache.nent[i] = 0, 0
+    ri[RI_N_KNOWN] = i + 1
+    return i

@@ -53,10 +53,17 @@ WF_SCRATCH = 3
 
 # A replica's scalar state between two calls (`replica.advance_until`):
 # ``wi[WI_SCALARS]`` and ``wf[WF_SCALARS]``.
+# ``RI_N_KNOWN``: the requests handed to it so far (all ``n`` for a whole
+# run; `replica._hand` adds one); ``RI_DIM_*``: the layout's dimensions
+# (`_ws_dims`), read once when it is set up and kept here, so that a call
+# that resumes it carves its workspace without a scan of the requests.
 (RI_NEXT_ARRIVAL, RI_NEXT_DROP, RI_N_RUN, RI_RUN_LEN, RI_N_OTHERS, RI_FAST_STEPS, RI_PHASE,
  RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
- RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, N_RI) = range(20)
-(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, N_RF) = range(9)
+ RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL,
+ RI_DIM_JMAX, N_RI) = range(26)
+# ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
+# time that stretch would end (no request comes or goes before it).
+(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
 
 
 @njit_noalloc

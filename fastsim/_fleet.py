@@ -1,0 +1,154 @@
+"""Fleets: several replicas of one server behind a router (`Fleet`), run by
+`replicate`/`compare`/`sweep`/`capacity` like one replica (`run_fleet`,
+the compiled `kernel.cluster`). Fleet sizing: `fastsim._fleet_capacity`.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernel as K
+from .kernel import cluster
+from ._validation import check_float, check_int
+
+__all__ = ["Fleet", "run_fleet"]
+
+ROUTERS = tuple(K.ROUTER_CODES)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Identical replicas of the scenario's server behind a router.
+
+    Parameters
+    ----------
+    replicas : int
+        How many replicas (>= 1); each has the scenario's ``engine`` and
+        ``latency``, and the scenario's ``workload`` is the fleet's (its
+        ``arrival_rate`` the fleet's rate).
+    router : str
+        ``"random"``, ``"round_robin"``, ``"least_outstanding"`` (fewest
+        requests the router sent that have not come back; never stale),
+        ``"vllm_dp"`` (vLLM's data-parallel score ``4 * waiting + running``),
+        ``"jsq"`` (join the shortest queue: fewest waiting + running, as
+        the replica reports), ``"power_of_two"`` (the shorter of two drawn
+        at random), ``"least_kv"`` (least KV cache in use),
+        ``"prefix_affinity"`` (a prefix group's requests to the replica
+        that had it last, unless its load exceeds the least loaded's by more
+        than ``prefix_load_cap``) or ``"session_affinity"`` (a prefix group,
+        one conversation, stays on one replica). Ties: the lowest replica.
+    router_staleness_s : float
+        The router sees the replicas' state as of its last scrape, every
+        ``router_staleness_s`` seconds (0: live state). ``least_outstanding``
+        counts itself and is never stale.
+    routing_latency_s : float
+        Added to every request's arrival at its replica (and so to its TTFT
+        and end-to-end latency, measured from the fleet's arrival).
+    prefix_load_cap : int
+        ``prefix_affinity``'s load cap (requests above the least loaded).
+    gpu_hour_price : float, optional
+        Price of one replica-hour (per-GPU-hour times GPUs per replica), a
+        user input: `fleet_capacity` reports the cost of its answer.
+    """
+
+    replicas: int = 1
+    router: str = "jsq"
+    router_staleness_s: float = 0.0
+    routing_latency_s: float = 0.0
+    prefix_load_cap: int = 4
+    gpu_hour_price: float | None = None
+
+    def __post_init__(self):
+        if isinstance(self.replicas, (list, tuple)):
+            raise ValueError("replicas must be an int >= 1 (identical replicas); a list of deployments "
+                             "(a mixed fleet) is not supported yet")
+        object.__setattr__(self, "replicas", check_int("replicas", self.replicas, low=1))
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        object.__setattr__(self, "router_staleness_s",
+                           check_float("router_staleness_s", self.router_staleness_s, low=0))
+        object.__setattr__(self, "routing_latency_s", check_float("routing_latency_s", self.routing_latency_s,
+                                                                  low=0))
+        object.__setattr__(self, "prefix_load_cap", check_int("prefix_load_cap", self.prefix_load_cap, low=0))
+        object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
+                                                               optional=True))
+
+
+
+class _FleetWorker:
+    """One thread's buffers: the fleet stream and the replicas' rows, grown
+    when a replication needs more (rows are views of exactly `_ws_need`'s size)."""
+
+    def __init__(self, num_requests, nrep, ngroups):
+        self.buf = K.ChunkBuffers(num_requests)
+        self.nrep, self.ngroups = nrep, ngroups
+        self.size = (-1, -1, -1)
+        self.fb = None
+        self.wm = None
+
+    def buffers(self, n, need_i, need_f):
+        if self.fb is None or self.size[0] < n or self.size[1] < need_i or self.size[2] < need_f:
+            # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
+            # each regrowth faults in the pages of fresh replica rows
+            self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
+            self._wi = np.empty(self.nrep * self.size[1], np.int64)
+            self._wf = np.empty(self.nrep * self.size[2])
+            self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
+            self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
+        rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)
+        rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * n].reshape(6, self.nrep, n)
+        wi = self._wi[:self.nrep * need_i].reshape(self.nrep, need_i)
+        wf = self._wf[:self.nrep * need_f].reshape(self.nrep, need_f)
+        fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
+        return fb, self.wm[0][:need_i], self.wm[1][:need_f]
+
+
+def _one(worker, rep, k0, k1, packed, fleet, full, out_row, bal_row):
+    arrays = K.scenario_arrays(packed, lat=False)
+    buf = worker.buf
+    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
+    stream = tuple(c[:n] for c in buf.requests)
+    ipar = packed["ipar"]
+    # the replication's latency records: its per-run effects, shared by its replicas
+    lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)
+    need_i, need_f = K._ws_need(np.int64(n), stream[2], stream[5], stream[6], ipar)
+    fb, wm_i, wm_f = worker.buffers(n, need_i, need_f)
+    rc = cluster._simulate_fleet(np.int64(n), *stream, ipar, fpar, lat, packed["fleet"],
+                                   np.int64(packed["router"]), np.int64(fleet.replicas),
+                                   np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
+    if rc < 0:
+        raise RuntimeError(f"the fleet could not be simulated (code {rc})")
+    cluster._reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(fleet.replicas),
+                          packed["fleet"][K.FL_LATENCY], fb, wm_i, wm_f, out_row, bal_row)
+
+
+def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
+    """Rows (``nrep`` x (`COLUMNS` + `FLEET_COLUMNS`)) of replications
+    ``rep0 ..`` of a fleet scenario, on ``threads`` threads (the kernels
+    release the GIL); each replication keyed by its index alone."""
+    fleet = scenario.fleet
+    full = K.engine_variant(packed["ipar"])
+    out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
+    ngroups = int(scenario.workload.prefix_groups or 0)
+    threads = max(1, min(threads, nrep))
+    local = threading.local()
+
+    def work(lo, hi):
+        worker = getattr(local, "worker", None)
+        if worker is None:
+            worker = local.worker = _FleetWorker(scenario.workload.num_requests, fleet.replicas, ngroups)
+        for j in range(lo, hi):
+            _one(worker, rep0 + j, k0, k1, packed, fleet, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
+
+    if threads == 1:
+        work(0, nrep)
+    else:
+        size = -(-nrep // (4 * threads))
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
+                f.result()
+    return out

@@ -1,0 +1,246 @@
+"""A slow, plain-Python reference of a fleet: replicas behind a router.
+
+It checks the compiled fleet (``fastsim/kernel/cluster.py``,
+``kernel/router.py``) bit for bit per request, and shares no simulation code
+with the kernel: each replica is the reference simulator's state
+(`fastsim._reference._Reference`, its operations of the spec reused as
+they are) driven by a loop of its own that can pause at any time and be
+handed requests, and the routers and the router's random numbers
+(SplitMix64) are written again here from ``docs/engine-model.md``,
+"Fleets".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._config import EngineConfig
+from ._latency import LatencyModel
+from ._reference import COMPLETED, UNFINISHED, _Reference, _Request, queue_key
+
+ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
+           "prefix_affinity", "session_affinity")
+
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+class _RouterStream:
+    """The router's SplitMix64 stream: purpose ``purpose`` of the keys (key0,
+    key1, replication), a double in (0, 1) per draw."""
+
+    def __init__(self, key0: int, key1: int, rep: int, purpose: int):
+        base = _mix64(key0 ^ _mix64((rep * _GOLDEN + key1) & _M64))
+        self.state = _mix64((base + (purpose + 1) * 0xD1B54A32D192ED03) & _M64)
+
+    def uniform(self) -> float:
+        self.state = (self.state + _GOLDEN) & _M64
+        return ((_mix64(self.state) >> 11) + 0.5) * 2.0 ** -53
+
+    def index(self, m: int) -> int:
+        return min(int(self.uniform() * m), m - 1)
+
+
+class _PausedReplica(_Reference):
+    """One replica that runs to a time, pauses, and is handed requests
+    (spec: a step is applied only when its end is reached; one that ends
+    later stays in flight)."""
+
+    def __init__(self, engine: EngineConfig, latency: LatencyModel, horizon_s):
+        super().__init__([], engine, latency, horizon_s)
+        self.in_flight = None       # (scheduled, t_end) of the step in flight
+        self.done = False           # the horizon is reached
+        self.handed = 0
+
+    def hand(self, r: _Request) -> None:
+        self.requests.append(r)
+        self.handed += 1
+        if self.horizon is None or r.arrival < self.horizon:
+            self.arrivals.append(r)
+
+    def idle(self) -> bool:
+        return not self.running and len(self.waiting) == 0 and len(self.swapped) == 0
+
+    def advance_until(self, t_stop: float) -> None:
+        """Every step that ends at or before t_stop; a step starts only before t_stop."""
+        static = self.e.scheduler == "static"
+        while not self.done:
+            if self.in_flight is not None:
+                scheduled, t_end = self.in_flight
+                if t_end > t_stop:
+                    return
+                self.in_flight = None
+                self._end_step(scheduled, t_end, static)
+                if self.horizon is not None and self.t >= self.horizon:
+                    self.done = True
+                continue
+            if self.idle():
+                if self.next_arrival >= len(self.arrivals):
+                    return                      # nothing to do until a request is handed
+                a = self.arrivals[self.next_arrival].arrival
+                if a > self.t:
+                    if a >= t_stop:
+                        return
+                    self.t = a                  # idle: time jumps to the next arrival
+            if self.t >= t_stop:
+                return
+            self.ingest_until(self.t, inclusive=True)   # (requests handed at this very instant)
+            self.abandon()
+            if self.idle():
+                continue
+            scheduled = self.schedule_static() if static else self.schedule_continuous()
+            self.check_invariants()
+            if not scheduled:
+                continue
+            n_decode = n_prefill = n_context = 0
+            for r, s in scheduled.items():
+                if s == 1 and r.g >= 1 and r.k == r.P + r.g - 1:
+                    n_decode += 1
+                else:
+                    n_prefill += s
+                n_context += r.k + s
+            d = float(self.latency.step_time(n_decode, n_prefill, n_context, self.pending_swap_blocks))
+            self.pending_swap_blocks = 0
+            self.num_steps += 1
+            self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
+            self.in_flight = (scheduled, self.t + d)
+
+    def _end_step(self, scheduled, t_end, static) -> None:
+        """At t + d: arrivals before it, the step applied, arrivals at it (spec, as `_Reference.run`)."""
+        self.ingest_until(t_end, inclusive=False)
+        for r, s in scheduled.items():
+            if static and r.g == r.O:
+                continue
+            k0 = r.k
+            r.k += s
+            self.register(r, k0)
+            if r.k == r.P + r.g:
+                r.emit(t_end)
+                if r.g == r.O and not static:
+                    self.running.remove(r)
+                    self.leave(r, COMPLETED, t_end)
+        if static and self.running and all(r.g == r.O for r in self.running):
+            for r in self.running:
+                self.leave(r, COMPLETED, t_end)
+            self.running = []
+        self.ingest_until(t_end, inclusive=True)
+        self.t = t_end
+
+    def finish(self) -> None:
+        for q in (self.running, self.waiting, self.swapped):
+            for r in q:
+                r.status = UNFINISHED
+        for r in self.swapped:
+            r.swapped_s += self.t - r.swapped_since
+
+    def view(self):
+        """(in the system, waiting, running, KV blocks not free), as the router sees them."""
+        waiting = len(self.waiting) + len(self.swapped) + self.handed - self.next_arrival
+        running = len(self.running)
+        return waiting + running, waiting, running, self.e.num_gpu_blocks - self.plain_free()
+
+
+def _choose(router, i, grp, views, table, rng, cap):
+    """The replica the router sends request i (prefix group grp) to; ties to the lowest index."""
+    n = len(views)
+    insys = [v[0] for v in views]
+
+    def least(values):
+        return min(range(n), key=lambda r: (values[r], r))
+
+    if router == "random":
+        return rng.index(n)
+    if router == "round_robin":
+        return i % n
+    if router in ("least_outstanding", "jsq"):
+        return least(insys)
+    if router == "vllm_dp":
+        return least([4 * v[1] + v[2] for v in views])
+    if router == "power_of_two":
+        a = rng.index(n)
+        if n == 1:
+            return a
+        b = rng.index(n - 1)
+        b += b >= a
+        return b if insys[b] < insys[a] else a
+    if router == "least_kv":
+        return min(range(n), key=lambda r: (views[r][3], insys[r], r))
+    lo = least(insys)
+    if grp < 0 or grp >= len(table):
+        return lo
+    if router == "prefix_affinity":
+        r = table[grp]
+        if r < 0 or insys[r] > insys[lo] + cap:
+            table[grp] = lo
+            return lo
+        return r
+    if table[grp] < 0:          # session_affinity
+        table[grp] = lo
+    return table[grp]
+
+
+def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig,
+                             latency: LatencyModel, replicas: int, router: str, *, horizon_s=None,
+                             staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
+                             n_groups=None):
+    """Simulate a fleet of ``replicas`` identical replicas behind ``router``
+    over one request stream, slowly and literally.
+
+    Returns a dict of per-request arrays, by the fleet's request index:
+    ``status`` (the reference's codes), ``first_token_s``, ``finish_s``,
+    ``num_preemptions``, ``num_tokens``, ``replica``.
+    """
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+    a = np.asarray(arrival, dtype=np.float64)
+    n = a.size
+    reps = [_PausedReplica(engine, latency, horizon_s) for _ in range(replicas)]
+    rng = _RouterStream(*(int(k) for k in seed_keys), purpose=13)   # (the kernel's S_ROUTE: after its 13 streams)
+    ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
+    table = [-1] * max(ngroups, 1)
+    owner, reqs = [], []
+    k_scrape = 0
+    live = staleness_s == 0.0 or router == "least_outstanding"
+    views = [(0, 0, 0, 0)] * replicas
+    for i in range(n):
+        t = float(a[i])
+        if router not in ("random", "round_robin") and replicas > 1:
+            if live:
+                for rep in reps:
+                    rep.advance_until(t)
+                views = [rep.view() for rep in reps]
+            else:
+                while k_scrape * staleness_s <= t:
+                    for rep in reps:
+                        rep.advance_until(k_scrape * staleness_s)
+                    views = [rep.view() for rep in reps]
+                    k_scrape += 1
+        r = _choose(router, i, int(pgrp[i]), views, table, rng, load_cap)
+        rep = reps[r]
+        j = rep.handed
+        at = t + routing_latency_s
+        req = _Request(idx=j, arrival=at, P=int(prompt[i]), O=int(output[i]), prio=int(prio[i]),
+                       sjf_key=int(sjfk[i]), group=int(pgrp[i]), prefix_len=int(plen[i]),
+                       qkey=queue_key(engine.policy, j, at, int(prio[i]), int(sjfk[i]), engine.priority_aging_s))
+        rep.hand(req)
+        owner.append(r)
+        reqs.append(req)
+    for rep in reps:
+        rep.advance_until(math.inf)
+        rep.finish()
+    return {
+        "status": np.array([r.status for r in reqs], dtype=np.int8),
+        "first_token_s": np.array([r.first_token for r in reqs], dtype=np.float64),
+        "finish_s": np.array([r.finish for r in reqs], dtype=np.float64),
+        "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
+        "num_tokens": np.array([r.g for r in reqs], dtype=np.int64),
+        "replica": np.array(owner, dtype=np.int64),
+    }

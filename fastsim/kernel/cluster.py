@@ -1,0 +1,318 @@
+"""A fleet: replicas of the engine behind a router, in compiled code.
+
+The fleet's requests are one stream (`workload._draw_workload`, at the
+fleet's rate). For each arrival, in order, the router reads the replicas'
+state (`router`): each replica is advanced to the arrival's time (a paused
+replica, `replica._simulate` with ``STEP_ADVANCE``), or, with a stale view
+(``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
+last scrape, the scrapes at multiples of that period; the request is then
+handed (`replica._hand`) to the replica chosen, arriving there after the
+routing latency. Random and round-robin routing read no state, so no
+replica is advanced for them until the end. After the last arrival every
+replica runs to its end. Semantics: ``docs/engine-model.md``, "Fleets".
+
+Replica ``r`` lives in row ``r`` of 2-D workspaces (`FleetBuffers`), each
+row the workspace of a replica able to hold every request of the stream
+(pages of rows a replica never reaches are never touched). Its parameter
+record is row ``r`` of ``rip``: the fleet's, with its warm-up count, which
+is its requests handed before the fleet's first measured request (unknown
+until then: the whole capacity, so that none is measured).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from .._numba_options import njit_noalloc
+from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
+                     A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
+                     FL_STALENESS, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING,
+                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, _COL)
+from .metrics import _reduce
+from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
+                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
+from .rng import _seed_streams
+from .router import _live_state, _needs_state, _reads_kv, _route
+from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
+                        RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WF_SCRATCH, WI_HEAD, WI_NPRE,
+                        WI_NSWAP, WI_STATUS)
+
+#: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
+#: parameter record, stream (arrival; prompt, output, priority, SJF key,
+#: prefix group, prefix length as ``rs_i[0..5, r]``) and workspace; per
+#: request of the fleet its replica and its index there; the router's view
+#: (`layout.LOAD_*`), its prefix-group table and random stream state.
+FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
+                                           "table", "rstate"))
+
+
+@njit_noalloc
+def _call(fb, r, n, fpar, lat, full, t, what):
+    """`_simulate` on replica ``r``."""
+    ri = fb.rs_i
+    return _simulate(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
+                     lat, fb.wi[r], fb.wf[r], full, t, what)
+
+
+@njit_noalloc
+def _advance(fb, r, n, fpar, lat, full, t, what):
+    """Advance replica ``r`` to ``t`` (``what``: `_simulate`'s); a call that could change nothing (a
+    step in flight beyond ``t``, or nothing known left to do) is skipped."""
+    wi, wf = fb.wi[r], fb.wf[r]
+    ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
+    mode = ri[RI_MODE]
+    if (mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP) and rf[RF_STEP_END] > t:
+        return 0
+    if mode == MODE_STRETCH and rf[RF_STRETCH_END] > t and what & STEP_NO_STRETCH == 0:
+        return 0   # (the stretch it waits at would be planned again, and not taken)
+    if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
+        return 0
+    return _call(fb, r, n, fpar, lat, full, t, what)
+
+
+@njit_noalloc
+def _observe(fb, r, nblk):
+    """Replica ``r``'s state into the router's view: requests in the system
+    (handed and not yet gone), waiting (queued, swapped, or handed and not
+    yet taken in), running, KV blocks not free."""
+    wi = fb.wi[r]
+    ri = wi[wi.size - N_RI:]
+    waiting = ri[RI_N_WAIT] + ri[RI_N_SWAPPED] + ri[RI_N_KNOWN] - ri[RI_NEXT_ARRIVAL]
+    fb.load[r, LOAD_WAITING] = waiting
+    fb.load[r, LOAD_RUNNING] = ri[RI_N_RUN]
+    fb.load[r, LOAD_IN_SYSTEM] = waiting + ri[RI_N_RUN]
+    fb.load[r, LOAD_KV] = nblk - ri[RI_FREE]
+
+
+@njit_noalloc
+def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
+    """Every replica advanced to ``t`` and observed; returns the first
+    negative code of `_simulate`, else 0."""
+    for r in range(nrep):
+        rc = _advance(fb, r, n, fpar, lat, full, t, what)
+        if rc < 0:
+            return rc
+        _observe(fb, r, nblk)
+    return 0
+
+
+@njit_noalloc(entry=True)
+def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
+                    key0, key1, rep, fb, full):
+    """Run a fleet of ``nrep`` replicas behind the router ``router`` over
+    the requests ``0..n-1`` of the fleet's stream, to the end.
+
+    Parameters
+    ----------
+    n, arrival, prompt, output, prio, sjfk, pgrp, plen : int, 1-D arrays
+        The fleet's requests (`workload._draw_workload`), sorted by arrival.
+    ipar, fpar, lat : 1-D arrays
+        The parameter records of every replica (`layout`).
+    fleet : 1-D float array
+        The fleet's record (`layout.FL_*`).
+    router, nrep : int
+        The routing policy (`layout.ROUTER_*`) and the number of replicas.
+    key0, key1, rep : int
+        The router's random stream: keyed as replication ``rep``'s workload.
+    fb : FleetBuffers
+        The replicas and the router's memory (`fleet_buffers`); each
+        replica's workspace exactly `workspace._ws_need` of the stream.
+    full : None or int
+        The compiled engine (`replica.engine_variant`).
+
+    Returns
+    -------
+    int
+        0, or the first negative code of `replica._simulate` or `_hand`.
+    """
+    warmup = ipar[I_WARMUP]
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    # set up empty: the fleet's stream bounds what a replica may be handed (its layout, one scan)
+    _state_dims(n, output, pgrp, plen, ipar, fb.wi[0])
+    w0 = fb.wi[0]
+    for r in range(nrep):
+        for j in range(N_IPAR):
+            fb.rip[r, j] = ipar[j]
+        w = fb.wi[r]
+        for j in range(RI_DIM_CAP, RI_DIM_JMAX + 1):
+            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
+                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
+        if rc < 0:
+            return rc
+        fb.rip[r, I_WARMUP] = n if warmup > 0 else 0
+        for c in range(fb.load.shape[1]):
+            fb.load[r, c] = 0.0
+    for g in range(fb.table.size):
+        fb.table[g] = -1
+    _seed_streams(key0, key1, rep, fb.rstate)
+    stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
+    reads = _needs_state(router) and nrep > 1
+    # a router that reads the KV cache sees it at the arrival: no stretch across it
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
+    live = stale == 0.0 or _live_state(router)
+    k_scrape = 0
+    for i in range(n):
+        t = arrival[i]
+        if i == warmup and warmup > 0:
+            for r in range(nrep):
+                w = fb.wi[r]
+                fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+        if reads:
+            if live:
+                rc = _look(fb, nrep, n, fpar, lat, full, t, nblk, what)
+            else:
+                rc = 0
+                while rc == 0 and k_scrape * stale <= t:   # every scrape up to t, in turn
+                    rc = _look(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk, what)
+                    k_scrape += 1
+            if rc < 0:
+                return rc
+        r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+        ri = fb.rs_i
+        j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
+                  fb.wi[r], fb.wf[r], full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+        if j < 0:
+            return j
+        fb.owner[i] = r
+        fb.local[i] = j
+    for r in range(nrep):
+        rc = _call(fb, r, n, fpar, lat, full, np.inf, STEP_ADVANCE | STEP_FINISH)
+        if rc < 0:
+            return rc
+    return 0
+
+
+C_WINDOW = _COL["window_s"]
+
+
+@njit_noalloc(entry=True)
+def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row, balance):
+    """The fleet's metrics row (`metrics._reduce` over every request of the
+    fleet, from its replicas' results gathered in the workspace ``wm_i``/
+    ``wm_f`` of the stream) and its load balance (`layout.FLEET_COLUMNS`)
+    into ``balance``. ``lag``: the routing latency, during which a request
+    is in the fleet and in no replica."""
+    swap = ipar[I_SWAP] == 1
+    macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
+    for j in range(N_ACC):
+        macc[j] = 0.0
+    o_wv = (WF_HEAD + WF_SCRATCH) * n + N_ACC
+    o_ww = WI_HEAD * n + N_HIST
+    m = 0
+    for r in range(nrep):
+        wi, wf = fb.wi[r], fb.wf[r]
+        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        for j in (A_OCC_INT, A_KV_INT):
+            macc[j] += acc[j] / nrep   # (means over the replicas)
+        for j in (A_QUEUE_INT, A_L_INT, A_STEPS, A_BLOCKS_END, A_HIT_TOK, A_QUERY_TOK):
+            macc[j] += acc[j]          # (the fleet's totals)
+        for j in (A_MAX_BLOCKS, A_MAX_SWAP, A_END):
+            macc[j] = max(macc[j], acc[j])
+        macc[A_WINDOW_START] = acc[A_WINDOW_START]
+        k = np.int64(acc[A_N_ITL])
+        for e in range(k):
+            wm_i[o_ww + m + e] = wi[o_ww + e]
+            wm_f[o_wv + m + e] = wf[o_wv + e]
+        m += k
+    macc[A_N_ITL] = m
+    if lag > 0.0:   # requests in transit are in the system (Little's law over the fleet)
+        for i in range(n):
+            macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
+    for i in range(n):
+        r, j = fb.owner[i], fb.local[i]
+        wi, wf = fb.wi[r], fb.wf[r]
+        wm_i[WI_STATUS * n + i] = wi[WI_STATUS * n + j]
+        wm_i[WI_NPRE * n + i] = wi[WI_NPRE * n + j]
+        if swap:
+            wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * n + j]
+        wm_f[WF_FIRST * n + i] = wf[WF_FIRST * n + j]
+        wm_f[WF_FINISH * n + i] = wf[WF_FINISH * n + j]
+    _reduce(n, arrival, output, ipar, fpar, wm_i, wm_f, row)
+    _balance(n, nrep, fb, row[C_WINDOW], balance)
+
+
+@njit_noalloc
+def _balance(n, nrep, fb, window, balance):
+    """Spread of the load across replicas: requests handed (coefficient of
+    variation, largest over mean), and the largest minus the smallest
+    replica's mean KV use and mean queue depth over the window."""
+    s = 0.0
+    s2 = 0.0
+    mx = 0.0
+    kv_lo, kv_hi, q_lo, q_hi = np.inf, -np.inf, np.inf, -np.inf
+    for r in range(nrep):
+        wi, wf = fb.wi[r], fb.wf[r]
+        c = float(wi[wi.size - N_RI + RI_N_KNOWN])
+        s += c
+        s2 += c * c
+        mx = max(mx, c)
+        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        kv, q = acc[A_KV_INT], acc[A_QUEUE_INT]
+        kv_lo, kv_hi, q_lo, q_hi = min(kv_lo, kv), max(kv_hi, kv), min(q_lo, q), max(q_hi, q)
+    mean = s / nrep
+    balance[0] = np.sqrt(max(s2 / nrep - mean * mean, 0.0)) / mean if mean > 0 else np.nan
+    balance[1] = mx / mean if mean > 0 else np.nan
+    balance[2] = (kv_hi - kv_lo) / window if window > 0 else np.nan
+    balance[3] = (q_hi - q_lo) / window if window > 0 else np.nan
+
+
+def fleet_buffers(n, nrep, need_i, need_f, ngroups):
+    """The buffers of a fleet of ``nrep`` replicas over streams of at most
+    ``n`` requests (workspaces of ``need_i``/``need_f`` entries each), with
+    a table of ``ngroups`` prefix groups. ``np.empty``: the pages of
+    replica rows a replica never reaches are never touched."""
+    from .layout import N_LOAD, N_STREAMS
+    return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, n)), np.empty((6, nrep, n), np.int64),
+                        np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
+                        np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
+                        np.empty(N_STREAMS + 1, np.uint64))
+
+
+# ------------------------------------------------------------------------------
+# From Python
+
+def _fleet_call_args(stream, ipar, fpar, lat, fleet, router, nrep, key0, key1, rep, fb, full):
+    n = np.int64(stream[0].size)
+    return (n, *stream, ipar, fpar, lat, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
+            np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
+
+
+def _ngroups(pgrp):
+    return int(pgrp.max()) + 1 if pgrp.size else 0
+
+
+def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
+                          key0=0, key1=0, rep=0):
+    """Simulate a fleet over one given request stream; return per-request
+    results (as `drivers.simulate_stream`'s, by the fleet's request index,
+    then the replica of each request), the metrics row and the load-balance
+    row (`layout.FLEET_COLUMNS`)."""
+    from .drivers import _per_request
+    from .layout import N_FLEET_COLUMNS
+    from .replica import engine_variant
+    from .workspace import _ws_need
+    stream = (np.array(arrival, dtype=np.float64),) + tuple(
+        np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
+    n = stream[0].size
+    full = engine_variant(ipar)
+    need_i, need_f = _ws_need(np.int64(n), stream[2], stream[5], stream[6], ipar)
+    fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
+    rc = _simulate_fleet(*_fleet_call_args(stream, ipar, fpar, lat, fleet, router, nrep, key0, key1, rep, fb, full))
+    if rc < 0:
+        raise RuntimeError(f"the fleet could not be simulated (code {rc})")
+    wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
+    row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
+    _reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
+                  wm_i, wm_f, row, balance)
+    return _per_request(n, wm_i, wm_f)[:3] + _gather(fb, n) + (fb.owner.copy(), row, balance)
+
+
+def _gather(fb, n):
+    """(preemptions, tokens) of each fleet request from its replica."""
+    from .workspace import WI_G
+    npre = np.array([fb.wi[r][WI_NPRE * n + j] for r, j in zip(fb.owner, fb.local)], np.int64)
+    g = np.array([fb.wi[r][WI_G * n + j] for r, j in zip(fb.owner, fb.local)], np.int64)
+    return npre, g

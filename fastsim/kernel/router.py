@@ -1,0 +1,152 @@
+"""Routers: which replica of a fleet gets the next request.
+
+Each policy is a small function over the replicas' state as the router sees
+it (``load``: a row per replica, columns `layout.LOAD_*`, filled by
+`cluster`, live or as of the last scrape) and its own memory (``table``:
+prefix group to replica); `_route` picks one by its `layout.ROUTER_*` code,
+so adding a policy touches this module and the code table only. Ties go to
+the lowest replica index (a deterministic rule the reference shares by
+specification, ``docs/engine-model.md``, "Fleets").
+"""
+
+from __future__ import annotations
+
+from .._numba_options import njit_noalloc
+from .layout import (LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, ROUTER_JSQ, ROUTER_LEAST_KV,
+                     ROUTER_LEAST_OUTSTANDING, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ROUTER_RANDOM,
+                     ROUTER_ROUND_ROBIN, ROUTER_SESSION_AFFINITY, ROUTER_VLLM_DP, S_ROUTE)
+from .rng import _uniform
+
+
+@njit_noalloc
+def _pick(state, m):
+    """A uniform index in ``0..m-1`` from the router's stream."""
+    return min(int(_uniform(state, S_ROUTE) * m), m - 1)
+
+
+@njit_noalloc
+def _route_random(state, nrep):
+    """Uniformly at random."""
+    return _pick(state, nrep)
+
+
+@njit_noalloc
+def _route_round_robin(i, nrep):
+    """The fleet's ``i``-th request to replica ``i mod N``."""
+    return i % nrep
+
+
+@njit_noalloc
+def _route_least(load, col, nrep):
+    """The fewest of column ``col`` (requests in the system: least
+    outstanding, join the shortest queue)."""
+    best = 0
+    for r in range(1, nrep):
+        if load[r, col] < load[best, col]:
+            best = r
+    return best
+
+
+@njit_noalloc
+def _route_vllm_dp(load, nrep):
+    """vLLM's data-parallel load score, ``4 * waiting + running``, lowest."""
+    best = 0
+    score = 4 * load[0, LOAD_WAITING] + load[0, LOAD_RUNNING]
+    for r in range(1, nrep):
+        s = 4 * load[r, LOAD_WAITING] + load[r, LOAD_RUNNING]
+        if s < score:
+            best, score = r, s
+    return best
+
+
+@njit_noalloc
+def _route_power_of_two(state, load, nrep):
+    """Two distinct replicas at random, the one with fewer requests in the
+    system (the first drawn on a tie)."""
+    a = _pick(state, nrep)
+    if nrep == 1:
+        return a
+    b = _pick(state, nrep - 1)
+    if b >= a:
+        b += 1
+    return b if load[b, LOAD_IN_SYSTEM] < load[a, LOAD_IN_SYSTEM] else a
+
+
+@njit_noalloc
+def _route_least_kv(load, nrep):
+    """The least KV cache in use (blocks not free), then fewer requests."""
+    best = 0
+    for r in range(1, nrep):
+        if load[r, LOAD_KV] < load[best, LOAD_KV] or (
+                load[r, LOAD_KV] == load[best, LOAD_KV] and load[r, LOAD_IN_SYSTEM] < load[best, LOAD_IN_SYSTEM]):
+            best = r
+    return best
+
+
+@njit_noalloc
+def _route_prefix_affinity(load, table, grp, cap, nrep):
+    """The replica that last got the request's prefix group (whose cache
+    holds its prefix), unless its requests exceed the least loaded
+    replica's by more than ``cap``: then the least loaded, which the group
+    follows from then on. No group: the least loaded."""
+    least = _route_least(load, LOAD_IN_SYSTEM, nrep)
+    if grp < 0 or grp >= table.size:
+        return least
+    r = table[grp]
+    if r < 0 or load[r, LOAD_IN_SYSTEM] > load[least, LOAD_IN_SYSTEM] + cap:
+        table[grp] = least
+        return least
+    return r
+
+
+@njit_noalloc
+def _route_session_affinity(load, table, grp, nrep):
+    """A session (a prefix group: one conversation's shared history) stays
+    on the replica its first request went to, the least loaded then.
+    No group: the least loaded."""
+    if grp < 0 or grp >= table.size:
+        return _route_least(load, LOAD_IN_SYSTEM, nrep)
+    if table[grp] < 0:
+        table[grp] = _route_least(load, LOAD_IN_SYSTEM, nrep)
+    return table[grp]
+
+
+@njit_noalloc
+def _route(code, i, grp, load, table, state, cap, nrep):
+    """The replica (``0..nrep-1``) the router ``code`` sends request ``i``
+    of prefix group ``grp`` to."""
+    if code == ROUTER_RANDOM:
+        return _route_random(state, nrep)
+    if code == ROUTER_ROUND_ROBIN:
+        return _route_round_robin(i, nrep)
+    if code == ROUTER_LEAST_OUTSTANDING or code == ROUTER_JSQ:
+        return _route_least(load, LOAD_IN_SYSTEM, nrep)
+    if code == ROUTER_VLLM_DP:
+        return _route_vllm_dp(load, nrep)
+    if code == ROUTER_POWER_OF_TWO:
+        return _route_power_of_two(state, load, nrep)
+    if code == ROUTER_LEAST_KV:
+        return _route_least_kv(load, nrep)
+    if code == ROUTER_PREFIX_AFFINITY:
+        return _route_prefix_affinity(load, table, grp, cap, nrep)
+    return _route_session_affinity(load, table, grp, nrep)
+
+
+@njit_noalloc
+def _needs_state(code):
+    """Whether the router reads the replicas' state (random and round robin do not)."""
+    return code != ROUTER_RANDOM and code != ROUTER_ROUND_ROBIN
+
+
+@njit_noalloc
+def _live_state(code):
+    """Whether the router reads state it keeps itself, never stale: least
+    outstanding counts what it sent and what came back."""
+    return code == ROUTER_LEAST_OUTSTANDING
+
+
+@njit_noalloc
+def _reads_kv(code):
+    """Whether the router reads the replicas' KV cache (which grows inside a
+    stretch of pure decode steps: the replicas then run step by step)."""
+    return code == ROUTER_LEAST_KV

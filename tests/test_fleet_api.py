@@ -1,0 +1,70 @@
+"""The fleet's Python API: `Fleet` validation, `replicate` of a fleet
+scenario (the metric names of one replica plus the load-balance columns,
+nothing lost, results independent of threads), `fleet_capacity`'s input
+checks."""
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import kernel as K
+
+
+def _sc(router="jsq", replicas=3, **fleet):
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200),
+        workload=fastsim.Workload(arrival_rate=9.0, num_requests=150, prompt_len=fastsim.Uniform(10, 100),
+                                  output_len=fastsim.Uniform(5, 60), warmup_requests=10),
+        fleet=fastsim.Fleet(replicas=replicas, router=router, **fleet))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(replicas=0), "replicas must be"),
+    (dict(replicas=[1, 2]), "replicas must be an int >= 1"),
+    (dict(router="fastest"), "router must be one of random, round_robin"),
+    (dict(router_staleness_s=-1.0), "router_staleness_s"),
+    (dict(routing_latency_s=-0.1), "routing_latency_s"),
+    (dict(prefix_load_cap=-1), "prefix_load_cap"),
+    (dict(gpu_hour_price=-2.0), "gpu_hour_price"),
+])
+def test_a_bad_fleet_is_refused_naming_the_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fastsim.Fleet(**kwargs)
+
+
+def test_a_scenario_takes_only_a_fleet():
+    with pytest.raises(ValueError, match="fleet must be None or a fastsim.Fleet"):
+        fastsim.Scenario(fleet=4)
+
+
+def test_a_fleet_runs_on_the_numba_backend_only():
+    with pytest.raises(ValueError, match="backend must be 'numba' for a fleet"):
+        fastsim.replicate(_sc(), n_replications=2, backend="reference")
+
+
+@pytest.mark.parametrize("router", list(K.ROUTER_CODES))
+def test_replicate_a_fleet(router):
+    sc = _sc(router, router_staleness_s=0.3 if router == "jsq" else 0.0, routing_latency_s=0.002)
+    one = fastsim.replicate(sc, n_replications=12, seed=3, n_threads=1)
+    two = fastsim.replicate(sc, n_replications=12, seed=3, n_threads=2, batch_size=5)
+    pr = one.per_replication
+    assert list(pr.columns[:K.N_COLUMNS]) == list(K.COLUMNS)
+    assert list(pr.columns[K.N_COLUMNS:]) == list(K.FLEET_COLUMNS)
+    assert np.array_equal(pr.to_numpy(), two.per_replication.to_numpy(), equal_nan=True)
+    # nothing lost: every arrival accounted once
+    total = pr[["n_completed", "n_rejected", "n_dropped", "n_unfinished"]].sum(axis=1)
+    assert (pr["n_arrived"] == total).all() and (pr["n_arrived"] == 150).all()
+    assert (pr["blocks_used_at_end"] == 0).all()
+    # Little's law holds for the fleet as a sample-path identity
+    np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9)
+    assert "requests_per_replica_cv" in one.summary().index
+
+
+def test_fleet_capacity_checks_its_inputs():
+    sc = _sc().replace(fleet=None)
+    with pytest.raises(ValueError, match="scenario.fleet must be a fastsim.Fleet"):
+        fastsim.fleet_capacity(sc, {"ttft_p99": 1.0})
+    with pytest.raises(ValueError, match="max_replicas"):
+        fastsim.fleet_capacity(_sc(), {"ttft_p99": 1.0}, max_replicas=0)
+    with pytest.raises(ValueError, match="slo"):
+        fastsim.fleet_capacity(_sc(), {})
