@@ -213,24 +213,24 @@ class LatencyModel:
     def default(cls) -> "LatencyModel":
         """The built-in model: vLLM 0.22 serving Qwen2.5-1.5B-Instruct on one NVIDIA A10G.
 
-        This is the preset ``"a10g-qwen2.5-1.5b"``: a robust fit to the
-        decode-step traces shipped in ``fastsim/data/tpot_traces.json`` (see
-        ``fastsim/data/README.md`` and :meth:`from_tpot_traces`). It reproduces
+        A robust fit to the decode-step traces shipped in
+        ``fastsim/data/tpot_traces.json`` (see ``fastsim/data/README.md`` and
+        :meth:`from_tpot_traces`), with deterministic steps. It reproduces
         the measured mean decode step within 1.3% at batch sizes 1-32. Its
         prefill cost per token is weakly identified by those traces (one
         prompt length) and is an upper bound. It includes the fitted
-        client-side ``ttft_overhead_s``, so that TTFT and E2E are what a
-        ``vllm bench serve`` client measures, and its fitted noise
-        (``noise``: per-step jitter, per-run effects, the calibration's
-        covariance; ``docs/calibration.md``), so that a replication is one
-        plausible benchmark run. :meth:`deterministic_default` is the same
-        calibration without noise (the traces' fit alone, 12.5 ms overhead).
+        client-side ``ttft_overhead_s`` (12.5 ms), so that TTFT and E2E are
+        what a ``vllm bench serve`` client measures. The same calibration
+        with its fitted noise (per-run effects and the calibration's
+        covariance: the bands of a single run, ``docs/calibration.md``) is
+        the preset ``"a10g-qwen2.5-1.5b"``; every backend and fleets take
+        this deterministic one, the noisy one runs on the CPU backend.
         """
-        return cls.preset("a10g-qwen2.5-1.5b")
+        return cls.preset("a10g-qwen2.5-1.5b-deterministic")
 
     @classmethod
     def deterministic_default(cls) -> "LatencyModel":
-        """The A10G preset without noise: ``preset("a10g-qwen2.5-1.5b-deterministic")``."""
+        """The A10G preset without noise: ``preset("a10g-qwen2.5-1.5b-deterministic")``, :meth:`default`."""
         return cls.preset("a10g-qwen2.5-1.5b-deterministic")
 
     @classmethod

@@ -75,8 +75,9 @@ def test_noise_off_is_the_deterministic_model_bit_for_bit():
     pd.testing.assert_frame_equal(r0, r1, check_exact=True)
     det = fastsim.LatencyModel.deterministic_default()
     assert det.noise is None and not det.is_stochastic
-    assert fastsim.LatencyModel.default().deterministic().base_s == det.base_s
-    assert fastsim.LatencyModel.default().is_stochastic
+    noisy = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b")
+    assert noisy.deterministic().base_s == det.base_s
+    assert noisy.is_stochastic and not fastsim.LatencyModel.default().is_stochastic
 
 
 def test_thread_count_and_chunking_do_not_change_noisy_results():
