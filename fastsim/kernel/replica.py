@@ -238,14 +238,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
                 mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
-                if n_held == 0:
-                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
-                     t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                         n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
-                                         n_held, t_vis, full)
-                    if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
-                        rf[RF_STRETCH_END] = paused
-                        break
+                (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                 t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                     n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
+                                     n_held, t_vis, full)
+                if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
+                    rf[RF_STRETCH_END] = paused
+                    break
                 mode = MODE_BETWEEN_STEPS
                 continue
             # -- between steps
@@ -676,15 +675,17 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     taken: the first value returned is then the time it would end (paused;
     else 0.0).
 
-    With async scheduling (`pipeline`), the step after a stretch is one that
-    vLLM schedules before it sees the stretch's completions or an arrival
-    during its last step: a pure decode step (`_lagged_step`), after which
-    the stretches go on, or, once an arrival is seen, the caller takes over
-    (with the visibility time ``t_vis`` returned last)."""
+    With async scheduling (`pipeline`), a stretch goes on to the step after
+    the one during which the next request arrives (vLLM schedules it before
+    it sees the arrival), and the requests that finish at a stretch's end
+    are held through the next stretch's first step (its integrals count
+    them); the visibility time ``t_vis`` is returned last."""
     if full is None:
         prio_preempt = False
+        caching = False
     else:
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
+        caching = ipar[I_CACHING] == 1
     async_on = ipar[I_ASYNC] == 1
     mns = ipar[I_MAX_NUM_SEQS]
     has_delay = ipar[I_HAS_DELAY] == 1
@@ -696,19 +697,37 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         n_d = dstate[0]
         ksum = dstate[1]
         next_a = req.arrival[nxt] if nxt < n else np.inf
+        if n_d == 0:
+            break   # (async: every running request finished, held)
         dp = _decode_step_time(lat, rec.dec_cost, n_d)
         # every running request is a lazy decoder, so the heap is not
         # empty: the stretch ends with the step of the next completion
         d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
         dlt = slope * n_d
-        kk, t_end, nb, s1, s2 = _stretch_steps(t, dec.hk[0] - S, min(next_a, we), dp, slope, n_d, ksum, S,
-                                               dec.ph, sph, bs, free)
+        kmax = dec.hk[0] - S
+        hb = 0   # (async) blocks of the requests held, which leave once the first step is scheduled
+        if n_held > 0:
+            if dec.ph[sph] > free:
+                break
+            for j in range(n_held):
+                hb += req.blocks[batch.zl[j]]
+            if n_wait > 0:
+                kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
+        if async_on:   # an arrival is seen at the schedule after the step it came in
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
+                                                           bs, free + hb, t_vis, next_a)
+        else:
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, min(next_a, we), dp, slope, n_d, ksum, S,
+                                                           dec.ph, sph, bs, free, t, np.inf)
         if kk == 0:
             break
         if t_end > t_stop:
             return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
-        if async_on:
-            t_vis = t   # (no arrival came before the stretch's last step started)
+        n_held0 = n_held
+        if n_held > 0:
+            free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
+                                                              n_run, n_wait, jmax, caching)
+            n_held = 0
         a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
         in_sys = n_run + n_wait
         nm_d = dstate[2]
@@ -716,6 +735,13 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
             # the stretch lies inside the window or outside it
             x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
             used0 = nblk - free
+            if n_held0 > 0:   # its first step: the held requests still in (`pipeline`)
+                a_l += n_held0 * d0
+                if used0 + dec.ph[sph] + hb > a_max:
+                    a_max = used0 + dec.ph[sph] + hb
+                if ws <= t and t_end <= we:
+                    a_occ += d0 * n_held0
+                    a_kv += d0 * hb
             free -= nb
             used = nblk - free
             if used > a_max:
@@ -745,8 +771,10 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 used = nblk - free
                 d = dp + slope * (ksum + n_d * (S + 1))
                 t_end = t + d
+                held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
                 a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                    (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run, n_wait, used, ws, we)
+                    (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
+                    used + (hb if held > 0 else 0), ws, we)
                 if nm_d > 0:
                     n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
                 S += 1
@@ -754,23 +782,13 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 t = t_end
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
         if async_on:
+            t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
+                # finished, held: the next stretch takes them in its first step
                 n_held = _hold_decoders(t, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
-            elif t < next_a:
-                break   # the free blocks or the horizon ended the stretch
-            # the lagged steps: the finished requests held, an arrival not seen yet
-            ok = True
-            while ok and n_held > 0 and t_vis < next_a:
-                (ok, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held,
-                 t_vis) = _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                       n_wait, S, sph, n_itl, acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full)
-            if ok and t_vis < next_a <= t:
-                (ok, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held,
-                 t_vis) = _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                       n_wait, S, sph, n_itl, acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full)
-            if not ok or t_vis >= next_a or n_held > 0:
-                break   # the caller goes on: an arrival to see, or a step it must schedule
-            continue
+                if t_vis < next_a:
+                    continue
+            break   # an arrival to see, the free blocks or the horizon ended the stretch
         # the stretch's last step, as a fast step ends: arrivals during
         # it (they see it before its completions), then completions
         nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t, nxt, n_run, n_wait, reserved,
@@ -781,47 +799,6 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if t >= next_a:
             break   # an arrival to ingest first
     return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
-
-
-@njit_noalloc(inline="llvm")
-def _lagged_step(req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_wait, S, sph, n_itl,
-                 acc5, n_held, t_vis, ws, we, bs, bsh, jmax, full):
-    """Async scheduling: the step at ``t`` after a stretch, in which only the
-    lazy decoders run (the finished requests hold their seats and blocks,
-    and leave once it is scheduled; an arrival is not seen yet): what the
-    fast step would do, without its scheduling loop. Returns False first
-    (nothing done) when it is not such a step, or it ends after ``t_stop``,
-    or it starts at the horizon; then the caller schedules it."""
-    if full is None:
-        caching = False
-    else:
-        caching = ipar[I_CACHING] == 1
-    dstate = dec.dstate
-    n_d = dstate[0]
-    nb = dec.ph[sph]
-    # (a waiting request could be admitted, or give up, at a step's start)
-    admissible = n_wait > 0 and (n_run < ipar[I_MAX_NUM_SEQS] or ipar[I_HAS_DELAY] == 1)
-    if n_d == 0 or nb > free or t >= we or admissible:
-        return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
-    d = _step_time(lat, rec.dec_cost, n_d, 0, dstate[1] + n_d * (S + 1), 0, acc5[4])
-    t_end = t + d
-    if t_end > t_stop:
-        return False, t, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t_vis
-    free -= nb
-    acc5 = _account_step(acc5, t, t_end, d, n_run, n_wait, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
-    if n_held > 0:
-        free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved, n_run,
-                                                          n_wait, jmax, caching)
-        n_held = 0
-    if dstate[2] > 0:
-        if _constant_in_step(lat):
-            rec.gapw[n_d] += dstate[2]
-        else:
-            n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, dstate[2])
-    S += 1
-    sph = sph - 1 if sph > 0 else bs - 1
-    n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, ipar[I_WARMUP], bs, bsh)
-    return True, t_end, free, reserved, n_run, n_wait, S, sph, n_itl, acc5, n_held, t
 
 
 # ------------------------------------------------------------------------------

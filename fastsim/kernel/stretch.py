@@ -40,7 +40,7 @@ def _steps_within(t, dd, j, limit):
 
 
 @njit_noalloc
-def _binade_steps(t, d, jmax, limit):
+def _binade_steps(t, d, jmax, limit, lag_limit):
     """Up to ``jmax`` steps of duration ``d`` from ``t`` at once, with the
     clock the running sum would give, bit for bit: return (steps, clock).
 
@@ -49,7 +49,10 @@ def _binade_steps(t, d, jmax, limit):
     rounding it to the nearest double gives x + D, D = d rounded to a multiple
     of u; so j steps end at t + j * D exactly. Taken: the most steps whose
     sums stay in the binade, that start before ``limit`` (the next arrival
-    or the horizon, as the step loop decides). 0 when none can be taken this way: t = 0
+    or the horizon, as the step loop decides), and whose previous step
+    starts before ``lag_limit`` (async scheduling: an arrival is seen a
+    step later; the caller checked the step before ``t``; ``inf`` without
+    it). 0 when none can be taken this way: t = 0
     (or subnormal), a sum leaving the binade, or a d halfway
     between two multiples of u (a tie, rounded to even: the increment
     alternates)."""
@@ -80,18 +83,25 @@ def _binade_steps(t, d, jmax, limit):
     # (t + i * D is exact for i <= j: a multiple of u, at most the top)
     # the steps that start before the limit (t is before it)
     j = _steps_within(t, dd, j - 1, limit) + 1
+    if lag_limit < np.inf:
+        # step i's previous step starts at t + (i - 1) * D (the caller's, for i = 0)
+        j = min(j, _steps_within(t, dd, j - 1, lag_limit) + 2 if t < lag_limit else 1)
     return j, t + j * dd
 
 
 # Inlined into the engine loop (its one call site), so that the clock and the
 # sums stay in registers.
 @njit_noalloc(inline="llvm")
-def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free):
+def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_prev, lag_limit):
     """The steps of a stretch, at most ``kmax``, that start before ``limit``
     (the next arrival or the horizon, whichever comes first: an arrival
-    during a step does not change the step) and whose new blocks fit in
+    during a step does not change the step), whose previous step starts
+    before ``lag_limit`` (async scheduling: the next arrival, seen when the
+    step after the one it came in is scheduled; ``t_prev``: when the step
+    before ``t`` started; ``inf`` without it) and whose new blocks fit in
     ``free``; return (steps,
-    clock at their end, blocks B they allocate, S1, S2), with S1 and S2 the
+    clock at their end, blocks B they allocate, S1, S2, the start of the
+    last step), with S1 and S2 the
     sums over those steps i = 0, 1, ... of b_i * i and b_i * i * i (S2 only
     with a context term, dlt = c_ctx * n_d != 0, else 0), b_i the blocks step
     i allocates, ph[(sph - i) mod block_size] (`_kv_weight` turns them into
@@ -117,28 +127,31 @@ def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free):
     while True:
         # (no call inside this loop: a call would make LLVM keep t and the
         # sums in memory, which doubles the cost of a step)
-        while kk < lim and t < limit:
+        while kk < lim and t < limit and t_prev < lag_limit:
             c = ph[idx]
             if nb + c > free:
-                return kk, t, nb, s1, s2
+                return kk, t, nb, s1, s2, t_prev
             nb += c
             s1 += float(c * kk)   # (no test of c > 0: a branch mispredicted every few steps)
             if quad:
                 s2 += float(c * kk) * kk
+            t_prev = t
             if c_ctx != 0.0:   # (without a context term it would add 0.0)
                 t = t + (d + c_ctx * (ksum + n_d * (S + kk + 1)))
             else:
                 t = t + d
             kk += 1
             idx = idx - 1 if idx > 0 else bs - 1
-        if kk == kmax or not t < limit:
-            return kk, t, nb, s1, s2
+        if kk == kmax or not t < limit or not t_prev < lag_limit:
+            return kk, t, nb, s1, s2, t_prev
         # many steps at once (a constant duration: no S2)
-        j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)), limit)
+        j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)), limit,
+                               lag_limit)
         if j > 0:
             b, w = _stretch_kv(ph, idx, bs, j, 1.0, 0.0)   # (w: the chunk's own S1)
             nb += b
             s1 += w + float(kk) * b
+            t_prev = t + (j - 1) * ((t_j - t) / j)   # (exact: the binade's steps are multiples of its unit)
             t = t_j
             kk += j
             idx = (idx - j) % bs
