@@ -75,7 +75,7 @@ def _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh):
     return free, reserved, n_run
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _hold_decoders(t, S, dec, req, zl, n_held, warmup, bs, bsh):
     """Async scheduling (`pipeline`): the lazy decoders whose last token came
     at the end of fast step ``S`` (at ``t``) finish, but hold their seats

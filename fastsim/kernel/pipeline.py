@@ -37,7 +37,7 @@ from .layout import ADMISSION_KV_RESERVATION, I_ADMISSION, ST_COMPLETED, ST_RUNN
 from .prefix_cache import _release
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _release_finished(req, zl, nz, cache, ipar, free, reserved, n_run, n_wait, jmax, caching):
     """The next step is scheduled: the requests held by `_hold_finished`
     leave; a held request preempted meanwhile (counted waiting, not queued)

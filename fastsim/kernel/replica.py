@@ -620,7 +620,8 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
     warmup = ipar[I_WARMUP]
     admission = ipar[I_ADMISSION]
     if async_on:
-        n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, warmup, bs, bsh)
+        if dec.hs[0] > 0 and dec.hk[0] == S:   # (a call passes every array of its views: test first)
+            n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, warmup, bs, bsh)
     else:
         free, reserved, n_run = _complete_decoders(t_end, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
     m = 0
