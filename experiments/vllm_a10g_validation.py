@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastsim  # noqa: E402
-from fastsim._calibration import PRESETS  # noqa: E402
+from fastsim._calibration import NOISE_PRESETS  # noqa: E402
 
 SWEEP = ROOT / "experiments" / "data" / "serving_sweep.csv"
 OUT = ROOT / "experiments" / "output"
@@ -94,16 +94,47 @@ REL_ERROR_TARGETS = {"tpot_mean": 0.03, "request_throughput": 0.02, "ttft_mean":
 COVERAGE_METRICS = ("ttft_mean", "ttft_p99", "tpot_mean", "request_throughput")
 COVERAGE_TARGET = 0.90
 
-#: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model).
+#: vLLM 0.22's V1 rules as ``EngineConfig`` switches (``docs/engine-model.md``, "vLLM V1 rules"). The
+#: fourth, prefix caching by block hash, matters here only between runs (distinct prompts, no
+#: preemption): :func:`warm_prefix_cache`.
+V1_RULES = {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True}
+
+#: The A10G preset's fitted client overhead and noise before the V1 refit (synchronous engine, every
+#: run cold; ``experiments/fit_noise.py --rules sync --no-warm``), kept to reproduce the "before" rows.
+BEFORE_FIT = {
+    "ttft_overhead_s": 0.01747249660680036,
+    "noise": {"jitter_sd": 0.0, "stall_prob": 0.0, "stall_mean_s": 0.0,
+              "speed_log_mean": 0.026412098626376085, "speed_sd": 0.010611197473343928,
+              "prefill_log_mean": -0.6009230425382931, "prefill_sd": 0.4784493989059713,
+              "overhead_sd": 0.0024060627570847834},
+}
+
+
+def before_model() -> fastsim.LatencyModel:
+    """The A10G preset as it was fitted with the synchronous engine (:data:`BEFORE_FIT`)."""
+    det = fastsim.LatencyModel.preset(PRESET + "-deterministic")
+    cov = fastsim.LatencyModel.default().noise.calibration_cov    # the traces' fit: unchanged
+    return dataclasses.replace(det, ttft_overhead_s=BEFORE_FIT["ttft_overhead_s"],
+                               noise=fastsim.StepNoise(**BEFORE_FIT["noise"], calibration_cov=cov))
+
+
+#: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model,
+#: V1 rules, warm prefix cache where :func:`warm_prefix_cache` says so, latency fit: "before" =
+#: :func:`before_model`, "after" = ``LatencyModel.default()``, refitted with the V1 rules).
 VARIANTS = {
-    "poisson": (False, False, False),
-    "poisson+overhead": (False, True, False),
-    "vllm": (True, False, False),
-    "vllm+overhead": (True, True, False),
-    "vllm+overhead+ctx": (True, True, True),
+    "poisson": (False, False, False, False, False, "before"),
+    "poisson+overhead": (False, True, False, False, False, "before"),
+    "vllm": (True, False, False, False, False, "before"),
+    "vllm+overhead": (True, True, False, False, False, "before"),
+    "vllm+overhead+ctx": (True, True, True, False, False, "before"),
+    "v1, before fit": (True, True, False, True, False, "before"),
+    "v1": (True, True, False, True, False, "after"),
+    "v1+warm": (True, True, False, True, True, "after"),
 }
 #: The variant the headline table, plot and docs use (chosen on the evidence, see docs/validation.md).
-HEADLINE = "vllm+overhead"
+HEADLINE = "v1+warm"
+#: The synchronous model with the old fit: the "before" of docs/validation.md's table.
+BEFORE = "vllm+overhead"
 #: Sensitivity variant: vllm arrivals + overhead + the traces' own KV-context cost (not a fit to the sweep).
 SENSITIVITY = "vllm+overhead+ctx"
 
@@ -111,16 +142,105 @@ SENSITIVITY = "vllm+overhead+ctx"
 # ------------------------------------------------------------------------------------------
 # Scenarios
 
-def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arrivals: bool) -> fastsim.Scenario:
-    """One sweep row: its server, the 300 replayed requests, no warm-up."""
+def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arrivals: bool, *,
+                 v1: bool = False, warm: bool = False) -> fastsim.Scenario:
+    """One sweep row: its server, the 300 replayed requests, no warm-up.
+
+    ``v1``: vLLM 0.22's V1 rules (:data:`V1_RULES`: async scheduling, the full-input
+    admission gate, the null block; ``num_gpu_blocks`` is then the count vLLM reported).
+    ``warm``: the run finds the prompts of the server's previous run in its prefix cache
+    (:func:`warm_prefix_cache`, :func:`warm_lengths`)."""
     engine = fastsim.EngineConfig(
         max_num_seqs=int(row.max_num_seqs), num_gpu_blocks=int(row.kv_cache_blocks),
         max_num_batched_tokens=int(row.max_num_batched_tokens), block_size=int(row.block_size),
-        max_model_len=int(row.max_model_len))
+        max_model_len=int(row.max_model_len), **(V1_RULES if v1 else {}))
+    lengths = warm_lengths(int(row.block_size)) if warm else fastsim.sharegpt_lengths("replay")
     workload = fastsim.Workload(arrival_rate=float(row.arrival_rate), num_requests=NUM_REQUESTS,
-                                lengths=fastsim.sharegpt_lengths("replay"), warmup_requests=0,
+                                lengths=lengths, warmup_requests=0,
                                 normalize_arrivals=normalize_arrivals)
     return fastsim.Scenario(engine=engine, workload=workload, latency=latency)
+
+
+def run_blocks(block_size: int) -> int:
+    """KV blocks the 300 requests of one run leave behind in vLLM's prefix cache: every
+    request's prompt and output, ``ceil((P + O) / block_size)`` blocks each (vLLM caches
+    full blocks of generated tokens too, and frees a finished request's blocks into the
+    evictable queue)."""
+    lengths = fastsim.sharegpt_lengths("replay")
+    p = lengths.prompt_len[:NUM_REQUESTS].astype(np.int64)
+    o = lengths.output_len[:NUM_REQUESTS].astype(np.int64)
+    return int(np.sum(-(-(p + o) // block_size)))
+
+
+def warm_prefix_cache(row: pd.Series, sweep: pd.DataFrame) -> bool:
+    """Whether this run starts with the previous run's prompts in vLLM's prefix cache.
+
+    The sweep replays the same 300 prompts at every rate, and vLLM 0.22 serves with
+    prefix caching on, so a run on a server that already served the sweep's previous
+    rate finds its prompts cached, **if** the whole previous run's blocks stayed cached:
+    vLLM evicts the least recently freed block first, and a run that replays the same
+    requests in the same order through a cache smaller than one run's blocks evicts
+    each block before it is asked for again (the cyclic LRU pattern: no hit at all).
+    So a row is warm when (1) it is not the first run of its server (assumed: one
+    server per ``gpu_memory_utilization``, rates run in increasing order; the data
+    carry no run order, but the lowest rate's p99 TTFT is the cold one at every gmu)
+    and (2) :func:`run_blocks` fits in the usable blocks (``kv_cache_blocks - 1``).
+    Checked against the reference simulator's prefix caching by block hash on the
+    previous and the current run back to back (``check_warm_model``)."""
+    first = row.arrival_rate == sweep[sweep.gpu_memory_utilization == row.gpu_memory_utilization].arrival_rate.min()
+    return bool(not first and run_blocks(int(row.block_size)) <= int(row.kv_cache_blocks) - 1)
+
+
+def warm_lengths(block_size: int) -> fastsim.LengthTrace:
+    """The replayed lengths as a run with every prompt block cached computes them.
+
+    A new request hits ``floor((P - 1) / block_size)`` cached blocks (vLLM recomputes
+    at least the last prompt token), so it schedules ``P - block_size * floor((P - 1) /
+    block_size)`` prompt tokens (1 to ``block_size``). With the KV cache never binding
+    (at most 15 % used here) and no context cost in the step-time model, a run of these
+    shortened prompts schedules the same tokens in the same steps as vLLM's warm run
+    (``check_warm_model`` compares them request by request); only the KV blocks held
+    differ, by the cached ones."""
+    lengths = fastsim.sharegpt_lengths("replay")
+    p = lengths.prompt_len.astype(np.int64)
+    return fastsim.LengthTrace(p - block_size * ((p - 1) // block_size), lengths.output_len, order="replay")
+
+
+def check_warm_model(row: pd.Series, latency: fastsim.LatencyModel, seed: int, n: int = 60) -> str:
+    """The warm-cache shortcut against the reference simulator's prefix caching by block hash.
+
+    The reference runs the first ``n`` requests of replication 0 twice, back to back
+    (the previous run, then this one, its arrivals shifted past the first run's end),
+    with the V1 rules and ``enable_prefix_caching=True, block_hash_caching=True`` (each
+    request's prompt blocks get their own identities, the same in both runs); the
+    kernel runs the second pass alone with :func:`warm_lengths`. Deterministic steps.
+    Returns a line; raises if the first-token or finish times differ by more than 1e-9 s."""
+    from fastsim._reference import simulate_reference
+
+    det = latency.deterministic()
+    sc = scenario_for(row, det, True, v1=True)
+    req = fastsim.sample_requests(sc, seed=seed, replication=0).iloc[:n]
+    a, p, o = (req[c].to_numpy() for c in ("arrival_s", "prompt_len", "output_len"))
+    bs = int(row.block_size)
+    hashes = [np.arange(-(-int(x) // bs), dtype=np.int64) + 1_000_000 * i for i, x in enumerate(p)]
+    shift = a[-1] + 1000.0                                     # the first run has drained by then
+    a2 = np.concatenate([a, a + shift])
+    eng = dataclasses.replace(sc.engine, enable_prefix_caching=True, block_hash_caching=True)
+    ref = simulate_reference(a2, np.concatenate([p, p]), np.concatenate([o, o]), np.zeros(2 * n, np.int64),
+                             eng, det, block_hashes=hashes + hashes, hash_block_size=bs)
+    hit = np.asarray(ref["cached_tokens"])[n:]
+    warm = warm_lengths(bs)
+    short = pd.DataFrame({"arrival_s": a, "prompt_len": warm.prompt_len[:n], "output_len": o})
+    mine = fastsim.simulate_requests(sc, short)
+    d_first = np.max(np.abs(np.asarray(ref["first_token_s"])[n:] - shift - mine.first_token_s.to_numpy()))
+    d_fin = np.max(np.abs(np.asarray(ref["finish_s"])[n:] - shift - mine.finish_s.to_numpy()))
+    if not (np.array_equal(hit, p - warm.prompt_len[:n]) and max(d_first, d_fin) < 1e-9):
+        raise RuntimeError(f"warm-cache shortcut disagrees with the reference: hits {hit.sum()} vs "
+                           f"{(p - warm.prompt_len[:n]).sum()}, max time difference {max(d_first, d_fin):.3g} s")
+    return (f"warm-cache check (rate {row.arrival_rate:g}, gmu {row.gpu_memory_utilization:g}, first {n} requests): "
+            f"reference with prefix caching by block hash, previous run then this one, hits "
+            f"{int(hit.sum())} prompt tokens, as the shortcut assumes; first-token and finish times agree with "
+            f"the kernel on the shortened prompts to {max(d_first, d_fin):.1e} s")
 
 
 def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
@@ -156,16 +276,15 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
 def latency_models(with_sensitivity: bool) -> dict:
     """Latency model of each variant."""
-    client = fastsim.LatencyModel.default()           # includes the fitted ttft_overhead_s
-    engine = dataclasses.replace(client, ttft_overhead_s=0.0)
+    fits = {"before": before_model(), "after": fastsim.LatencyModel.default()}
     out = {}
     sens = context_sensitivity_model()[0] if with_sensitivity else None
-    for name, (_, overhead, ctx) in VARIANTS.items():
+    for name, (_, overhead, ctx, _, _, fit) in VARIANTS.items():
         if ctx:
             if sens is not None:
                 out[name] = sens
         else:
-            out[name] = client if overhead else engine
+            out[name] = fits[fit] if overhead else dataclasses.replace(fits[fit], ttft_overhead_s=0.0)
     return out
 
 
@@ -433,12 +552,12 @@ def main(argv=None) -> int:
     suffix = "_quick" if args.quick else ""
 
     t0 = time.perf_counter()
-    sweep = pd.read_csv(SWEEP)
+    sweep = full_sweep = pd.read_csv(SWEEP)
     if args.quick:
         sweep = sweep[(sweep.gpu_memory_utilization == 0.3) & sweep.arrival_rate.isin([0.5, 2.0, 5.0, 8.0])]
     lm = fastsim.LatencyModel.default()
     overhead_s = lm.ttft_overhead_s
-    if overhead_s != PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
+    if overhead_s != NOISE_PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
         raise RuntimeError("LatencyModel.default() does not carry the preset's fitted ttft_overhead_s")
     models = latency_models(not args.no_sensitivity)
     print(f"{len(sweep)} sweep rows x {len(models)} variants x {n_rep} replications, seed {args.seed}; "
@@ -453,7 +572,8 @@ def main(argv=None) -> int:
     sim_s = 0.0
     for n_row, (i, row) in enumerate(sweep.iterrows()):
         for var, latency in models.items():
-            sc = scenario_for(row, latency, normalize_arrivals=VARIANTS[var][0])
+            norm, _, _, v1, warm, _ = VARIANTS[var]
+            sc = scenario_for(row, latency, norm, v1=v1, warm=warm and warm_prefix_cache(row, full_sweep))
             res = fastsim.replicate(sc, n_rep, seed=args.seed, n_threads=1, progress=False)
             sim_s += res.elapsed_s
             preds[(i, var)] = res.per_replication[METRIC_NAMES]
