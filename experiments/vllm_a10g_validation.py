@@ -206,41 +206,47 @@ def warm_lengths(block_size: int) -> fastsim.LengthTrace:
     return fastsim.LengthTrace(p - block_size * ((p - 1) // block_size), lengths.output_len, order="replay")
 
 
-def check_warm_model(row: pd.Series, latency: fastsim.LatencyModel, seed: int, n: int = 60) -> str:
+def check_warm_model(row: pd.Series, latency: fastsim.LatencyModel, seed: int, n: int | None = 60) -> str:
     """The warm-cache shortcut against the reference simulator's prefix caching by block hash.
 
-    The reference runs the first ``n`` requests of replication 0 twice, back to back
-    (the previous run, then this one, its arrivals shifted past the first run's end),
-    with the V1 rules and ``enable_prefix_caching=True, block_hash_caching=True`` (each
-    request's prompt blocks get their own identities, the same in both runs); the
-    kernel runs the second pass alone with :func:`warm_lengths`. Deterministic steps.
-    Returns a line; raises if the first-token or finish times differ by more than 1e-9 s."""
+    The reference runs the first ``n`` requests (``None``: all 300) of replication 0 twice,
+    back to back (the server's previous run, then this one, its arrivals shifted past the
+    first run's end), with the V1 rules and ``enable_prefix_caching=True,
+    block_hash_caching=True`` (each prompt's blocks have their own identities, the same in
+    both runs). Where the previous run's blocks fit in the cache (:func:`run_blocks`; always
+    for ``n`` < 300 here) every prompt block is hit and the kernel runs the second pass
+    with :func:`warm_lengths`; where they do not (gmu 0.3 with all 300 requests), LRU
+    eviction must leave no hit and the kernel runs the full prompts. Deterministic steps.
+    Returns a line; raises if the hits or the first-token or finish times differ."""
     from fastsim._reference import simulate_reference
 
     det = latency.deterministic()
     sc = scenario_for(row, det, True, v1=True)
-    req = fastsim.sample_requests(sc, seed=seed, replication=0).iloc[:n]
+    req = fastsim.sample_requests(sc, seed=seed, replication=0)
+    n = len(req) if n is None else n
+    req = req.iloc[:n]
     a, p, o = (req[c].to_numpy() for c in ("arrival_s", "prompt_len", "output_len"))
     bs = int(row.block_size)
     hashes = [np.arange(-(-int(x) // bs), dtype=np.int64) + 1_000_000 * i for i, x in enumerate(p)]
     shift = a[-1] + 1000.0                                     # the first run has drained by then
-    a2 = np.concatenate([a, a + shift])
     eng = dataclasses.replace(sc.engine, enable_prefix_caching=True, block_hash_caching=True)
-    ref = simulate_reference(a2, np.concatenate([p, p]), np.concatenate([o, o]), np.zeros(2 * n, np.int64),
-                             eng, det, block_hashes=hashes + hashes, hash_block_size=bs)
+    ref = simulate_reference(np.concatenate([a, a + shift]), np.concatenate([p, p]), np.concatenate([o, o]),
+                             np.zeros(2 * n, np.int64), eng, det, block_hashes=hashes + hashes, hash_block_size=bs)
     hit = np.asarray(ref["cached_tokens"])[n:]
-    warm = warm_lengths(bs)
-    short = pd.DataFrame({"arrival_s": a, "prompt_len": warm.prompt_len[:n], "output_len": o})
-    mine = fastsim.simulate_requests(sc, short)
-    d_first = np.max(np.abs(np.asarray(ref["first_token_s"])[n:] - shift - mine.first_token_s.to_numpy()))
-    d_fin = np.max(np.abs(np.asarray(ref["finish_s"])[n:] - shift - mine.finish_s.to_numpy()))
-    if not (np.array_equal(hit, p - warm.prompt_len[:n]) and max(d_first, d_fin) < 1e-9):
+    blocks = int(np.sum(-(-(p + o) // bs)))
+    fits = blocks <= eng.usable_gpu_blocks
+    prompts = warm_lengths(bs).prompt_len[:n] if fits else p
+    mine = fastsim.simulate_requests(sc, pd.DataFrame({"arrival_s": a, "prompt_len": prompts, "output_len": o}))
+    diff = max(np.max(np.abs(np.asarray(ref["first_token_s"])[n:] - shift - mine.first_token_s.to_numpy())),
+               np.max(np.abs(np.asarray(ref["finish_s"])[n:] - shift - mine.finish_s.to_numpy())))
+    if not (np.array_equal(hit, p - prompts) and diff < 1e-9):
         raise RuntimeError(f"warm-cache shortcut disagrees with the reference: hits {hit.sum()} vs "
-                           f"{(p - warm.prompt_len[:n]).sum()}, max time difference {max(d_first, d_fin):.3g} s")
-    return (f"warm-cache check (rate {row.arrival_rate:g}, gmu {row.gpu_memory_utilization:g}, first {n} requests): "
-            f"reference with prefix caching by block hash, previous run then this one, hits "
-            f"{int(hit.sum())} prompt tokens, as the shortcut assumes; first-token and finish times agree with "
-            f"the kernel on the shortened prompts to {max(d_first, d_fin):.1e} s")
+                           f"{(p - prompts).sum()}, max time difference {diff:.3g} s")
+    return (f"warm-cache check (rate {row.arrival_rate:g}, gmu {row.gpu_memory_utilization:g}, {n} requests, "
+            f"{blocks} blocks per run vs {eng.usable_gpu_blocks} usable): the reference with prefix caching by "
+            f"block hash, previous run then this one, hits {int(hit.sum())} prompt tokens, as assumed; first-token "
+            f"and finish times agree with the kernel on the {'shortened' if fits else 'full'} prompts to "
+            f"{diff:.1e} s")
 
 
 def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
@@ -258,7 +264,7 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
     from fastsim._calibration import DEFAULT_PROMPT_TOKENS, PACKAGED_TRACES, fit_tpot_traces
 
-    lm = fastsim.LatencyModel.default()
+    lm = before_model()
     d = fit_tpot_traces(PACKAGED_TRACES, fit_prefill=False).diagnostics
     many = d.batch_size >= 2
     c = float(np.median(d.drift_s_per_step[many] / d.batch_size[many]))
@@ -475,11 +481,22 @@ def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm
                      f"{((pb.pred_hi - pb.pred_lo) / pb.pred_mean).mean():.1%}, {head} "
                      f"{((pv.pred_hi - pv.pred_lo) / pv.pred_mean).mean():.2%}")
 
+    lines.append("-- prefix cache between runs: p99 TTFT by gmu (mean over the rows at rates > the lowest, "
+                 "ms): measured; predicted with every run cold (variant v1) and with the warm cache where "
+                 "warm_prefix_cache says so (v1+warm)")
+    p99 = table[(table.metric == "ttft_p99") & (table.arrival_rate > sweep.arrival_rate.min())]
+    for g, d in p99.groupby("gpu_memory_utilization"):
+        cold, warm = d[d.variant == "v1"], d[d.variant == head]
+        lines.append(f"gmu {g:.1f}: measured {cold.measured.mean() * 1e3:5.1f} (range {cold.measured.min() * 1e3:.0f}-"
+                     f"{cold.measured.max() * 1e3:.0f}); cold {cold.pred_mean.mean() * 1e3:5.1f}; "
+                     f"v1+warm {warm.pred_mean.mean() * 1e3:5.1f}; in the v1+warm band {warm.inside_band.sum()} of "
+                     f"{len(warm)}")
     lines.append("-- server-side run-to-run noise: rows at one rate share the arrival sequence and the "
                  "requests, no run preempted and KV is never binding (max predicted KV use below), so the "
-                 "simulator predicts the same value for every gmu; the measured spread across gmu is the "
-                 "real server's own noise, compared with the predicted single-run band width")
-    th = table[table.variant == head]
+                 f"synchronous, all-cold model ({BEFORE}) predicts the same value for every gmu; the measured "
+                 "spread across gmu is the real server's own noise (and its cache state), compared with the "
+                 "predicted single-run band width")
+    th = table[table.variant == BEFORE]
     for m in COVERAGE_METRICS + ("ttft_p50",):
         parts = []
         for rate, g in th[th.metric == m].groupby("arrival_rate"):
@@ -541,6 +558,9 @@ def main(argv=None) -> int:
                     help="4 rows (gmu 0.3 at 0.5, 2, 5, 8 req/s) x 30 replications")
     ap.add_argument("--no-sensitivity", action="store_true",
                     help="skip the context-cost sensitivity variant")
+    ap.add_argument("--check-lru", action="store_true",
+                    help="also check, with the reference simulator (1-2 min), that the smallest cache keeps no "
+                         "prompt of the previous run (LRU eviction)")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="where to write (default experiments/output; --quick adds a _quick suffix)")
     args = ap.parse_args(argv)
@@ -593,6 +613,12 @@ def main(argv=None) -> int:
     if worst > 1e-9:
         raise RuntimeError(f"simulate_requests and replicate() disagree: {max_check}")
     print(shared_streams(sweep, lm, args.seed))
+    warm_rows = [r for _, r in sweep.iterrows() if warm_prefix_cache(r, full_sweep)]
+    if warm_rows:
+        print(check_warm_model(warm_rows[0], lm, args.seed))
+    if args.check_lru:
+        cold = full_sweep[full_sweep.gpu_memory_utilization == full_sweep.gpu_memory_utilization.min()]
+        print(check_warm_model(cold.iloc[len(cold) // 2], lm, args.seed, n=None))
 
     table = compare(sweep, preds)
     summary = summarise(table)
