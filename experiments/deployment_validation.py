@@ -87,7 +87,11 @@ def decode_table():
 
 
 def sweep_table(r_cal, reps):
-    from vllm_a10g_validation import SWEEP, scenario_for
+    """The sweep under vLLM 0.22's V1 rules, warm prefix cache where the server's previous run left
+    the prompts cached (as ``vllm_a10g_validation``'s headline), each deployment's own KV blocks."""
+    import dataclasses
+
+    from vllm_a10g_validation import SWEEP, V1_RULES, scenario_for, warm_prefix_cache
 
     sweep = pd.read_csv(SWEEP)
     preset = fastsim.LatencyModel.default()
@@ -99,8 +103,8 @@ def sweep_table(r_cal, reps):
         lat_cal = r_cal.to_latency_model(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=2048,
                                          max_context=2048, ttft_overhead_s=preset.ttft_overhead_s)
         for name, lat in (("roofline", lat_un), ("roofline+A10G corrections", lat_cal), ("preset", preset)):
-            sc = scenario_for(s, lat, normalize_arrivals=True)
-            sc = sc.replace(engine=dep.engine)
+            sc = scenario_for(s, lat, True, v1=True, warm=warm_prefix_cache(s, sweep))
+            sc = sc.replace(engine=dataclasses.replace(dep.engine, **V1_RULES))
             res = fastsim.replicate(sc, reps, seed=1, n_threads=1, progress=False)
             for m, col in (("tpot_mean", "mean_tpot_s"), ("ttft_mean", "mean_ttft_s"),
                            ("request_throughput", "request_throughput")):
@@ -159,9 +163,12 @@ def block_hashes(token_ids, block_size=16):
 #: synchronous loop (the replay as first reported); "v1": vLLM's V1 rules (async scheduling, the
 #: full-input gate, the null block), caching off; "v1+cache": and prefix caching by block hash on the
 #: prompts' token ids, as vLLM 0.19 served the run (the reference simulator: the kernel has no caching
-#: by block hash yet); "sync+groups": the kernel's prefix-group model (:func:`prefix_groups`).
+#: by block hash yet); "sync+groups": the kernel's prefix-group model (:func:`prefix_groups`);
+#: "v1+cache, vLLM's blocks": "v1+cache" with the block count vLLM reported (``meta.json``), not
+#: ``Deployment``'s.
 RTX_VARIANTS = {"sync": (False, False, "numba"), "sync+groups": (False, "groups", "numba"),
-                "v1": (True, False, "numba"), "v1+cache": (True, "hash", "reference")}
+                "v1": (True, False, "numba"), "v1+cache": (True, "hash", "reference"),
+                "v1+cache, vLLM's blocks": (True, "hash", "reference")}
 
 
 def rtx_replay(variant="v1+cache"):
@@ -178,10 +185,13 @@ def rtx_replay(variant="v1+cache"):
                              enable_prefix_caching=bool(caching))
     engine = dep.engine
     if v1:
-        # vLLM 0.19's resolved config (meta.json): async scheduling on; the gate and the null block are
-        # in its scheduler and block pool as in 0.22. num_gpu_blocks is then the count vLLM reports.
+        # vLLM 0.19's resolved config (meta.json): async_scheduling and scheduler_reserve_full_isl on; its
+        # block pool keeps the null block as 0.22's does. num_gpu_blocks is then the count vLLM reports.
         engine = dataclasses.replace(engine, async_scheduling=True, scheduler_reserve_full_isl=True,
                                      null_block=True, block_hash_caching=caching == "hash")
+    if variant.endswith("vLLM's blocks"):
+        meta = json.loads((RTX / "meta.json").read_text())
+        engine = dataclasses.replace(engine, num_gpu_blocks=int(meta["kv_cache"]["num_gpu_blocks"]))
     reqs = pd.DataFrame({"arrival_s": wl.arrival_time_ns.to_numpy() / 1e9, "prompt_len": wl.input_toks,
                          "output_len": wl.output_toks})
     if caching == "groups":

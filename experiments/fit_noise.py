@@ -27,10 +27,17 @@ Checks: the fitted jitter's residual quantiles against the traces', the stall
 count, and **cross-validation**: fit (3) on half the sweep's arrival rates,
 predict the other half (coverage of the single-run 95 % band), both ways.
 
-Run: ``python experiments/fit_noise.py [--reps N] [--quick]``; prints the fitted
-``StepNoise`` (the literal in ``fastsim/_calibration.py``'s ``NOISE_PRESETS``)
-and writes ``experiments/output/fit_noise*.csv``. Refit after any change that
-moves the A10G predictions (e.g. vLLM V1 async scheduling).
+The sweep's rows are simulated as vLLM 0.22 served them: its V1 rules (async
+scheduling, the full-input gate, the null block) and, for a run whose server
+had served the same prompts in its previous run with room to keep them, a warm
+prefix cache (``vllm_a10g_validation.warm_prefix_cache``); the prefill factor
+comes from the cold runs' p99 TTFT only. ``--rules sync --no-warm`` gives the
+fit as it was made before (synchronous engine, every run cold).
+
+Run: ``python experiments/fit_noise.py [--reps N] [--quick] [--rules v1|sync] [--no-warm]``;
+prints the fitted ``StepNoise`` (the literal in ``fastsim/_calibration.py``'s
+``NOISE_PRESETS``) and writes ``experiments/output/fit_noise*.csv``. Refit after
+any change that moves the A10G predictions.
 """
 
 from __future__ import annotations

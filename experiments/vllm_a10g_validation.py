@@ -21,13 +21,20 @@ benchmark metrics. None has a constant tuned to the sweep:
   ``vllm bench serve`` uses (n exponential gaps summed and rescaled so that the
   last request is sent at exactly ``n / rate``; the throughput window starts at
   t = 0, before the first request);
-* each with (``+overhead``) and without the client-side ``ttft_overhead_s`` of
-  ``LatencyModel.default()`` (12.49 ms, fitted from the TPOT traces' TTFTs:
-  ``fastsim._calibration.PRESETS["a10g-qwen2.5-1.5b"]``), which the package adds
-  to TTFT, E2E and the end of the throughput window (not to TPOT/ITL); "without"
-  is ``dataclasses.replace(LatencyModel.default(), ttft_overhead_s=0.0)``;
+* each with (``+overhead``) and without the client-side ``ttft_overhead_s``, which
+  the package adds to TTFT, E2E and the end of the throughput window (not to
+  TPOT/ITL); these four use the A10G preset as it was fitted with the synchronous
+  engine (:func:`before_model`, ``BEFORE_FIT``: 17.5 ms and its noise), and
+  ``vllm+overhead`` is the "before" of ``docs/validation.md``;
 * ``vllm+overhead+ctx``: a sensitivity check, not a candidate model (see
-  :func:`context_sensitivity_model`).
+  :func:`context_sensitivity_model`);
+* ``v1, before fit``, ``v1``, ``v1+warm``: vLLM 0.22's V1 rules (:data:`V1_RULES`)
+  with the old fit, with ``LatencyModel.default()`` (refitted with those rules by
+  ``experiments/fit_noise.py``), and with that and the warm prefix cache between the
+  sweep's runs where the previous run's blocks stayed cached
+  (:func:`warm_prefix_cache`, :func:`warm_lengths`, checked against the reference
+  simulator's prefix caching by block hash by :func:`check_warm_model`). ``v1+warm``
+  is the headline, the "after".
 
 The kernel's random streams depend only on the seed, the replication index and
 the workload laws, so all rows and variants use common random numbers: rows at
@@ -40,7 +47,7 @@ variant), ``vllm_a10g_validation_diagnostics.csv`` (per-row mechanism
 diagnostics) and ``vllm_a10g_validation.png`` (relative error per metric vs
 arrival rate, headline variant).
 
-Run (full: 32 rows x 5 variants x 200 replications)::
+Run (full: 32 rows x 8 variants x 200 replications, about 2 min on 2 shared cores)::
 
     NUMBA_CACHE_DIR=/tmp/nbcache python experiments/vllm_a10g_validation.py
 
