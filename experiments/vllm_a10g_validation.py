@@ -29,7 +29,7 @@ benchmark metrics. None has a constant tuned to the sweep:
 * ``vllm+overhead+ctx``: a sensitivity check, not a candidate model (see
   :func:`context_sensitivity_model`);
 * ``v1, before fit``, ``v1``, ``v1+warm``: vLLM 0.22's V1 rules (:data:`V1_RULES`)
-  with the old fit, with ``LatencyModel.default()`` (refitted with those rules by
+  with the old fit, with the A10G preset by name, ``LatencyModel.preset("a10g-qwen2.5-1.5b")`` (refitted with those rules by
   ``experiments/fit_noise.py``), and with that and the warm prefix cache between the
   sweep's runs where the previous run's blocks stayed cached
   (:func:`warm_prefix_cache`, :func:`warm_lengths`, checked against the reference
@@ -120,14 +120,14 @@ BEFORE_FIT = {
 def before_model() -> fastsim.LatencyModel:
     """The A10G preset as it was fitted with the synchronous engine (:data:`BEFORE_FIT`)."""
     det = fastsim.LatencyModel.preset(PRESET + "-deterministic")
-    cov = fastsim.LatencyModel.default().noise.calibration_cov    # the traces' fit: unchanged
+    cov = fastsim.LatencyModel.preset(PRESET).noise.calibration_cov    # the traces' fit: unchanged
     return dataclasses.replace(det, ttft_overhead_s=BEFORE_FIT["ttft_overhead_s"],
                                noise=fastsim.StepNoise(**BEFORE_FIT["noise"], calibration_cov=cov))
 
 
 #: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model,
 #: V1 rules, warm prefix cache where :func:`warm_prefix_cache` says so, latency fit: "before" =
-#: :func:`before_model`, "after" = ``LatencyModel.default()``, refitted with the V1 rules).
+#: :func:`before_model`, "after" = the noisy preset by name, refitted with the V1 rules).
 VARIANTS = {
     "poisson": (False, False, False, False, False, "before"),
     "poisson+overhead": (False, True, False, False, False, "before"),
@@ -289,7 +289,7 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
 def latency_models(with_sensitivity: bool) -> dict:
     """Latency model of each variant."""
-    fits = {"before": before_model(), "after": fastsim.LatencyModel.default()}
+    fits = {"before": before_model(), "after": fastsim.LatencyModel.preset(PRESET)}
     out = {}
     sens = context_sensitivity_model()[0] if with_sensitivity else None
     for name, (_, overhead, ctx, _, _, fit) in VARIANTS.items():
@@ -582,13 +582,13 @@ def main(argv=None) -> int:
     sweep = full_sweep = pd.read_csv(SWEEP)
     if args.quick:
         sweep = sweep[(sweep.gpu_memory_utilization == 0.3) & sweep.arrival_rate.isin([0.5, 2.0, 5.0, 8.0])]
-    lm = fastsim.LatencyModel.default()
+    lm = fastsim.LatencyModel.preset(PRESET)
     overhead_s = lm.ttft_overhead_s
     if overhead_s != NOISE_PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
-        raise RuntimeError("LatencyModel.default() does not carry the preset's fitted ttft_overhead_s")
+        raise RuntimeError("the A10G preset does not carry the's fitted ttft_overhead_s")
     models = latency_models(not args.no_sensitivity)
     print(f"{len(sweep)} sweep rows x {len(models)} variants x {n_rep} replications, seed {args.seed}; "
-          f"LatencyModel.default() = {lm} (fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms)")
+          f"LatencyModel.preset({PRESET!r}) = {lm} (fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms)")
     if SENSITIVITY in models:
         s = models[SENSITIVITY]
         print(f"sensitivity variant {SENSITIVITY!r}: {s} (ctx cost {s.ctx_per_token_s * 1e6:.3f} us/token from "

@@ -7,7 +7,7 @@ deployment_validation.py; docs/validation.md, "Recalibration with vLLM V1's rule
   caching by block hash on the previous and the current run back to back.
 * The traces' TTFT fit is not moved by the V1 rules (an idle server schedules at once).
 * The RTX 4090 replay's block identities: chained, full blocks only.
-* The refitted preset: the V1 rules' fit in ``LatencyModel.default()``, the old fit
+* The refitted preset: the V1 rules' fit in the preset ``"a10g-qwen2.5-1.5b"``, the old fit
   kept in the validation script for the "before" rows.
 """
 
@@ -78,13 +78,13 @@ def test_warm_shortcut_agrees_with_block_hash_caching_in_the_reference(val, swee
     block hash; the kernel runs this one alone with the shortened prompts: equal hits, and
     first-token and finish times within 1e-9 s (the check raises otherwise)."""
     row = next(r for _, r in sweep.iterrows() if val.warm_prefix_cache(r, sweep))
-    line = val.check_warm_model(row, fastsim.LatencyModel.default(), seed=3, n=25)
+    line = val.check_warm_model(row, fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b"), seed=3, n=25)
     assert "as assumed" in line
 
 
 def test_scenario_for_sets_the_v1_rules(val, sweep):
     row = sweep.iloc[9]
-    lm = fastsim.LatencyModel.default()
+    lm = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b")
     sync, v1 = val.scenario_for(row, lm, True), val.scenario_for(row, lm, True, v1=True, warm=True)
     for name in ("async_scheduling", "scheduler_reserve_full_isl", "null_block"):
         assert getattr(v1.engine, name) and not getattr(sync.engine, name)
@@ -117,7 +117,7 @@ def test_rtx_block_hashes_are_chained_full_blocks():
 
 
 def test_preset_carries_the_v1_refit_and_the_script_keeps_the_old_fit(val):
-    lm = fastsim.LatencyModel.default()
+    lm = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b")
     fit = NOISE_PRESETS["a10g-qwen2.5-1.5b"]
     assert lm.ttft_overhead_s == fit["ttft_overhead_s"]
     for k, v in fit["noise"].items():

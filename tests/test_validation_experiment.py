@@ -109,7 +109,7 @@ def test_overhead_shifts_ttft_only(quick_run, script_module):
     model = script_module.before_model()
     over, sd = model.ttft_overhead_s, model.noise.overhead_sd
     assert over == script_module.BEFORE_FIT["ttft_overhead_s"] and sd > 0
-    assert fastsim.LatencyModel.default().ttft_overhead_s == NOISE_PRESETS["a10g-qwen2.5-1.5b"]["ttft_overhead_s"]
+    assert fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b").ttft_overhead_s == NOISE_PRESETS["a10g-qwen2.5-1.5b"]["ttft_overhead_s"]
     for arr in ("poisson", "vllm"):
         for m in ("ttft_mean", "ttft_p50", "ttft_p99"):
             a, b = _pivot(table, arr, m), _pivot(table, arr + "+overhead", m)
@@ -161,7 +161,7 @@ def test_rows_at_one_rate_share_the_arrival_stream(script_module):
     sweep = pd.read_csv(script_module.SWEEP)
     g = sweep[sweep.arrival_rate == 2.0]
     assert g.kv_cache_blocks.nunique() > 1
-    lm = dataclasses.replace(fastsim.LatencyModel.default(), ttft_overhead_s=0.0)
+    lm = dataclasses.replace(fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b"), ttft_overhead_s=0.0)
     streams = [fastsim.sample_requests(script_module.scenario_for(r, lm, True), seed=3, replication=2)
                for _, r in g.iloc[:2].iterrows()]
     np.testing.assert_array_equal(streams[0].arrival_s, streams[1].arrival_s)
