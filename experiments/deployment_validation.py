@@ -11,7 +11,7 @@ against the measured vLLM runs (docs/deployment.md, docs/validation.md).
    mean TPOT, mean TTFT and request throughput, simulated with the
    deployment's engine and (a) the uncalibrated roofline latency, (b) the
    A10G-calibrated roofline (+ the preset's fitted client overhead), (c) the
-   regression preset ``LatencyModel.default()`` for reference.
+   regression preset ``LatencyModel.preset("a10g-qwen2.5-1.5b")`` for reference.
 4. The RTX 4090 / Llama-3.1-8B run (vLLM 0.19, 300 ShareGPT requests at ~10
    req/s): the same arrivals and lengths replayed through the deployment's
    engine and uncalibrated roofline latency, with prefix caching (shared
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 import json
 import sys
 from importlib import resources
@@ -86,10 +87,14 @@ def decode_table():
 
 
 def sweep_table(r_cal, reps):
-    from vllm_a10g_validation import SWEEP, scenario_for
+    """The sweep under vLLM 0.22's V1 rules, warm prefix cache where the server's previous run left
+    the prompts cached (as ``vllm_a10g_validation``'s headline), each deployment's own KV blocks."""
+    import dataclasses
+
+    from vllm_a10g_validation import SWEEP, V1_RULES, scenario_for, warm_prefix_cache
 
     sweep = pd.read_csv(SWEEP)
-    preset = fastsim.LatencyModel.default()
+    preset = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b")   # the noisy preset, by name
     rows = []
     for row in sweep.itertuples(index=False):
         s = pd.Series(row._asdict())
@@ -98,8 +103,8 @@ def sweep_table(r_cal, reps):
         lat_cal = r_cal.to_latency_model(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=2048,
                                          max_context=2048, ttft_overhead_s=preset.ttft_overhead_s)
         for name, lat in (("roofline", lat_un), ("roofline+A10G corrections", lat_cal), ("preset", preset)):
-            sc = scenario_for(s, lat, normalize_arrivals=True)
-            sc = sc.replace(engine=dep.engine)
+            sc = scenario_for(s, lat, True, v1=True, warm=warm_prefix_cache(s, sweep))
+            sc = sc.replace(engine=dataclasses.replace(dep.engine, **V1_RULES))
             res = fastsim.replicate(sc, reps, seed=1, n_threads=1, progress=False)
             for m, col in (("tpot_mean", "mean_tpot_s"), ("ttft_mean", "mean_ttft_s"),
                            ("request_throughput", "request_throughput")):
@@ -136,19 +141,77 @@ def prefix_groups(token_ids):
     return group, plen
 
 
-def rtx_replay(prefix_caching=True):
+def block_hashes(token_ids, block_size=16):
+    """vLLM's block identities from the prompts' token ids: block ``j`` of a prompt is identified by
+    its tokens and all tokens before it (a chained hash, as vLLM's ``hash_block_tokens``), so two
+    prompts share block ``j`` exactly when their first ``(j + 1) * block_size`` tokens are equal.
+    Only full blocks get one (a partial last block is never cached)."""
+    import hashlib
+
+    out = []
+    for t in token_ids:
+        t = np.asarray(t, dtype=np.int64)
+        hs = []
+        for j in range(t.size // block_size):
+            d = hashlib.blake2b(t[:(j + 1) * block_size].tobytes(), digest_size=8).digest()
+            hs.append(int.from_bytes(d, "little", signed=True))
+        out.append(np.asarray(hs, dtype=np.int64))
+    return out
+
+
+#: The RTX 4090 replay's engine variants: name -> (V1 rules, prefix caching, backend). "sync": the
+#: synchronous loop (the replay as first reported); "v1": vLLM's V1 rules (async scheduling, the
+#: full-input gate, the null block), caching off; "v1+cache": and prefix caching by block hash on the
+#: prompts' token ids, as vLLM 0.19 served the run (the reference simulator: the kernel has no caching
+#: by block hash yet); "sync+groups": the kernel's prefix-group model (:func:`prefix_groups`);
+#: "v1+cache, vLLM's blocks": "v1+cache" with the block count vLLM reported (``meta.json``), not
+#: ``Deployment``'s.
+RTX_VARIANTS = {"sync": (False, False, "numba"), "sync+groups": (False, "groups", "numba"),
+                "v1": (True, False, "numba"), "v1+cache": (True, "hash", "reference"),
+                "v1+cache, vLLM's blocks": (True, "hash", "reference")}
+
+
+def rtx_replay(variant="v1+cache"):
+    """Replay the RTX 4090 run under ``RTX_VARIANTS[variant]`` (one deterministic run)."""
+    import dataclasses
+
+    from fastsim._reference import simulate_reference
+
+    v1, caching, backend = RTX_VARIANTS[variant]
     wl = pd.read_json(RTX / "workload.jsonl", lines=True)
     rq = pd.read_json(RTX / "requests.jsonl", lines=True)
     dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B", gpu="RTX-4090", gpu_memory_utilization=0.9,
                              max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=32768, block_size=16,
-                             enable_prefix_caching=prefix_caching)
+                             enable_prefix_caching=bool(caching))
+    engine = dep.engine
+    if v1:
+        # vLLM 0.19's resolved config (meta.json): async_scheduling and scheduler_reserve_full_isl on; its
+        # block pool keeps the null block as 0.22's does. num_gpu_blocks is then the count vLLM reports.
+        engine = dataclasses.replace(engine, async_scheduling=True, scheduler_reserve_full_isl=True,
+                                     null_block=True, block_hash_caching=caching == "hash")
+    if variant.endswith("vLLM's blocks"):
+        meta = json.loads((RTX / "meta.json").read_text())
+        engine = dataclasses.replace(engine, num_gpu_blocks=int(meta["kv_cache"]["num_gpu_blocks"]))
     reqs = pd.DataFrame({"arrival_s": wl.arrival_time_ns.to_numpy() / 1e9, "prompt_len": wl.input_toks,
                          "output_len": wl.output_toks})
-    if prefix_caching:
+    if caching == "groups":
         reqs["prefix_group"], reqs["prefix_len"] = prefix_groups(wl.input_tok_ids)
-    sc = fastsim.Scenario(engine=dep.engine, latency=dep.latency,
+    sc = fastsim.Scenario(engine=engine, latency=dep.latency,
                           workload=fastsim.Workload(arrival_rate=10.0, num_requests=len(reqs)))
-    sim = fastsim.simulate_requests(sc, reqs)
+    step_log = None
+    if backend == "reference":
+        a, p, o = (reqs[c].to_numpy() for c in ("arrival_s", "prompt_len", "output_len"))
+        res = simulate_reference(a, p, o, np.zeros(a.size, np.int64), engine, dep.latency,
+                                 block_hashes=block_hashes(wl.input_tok_ids, engine.block_size),
+                                 hash_block_size=engine.block_size)
+        c0 = dep.latency.ttft_overhead_s
+        first, fin = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
+        sim = pd.DataFrame({"first_token_s": first, "finish_s": fin, "ttft_s": first - a + c0,
+                            "e2e_s": fin - a + c0, "num_preemptions": res["num_preemptions"],
+                            "cached_tokens": res["cached_tokens"]})
+        step_log = np.asarray(res["step_log"])
+    else:
+        sim = fastsim.simulate_requests(sc, reqs)
     meas = pd.DataFrame({"ttft": rq.first_token_ts - rq.queued_ts,
                          "tpot": (rq.last_token_ts - rq.first_token_ts) / (rq.output_toks - 1).clip(lower=1),
                          "e2e": rq.last_token_ts - rq.queued_ts})
@@ -159,40 +222,59 @@ def rtx_replay(prefix_caching=True):
     for m in ("ttft", "tpot", "e2e"):
         for stat, f in (("mean", np.mean), ("p50", lambda x: np.percentile(x, 50)),
                         ("p90", lambda x: np.percentile(x, 90)), ("p99", lambda x: np.percentile(x, 99))):
-            a, b = f(meas[m][ok]), f(simm[m][ok])
-            rows.append({"metric": f"{m}_{stat}", "measured_s": a, "simulated_s": b, "rel_error": b / a - 1})
-    series = _series(reqs, sim, rq)
-    return pd.DataFrame(rows), series, dep
+            a_, b_ = f(meas[m][ok]), f(simm[m][ok])
+            rows.append({"metric": f"{m}_{stat}", "measured_s": a_, "simulated_s": b_, "rel_error": b_ / a_ - 1})
+    info = {"preemptions": int(np.sum(sim.num_preemptions)), "cached_tokens": int(np.sum(sim.cached_tokens)),
+            "usable_blocks": engine.usable_gpu_blocks, "num_gpu_blocks": engine.num_gpu_blocks}
+    series = _series(reqs, sim, rq, step_log, engine.usable_gpu_blocks)
+    return pd.DataFrame(rows), series, dep, info
 
 
-def _series(reqs, sim, rq):
+def _series(reqs, sim, rq, step_log=None, usable_blocks=None):
     ts = pd.read_csv(RTX / "timeseries.csv")
     t = ts.t.to_numpy(float)
-    arr = reqs.arrival_s.to_numpy()
-    first, fin = sim.first_token_s.to_numpy(), sim.finish_s.to_numpy()
-    # simulated: waiting = arrived, no first token yet (a prefill chunk is short next to the queueing);
-    # running = first token out, not finished
-    sim_wait = [(np.sum((arr <= x) & (first > x))) for x in t]
-    sim_run = [(np.sum((first <= x) & (fin > x))) for x in t]
-    return pd.DataFrame({"t": t, "running_measured": ts.running, "waiting_measured": ts.waiting,
-                         "kv_pct_measured": ts.kv_cache_pct, "running_sim": sim_run, "waiting_sim": sim_wait})
+    out = {"t": t, "running_measured": ts.running, "waiting_measured": ts.waiting,
+           "kv_pct_measured": ts.kv_cache_pct}
+    if step_log is not None:
+        # the reference's own per-step state (start, end, running, waiting, allocated blocks, ...), read at
+        # the last step started by each second; KV % = allocated / usable blocks (vLLM's usage excludes
+        # the null block too)
+        k = np.clip(np.searchsorted(step_log[:, 0], t, side="right") - 1, 0, None)
+        idle = t > step_log[-1, 1]
+        out["running_sim"] = np.where(idle, 0, step_log[k, 2])
+        out["waiting_sim"] = np.where(idle, 0, step_log[k, 3])
+        out["kv_pct_sim"] = np.where(idle, 0.0, 100.0 * step_log[k, 4] / usable_blocks)
+    else:
+        arr = reqs.arrival_s.to_numpy()
+        first, fin = sim.first_token_s.to_numpy(), sim.finish_s.to_numpy()
+        # from per-request times only: waiting = arrived, no first token yet (a prefill chunk is short
+        # next to the queueing); running = first token out, not finished
+        out["waiting_sim"] = [(np.sum((arr <= x) & (first > x))) for x in t]
+        out["running_sim"] = [(np.sum((first <= x) & (fin > x))) for x in t]
+    return pd.DataFrame(out)
 
 
-def plot_series(series, path):
+def plot_series(series, path, title):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.8))
     ax.plot(series.t, series.running_measured, "C0-", label="running (vLLM)")
     ax.plot(series.t, series.running_sim, "C0--", label="running (fastsim)")
     ax.plot(series.t, series.waiting_measured, "C1-", label="waiting (vLLM)")
     ax.plot(series.t, series.waiting_sim, "C1--", label="waiting (fastsim)")
     ax.set_xlabel("time since the first request (s)")
     ax.set_ylabel("requests")
-    ax.set_title("RTX 4090 / Llama-3.1-8B, vLLM 0.19: replay with the uncalibrated roofline")
     ax.legend(fontsize=8)
+    ax2.plot(series.t, series.kv_pct_measured, "C2-", label="KV cache use (vLLM)")
+    if "kv_pct_sim" in series:
+        ax2.plot(series.t, series.kv_pct_sim, "C2--", label="KV cache use (fastsim)")
+    ax2.set_xlabel("time since the first request (s)")
+    ax2.set_ylabel("KV cache use (%)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -201,6 +283,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="3 replications a run (a smoke test)")
+    ap.add_argument("--rtx-only", action="store_true", help="only the RTX 4090 replay (section 4)")
     args = ap.parse_args(argv)
     if args.quick:
         args.reps = 3
@@ -208,29 +291,41 @@ def main(argv=None):
         raise SystemExit(f"needs the RTX 4090 run at {RTX} (set FASTSIM_SHARED_DATA)")
     OUT.mkdir(exist_ok=True)
     pd.set_option("display.width", 200)
-    kv = kv_table()
-    print("KV capacity\n", kv.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    dec, r_cal = decode_table()
-    print(f"\nA10G decode step (corrections: step_overhead_s={r_cal.step_overhead_s:.4g}, "
-          f"per_seq_overhead_s={r_cal.per_seq_overhead_s:.4g})\n", dec.round(4).to_string(index=False))
-    lm = a10g_deployment().latency
-    print("\nA10G mapping onto the kernel form:", lm, "\n", lm.calibration)
-    sw = sweep_table(r_cal, args.reps)
-    sw.to_csv(OUT / "deployment_validation_a10g_sweep.csv", index=False)
-    summ = sw.groupby(["model", "metric"]).rel_error.agg(
-        mean_abs=lambda x: np.mean(np.abs(x)), max_abs=lambda x: np.max(np.abs(x)), mean="mean")
-    print("\nA10G sweep (32 runs): relative error of the simulated metric\n", summ.round(4).to_string())
-    sub = sw[sw.rate <= 4.0].groupby(["model", "metric"]).rel_error.agg(mean_abs=lambda x: np.mean(np.abs(x)))
-    print("\n  rates <= 4 req/s:\n", sub.round(4).to_string())
-    # headline without prefix caching (see docs/validation.md); with the kernel's group model as a check
-    on, _, _ = rtx_replay(prefix_caching=True)
-    rtx, series, dep = rtx_replay(prefix_caching=False)
+    if not args.rtx_only:
+        kv = kv_table()
+        print("KV capacity\n", kv.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        dec, r_cal = decode_table()
+        print(f"\nA10G decode step (corrections: step_overhead_s={r_cal.step_overhead_s:.4g}, "
+              f"per_seq_overhead_s={r_cal.per_seq_overhead_s:.4g})\n", dec.round(4).to_string(index=False))
+        lm = a10g_deployment().latency
+        print("\nA10G mapping onto the kernel form:", lm, "\n", lm.calibration)
+        sw = sweep_table(r_cal, args.reps)
+        sw.to_csv(OUT / "deployment_validation_a10g_sweep.csv", index=False)
+        summ = sw.groupby(["model", "metric"]).rel_error.agg(
+            mean_abs=lambda x: np.mean(np.abs(x)), max_abs=lambda x: np.max(np.abs(x)), mean="mean")
+        print("\nA10G sweep (32 runs): relative error of the simulated metric\n", summ.round(4).to_string())
+        sub = sw[sw.rate <= 4.0].groupby(["model", "metric"]).rel_error.agg(mean_abs=lambda x: np.mean(np.abs(x)))
+        print("\n  rates <= 4 req/s:\n", sub.round(4).to_string())
+    # the replay under each engine variant; the headline is vLLM's own rules with prefix caching by block hash
+    tabs, infos = {}, {}
+    for name in RTX_VARIANTS:
+        t0 = time.perf_counter()
+        tabs[name], series, dep, infos[name] = rtx_replay(name)
+        infos[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        if name == "v1+cache":
+            head_series = series
     print("\nRTX 4090 replay:", dep.summary(), "\nlatency:", dep.latency, "\n", dep.latency.calibration)
-    rtx["simulated_prefix_caching_s"] = on.simulated_s
-    rtx["rel_error_prefix_caching"] = on.rel_error
+    rtx = tabs["v1+cache"][["metric", "measured_s"]].copy()
+    for name, t in tabs.items():
+        rtx[f"sim_{name}"] = t.simulated_s
+        rtx[f"err_{name}"] = t.rel_error
     print(rtx.round(4).to_string(index=False))
-    series.to_csv(OUT / "rtx4090_series.csv", index=False)
-    plot_series(series, OUT / "rtx4090_series.png")
+    print("per variant:", infos)
+    rtx.to_csv(OUT / "rtx4090_replay.csv", index=False)
+    head_series.to_csv(OUT / "rtx4090_series.csv", index=False)
+    plot_series(head_series, OUT / "rtx4090_series.png",
+                "RTX 4090 / Llama-3.1-8B, vLLM 0.19, replayed with the uncalibrated roofline, vLLM's V1 rules "
+                "and prefix caching by block hash")
     return 0
 
 

@@ -27,10 +27,17 @@ Checks: the fitted jitter's residual quantiles against the traces', the stall
 count, and **cross-validation**: fit (3) on half the sweep's arrival rates,
 predict the other half (coverage of the single-run 95 % band), both ways.
 
-Run: ``python experiments/fit_noise.py [--reps N] [--quick]``; prints the fitted
-``StepNoise`` (the literal in ``fastsim/_calibration.py``'s ``NOISE_PRESETS``)
-and writes ``experiments/output/fit_noise*.csv``. Refit after any change that
-moves the A10G predictions (e.g. vLLM V1 async scheduling).
+The sweep's rows are simulated as vLLM 0.22 served them: its V1 rules (async
+scheduling, the full-input gate, the null block) and, for a run whose server
+had served the same prompts in its previous run with room to keep them, a warm
+prefix cache (``vllm_a10g_validation.warm_prefix_cache``); the prefill factor
+comes from the cold runs' p99 TTFT only. ``--rules sync --no-warm`` gives the
+fit as it was made before (synchronous engine, every run cold).
+
+Run: ``python experiments/fit_noise.py [--reps N] [--quick] [--rules v1|sync] [--no-warm]``;
+prints the fitted ``StepNoise`` (the literal in ``fastsim/_calibration.py``'s
+``NOISE_PRESETS``) and writes ``experiments/output/fit_noise*.csv``. Refit after
+any change that moves the A10G predictions.
 """
 
 from __future__ import annotations
@@ -48,12 +55,18 @@ import fastsim
 from fastsim._calibration import PACKAGED_TRACES, fit_tpot_traces
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_a10g_validation import SWEEP, scenario_for  # noqa: E402
+from vllm_a10g_validation import SWEEP, scenario_for, warm_prefix_cache  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "output"
 STALL_FACTOR = 3.0            # a stall: the whole batch's step more than 3x the model's
 HALF_A = (0.5, 2.0, 4.0, 6.0)  # the cross-validation split of the sweep's arrival rates
 HALF_B = (1.0, 3.0, 5.0, 8.0)
+#: The engine the sweep rows are simulated with: vLLM 0.22's V1 rules (async scheduling, the
+#: full-input gate, the null block) and, where the previous run's blocks stayed cached, the warm
+#: prefix cache (``vllm_a10g_validation.warm_prefix_cache``). ``--rules sync --no-warm``: the fit
+#: as it was made before (synchronous engine, every run cold).
+RULES = {"v1": True, "warm": True}
+FULL_SWEEP = pd.read_csv(SWEEP)
 
 
 def trace_noise(lm: fastsim.LatencyModel, traces=PACKAGED_TRACES) -> tuple[dict, pd.DataFrame]:
@@ -92,9 +105,14 @@ def simulate_rows(sweep: pd.DataFrame, lm: fastsim.LatencyModel, reps: int, seed
     """Per-replication values of each row (vllm's arrival process)."""
     out = {}
     for i, row in sweep.iterrows():
-        res = fastsim.replicate(scenario_for(row, lm, True), reps, seed=seed, n_threads=1)
-        out[i] = res.per_replication
+        sc = scenario_for(row, lm, True, v1=RULES["v1"], warm=is_warm(row))
+        out[i] = fastsim.replicate(sc, reps, seed=seed, n_threads=1).per_replication
     return out
+
+
+def is_warm(row) -> bool:
+    """Whether the row is simulated with the previous run's prompts cached (``RULES``)."""
+    return RULES["warm"] and warm_prefix_cache(row, FULL_SWEEP)
 
 
 def _log_ratio(meas, sims, shift=0.0):
@@ -115,7 +133,10 @@ def run_effects(sweep: pd.DataFrame, base: fastsim.LatencyModel, noise: fastsim.
     y, v = _log_ratio(sweep.mean_tpot_s, [sims[i].tpot_mean for i in sweep.index])
     speed_mu = float(y.mean())
     speed_sd = float(np.sqrt(max(y.var(ddof=1) - v.mean(), 0.0)))
-    yp, vp = _log_ratio(sweep.p99_ttft_s, [sims[i].ttft_p99 for i in sweep.index], shift=over)
+    # The prefill factor from the rows whose p99 TTFT is a long prompt's full prefill: the cold
+    # runs (a warm run computes at most one block of each prompt).
+    cold = [i for i, row in sweep.iterrows() if not is_warm(row)]
+    yp, vp = _log_ratio(sweep.p99_ttft_s[cold], [sims[i].ttft_p99 for i in cold], shift=over)
     prefill_mu = float(yp.mean() - speed_mu)
     prefill_sd = float(np.sqrt(max(yp.var(ddof=1) - vp.mean() - speed_sd ** 2, 0.0)))
     step2 = dataclasses.replace(noise, speed_log_mean=speed_mu, speed_sd=speed_sd,
@@ -177,10 +198,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=100, help="replications per sweep row (default 100)")
     ap.add_argument("--quick", action="store_true", help="20 replications, no cross-validation")
+    ap.add_argument("--rules", choices=("v1", "sync"), default="v1",
+                    help="engine rules: vLLM 0.22's V1 rules (default) or the synchronous loop")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="simulate every run with a cold prefix cache (the fit before the V1 refit)")
     args = ap.parse_args(argv)
+    RULES.update(v1=args.rules == "v1", warm=not args.no_warm)
+    print(f"engine: {'vLLM V1 rules' if RULES['v1'] else 'synchronous'}; warm prefix cache between runs: "
+          f"{RULES['warm']} ({sum(is_warm(r) for _, r in FULL_SWEEP.iterrows())} of {len(FULL_SWEEP)} rows warm)")
     reps = 20 if args.quick else args.reps
     OUT.mkdir(parents=True, exist_ok=True)
-    base = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b").deterministic()
+    # the traces' fit alone (its TTFT constant from the traces), so that a refit does not start from itself
+    base = fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b-deterministic")
     cal = fit_tpot_traces(PACKAGED_TRACES)
     tfit, tdiag = trace_noise(base)
     tdiag.to_csv(OUT / "fit_noise_traces.csv", index=False)

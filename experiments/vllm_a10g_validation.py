@@ -21,13 +21,20 @@ benchmark metrics. None has a constant tuned to the sweep:
   ``vllm bench serve`` uses (n exponential gaps summed and rescaled so that the
   last request is sent at exactly ``n / rate``; the throughput window starts at
   t = 0, before the first request);
-* each with (``+overhead``) and without the client-side ``ttft_overhead_s`` of
-  ``LatencyModel.default()`` (12.49 ms, fitted from the TPOT traces' TTFTs:
-  ``fastsim._calibration.PRESETS["a10g-qwen2.5-1.5b"]``), which the package adds
-  to TTFT, E2E and the end of the throughput window (not to TPOT/ITL); "without"
-  is ``dataclasses.replace(LatencyModel.default(), ttft_overhead_s=0.0)``;
+* each with (``+overhead``) and without the client-side ``ttft_overhead_s``, which
+  the package adds to TTFT, E2E and the end of the throughput window (not to
+  TPOT/ITL); these four use the A10G preset as it was fitted with the synchronous
+  engine (:func:`before_model`, ``BEFORE_FIT``: 17.5 ms and its noise), and
+  ``vllm+overhead`` is the "before" of ``docs/validation.md``;
 * ``vllm+overhead+ctx``: a sensitivity check, not a candidate model (see
-  :func:`context_sensitivity_model`).
+  :func:`context_sensitivity_model`);
+* ``v1, before fit``, ``v1``, ``v1+warm``: vLLM 0.22's V1 rules (:data:`V1_RULES`)
+  with the old fit, with the A10G preset by name, ``LatencyModel.preset("a10g-qwen2.5-1.5b")`` (refitted with those rules by
+  ``experiments/fit_noise.py``), and with that and the warm prefix cache between the
+  sweep's runs where the previous run's blocks stayed cached
+  (:func:`warm_prefix_cache`, :func:`warm_lengths`, checked against the reference
+  simulator's prefix caching by block hash by :func:`check_warm_model`). ``v1+warm``
+  is the headline, the "after".
 
 The kernel's random streams depend only on the seed, the replication index and
 the workload laws, so all rows and variants use common random numbers: rows at
@@ -40,7 +47,7 @@ variant), ``vllm_a10g_validation_diagnostics.csv`` (per-row mechanism
 diagnostics) and ``vllm_a10g_validation.png`` (relative error per metric vs
 arrival rate, headline variant).
 
-Run (full: 32 rows x 5 variants x 200 replications)::
+Run (full: 32 rows x 8 variants x 200 replications, about 2 min on 2 shared cores)::
 
     NUMBA_CACHE_DIR=/tmp/nbcache python experiments/vllm_a10g_validation.py
 
@@ -67,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import fastsim  # noqa: E402
-from fastsim._calibration import PRESETS  # noqa: E402
+from fastsim._calibration import NOISE_PRESETS  # noqa: E402
 
 SWEEP = ROOT / "experiments" / "data" / "serving_sweep.csv"
 OUT = ROOT / "experiments" / "output"
@@ -94,16 +101,47 @@ REL_ERROR_TARGETS = {"tpot_mean": 0.03, "request_throughput": 0.02, "ttft_mean":
 COVERAGE_METRICS = ("ttft_mean", "ttft_p99", "tpot_mean", "request_throughput")
 COVERAGE_TARGET = 0.90
 
-#: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model).
+#: vLLM 0.22's V1 rules as ``EngineConfig`` switches (``docs/engine-model.md``, "vLLM V1 rules"). The
+#: fourth, prefix caching by block hash, matters here only between runs (distinct prompts, no
+#: preemption): :func:`warm_prefix_cache`.
+V1_RULES = {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True}
+
+#: The A10G preset's fitted client overhead and noise before the V1 refit (synchronous engine, every
+#: run cold; ``experiments/fit_noise.py --rules sync --no-warm``), kept to reproduce the "before" rows.
+BEFORE_FIT = {
+    "ttft_overhead_s": 0.01747249660680036,
+    "noise": {"jitter_sd": 0.0, "stall_prob": 0.0, "stall_mean_s": 0.0,
+              "speed_log_mean": 0.026412098626376085, "speed_sd": 0.010611197473343928,
+              "prefill_log_mean": -0.6009230425382931, "prefill_sd": 0.4784493989059713,
+              "overhead_sd": 0.0024060627570847834},
+}
+
+
+def before_model() -> fastsim.LatencyModel:
+    """The A10G preset as it was fitted with the synchronous engine (:data:`BEFORE_FIT`)."""
+    det = fastsim.LatencyModel.preset(PRESET + "-deterministic")
+    cov = fastsim.LatencyModel.preset(PRESET).noise.calibration_cov    # the traces' fit: unchanged
+    return dataclasses.replace(det, ttft_overhead_s=BEFORE_FIT["ttft_overhead_s"],
+                               noise=fastsim.StepNoise(**BEFORE_FIT["noise"], calibration_cov=cov))
+
+
+#: Variants: name -> (normalize_arrivals, client-side overhead, context-cost sensitivity model,
+#: V1 rules, warm prefix cache where :func:`warm_prefix_cache` says so, latency fit: "before" =
+#: :func:`before_model`, "after" = the noisy preset by name, refitted with the V1 rules).
 VARIANTS = {
-    "poisson": (False, False, False),
-    "poisson+overhead": (False, True, False),
-    "vllm": (True, False, False),
-    "vllm+overhead": (True, True, False),
-    "vllm+overhead+ctx": (True, True, True),
+    "poisson": (False, False, False, False, False, "before"),
+    "poisson+overhead": (False, True, False, False, False, "before"),
+    "vllm": (True, False, False, False, False, "before"),
+    "vllm+overhead": (True, True, False, False, False, "before"),
+    "vllm+overhead+ctx": (True, True, True, False, False, "before"),
+    "v1, before fit": (True, True, False, True, False, "before"),
+    "v1": (True, True, False, True, False, "after"),
+    "v1+warm": (True, True, False, True, True, "after"),
 }
 #: The variant the headline table, plot and docs use (chosen on the evidence, see docs/validation.md).
-HEADLINE = "vllm+overhead"
+HEADLINE = "v1+warm"
+#: The synchronous model with the old fit: the "before" of docs/validation.md's table.
+BEFORE = "vllm+overhead"
 #: Sensitivity variant: vllm arrivals + overhead + the traces' own KV-context cost (not a fit to the sweep).
 SENSITIVITY = "vllm+overhead+ctx"
 
@@ -111,16 +149,111 @@ SENSITIVITY = "vllm+overhead+ctx"
 # ------------------------------------------------------------------------------------------
 # Scenarios
 
-def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arrivals: bool) -> fastsim.Scenario:
-    """One sweep row: its server, the 300 replayed requests, no warm-up."""
+def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arrivals: bool, *,
+                 v1: bool = False, warm: bool = False) -> fastsim.Scenario:
+    """One sweep row: its server, the 300 replayed requests, no warm-up.
+
+    ``v1``: vLLM 0.22's V1 rules (:data:`V1_RULES`: async scheduling, the full-input
+    admission gate, the null block; ``num_gpu_blocks`` is then the count vLLM reported).
+    ``warm``: the run finds the prompts of the server's previous run in its prefix cache
+    (:func:`warm_prefix_cache`, :func:`warm_lengths`)."""
     engine = fastsim.EngineConfig(
         max_num_seqs=int(row.max_num_seqs), num_gpu_blocks=int(row.kv_cache_blocks),
         max_num_batched_tokens=int(row.max_num_batched_tokens), block_size=int(row.block_size),
-        max_model_len=int(row.max_model_len))
+        max_model_len=int(row.max_model_len), **(V1_RULES if v1 else {}))
+    lengths = warm_lengths(int(row.block_size)) if warm else fastsim.sharegpt_lengths("replay")
     workload = fastsim.Workload(arrival_rate=float(row.arrival_rate), num_requests=NUM_REQUESTS,
-                                lengths=fastsim.sharegpt_lengths("replay"), warmup_requests=0,
+                                lengths=lengths, warmup_requests=0,
                                 normalize_arrivals=normalize_arrivals)
     return fastsim.Scenario(engine=engine, workload=workload, latency=latency)
+
+
+def run_blocks(block_size: int) -> int:
+    """KV blocks the 300 requests of one run leave behind in vLLM's prefix cache: every
+    request's prompt and output, ``ceil((P + O) / block_size)`` blocks each (vLLM caches
+    full blocks of generated tokens too, and frees a finished request's blocks into the
+    evictable queue)."""
+    lengths = fastsim.sharegpt_lengths("replay")
+    p = lengths.prompt_len[:NUM_REQUESTS].astype(np.int64)
+    o = lengths.output_len[:NUM_REQUESTS].astype(np.int64)
+    return int(np.sum(-(-(p + o) // block_size)))
+
+
+def warm_prefix_cache(row: pd.Series, sweep: pd.DataFrame) -> bool:
+    """Whether this run starts with the previous run's prompts in vLLM's prefix cache.
+
+    The sweep replays the same 300 prompts at every rate, and vLLM 0.22 serves with
+    prefix caching on, so a run on a server that already served the sweep's previous
+    rate finds its prompts cached, **if** the whole previous run's blocks stayed cached:
+    vLLM evicts the least recently freed block first, and a run that replays the same
+    requests in the same order through a cache smaller than one run's blocks evicts
+    each block before it is asked for again (the cyclic LRU pattern: no hit at all).
+    So a row is warm when (1) it is not the first run of its server (assumed: one
+    server per ``gpu_memory_utilization``, rates run in increasing order; the data
+    carry no run order, but the lowest rate's p99 TTFT is the cold one at every gmu)
+    and (2) :func:`run_blocks` fits in the usable blocks (``kv_cache_blocks - 1``).
+    Checked against the reference simulator's prefix caching by block hash on the
+    previous and the current run back to back (``check_warm_model``)."""
+    first = row.arrival_rate == sweep[sweep.gpu_memory_utilization == row.gpu_memory_utilization].arrival_rate.min()
+    return bool(not first and run_blocks(int(row.block_size)) <= int(row.kv_cache_blocks) - 1)
+
+
+def warm_lengths(block_size: int) -> fastsim.LengthTrace:
+    """The replayed lengths as a run with every prompt block cached computes them.
+
+    A new request hits ``floor((P - 1) / block_size)`` cached blocks (vLLM recomputes
+    at least the last prompt token), so it schedules ``P - block_size * floor((P - 1) /
+    block_size)`` prompt tokens (1 to ``block_size``). With the KV cache never binding
+    (at most 15 % used here) and no context cost in the step-time model, a run of these
+    shortened prompts schedules the same tokens in the same steps as vLLM's warm run
+    (``check_warm_model`` compares them request by request); only the KV blocks held
+    differ, by the cached ones."""
+    lengths = fastsim.sharegpt_lengths("replay")
+    p = lengths.prompt_len.astype(np.int64)
+    return fastsim.LengthTrace(p - block_size * ((p - 1) // block_size), lengths.output_len, order="replay")
+
+
+def check_warm_model(row: pd.Series, latency: fastsim.LatencyModel, seed: int, n: int | None = 60) -> str:
+    """The warm-cache shortcut against the reference simulator's prefix caching by block hash.
+
+    The reference runs the first ``n`` requests (``None``: all 300) of replication 0 twice,
+    back to back (the server's previous run, then this one, its arrivals shifted past the
+    first run's end), with the V1 rules and ``enable_prefix_caching=True,
+    block_hash_caching=True`` (each prompt's blocks have their own identities, the same in
+    both runs). Where the previous run's blocks fit in the cache (:func:`run_blocks`; always
+    for ``n`` < 300 here) every prompt block is hit and the kernel runs the second pass
+    with :func:`warm_lengths`; where they do not (gmu 0.3 with all 300 requests), LRU
+    eviction must leave no hit and the kernel runs the full prompts. Deterministic steps.
+    Returns a line; raises if the hits or the first-token or finish times differ."""
+    from fastsim._reference import simulate_reference
+
+    det = latency.deterministic()
+    sc = scenario_for(row, det, True, v1=True)
+    req = fastsim.sample_requests(sc, seed=seed, replication=0)
+    n = len(req) if n is None else n
+    req = req.iloc[:n]
+    a, p, o = (req[c].to_numpy() for c in ("arrival_s", "prompt_len", "output_len"))
+    bs = int(row.block_size)
+    hashes = [np.arange(-(-int(x) // bs), dtype=np.int64) + 1_000_000 * i for i, x in enumerate(p)]
+    shift = a[-1] + 1000.0                                     # the first run has drained by then
+    eng = dataclasses.replace(sc.engine, enable_prefix_caching=True, block_hash_caching=True)
+    ref = simulate_reference(np.concatenate([a, a + shift]), np.concatenate([p, p]), np.concatenate([o, o]),
+                             np.zeros(2 * n, np.int64), eng, det, block_hashes=hashes + hashes, hash_block_size=bs)
+    hit = np.asarray(ref["cached_tokens"])[n:]
+    blocks = int(np.sum(-(-(p + o) // bs)))
+    fits = blocks <= eng.usable_gpu_blocks
+    prompts = warm_lengths(bs).prompt_len[:n] if fits else p
+    mine = fastsim.simulate_requests(sc, pd.DataFrame({"arrival_s": a, "prompt_len": prompts, "output_len": o}))
+    diff = max(np.max(np.abs(np.asarray(ref["first_token_s"])[n:] - shift - mine.first_token_s.to_numpy())),
+               np.max(np.abs(np.asarray(ref["finish_s"])[n:] - shift - mine.finish_s.to_numpy())))
+    if not (np.array_equal(hit, p - prompts) and diff < 1e-9):
+        raise RuntimeError(f"warm-cache shortcut disagrees with the reference: hits {hit.sum()} vs "
+                           f"{(p - prompts).sum()}, max time difference {diff:.3g} s")
+    return (f"warm-cache check (rate {row.arrival_rate:g}, gmu {row.gpu_memory_utilization:g}, {n} requests, "
+            f"{blocks} blocks per run vs {eng.usable_gpu_blocks} usable): the reference with prefix caching by "
+            f"block hash, previous run then this one, hits {int(hit.sum())} prompt tokens, as assumed; first-token "
+            f"and finish times agree with the kernel on the {'shortened' if fits else 'full'} prompts to "
+            f"{diff:.1e} s")
 
 
 def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
@@ -138,7 +271,7 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
     from fastsim._calibration import DEFAULT_PROMPT_TOKENS, PACKAGED_TRACES, fit_tpot_traces
 
-    lm = fastsim.LatencyModel.default()
+    lm = before_model()
     d = fit_tpot_traces(PACKAGED_TRACES, fit_prefill=False).diagnostics
     many = d.batch_size >= 2
     c = float(np.median(d.drift_s_per_step[many] / d.batch_size[many]))
@@ -156,16 +289,15 @@ def context_sensitivity_model() -> tuple[fastsim.LatencyModel, float]:
 
 def latency_models(with_sensitivity: bool) -> dict:
     """Latency model of each variant."""
-    client = fastsim.LatencyModel.default()           # includes the fitted ttft_overhead_s
-    engine = dataclasses.replace(client, ttft_overhead_s=0.0)
+    fits = {"before": before_model(), "after": fastsim.LatencyModel.preset(PRESET)}
     out = {}
     sens = context_sensitivity_model()[0] if with_sensitivity else None
-    for name, (_, overhead, ctx) in VARIANTS.items():
+    for name, (_, overhead, ctx, _, _, fit) in VARIANTS.items():
         if ctx:
             if sens is not None:
                 out[name] = sens
         else:
-            out[name] = client if overhead else engine
+            out[name] = fits[fit] if overhead else dataclasses.replace(fits[fit], ttft_overhead_s=0.0)
     return out
 
 
@@ -356,11 +488,22 @@ def diagnostics(sweep: pd.DataFrame, table: pd.DataFrame, diag: pd.DataFrame, lm
                      f"{((pb.pred_hi - pb.pred_lo) / pb.pred_mean).mean():.1%}, {head} "
                      f"{((pv.pred_hi - pv.pred_lo) / pv.pred_mean).mean():.2%}")
 
+    lines.append("-- prefix cache between runs: p99 TTFT by gmu (mean over the rows at rates > the lowest, "
+                 "ms): measured; predicted with every run cold (variant v1) and with the warm cache where "
+                 "warm_prefix_cache says so (v1+warm)")
+    p99 = table[(table.metric == "ttft_p99") & (table.arrival_rate > sweep.arrival_rate.min())]
+    for g, d in p99.groupby("gpu_memory_utilization"):
+        cold, warm = d[d.variant == "v1"], d[d.variant == head]
+        lines.append(f"gmu {g:.1f}: measured {cold.measured.mean() * 1e3:5.1f} (range {cold.measured.min() * 1e3:.0f}-"
+                     f"{cold.measured.max() * 1e3:.0f}); cold {cold.pred_mean.mean() * 1e3:5.1f}; "
+                     f"v1+warm {warm.pred_mean.mean() * 1e3:5.1f}; in the v1+warm band {warm.inside_band.sum()} of "
+                     f"{len(warm)}")
     lines.append("-- server-side run-to-run noise: rows at one rate share the arrival sequence and the "
                  "requests, no run preempted and KV is never binding (max predicted KV use below), so the "
-                 "simulator predicts the same value for every gmu; the measured spread across gmu is the "
-                 "real server's own noise, compared with the predicted single-run band width")
-    th = table[table.variant == head]
+                 f"synchronous, all-cold model ({BEFORE}) predicts the same value for every gmu; the measured "
+                 "spread across gmu is the real server's own noise (and its cache state), compared with the "
+                 "predicted single-run band width")
+    th = table[table.variant == BEFORE]
     for m in COVERAGE_METRICS + ("ttft_p50",):
         parts = []
         for rate, g in th[th.metric == m].groupby("arrival_rate"):
@@ -422,6 +565,9 @@ def main(argv=None) -> int:
                     help="4 rows (gmu 0.3 at 0.5, 2, 5, 8 req/s) x 30 replications")
     ap.add_argument("--no-sensitivity", action="store_true",
                     help="skip the context-cost sensitivity variant")
+    ap.add_argument("--check-lru", action="store_true",
+                    help="also check, with the reference simulator (1-2 min), that the smallest cache keeps no "
+                         "prompt of the previous run (LRU eviction)")
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="where to write (default experiments/output; --quick adds a _quick suffix)")
     args = ap.parse_args(argv)
@@ -433,16 +579,16 @@ def main(argv=None) -> int:
     suffix = "_quick" if args.quick else ""
 
     t0 = time.perf_counter()
-    sweep = pd.read_csv(SWEEP)
+    sweep = full_sweep = pd.read_csv(SWEEP)
     if args.quick:
         sweep = sweep[(sweep.gpu_memory_utilization == 0.3) & sweep.arrival_rate.isin([0.5, 2.0, 5.0, 8.0])]
-    lm = fastsim.LatencyModel.default()
+    lm = fastsim.LatencyModel.preset(PRESET)
     overhead_s = lm.ttft_overhead_s
-    if overhead_s != PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
-        raise RuntimeError("LatencyModel.default() does not carry the preset's fitted ttft_overhead_s")
+    if overhead_s != NOISE_PRESETS[PRESET]["ttft_overhead_s"] or overhead_s <= 0:
+        raise RuntimeError("the A10G preset does not carry the's fitted ttft_overhead_s")
     models = latency_models(not args.no_sensitivity)
     print(f"{len(sweep)} sweep rows x {len(models)} variants x {n_rep} replications, seed {args.seed}; "
-          f"LatencyModel.default() = {lm} (fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms)")
+          f"LatencyModel.preset({PRESET!r}) = {lm} (fitted ttft_overhead_s = {overhead_s * 1e3:.2f} ms)")
     if SENSITIVITY in models:
         s = models[SENSITIVITY]
         print(f"sensitivity variant {SENSITIVITY!r}: {s} (ctx cost {s.ctx_per_token_s * 1e6:.3f} us/token from "
@@ -453,7 +599,8 @@ def main(argv=None) -> int:
     sim_s = 0.0
     for n_row, (i, row) in enumerate(sweep.iterrows()):
         for var, latency in models.items():
-            sc = scenario_for(row, latency, normalize_arrivals=VARIANTS[var][0])
+            norm, _, _, v1, warm, _ = VARIANTS[var]
+            sc = scenario_for(row, latency, norm, v1=v1, warm=warm and warm_prefix_cache(row, full_sweep))
             res = fastsim.replicate(sc, n_rep, seed=args.seed, n_threads=1, progress=False)
             sim_s += res.elapsed_s
             preds[(i, var)] = res.per_replication[METRIC_NAMES]
@@ -473,6 +620,12 @@ def main(argv=None) -> int:
     if worst > 1e-9:
         raise RuntimeError(f"simulate_requests and replicate() disagree: {max_check}")
     print(shared_streams(sweep, lm, args.seed))
+    warm_rows = [r for _, r in sweep.iterrows() if warm_prefix_cache(r, full_sweep)]
+    if warm_rows:
+        print(check_warm_model(warm_rows[0], lm, args.seed))
+    if args.check_lru:
+        cold = full_sweep[full_sweep.gpu_memory_utilization == full_sweep.gpu_memory_utilization.min()]
+        print(check_warm_model(cold.iloc[len(cold) // 2], lm, args.seed, n=None))
 
     table = compare(sweep, preds)
     summary = summarise(table)
