@@ -114,6 +114,9 @@ def _parser():
     cap.add_argument("--max-replications", type=int, default=3200, help="cap on a probe's replications")
     cap.add_argument("--tol", type=float, default=0.02, help="relative width of the final bracket")
     cap.add_argument("--seed", type=int, help="random seed (overrides [run])")
+    cap.add_argument("--replicas", choices=["auto"], help="auto: the fewest replicas of the scenario's [fleet] "
+                                                           "that meet the SLOs at its arrival rate "
+                                                           "(fastsim.fleet_capacity)")
     cap.add_argument("--format", choices=["table", "json", "csv"], default="table")
     cap.add_argument("--out", type=Path, help="write the probes here (.csv, .json or .parquet)")
 
@@ -678,6 +681,8 @@ def _capacity_main(args, sig) -> int:
             if _ms_like(m, limit):
                 _warn(f"--slo {m}={limit:g} is in seconds; if you meant {limit:g} ms, write {m}={limit / 1000:g}")
         seed = args.seed if args.seed is not None else run.get("seed")
+        if args.replicas == "auto":
+            return _fleet_capacity_main(args, scenario, slo, seed)
         _warm_up(scenario, None, args.format != "table")
         result = capacity(scenario, slo, confidence=args.confidence, rate_bounds=bounds,
                           n_replications=args.replications, seed=seed, tol=args.tol,
@@ -708,6 +713,40 @@ def _capacity_main(args, sig) -> int:
               f"({_goodput_slo(scenario)})")
         with_cols = ["rate", "decision", "replications"] + [c for c in summary.columns if c.endswith("_estimate")]
         print(summary[with_cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.out is not None and not _save(lambda p: save_table(result.probes, p, "--out"), args.out, "--out"):
+        return 1
+    return 0
+
+
+def _fleet_capacity_main(args, scenario, slo, seed) -> int:
+    """``fastsim capacity CONFIG.toml --replicas auto``: the fewest replicas."""
+    from ._fleet_capacity import fleet_capacity
+
+    if scenario.fleet is None:
+        raise ValueError("--replicas auto needs a [fleet] table in the scenario (its router; e.g. "
+                         "[fleet] router = \"jsq\"), got none")
+    if args.rate_bounds:
+        raise ValueError("--rate-bounds is not used with --replicas auto (the rate is the scenario's)")
+    result = fleet_capacity(scenario, slo, confidence=args.confidence, n_replications=args.replications,
+                            seed=seed, max_replications=args.max_replications)
+    summary = result.summary()
+    if args.format == "json":
+        print(summary.to_json(orient="records", indent=2))
+    elif args.format == "csv":
+        print(summary.to_csv(index=False), end="")
+    else:
+        limits = ", ".join(f"{m} <= {v:g}" for m, v in result.slo.items())
+        rate = scenario.workload.arrival_rate
+        print(f"{scenario.name or 'scenario'}: replicas behind router {scenario.fleet.router!r} at {rate:g} "
+              f"req/s under {limits} (each probe decided at {result.confidence:.0%} confidence), "
+              f"{result.total_replications} replications")
+        if result.replicas is None:
+            print("no fleet size probed was proven to meet the SLOs")
+        else:
+            lo, hi = result.replicas_interval
+            cost = "" if result.cost_per_hour is None else f", {result.cost_per_hour:.4g} per hour"
+            print(f"fewest replicas proven to meet them: {result.replicas} (the answer lies in [{lo}, {hi}]{cost})")
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.out is not None and not _save(lambda p: save_table(result.probes, p, "--out"), args.out, "--out"):
         return 1
     return 0

@@ -842,7 +842,7 @@ _LAW_KEY_ALIASES = {"mean": "mean_len"}
 _WORKLOAD_EXTRA_KEYS = ("trace", "sharegpt", "sharegpt_order")
 _LATENCY_EXTRA_KEYS = ("step_s", "preset")
 SLO_KEYS = ("ttft_s", "tpot_s")
-TABLES = ("engine", "workload", "latency", "slo", "run", "name", "deployment")
+TABLES = ("engine", "workload", "latency", "slo", "run", "name", "deployment", "fleet")
 
 
 def _field_names(cls, skip=()):
@@ -863,7 +863,11 @@ def table_keys(table: str) -> list[str]:
         from ._deployment import Deployment
 
         return [p for p in inspect.signature(Deployment).parameters if p != "self"]
-    raise ValueError(f"table must be one of engine, workload, latency, slo, deployment, got {table!r}")
+    if table == "fleet":
+        from ._fleet import Fleet
+
+        return _field_names(Fleet)
+    raise ValueError(f"table must be one of engine, workload, latency, slo, deployment, fleet, got {table!r}")
 
 
 def check_table_keys(table: str, given, allowed) -> None:
@@ -988,7 +992,7 @@ def _scenario_from_dict(config, base_dir=None):
     unknown = set(config) - set(TABLES)
     if unknown:
         check_table_keys(None, sorted(unknown), list(TABLES))
-    for table in ("engine", "workload", "latency", "slo", "run", "deployment"):
+    for table in ("engine", "workload", "latency", "slo", "run", "deployment", "fleet"):
         if not isinstance(config.get(table, {}), dict):
             raise ValueError(f"[{table}] must be a table of key = value settings, got {config[table]!r}")
     name = config.get("name")
@@ -1066,8 +1070,14 @@ def _scenario_from_dict(config, base_dir=None):
     slo = config.get("slo", {})
     check_table_keys("slo", slo, table_keys("slo"))
     limits = {k: check_float(f"[slo] {k}", slo.get(k), low=0, low_open=True, optional=True) for k in SLO_KEYS}
+    fleet = None
+    if "fleet" in config:   # several replicas behind a router (`fastsim.Fleet`)
+        from ._fleet import Fleet
+
+        check_table_keys("fleet", config["fleet"], table_keys("fleet"))
+        fleet = _in_table("fleet", Fleet, **config["fleet"])
     return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=limits["ttft_s"],
-                    tpot_slo_s=limits["tpot_s"], name=name)
+                    tpot_slo_s=limits["tpot_s"], name=name, fleet=fleet)
 
 
 __all__ = ["BucketPredictor", "EngineConfig", "LogNormalPredictor", "Workload", "Scenario", "LengthDistribution",

@@ -96,7 +96,7 @@ def test_toml_reference_blocks_are_valid_scenarios(tmp_path):
         path = tmp_path / f"b{i}.toml"
         path.write_text(body)
         scenario, run, cfg = _cli._load_config(path)
-        assert set(cfg) <= {"name", "engine", "workload", "latency", "slo", "run"}
+        assert set(cfg) <= {"name", "engine", "workload", "latency", "slo", "run", "fleet"}
     # the tables' key lists are the code's
     text = page.read_text()
     from fastsim._config import table_keys

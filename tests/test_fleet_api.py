@@ -68,3 +68,24 @@ def test_fleet_capacity_checks_its_inputs():
         fastsim.fleet_capacity(_sc(), {"ttft_p99": 1.0}, max_replicas=0)
     with pytest.raises(ValueError, match="slo"):
         fastsim.fleet_capacity(_sc(), {})
+
+
+def test_a_fleet_from_toml_and_the_cli_finds_the_fewest_replicas(tmp_path, capsys):
+    """[fleet] in a scenario file, and `fastsim capacity --replicas auto`: random
+    routing of M/D/1 replicas (service 10 steps of 10 ms, 6 req/s): one replica's
+    mean TTFT is 10 ms + 0.6 * 0.1 / (2 * 0.4) = 85 ms, two replicas' 31.4 ms, so
+    under a 50 ms limit the answer is 2."""
+    from fastsim import _cli
+
+    path = tmp_path / "fleet.toml"
+    path.write_text('[engine]\nmax_num_seqs = 1\nmax_num_batched_tokens = 64\nnum_gpu_blocks = 400\n'
+                    '[workload]\narrival_rate = 6.0\nnum_requests = 300\nprompt_len = 1\noutput_len = 10\n'
+                    '[latency]\nstep_s = 0.01\n[fleet]\nrouter = "random"\nreplicas = 3\n')
+    sc = _cli._load_config(path)[0]
+    assert sc.fleet == fastsim.Fleet(replicas=3, router="random")
+    assert _cli.main(["capacity", str(path), "--replicas", "auto", "--slo", "ttft_mean=0.05",
+                      "--replications", "30", "--seed", "1"]) == 0
+    assert "fewest replicas proven to meet them: 2" in capsys.readouterr().out
+    path.write_text(path.read_text().replace('router = "random"', 'routr = "random"'))
+    with pytest.raises(ValueError, match=r"\[fleet\].*routr"):
+        _cli._load_config(path)
