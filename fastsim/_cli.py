@@ -1,7 +1,7 @@
 """Command line: ``fastsim demo``, ``run``, ``sweep``, ``compare``, ``capacity``,
 ``calibrate``, ``plot`` and ``compile``.
 
-Good manners (issue 42): Ctrl-C or SIGTERM stops a run or a sweep within
+Good manners: Ctrl-C or SIGTERM stops a run or a sweep within
 about a second, prints no traceback, keeps (prints and, with ``--out``,
 saves, marked ``partial``) what had finished and exits 130 (143 for
 SIGTERM); a closed pipe (``| head``) ends quietly; output paths are probed

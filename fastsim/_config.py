@@ -785,7 +785,7 @@ class Scenario:
         """Refuse a latency model whose longest step (a full batch: every
         seat decoding, the whole token budget prefilled, the whole KV cache
         read, every block swapped) exceeds `MAX_CLOCK_S`, naming its
-        largest term (issue 43: base_s=1e308 gave inf times, NaN metrics)."""
+        largest term (base_s=1e308 gave inf times and NaN metrics)."""
         e, lat = self.engine, self.latency
         try:
             decode = lat.decode_scale_s * float(max(e.max_num_seqs - 1, 0)) ** lat.decode_alpha

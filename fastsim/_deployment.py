@@ -76,7 +76,7 @@ class Deployment:
         request of this length.
     max_num_seqs, max_num_batched_tokens, block_size : int
         vLLM's scheduler limits and KV block size (defaults: fastsim's, as in the
-        interface of issue 37; vLLM's own ``max_num_batched_tokens`` default
+        interface; vLLM's own ``max_num_batched_tokens`` default
         depends on the GPU and entry point).
     enable_prefix_caching, enable_chunked_prefill : bool
     num_gpu_blocks_override : int, optional

@@ -4,7 +4,7 @@ The engine (``kernel.replica._simulate``) works in two flat arrays whose sizes
 ``kernel.workspace._ws_dims`` and ``kernel.workspace._ws_sizes`` state, computed in int64
 inside the kernel with no overflow check, and the kernel itself has no
 bounds checks: a product that wraps negative leaves the workspace too small
-and the engine writes past it (issue 43: a segfault on valid input). This
+and the engine writes past it (a segfault on valid input). This
 module restates those sizes with Python's exact integers (`ws_sizes`, a
 mirror of ``_ws_sizes`` that ``tests/test_memory.py`` holds equal to the
 kernel's) and bounds the data-dependent dimensions from the scenario's laws

@@ -208,7 +208,7 @@ class _DataFirstCacheFile(IndexDataCacheFile):
 
 
 # ------------------------------------------------------------------------------
-# Cache faults (issue 43). Simulation needs no disk cache, so no fault of
+# Cache faults. Simulation needs no disk cache, so no fault of
 # it may stop a run: an entry that fails to load (a truncated or corrupted
 # file: UnpicklingError, EOFError, an LLVM or object-code parsing error) is
 # dropped and its function compiled again, with a warning that names the
@@ -398,7 +398,7 @@ def function_pointer(dispatcher, argtypes):
 #: and at most this long for each callee of the engine the helper is to save.
 HELPER_GRACE_S = 10.0
 
-#: Stall detection (issue 43): the helper writes a heartbeat line every
+#: Stall detection: the helper writes a heartbeat line every
 #: `HEARTBEAT_S` from its start (a thread of its own, before it imports
 #: anything heavy), and this process takes a helper it has not heard from
 #: for `HELPER_STALL_S` as stalled (stopped, swapped out, deadlocked): it

@@ -23,7 +23,7 @@ MAX_COUNT = 2 ** 62
 #: Largest time scale (seconds, ~31,700 years) of a run: a step's longest
 #: duration and the arrivals' mean span. The clock is a double: at 1e12 s its
 #: spacing is 1.2e-4 s, and far beyond, times overflow to inf and metrics to
-#: NaN (issue 43: arrival_rate=1e-320, base_s=1e308).
+#: NaN (arrival_rate=1e-320, base_s=1e308 did).
 MAX_CLOCK_S = 1e12
 
 
@@ -200,7 +200,7 @@ def check_metric_names(metrics, allowed):
 
 
 #: Scheduler options of ``docs/engine-model.md`` that the Numba kernel does not
-#: implement yet, with their "off" values (issue 10: the reference simulator,
+#: implement yet, with their "off" values (the reference simulator,
 #: ``backend="reference"``, implements them all). Remove an entry when the
 #: kernel implements that option.
 KERNEL_PENDING_OPTIONS = {
