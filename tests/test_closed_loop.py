@@ -277,3 +277,8 @@ def test_compare_by_class_pairs_each_class_over_replications():
         assert got == pytest.approx(want, rel=1e-12)
     with pytest.raises(ValueError, match="by must be one of"):
         res.summary(by="user")
+
+
+def test_capacity_refuses_a_pure_closed_loop():
+    with pytest.raises(ValueError, match="capacity needs a rate-driven workload"):
+        fastsim.capacity(fastsim.Scenario(workload=fastsim.Workload(max_concurrency=4)), slo={"ttft_p99": 1.0})

@@ -206,9 +206,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
         acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
         n_held, t_vis = ri[RI_N_HELD], rf[RF_VISIBLE]   # async scheduling (`pipeline`)
-        # closed loop (`arrivals._release_seats`): departures turned into arrivals, and (async) a step's
-        # completions not yet turned, since vLLM schedules the step after it before it sees them
-        released, pend = ri[RI_RELEASED], ri[RI_PEND_DEPARTURES]
+        # closed loop (`arrivals._release_seats`): ri[RI_RELEASED], the departures turned into arrivals,
+        # and ri[RI_PEND_DEPARTURES], (async) a step's completions not yet turned, since vLLM schedules
+        # the step after it before it sees them (kept in memory, not in the loop's registers)
         closed = ipar[I_MAX_CONCURRENCY] > 0
         has_h = ipar[I_HAS_HORIZON] == 1
         horizon = fpar[F_HORIZON]
@@ -242,9 +242,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     # (async: the finished requests held have left, as the client sees it)
                     left = nxt - (n_run + n_wait + n_sw) + n_held
                     if async_on:
-                        pend = left - released
+                        ri[RI_PEND_DEPARTURES] = left - ri[RI_RELEASED]
                     else:
-                        released = _release_seats(n, req, ipar, nxt, t_end, left, released)
+                        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_end, left, ri[RI_RELEASED])
                 t_vis = t   # (async: the next step was scheduled when this one started)
                 t = t_end
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
@@ -282,9 +282,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
             if closed:
                 # a rejection's seat sends the client's next request at once (zero think time)
+                pend = ri[RI_PEND_DEPARTURES]
                 while True:
-                    released = _release_seats(n, req, ipar, nxt, t_in, nxt - (n_run + n_wait + n_sw) + n_held - pend,
-                                              released)
+                    ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in,
+                                                     nxt - (n_run + n_wait + n_sw) + n_held - pend, ri[RI_RELEASED])
                     if not (nxt < n and stream.arrival[nxt] <= t_in):
                         break
                     nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
@@ -292,11 +293,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
             if closed:
                 left = nxt - (n_run + n_wait + n_sw) + n_held
-                released = _release_seats(n, req, ipar, nxt, t_in, left - pend, released)
+                released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
                 # (async: then the completions of the step that ended at t, which vLLM
                 # applies after scheduling the step now formed)
-                released = _release_seats(n, req, ipar, nxt, t, left, released)
-                pend = 0
+                ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t, left, released)
+                ri[RI_PEND_DEPARTURES] = 0
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
@@ -347,7 +348,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
         rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
         ri[RI_N_HELD], rf[RF_VISIBLE] = n_held, t_vis
-        ri[RI_RELEASED], ri[RI_PEND_DEPARTURES] = released, pend
     if what & STEP_FINISH:
         if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
             sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN], sc.ri[RI_N_WAIT] = _release_finished(
