@@ -314,8 +314,10 @@ class Workload:
 
     Parameters
     ----------
-    arrival_rate : float
-        Mean arrivals per second (> 0). Not used with ``arrival_times``.
+    arrival_rate : float, optional
+        Mean arrivals per second (> 0); 1.0 when left out, except with
+        ``max_concurrency`` (a pure closed loop then). Not used with
+        ``arrival_times``.
     num_requests : int
         Arrivals per replication (each run is a benchmark of this many
         requests).
