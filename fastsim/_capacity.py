@@ -287,6 +287,9 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     if scenario.workload.arrival_times is not None:
         raise ValueError("capacity needs a rate-driven workload (arrival_rate), not given arrival_times")
+    if scenario.workload.arrival_rate is None:
+        raise ValueError("capacity needs a rate-driven workload (arrival_rate), got arrival_rate=None (a pure "
+                         "closed loop, multi-user or trace arrivals)")
     slo = _check_slo(slo)
     confidence = check_float("confidence", confidence, low=0, high=1, low_open=True, high_open=True)
     bounds = _check_bounds(rate_bounds)

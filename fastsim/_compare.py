@@ -139,6 +139,35 @@ class CompareResult:
         """A copy of :attr:`frame`."""
         return self.frame.copy()
 
+    def summary(self, by: str | None = None) -> pd.DataFrame:
+        """The paired differences: :attr:`frame`, or with ``by="class"`` (a
+        workload with ``classes``) one row per (scenario, class, per-class
+        metric, `fastsim._classes.CLASS_METRICS`), a ``class`` column after
+        ``scenario``, each difference paired over the replications in which
+        both runs have the class."""
+        if by is None:
+            return self.to_frame()
+        check_choice("by", by, ("class",))
+        from ._classes import CLASS_METRICS
+
+        base = self.results[self.baseline].per_class
+        if base is None:
+            raise ValueError("summary(by='class') needs a workload with classes (Workload(classes=...)), "
+                             "got one without")
+        rows = []
+        for name, res in self.results.items():
+            if name == self.baseline:
+                continue
+            for cls, part in res.per_class.groupby("class", sort=False):
+                b = base[base["class"] == cls].set_index("replication")
+                p = part.set_index("replication")
+                common = p.index.intersection(b.index)
+                for m in CLASS_METRICS:
+                    row = paired_difference(p.loc[common, m].to_numpy(dtype=float),
+                                            b.loc[common, m].to_numpy(dtype=float), self.confidence_level)
+                    rows.append({"scenario": name, "class": cls, "metric": m, **row})
+        return pd.DataFrame(rows, columns=["scenario", "class"] + list(COLUMNS[1:]))
+
     def _row(self, scenario: str, metric: str) -> pd.Series:
         rows = self.frame[(self.frame["scenario"] == scenario) & (self.frame["metric"] == metric)]
         if rows.empty:

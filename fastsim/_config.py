@@ -314,8 +314,10 @@ class Workload:
 
     Parameters
     ----------
-    arrival_rate : float
-        Mean arrivals per second (> 0). Not used with ``arrival_times``.
+    arrival_rate : float, optional
+        Mean arrivals per second (> 0); 1.0 when left out, except with
+        ``max_concurrency`` (a pure closed loop then). Not used with
+        ``arrival_times``.
     num_requests : int
         Arrivals per replication (each run is a benchmark of this many
         requests).
@@ -393,9 +395,27 @@ class Workload:
         0 to the last arrival less the window), so that replications differ
         while keeping the trace's burstiness; ``num_requests`` is then the
         most requests any window holds.
+    max_concurrency : int, optional
+        Closed-loop load (``docs/engine-model.md``, "Closed-loop load"), as
+        ``vllm bench serve --max-concurrency``: at most this many requests
+        are in the system. Alone (``arrival_rate=None``, its default here) it
+        is a closed loop of that many clients, each sending its next request
+        when its last one leaves the system (completed, rejected or
+        dropped), ``num_requests`` in all; with ``arrival_rate`` it caps the
+        open-loop stream, a request beyond the cap waiting client-side (not
+        counted in its latencies) until one leaves. Not with
+        ``arrival_times``, ``users``, ``request_trace``, ``warmup_requests``
+        or ``horizon_s``.
+    think_time_s : float
+        Closed loop without ``arrival_rate``: the time (s, >= 0) a client
+        waits between a reply and its next request (its mean with
+        ``think_time_dist="exponential"``).
+    think_time_dist : {"fixed", "exponential"}
+        The law of the think times: each ``think_time_s``, or independent
+        exponential draws of that mean, one per departure.
     """
 
-    arrival_rate: float | None = 1.0
+    arrival_rate: float | None = None
     num_requests: int = 1000
     prompt_len: object = 256
     output_len: object = 128
@@ -416,9 +436,16 @@ class Workload:
     request_trace: object = None
     trace_window_s: float | None = None
     classes: object = None
+    max_concurrency: int | None = None
+    think_time_s: float = 0.0
+    think_time_dist: str = "fixed"
 
     def __post_init__(self):
         s = object.__setattr__
+        closed = self._check_closed_loop()
+        if (self.arrival_rate is None and not closed and self.arrival_times is None and self.users is None
+                and self.request_trace is None and self.trace_window_s is None):
+            s(self, "arrival_rate", 1.0)   # the default of an open-loop stream
         self._check_prefix_groups()
         self._check_classes()
         if self.request_trace is not None or self.trace_window_s is not None:
@@ -440,7 +467,7 @@ class Workload:
                 raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
                                  f"got {self.num_requests!r}")
             s(self, "num_requests", int(t.size))
-        elif self.users is None and self.trace_window_s is None:
+        elif self.users is None and self.trace_window_s is None and not (closed and self.arrival_rate is None):
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
         if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
@@ -478,6 +505,35 @@ class Workload:
         if self.burstiness != 1.0 and self.arrival_times is not None:
             raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
                              f"got {self.burstiness!r}")
+
+    def _check_closed_loop(self) -> bool:
+        """Check ``max_concurrency`` and ``think_time_s``; return whether the load is closed-loop."""
+        s = object.__setattr__
+        s(self, "think_time_s", check_float("think_time_s", self.think_time_s, low=0))
+        check_choice("think_time_dist", self.think_time_dist, ("fixed", "exponential"))
+        if self.max_concurrency is None:
+            if self.think_time_s != 0.0 or self.think_time_dist != "fixed":
+                raise ValueError(f"think_time_s needs max_concurrency (a closed loop of clients), got "
+                                 f"think_time_s={self.think_time_s!r}, think_time_dist={self.think_time_dist!r} "
+                                 f"with max_concurrency=None")
+            return False
+        s(self, "max_concurrency", check_int("max_concurrency", self.max_concurrency, low=1, high=MAX_COUNT))
+        for name, default in (("arrival_times", None), ("users", None), ("request_trace", None),
+                              ("trace_window_s", None), ("horizon_s", None), ("warmup_requests", 0)):
+            value = getattr(self, name)
+            if not (value is None if default is None else value == default):
+                raise ValueError(f"{name} must be {default!r} with max_concurrency (closed-loop load: alone, or "
+                                 f"capping a renewal stream of arrival_rate), got {name}={value!r}")
+        if self.arrival_rate is not None and (self.think_time_s != 0.0 or self.think_time_dist != "fixed"):
+            raise ValueError(f"think_time_s must be 0 when max_concurrency caps an open-loop stream "
+                             f"(arrival_rate={self.arrival_rate!r}): it is the think time of closed-loop "
+                             f"clients, got think_time_s={self.think_time_s!r}")
+        return True
+
+    @property
+    def closed_loop(self) -> bool:
+        """Whether requests are sent by ``max_concurrency`` closed-loop seats."""
+        return self.max_concurrency is not None
 
     def _check_classes(self):
         from ._classes import as_classes
@@ -727,6 +783,8 @@ class Workload:
         if self.users is not None:
             return _ArrivalSpec(kind=2, rate=self.user_rate, users=self.users,
                                 requests_per_user=self.requests_per_user, user_cap=self.user_request_cap)
+        if self.arrival_rate is None:   # a pure closed loop (`max_concurrency`)
+            return _ArrivalSpec(kind=4)
         return _ArrivalSpec(kind=0, rate=self.arrival_rate, burstiness=self.burstiness)
 
 
@@ -773,6 +831,11 @@ class Scenario:
                                                            low_open=True, optional=True))
         e, w = self.engine, self.workload
         self._check_step_durations()
+        if w.max_concurrency is not None and e.priority_aging_s is not None:
+            # (aged keys a_i / A need the arrival when the request is drawn; a
+            # closed loop's arrivals are known only when a seat frees)
+            raise ValueError(f"engine.priority_aging_s must be None with workload.max_concurrency (closed-loop "
+                             f"load), got priority_aging_s={e.priority_aging_s!r}")
         # vLLM refuses a prompt longer than max_model_len; with admission="none"
         # a fixed-length workload that can never run is a configuration error.
         if e.max_model_len is not None and w.lengths is None:

@@ -19,6 +19,7 @@ literal reading is implemented and the choice is marked ``SPEC-QUESTION:``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -240,7 +241,8 @@ class _Reference:
     """The state of one run and the operations of the spec on it."""
 
     def __init__(self, requests: list[_Request], engine: EngineConfig, latency: LatencyModel,
-                 horizon_s: float | None, step_noise=None):
+                 horizon_s: float | None, step_noise=None, max_concurrency: int | None = None,
+                 think_time_s: float = 0.0):
         self.e = engine
         self.latency = latency
         self.step_noise = step_noise   # per-step jitter and stalls (`_reference_noise.StepNoiseDraws`)
@@ -249,6 +251,20 @@ class _Reference:
         # Spec, "Horizon": "only arrivals with a_i < H exist".
         self.arrivals = [r for r in requests if horizon_s is None or r.arrival < horizon_s]
         self.next_arrival = 0                 # index into self.arrivals
+        # Spec, "Closed-loop load": with c = max_concurrency, the requests after
+        # the first c go when departures from the system free seats; until then
+        # their arrival is unknown. `wanted` keeps the time each would go at
+        # otherwise; `think` the think time of each departure (pure closed loop).
+        self.seats = max_concurrency
+        self.pure_loop = think_time_s is not None
+        self.think = think_time_s
+        self.departures = 0                   # requests that left (completed, rejected, dropped)
+        self.wanted = [r.arrival for r in requests]
+        # pure closed loop: the known send times of the requests not yet ingested, sorted
+        self.pending: list[float] = [r.arrival for r in requests[:self.seats or 0]]
+        if self.seats is not None:
+            for r in requests[self.seats:]:
+                r.arrival = math.inf
         self.t = 0.0                          # the clock (start of the current step)
         self.running: list[_Request] = []     # in admission order
         self.waiting = _WaitingQueue(engine.policy)
@@ -479,8 +495,10 @@ class _Reference:
             r = self.arrivals[self.next_arrival]
             if r.arrival < time or (inclusive and r.arrival == time):
                 r.ingested = time
-                self.ingest(r)
                 self.next_arrival += 1
+                if self.seats is not None and self.pure_loop:
+                    self.pending.pop(0)   # (its send time)
+                self.ingest(r)
             else:
                 break
 
@@ -493,6 +511,7 @@ class _Reference:
                     or (not e.enable_chunked_prefill and r.P + r.O - 1 > e.max_num_batched_tokens))
         if too_long:
             r.status = REJECTED_TOO_LONG
+            self.depart(r.ingested)
             return
         # 2. Admission control (reason admission).
         if e.admission == "queue_limit":
@@ -500,6 +519,7 @@ class _Reference:
             # (swapped requests count as waiting)"
             if len(self.running) + len(self.waiting) + len(self.swapped) >= e.max_num_seqs + e.max_waiting:
                 r.status = REJECTED_ADMISSION
+                self.depart(r.ingested)
                 return
         elif e.admission == "kv_reservation":
             # "each admitted request reserves P_i + O_i tokens of the KV capacity
@@ -511,6 +531,7 @@ class _Reference:
             need = r.P + r.O
             if self.reserved_tokens + need > e.num_gpu_blocks * e.block_size:
                 r.status = REJECTED_ADMISSION
+                self.depart(r.ingested)
                 return
             r.reserved_tokens = need
             self.reserved_tokens += need
@@ -525,6 +546,29 @@ class _Reference:
         r.reserved_tokens = 0
         r.status = status
         r.finish = when
+        self.depart(when)
+
+    def depart(self, when: float) -> None:
+        """Spec, "Closed-loop load": a request left the system at ``when`` (its last
+        token, its rejection, its abandonment), the j-th departure. Pure closed
+        loop: its client sends again at when + Z_j, and the requests not yet
+        ingested are the pending sends in time order. Capped stream: request
+        k = j + c goes at max(w_k, when, a_{k-1})."""
+        if self.seats is None:
+            return
+        j = self.departures
+        self.departures += 1
+        k = j + self.seats
+        if k >= len(self.requests):
+            return
+        if self.pure_loop:
+            # the client sends again after thinking; the next requests to arrive
+            # take the pending send times in order (ties: the earlier departure first)
+            bisect.insort_right(self.pending, when + self.think[j])
+            for i, a in enumerate(self.pending):
+                self.requests[self.next_arrival + i].arrival = a
+        else:
+            self.requests[k].arrival = max(self.wanted[k], when, self.requests[k - 1].arrival)
 
     # Order at a boundary t: ingestion (a_i < t before the step's completions,
     # a_i == t after them), then abandonment ("At step start time t (after
@@ -1013,7 +1057,8 @@ def prompt_block_identities(index: int, prompt_len: int, block_size: int, prefix
 def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: EngineConfig,
                        latency: LatencyModel, horizon_s: float | None = None, *,
                        sjf_key=None, prefix_group=None, prefix_len=None,
-                       block_hashes=None, hash_block_size: int = 512, step_noise=None) -> dict:
+                       block_hashes=None, hash_block_size: int = 512, step_noise=None,
+                       max_concurrency: int | None = None, think_time_s=None) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -1058,6 +1103,19 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
         Per-step noise: step k (from 0) lasts ``step_noise.apply(d, k)``
         instead of ``d`` (``fastsim._reference_noise.run_latency`` gives it,
         with the run's ``latency``). Default: deterministic steps.
+    max_concurrency : int, optional
+        Closed-loop load (spec, "Closed-loop load") with this many seats.
+        With ``think_time_s``, a pure closed loop: requests ``0 ..
+        max_concurrency - 1`` arrive at ``arrival_s`` (0), and the client of
+        the ``j``-th departure from the system sends again ``think_time_s[j]``
+        later (the later requests take those send times in order). Without
+        it, a cap on the stream: ``arrival_s`` are the times the requests want
+        to go, request ``k >= max_concurrency`` going no earlier than the
+        ``(k - max_concurrency)``-th departure. Not with ``horizon_s``.
+        Default: open loop.
+    think_time_s : array_like of float, optional
+        Pure closed loop: the think time after each departure (``n -
+        max_concurrency`` values).
 
     Returns
     -------
@@ -1101,6 +1159,9 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
             Per step: start, end, running, waiting (swapped included),
             allocated blocks, swapped requests, swap blocks used, evictable
             cached blocks.
+
+        ``arrival_s`` : float64
+            When each request arrived (a closed loop's: when it was sent).
 
         Run-level scalars:
 
@@ -1189,7 +1250,19 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
             r.idents = prompt_block_identities(
                 r.idx, r.P, engine.block_size, r.group, r.prefix_len,
                 None if block_hashes is None else block_hashes[r.idx], hash_block_size)
-    sim = _Reference(requests, engine, latency, horizon_s, step_noise)
+    if think_time_s is not None:
+        think_time_s = [float(x) for x in np.asarray(think_time_s, dtype=np.float64)]
+        if max_concurrency is None or len(think_time_s) != max(n - max_concurrency, 0):
+            raise ValueError(f"think_time_s must hold one think time per departure that frees a seat "
+                             f"(n - max_concurrency values) and needs max_concurrency, got {len(think_time_s)} "
+                             f"values with n={n}, max_concurrency={max_concurrency!r}")
+    if max_concurrency is not None:
+        if horizon_s is not None:
+            raise ValueError(f"horizon_s must be None with max_concurrency (closed-loop load), got {horizon_s!r}")
+        if engine.priority_aging_s is not None:
+            raise ValueError("engine.priority_aging_s must be None with max_concurrency (closed-loop load), "
+                             f"got {engine.priority_aging_s!r}")
+    sim = _Reference(requests, engine, latency, horizon_s, step_noise, max_concurrency, think_time_s)
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)
@@ -1198,6 +1271,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
     query_tokens = sum(r.P for r, qd in zip(requests, queried) if qd)
     return {
         "status": np.array([r.status for r in requests], dtype=np.int8),
+        "arrival_s": np.array([r.arrival for r in requests], dtype=np.float64),
         "first_token_s": np.array([r.first_token for r in requests], dtype=np.float64),
         "finish_s": np.array([r.finish for r in requests], dtype=np.float64),
         "num_preemptions": np.array([r.num_preemptions for r in requests], dtype=np.int64),

@@ -114,6 +114,7 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
 def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=None):
     """Fill ``out[j]`` with replication ``rep0 + j`` simulated by the reference."""
     p = packed
+    w = scenario.workload
     rows = range(out.shape[0])
     if progress:
         from tqdm.auto import tqdm
@@ -125,10 +126,15 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
 
     for j in rows:
         a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, *K.scenario_arrays(p, lat=False))
+        think = None
+        if w.closed_loop and w.arrival_rate is None:   # (the kernel's column: think times; `sample_requests`)
+            think, a = a[w.max_concurrency:], np.zeros(a.size)
         # the replication's latency: its per-run effects and step noise (none when deterministic)
         run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
         res = simulate_reference(a, pr, o, c, scenario.engine, run,
                                  horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
-                                 prefix_len=plen, step_noise=steps)
-        row = reference_row(res, a, o, replace(scenario, latency=run), prompt=pr)
+                                 prefix_len=plen, step_noise=steps, max_concurrency=w.max_concurrency,
+                                 think_time_s=think)
+        # (a closed loop's arrivals: when each request was sent)
+        row = reference_row(res, res["arrival_s"], o, replace(scenario, latency=run), prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

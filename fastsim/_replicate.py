@@ -108,6 +108,9 @@ def pack_scenario(scenario: Scenario) -> dict:
     fpar[K.F_TPOT_SLO] = scenario.tpot_slo_s or 0.0
     fpar[K.F_TTFT_OVERHEAD] = scenario.latency.ttft_overhead_s
     ipar[K.I_NORMALIZE_ARRIVALS] = int(w.normalize_arrivals)
+    ipar[K.I_MAX_CONCURRENCY] = w.max_concurrency or 0
+    ipar[K.I_THINK_EXP] = int(w.think_time_dist == "exponential")
+    fpar[K.F_THINK] = w.think_time_s
     pred_edges = np.ones(1, np.int64)
     if isinstance(e.length_predictor, BucketPredictor):
         ipar[K.I_PREDICTOR] = 2
@@ -240,7 +243,11 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     pandas.DataFrame
         Columns ``arrival_s``, ``prompt_len``, ``output_len``, ``priority``,
         ``sjf_key`` (the predicted output lengths that ``policy="sjf"``
-        orders by) when the engine has a ``length_predictor``, and
+        orders by) when the engine has a ``length_predictor``, ``think_s``
+        in a pure closed loop (``max_concurrency`` without ``arrival_rate``:
+        every ``arrival_s`` is 0, and the client of the ``j``-th departure
+        sends again ``think_s[j + max_concurrency]`` later; 0 for the first
+        ``max_concurrency`` rows), and
         ``prefix_group`` and ``prefix_len`` when the workload has
         ``prefix_groups``; with a ``request_trace``, ``trace_row`` (the
         trace's request each one replays) and, when the trace identifies
@@ -257,6 +264,12 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     p = pack_scenario(scenario)
     a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
     cols = {"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c}
+    if scenario.workload.closed_loop and scenario.workload.arrival_rate is None:
+        # a pure closed loop: every request wants to go at once; the kernel's
+        # arrival column holds the think time of the departure that frees
+        # request k's seat (k >= max_concurrency)
+        cols["arrival_s"] = np.zeros(a.size)
+        cols["think_s"] = a
     if scenario.engine.length_predictor is not None:
         cols["sjf_key"] = q
     if scenario.workload.prefix_groups > 0:
@@ -400,6 +413,22 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         if col in requests:
             x = np.asarray(requests[col])
             extra[col] = x[keep] if h is not None else x
+    w = scenario.workload
+    pure_loop = w.closed_loop and w.arrival_rate is None
+    think = None
+    if pure_loop:
+        if "think_s" in requests:
+            think = np.asarray(requests["think_s"], dtype=np.float64)
+            if think.shape != a.shape or not np.all(np.isfinite(think) & (think >= 0)):
+                raise ValueError("requests['think_s'] must hold a finite think time >= 0 per request")
+        elif w.think_time_dist == "fixed":
+            think = np.where(np.arange(a.size) < w.max_concurrency, 0.0, w.think_time_s)
+        else:
+            raise ValueError("requests must have a 'think_s' column (sample_requests draws it) with "
+                             "think_time_dist='exponential'")
+        if np.any(a != 0.0):
+            raise ValueError("requests['arrival_s'] must be 0 in a pure closed loop (max_concurrency without "
+                             "arrival_rate: the seats set when each request goes)")
     if "sjf_key" not in extra and scenario.engine.sjf_key != "output":
         extra["sjf_key"] = p if scenario.engine.sjf_key == "prompt" else p + o
     if scenario.engine.length_predictor is not None and "sjf_key" not in extra:
@@ -444,7 +473,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
         run, steps = run_latency(scenario.latency, k0, k1, replication)
         c0 = run.ttft_overhead_s
-        res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps, **extra)
+        res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps,
+                                 max_concurrency=w.max_concurrency,
+                                 think_time_s=None if think is None else think[w.max_concurrency:], **extra)
+        a = np.asarray(res["arrival_s"])   # (a closed loop's: when each request was sent)
         status = np.asarray(res["status"])   # the reference's codes: 0 completed ... 4 unfinished
         first, finish = np.asarray(res["first_token_s"]), np.asarray(res["finish_s"])
         npre, ntok = np.asarray(res["num_preemptions"]), np.asarray(res["num_tokens"])
@@ -460,8 +492,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         check_stream_memory(a.size, o, grp, plen, packed["ipar"])
         rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
         c0 = float(rfpar[K.F_TTFT_OVERHEAD])
+        sent = np.array(a, dtype=np.float64)   # (a closed loop's: when each request was sent)
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(
-            a, p, o, c, q, grp, plen, packed["ipar"], rfpar, rlat)
+            a if think is None else think, p, o, c, q, grp, plen, packed["ipar"], rfpar, rlat, arrival_out=sent)
+        a = sent
         status = np.asarray(st) - K.ST_COMPLETED
     return pd.DataFrame({
         "arrival_s": a, "prompt_len": p, "output_len": o, "priority": c,
@@ -943,7 +977,9 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
         labels = w.classes.label(req, w.request_trace)
         res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba")
         status = np.asarray(res["status"].cat.codes, dtype=np.int64)   # 0 completed ... (`_STATUS_NAMES`)
-        got = class_rows(labels, w.classes.order(labels), req["arrival_s"].to_numpy(), req["output_len"].to_numpy(), status,
+        # (the run's arrival times: a closed loop's are when each request was sent)
+        got = class_rows(labels, w.classes.order(labels), res["arrival_s"].to_numpy(), req["output_len"].to_numpy(),
+                         status,
                          res["first_token_s"].to_numpy(), res["finish_s"].to_numpy(),
                          res["num_preemptions"].to_numpy(), w.warmup_requests,
                          float(per_replication.at[rep, "window_s"]), scenario.latency.ttft_overhead_s,

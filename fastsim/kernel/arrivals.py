@@ -1,15 +1,18 @@
 """Arrivals and abandonment: what happens to a request when it arrives
 (rejected as never fitting, rejected by admission control, or queued), at a
-step's start or during a step, and to a waiting request that gives up.
+step's start or during a step, and to a waiting request that gives up; and,
+in a closed loop, when a request is sent at all (`_release_seats`).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._numba_options import njit_noalloc
-from .layout import (ADMISSION_KV_RESERVATION, ADMISSION_QUEUE_LIMIT, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE,
-                     I_CHUNKED, I_HAS_DELAY, I_MAX_BATCHED_TOKENS, I_MAX_MODEL_LEN, I_MAX_NUM_SEQS, I_MAX_WAITING,
-                     I_NUM_GPU_BLOCKS, I_POLICY, ST_DROPPED, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG,
-                     ST_WAITING)
+from .layout import (ADMISSION_KV_RESERVATION, ADMISSION_QUEUE_LIMIT, ARRIVAL_CLOSED, F_MAX_DELAY, I_ADMISSION,
+                     I_ARRIVAL_KIND, I_BLOCK_SIZE, I_CHUNKED, I_HAS_DELAY, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
+                     I_MAX_MODEL_LEN, I_MAX_NUM_SEQS, I_MAX_WAITING, I_NUM_GPU_BLOCKS, I_POLICY, ST_DROPPED,
+                     ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_WAITING)
 from .waiting_queue import _q_push
 
 
@@ -96,3 +99,58 @@ def _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved):
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[i] + req.output[i]
     return drop_ptr, n_wait, reserved
+
+
+# Closed loop (``docs/engine-model.md``, "Closed-loop load"): c clients, or
+# c permits of a semaphore around each request as ``vllm bench serve
+# --max-concurrency`` has. Requests 0..c-1 go at once (a pure closed loop)
+# or at their drawn times; let R_j be the instant of the j-th departure from
+# the system (a completion, as its last token is emitted, a rejection at
+# ingestion, an abandonment). In a pure closed loop the j-th departure's
+# client sends again at R_j + Z_j (Z_j its think time), and the requests
+# not yet ingested hold those times in order: request k is the k-th send.
+# Capping a stream, request k >= c goes at max(w_k, R_(k-c), a_(k-1)), w_k
+# its drawn time. Departures are counted, not listed: at any instant they
+# are the ingested requests no longer in the system.
+
+
+@njit_noalloc
+def _closed_loop_init(n, req, ipar):
+    """Closed loop: requests ``c..n-1`` wait for a seat. What their drawn
+    arrival holds (a pure closed loop: the think time of departure k - c;
+    a capped stream: the wanted send time w_k) is kept in ``finish_t``
+    (unused until they leave); their arrivals are unknown (inf) until a
+    departure sets them."""
+    c = ipar[I_MAX_CONCURRENCY]
+    for k in range(c, n):
+        req.finish_t[k] = req.arrival[k]
+        req.arrival[k] = np.inf
+
+
+@njit_noalloc(inline="llvm")
+def _release_seats(n, req, ipar, nxt, t, left, released):
+    """Closed loop: ``left - released`` requests left the system at ``t``
+    (``left``: the departures so far, ``released``: those already turned
+    into arrivals): set the send time each one's seat gives (requests
+    ``nxt..`` are not ingested yet). Return the departures handled
+    (``left``); open loop: ``released``."""
+    c = ipar[I_MAX_CONCURRENCY]
+    if c == 0:
+        return released
+    pure = ipar[I_ARRIVAL_KIND] == ARRIVAL_CLOSED
+    while released < left:
+        k = released + c
+        released += 1
+        if k < n:
+            if pure:
+                # insert R_j + Z_j among the pending sends (sorted; ties after)
+                v = t + req.finish_t[k]
+                pos = k
+                while pos > nxt and req.arrival[pos - 1] > v:
+                    req.arrival[pos] = req.arrival[pos - 1]
+                    pos -= 1
+                req.arrival[pos] = v
+            else:
+                req.arrival[k] = max(max(req.finish_t[k], t), req.arrival[k - 1])
+            req.finish_t[k] = np.nan
+    return released

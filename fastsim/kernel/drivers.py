@@ -269,12 +269,13 @@ def _stream_entries(ipar, fpar, lat, full):
     compile_entries(_engine_types(ipar, fpar, lat, full).items(), _callee_types(full))
 
 
-def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat):
+def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, arrival_out=None):
     """Simulate one given request stream; return per-request results (status,
     first-token time, finish time, preemptions, tokens, preemptions by swap,
     time swapped, cached tokens) and the metrics row. (`_simulate`, the
     engine `engine_variant` chooses, and `_reduce` called from Python on a
-    workspace allocated here.)"""
+    workspace allocated here.) ``arrival_out``, if given, receives the
+    arrival times the run used (a closed loop's: when each request was sent)."""
     arrival = np.array(arrival, dtype=np.float64)   # writeable, C-contiguous copies: the
     ints = [np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen)]  # compiled types
     prompt, output, prio, sjfk, pgrp, plen = ints
@@ -288,6 +289,8 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
               np.inf, WHOLE_RUN)
     row = np.empty(N_COLUMNS)
     _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
+    if arrival_out is not None:
+        arrival_out[:] = arrival
     return _per_request(n, wi, wf) + (row,)
 
 

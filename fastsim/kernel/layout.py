@@ -42,7 +42,9 @@ I_ASYNC = 30          # 1: async_scheduling (a step is scheduled while the one b
 I_PRIO_BAND = 31      # priority per length band (BAND_*): prio_val[j] for the band j in which the length
                       # falls, prio_cdf the bands' upper edges (the last inf); BAND_NONE: drawn by prio_cdf
 I_SJF_KEY = 32        # the length the SJF key is (or predicts): SJF_KEY_*
-N_IPAR = 33
+I_MAX_CONCURRENCY = 33  # closed loop (`arrivals._release_seats`): c seats; 0: open loop
+I_THINK_EXP = 34      # pure closed loop: 1 exponential think times of mean F_THINK, 0 fixed
+N_IPAR = 35
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
@@ -58,7 +60,8 @@ F_PRED_SIGMA = 8      # lognormal length predictor: sigma of the log error
 F_AGING = 9           # priority_aging_s
 F_PRED_ACCURACY = 10  # bucket length predictor: probability of the right bucket
 F_TRACE_WINDOW = 11   # trace windows (I_ARRIVAL_KIND 3): the window's duration (s, scaled)
-N_FPAR = 12
+F_THINK = 12          # closed loop: a client's think time between a reply and its next request (s)
+N_FPAR = 13
 
 
 # --- layout of the latency record ``lat`` (the step-time coefficients, `latency`) ---
@@ -97,8 +100,9 @@ ADMISSION_NONE, ADMISSION_QUEUE_LIMIT, ADMISSION_KV_RESERVATION = 0, 1, 2
 ADMISSION_CODES = {"none": ADMISSION_NONE, "queue_limit": ADMISSION_QUEUE_LIMIT,
                    "kv_reservation": ADMISSION_KV_RESERVATION}
 # ipar[I_ARRIVAL_KIND]: renewal process (gamma gaps), given times, multi-user, or a window of a
-# trace's times drawn per replication (arr_times: the whole trace; its rows: the trace table)
-ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW = 0, 1, 2, 3
+# trace's times drawn per replication (arr_times: the whole trace; its rows: the trace table);
+# ARRIVAL_CLOSED: a pure closed loop, every request wanting to go at time 0 (the seats decide)
+ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW, ARRIVAL_CLOSED = 0, 1, 2, 3, 4
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
 # ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)

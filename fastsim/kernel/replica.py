@@ -54,7 +54,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .accounting import _account_step, _gap_add
-from .arrivals import _abandon, _arrivals_during_step, _ingest
+from .arrivals import _abandon, _arrivals_during_step, _closed_loop_init, _ingest, _release_seats
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs,
@@ -62,10 +62,10 @@ from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
-                     I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
-                     I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS,
-                     POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
-                     ST_UNFINISHED, ST_WAITING)
+                     I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS,
+                     I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC,
+                     POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING,
+                     ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
@@ -74,9 +74,9 @@ from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
-                        RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PHASE, RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED,
-                        Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD,
-                        RI_DIM_NITL, RI_DIM_JMAX, RF_STRETCH_END)
+                        RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
+                        RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN,
+                        RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
 # caching: the options only the full engine has (`_simulate`'s ``full``).
@@ -206,6 +206,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
         acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
         n_held, t_vis = ri[RI_N_HELD], rf[RF_VISIBLE]   # async scheduling (`pipeline`)
+        # closed loop (`arrivals._release_seats`): ri[RI_RELEASED], the departures turned into arrivals,
+        # and ri[RI_PEND_DEPARTURES], (async) a step's completions not yet turned, since vLLM schedules
+        # the step after it before it sees them (kept in memory, not in the loop's registers)
+        closed = ipar[I_MAX_CONCURRENCY] > 0
         has_h = ipar[I_HAS_HORIZON] == 1
         horizon = fpar[F_HORIZON]
         ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
@@ -226,13 +230,21 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free, reserved, n_run, n_oth, S, sph, n_itl, n_held = _end_fast_step(
                         req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
                         lat, bs, bsh, n_held, full)
-                    # (per-step noise: no closed forms, the next step is taken as a step)
-                    mode = MODE_STRETCH if _closed_forms(lat) else MODE_BETWEEN_STEPS
+                    # (per-step noise: no closed forms, the next step is taken as a step; a
+                    # closed loop: a completion sends a request, which a stretch cannot see)
+                    mode = MODE_STRETCH if _closed_forms(lat) and not closed else MODE_BETWEEN_STEPS
                 else:
                     free, reserved, n_run, rl, n_oth, n_itl, n_held = _end_slow_step(
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
                         n_held, full)
                     mode = MODE_BETWEEN_STEPS
+                if closed:
+                    # (async: the finished requests held have left, as the client sees it)
+                    left = nxt - (n_run + n_wait + n_sw) + n_held
+                    if async_on:
+                        ri[RI_PEND_DEPARTURES] = left - ri[RI_RELEASED]
+                    else:
+                        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_end, left, ri[RI_RELEASED])
                 t_vis = t   # (async: the next step was scheduled when this one started)
                 t = t_end
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
@@ -267,7 +279,24 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
                                                                     n_wait, reserved, acc5, ws, we)
             nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
+            if closed:
+                # a rejection's seat sends the client's next request at once (zero think time)
+                pend = ri[RI_PEND_DEPARTURES]
+                while True:
+                    ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in,
+                                                     nxt - (n_run + n_wait + n_sw) + n_held - pend, ri[RI_RELEASED])
+                    if not (nxt < n and stream.arrival[nxt] <= t_in):
+                        break
+                    nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
+                                                    reserved)
             drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
+            if closed:
+                left = nxt - (n_run + n_wait + n_sw) + n_held
+                released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
+                # (async: then the completions of the step that ended at t, which vLLM
+                # applies after scheduling the step now formed)
+                ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t, left, released)
+                ri[RI_PEND_DEPARTURES] = 0
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
@@ -358,6 +387,8 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
     the others."""
     _init_requests(known, req, ipar, fpar)
+    if ipar[I_MAX_CONCURRENCY] > 0:
+        _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
     _init_state(lat, batch, dec, swap, cache, rec)

@@ -1,7 +1,7 @@
 """Drawing a replication's request stream: arrival times (renewal,
-given times or multi-user), prompt and output lengths (mixture laws or trace
-rows), priority classes, SJF keys and prefix groups, each from a random stream
-of its own (`layout.S_*`).
+given times, multi-user, or a closed loop's wanted times), prompt and
+output lengths (mixture laws or trace rows), priority classes, SJF keys and
+prefix groups, each from a random stream of its own (`layout.S_*`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_TRACE_WINDOW, F_USER_REQUESTS,
-    I_ARRIVAL_KIND, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
+from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
+    F_USER_REQUESTS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY, I_THINK_EXP, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
     I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
 from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
@@ -196,6 +196,21 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
             n += 1
     elif ipar[I_ARRIVAL_KIND] == 2:
         n = _multi_user_arrivals(ipar, fpar, state, arrival)
+    elif ipar[I_ARRIVAL_KIND] == 4:
+        # a pure closed loop: requests 0..c-1 go at once; request k >= c
+        # holds the think time of the (k - c)-th departure (fixed, or
+        # exponential of that mean), which `arrivals._release_seats` turns
+        # into a send time
+        c = ipar[I_MAX_CONCURRENCY]
+        think = fpar[F_THINK]
+        for i in range(n_cap):
+            if i < c:
+                arrival[i] = 0.0
+            elif ipar[I_THINK_EXP] == 1:
+                arrival[i] = -math.log(_uniform(state, S_ARRIVAL)) * think
+            else:
+                arrival[i] = think
+        n = n_cap
     else:
         rate = fpar[F_RATE]
         shape = fpar[F_BURSTINESS]
