@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from numba.core import types as nb_types
 
-from .._numba_options import compile_entries, function_pointer, njit
+from .._numba_options import KERNEL_DEBUG, compile_entries, debug_errors, function_pointer, njit, python_caller
 from . import callees
 from .latency import _draw_run_latency
 from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
@@ -88,8 +88,27 @@ def _entry_pointers(given, full):
     in a helper process, so that a cold start waits for the engine only).
     `engine_pointers` is the way in."""
     types = _driver_types(given, full)
+    if KERNEL_DEBUG:   # the entries themselves, for `_checked_run_chunk` (which is not compiled)
+        del types[_run_chunk]
+        compile_entries(types.items(), _callee_types(full))
+        return _POINTED
     compile_entries(types.items(), _callee_types(full))
     return tuple(function_pointer(d, types[d]) for d in _POINTED)
+
+
+@functools.lru_cache(maxsize=None)
+def _python_run_chunk():
+    return python_caller(_run_chunk)
+
+
+def _checked_run_chunk(rep0, nrep, *args):
+    """The debug mode's driver (`_numba_options.KERNEL_DEBUG`): `_run_chunk`'s
+    own code run as Python, calling the entries (`_entry_pointers` gives
+    them, not pointers) through their Python wrappers, so that an
+    IndexError of their bounds checks reaches the caller."""
+    with debug_errors(f"replications {rep0}..{rep0 + nrep - 1} (kernel.drivers._run_chunk: the draw, "
+                      f"the engine or the reduction)"):
+        return _python_run_chunk()(rep0, nrep, *args)
 
 
 def _array_key(a):
@@ -162,6 +181,7 @@ def chunk_runner(arrays, full):
     arrays = tuple(arrays)
     pointers = engine_pointers(arrays, full)
     num_requests = int(arrays[0][I_NUM_REQUESTS])
+    driver = _checked_run_chunk if KERNEL_DEBUG else _run_chunk
     pool = queue.SimpleQueue()
 
     def run(rep0, nrep, key0, key1, out):
@@ -170,7 +190,7 @@ def chunk_runner(arrays, full):
         except queue.Empty:
             buf = ChunkBuffers(num_requests)
         try:
-            return run_on(_run_chunk, buf, rep0, nrep, key0, key1, arrays, out, full, pointers)
+            return run_on(driver, buf, rep0, nrep, key0, key1, arrays, out, full, pointers)
         finally:
             pool.put(buf)
     run.pool = pool   # (for tests)
@@ -280,13 +300,14 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     n = arrival.size
     full = engine_variant(ipar)
     _stream_entries(*(numba.typeof(a) for a in (ipar, fpar, lat)), full)
-    need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
-    wi = np.zeros(need_i, np.int64)   # zeros: the common engine leaves the swap and caching columns as they are
-    wf = np.zeros(need_f)
-    _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full,
-              np.inf, WHOLE_RUN)
-    row = np.empty(N_COLUMNS)
-    _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
+    with debug_errors("a stream simulated from Python (kernel.drivers.simulate_stream)"):
+        need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
+        wi = np.zeros(need_i, np.int64)   # zeros: the common engine leaves the swap and caching columns as they are
+        wf = np.zeros(need_f)
+        _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full,
+                  np.inf, WHOLE_RUN)
+        row = np.empty(N_COLUMNS)
+        _reduce(np.int64(n), arrival, output, ipar, fpar, wi, wf, row)
     return _per_request(n, wi, wf) + (row,)
 
 
@@ -347,8 +368,9 @@ class Replica:
         self.finished = False
 
     def _call(self, t_stop, what):
-        return _simulate(self.n, *self.stream, *self.params, self.wi, self.wf, self.full, np.float64(t_stop),
-                         np.int64(what))
+        with debug_errors("a replica driven from Python (kernel.drivers.Replica)"):
+            return _simulate(self.n, *self.stream, *self.params, self.wi, self.wf, self.full, np.float64(t_stop),
+                             np.int64(what))
 
     def advance_until(self, t):
         """Run every step that ends at or before ``t`` (a step that starts
