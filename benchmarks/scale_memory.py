@@ -11,6 +11,9 @@ and a result check::
 
 Both on 2 threads (``--threads``), the default scenario's engine and
 latency model at 2 requests/s (the README's reference workload).
+``replicate`` takes 2 replications at least, so ``long`` holds two
+replications of 10**7 requests at once, one a thread. The figures, and what
+holds the memory, are in ``benchmarks/HISTORY.md`` ("Hardening").
 """
 
 import argparse

@@ -47,6 +47,11 @@ the caller's, and LLVM optimises and generates code for all of it again.
 first-class function instead, called through its address: the driver that
 loops over replications does not compile a second copy of the engine.
 
+A debug mode with bounds checks. ``FASTSIM_KERNEL_DEBUG=1`` compiles every
+function with Numba's bounds checks, cached apart, and runs the replications
+through a path on which the resulting IndexError reaches the caller
+(`KERNEL_DEBUG`; ``docs/testing.md``).
+
 Two processes for a cold start. Numba compiles one function at a time (a
 global lock), so a cold start is serial: the engine, then the workload
 drawing, the reduction and the driver. `compile_entries` compiles the costliest entry
@@ -64,6 +69,7 @@ is stopped, this process compiles what it left.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -84,7 +90,57 @@ from numba.core.registry import CPUDispatcher
 from numba.core.types import FunctionType, WrapperAddressProtocol
 from numba.extending import typeof_impl
 
+#: The environment variable that turns on the kernel's debug mode (`KERNEL_DEBUG`).
+KERNEL_DEBUG_ENV = "FASTSIM_KERNEL_DEBUG"
+
+
+def _kernel_debug():
+    value = os.environ.get(KERNEL_DEBUG_ENV, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+#: The kernel's debug mode (``FASTSIM_KERNEL_DEBUG=1``, read once, at import):
+#: every function is compiled with Numba's bounds checks, so an index out of
+#: an array's bounds raises IndexError instead of reading or writing past it.
+#: An exception cannot cross a function pointer's C wrapper (`_FunctionPointer`),
+#: so in this mode the replications' driver runs as Python and calls the
+#: compiled entries through their Python wrappers (`kernel.drivers.chunk_runner`),
+#: which pass it on (`debug_error` names it). Its compiled code is cached apart
+#: from the ordinary code: under other file names (`DEBUG_CACHE_PREFIX`), and,
+#: for the kernel, under a source stamp that names the mode (Numba's cache key
+#: holds no compiler flag). The results are the same bits; the engine is
+#: slower (the bounds checks, and one Python call per replication).
+KERNEL_DEBUG = _kernel_debug()
+
+#: The prefix of the debug mode's cache file names.
+DEBUG_CACHE_PREFIX = "boundscheck-"
+
 NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
+if KERNEL_DEBUG:
+    NUMBA_OPTIONS["boundscheck"] = True
+
+
+@contextlib.contextmanager
+def debug_errors(where):
+    """In debug mode, turn an IndexError raised by a kernel entry called in
+    the block into one that says what it is (`debug_error`); ``where``
+    describes the call. (Outside it, the block runs as it is.)"""
+    try:
+        yield
+    except IndexError as exc:
+        if not KERNEL_DEBUG:
+            raise
+        raise debug_error(exc, where) from exc
+
+
+def debug_error(exc, where):
+    """The IndexError to raise for ``exc``, an IndexError that a kernel entry
+    compiled in debug mode raised in ``where`` (a description of the call):
+    Numba's own message says neither where nor why."""
+    return IndexError(f"fastsim's kernel read or wrote an array out of its bounds in {where} "
+                      f"({type(exc).__name__}: {exc}; caught by the debug mode, {KERNEL_DEBUG_ENV}=1). "
+                      f"This is a bug in fastsim (or a workspace too small for its stream, if a kernel "
+                      f"entry was called directly): please report it with the scenario")
 
 #: The package whose functions are cached under `kernel_source_stamp`.
 KERNEL_PACKAGE = f"{__package__}.kernel"
@@ -112,18 +168,34 @@ def kernel_source_stamp():
         with open(path, "rb") as f:
             digest.update(f.read())
         digest.update(b"\0")
-    return ("fastsim-kernel-sources", digest.hexdigest())
+    # the mode too: Numba's cache key does not hold the bounds-check flag
+    return ("fastsim-kernel-sources", digest.hexdigest(), "boundscheck" if KERNEL_DEBUG else "")
 
 
 def _stamp(dispatcher):
     """Cache ``dispatcher`` under `kernel_source_stamp` if its function is
-    the kernel package's (Numba's own stamp otherwise)."""
+    the kernel package's (Numba's own stamp otherwise); in debug mode, under
+    file names of its own (`_debug_names`)."""
     cache = getattr(dispatcher, "_cache", None)
+    _debug_names(cache)
     module = getattr(dispatcher.py_func, "__module__", "") or ""
     if cache is not None and hasattr(cache, "_cache_file") and (
             module == KERNEL_PACKAGE or module.startswith(KERNEL_PACKAGE + ".")):
         cache._cache_file._source_stamp = kernel_source_stamp()
     return dispatcher
+
+
+def _debug_names(cache):
+    """In debug mode, give ``cache``'s index and data files names of their
+    own (`DEBUG_CACHE_PREFIX`), so that the two modes do not overwrite each
+    other's entries (the stamp alone would keep them correct, but each mode
+    would drop the other's entries at every switch). Idempotent."""
+    cache_file = getattr(cache, "_cache_file", None)
+    if not KERNEL_DEBUG or cache_file is None or cache_file._index_name.startswith(DEBUG_CACHE_PREFIX):
+        return
+    cache_file._index_name = DEBUG_CACHE_PREFIX + cache_file._index_name
+    cache_file._index_path = os.path.join(cache_file._cache_path, cache_file._index_name)
+    cache_file._data_name_pattern = DEBUG_CACHE_PREFIX + cache_file._data_name_pattern
 
 
 def _one_specialisation(dispatcher):
@@ -322,6 +394,20 @@ def python_version(dispatcher):
     return version(dispatcher)
 
 
+def python_caller(dispatcher):
+    """A jitted function run as Python, the jitted functions it calls
+    (through its globals) compiled: entries as they are, internal
+    functions through `python_entry`. An exception they raise reaches the
+    caller (the debug mode's driver, `KERNEL_DEBUG`), where through a
+    function pointer it would be lost."""
+    f = dispatcher.py_func
+    namespace = dict(f.__globals__)
+    for key, obj in list(namespace.items()):
+        if isinstance(obj, _InternalDispatcher):
+            namespace[key] = python_entry(obj)
+    return types.FunctionType(f.__code__, namespace, f.__name__, f.__defaults__, f.__closure__)
+
+
 def python_entry(dispatcher):
     """A Python-callable compilation of an internal :func:`njit_noalloc`
     function, for tests and benchmarks that call kernel internals directly
@@ -355,8 +441,9 @@ class _FunctionPointer(WrapperAddressProtocol):
     its C wrapper's address. The C wrapper cannot pass on an exception: it
     prints it ("Exception ignored") and returns zeros. The engine raises
     none (no ``raise``, NumPy's error model, no bounds checks); to look for
-    out-of-bounds indexing, run the kernel as Python (the tests'
-    ``kernel_as_python``), not with ``NUMBA_BOUNDSCHECK=1``."""
+    out-of-bounds indexing, use the debug mode (`KERNEL_DEBUG`), whose
+    driver calls the entries from Python instead of through pointers, not
+    ``NUMBA_BOUNDSCHECK=1`` (its IndexError would be lost here)."""
 
     def __init__(self, dispatcher, argtypes):
         dispatcher.compile(argtypes)   # loaded from Numba's cache when it is there

@@ -931,7 +931,9 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
                                confidence_level, entropy, backend, precision, time.perf_counter() - start,
                                interrupted=True)
         raise Interrupted(partial) from None
-    data = np.concatenate(blocks)
+    # (one block, the common case, is taken as it is: a copy of a large run's
+    # table would double its memory)
+    data = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
     if precision is not None:
         need = _replications_needed(data, precision, done, confidence_level)
         if need > done:

@@ -49,8 +49,15 @@ def sharegpt_80pct(num_requests=1000):
         latency=fastsim.LatencyModel.default())
 
 
+def sharegpt_static(num_requests=1000):
+    """`sharegpt_80pct` with static batching (the full engine): the static
+    batching baseline's cost against the common engine's."""
+    return sharegpt_80pct(num_requests).replace(**{"engine.scheduler": "static"})
+
+
 #: The workloads the benchmark scripts' ``--workload`` option names.
-WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload}
+WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
+             "static": sharegpt_static}
 
 
 def warm_up():

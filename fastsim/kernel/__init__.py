@@ -54,7 +54,7 @@ from .layout import *  # noqa: F401,F403  (the shared vocabulary: slots, codes, 
 from .metrics import _reduce  # noqa: F401
 from .replica import WHOLE_RUN, _simulate, engine_variant  # noqa: F401
 from .workload import _draw_workload  # noqa: F401
-from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SCRATCH, WF_SWAPPED, WI_BLOCKS,  # noqa: F401
+from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SWAPPED, WI_BLOCKS,  # noqa: F401
                         WI_CTOK, WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS, _ws_need)
 
 #: The kernel's modules, in reading order.

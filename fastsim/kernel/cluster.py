@@ -36,7 +36,7 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
 from .rng import _seed_streams
 from .router import _live_state, _needs_state, _reads_kv, _route
 from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
-                        RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WF_SCRATCH, WI_HEAD, WI_NPRE,
+                        RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
@@ -199,7 +199,7 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
     macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
     for j in range(N_ACC):
         macc[j] = 0.0
-    o_wv = (WF_HEAD + WF_SCRATCH) * n + N_ACC
+    o_wv = WF_HEAD * n + N_ACC
     o_ww = WI_HEAD * n + N_HIST
     m = 0
     for r in range(nrep):

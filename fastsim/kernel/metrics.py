@@ -16,8 +16,8 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
     C_TPOT_MEAN, C_TTFT_MEAN, F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, I_HAS_HORIZON,
     I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_SWAP, I_WARMUP, N_ACC, N_HIST, ST_COMPLETED, ST_DROPPED,
     ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_UNFINISHED)
-from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_SCRATCH, WI_HEAD, WI_NPRE, WI_NSWAP, WI_ONES,
-    WI_STATUS)
+from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_BLOCKS, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP,
+    WI_ONES, WI_STATUS)
 
 
 @njit_noalloc
@@ -292,15 +292,18 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     first_t = wf[WF_FIRST * n:(WF_FIRST + 1) * n]
     finish_t = wf[WF_FINISH * n:(WF_FINISH + 1) * n]
     acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
-    o = WF_HEAD * n + N_ACC
-    ttft = wf[o:o + n]
-    e2e = wf[o + n:o + 2 * n]
-    tpot = wf[o + 2 * n:o + 3 * n]
+    # The measured requests' TTFT, E2E and TPOT go to columns the ended run
+    # no longer needs (last-token times; tokens computed and KV blocks, int64
+    # read as doubles): the engine wrote them, so they are resident already,
+    # where a scratch of their own would add 24 bytes a request.
+    ttft = wf[WF_LAST * n:(WF_LAST + 1) * n]
+    e2e = wi[WI_K * n:(WI_K + 1) * n].view(np.float64)
+    tpot = wi[WI_BLOCKS * n:(WI_BLOCKS + 1) * n].view(np.float64)
     n_itl = np.int64(acc[A_N_ITL])
     o = WI_HEAD * n
     hist = wi[o:o + N_HIST]
     itl_w = wi[o + N_HIST:o + N_HIST + n_itl]
-    o = (WF_HEAD + WF_SCRATCH) * n + N_ACC
+    o = WF_HEAD * n + N_ACC
     itl_v = wf[o:o + n_itl]
     warmup = ipar[I_WARMUP]
     swap = ipar[I_SWAP] == 1

@@ -260,6 +260,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 mode = MODE_BETWEEN_STEPS
                 continue
             # -- between steps
+            if full is not None:
+                if ipar[I_STATIC] == 1 and n_run > 0:   # a static batch's decode steps, O(1) each
+                    t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5 = _static_decode(
+                        n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, drop_ptr, n_run, n_wait,
+                        reserved, n_itl, acc5, ws, we, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2])
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 if nxt >= n:
                     rc = ADVANCE_IDLE
@@ -1303,3 +1308,109 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
         cache.private[i], cache.nent[i] = 0, 0
     ri[RI_N_KNOWN] = i + 1
     return i
+
+
+@njit_noalloc
+def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, drop_ptr, n_run, n_wait, reserved,
+                   n_itl, acc5, ws, we, used):
+    """Static batching: the steps of a batch whose members all decode, in
+    O(1) a step (amortised) instead of a slow step's passes over the batch.
+
+    Entered between steps at ``t`` (before the arrivals at ``t`` are
+    ingested). It applies when every member has its first token and either
+    decodes (``k = P + g - 1``, its last token at ``t``) or pads (``g = O``),
+    and the budget holds them all (``n_run <= max_num_batched_tokens``):
+    then every step until the batch's end schedules each member one token
+    (``n_decode = n_run``, no prefill), only the context grows (by the
+    members still generating), and nothing but the clock, the arrivals,
+    abandonment and the run-level integrals changes outside the batch (no
+    block is taken or released: static batching reserved them all). The
+    steps are the slow step's, term for term: ingest and abandonment at
+    ``t``, `latency._step_time`, `accounting._account_step`, the arrivals
+    during the step, then the tokens: one gap entry per step for the
+    measured members still generating, whose gaps all equal ``t_end - t``
+    (the slow step's `_gap_add` calls would merge into the same entry). A
+    member's own counts and times are written when it emits its last token
+    (the members sorted by tokens left, in ``batch.oth``) or when the run
+    ends. It ends before the batch's last step (which completes the batch:
+    the slow step takes it), before a step that would end after ``t_stop``
+    or start at or after the horizon (the engine loop then does what it
+    does there), so that it leaves the replica between steps at ``t``,
+    exactly as the slow steps would have. Returns the updated (clock, start
+    of the last step, next arrival, next request to check for abandonment,
+    waiting, reserved tokens, gap entries, accumulators); ``batch.oth``
+    holds the running list again.
+    """
+    if n_run == 0 or n_run > ipar[I_MAX_BATCHED_TOKENS]:
+        return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+    run = batch.run
+    oth = batch.oth
+    warmup = ipar[I_WARMUP]
+    n_gen = 0    # members still generating, into oth
+    n_ctx = 0    # the step's context tokens
+    c_meas = 0   # measured members still generating
+    for jj in range(n_run):
+        r = run[jj]
+        if req.g[r] < 1:
+            return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+        if req.g[r] < req.output[r]:
+            if req.k[r] != req.prompt[r] + req.g[r] - 1 or req.last_t[r] != t:
+                return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+            oth[n_gen] = r
+            n_gen += 1
+            if r >= warmup:
+                c_meas += 1
+        n_ctx += req.k[r] + 1
+    if n_gen == 0:   # (not between steps: a batch of padding alone has completed)
+        return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+    # the generating members by tokens left (insertion sort: at most max_num_seqs)
+    for a in range(1, n_gen):
+        r = oth[a]
+        left = req.output[r] - req.g[r]
+        b = a - 1
+        while b >= 0 and req.output[oth[b]] - req.g[oth[b]] > left:
+            oth[b + 1] = oth[b]
+            b -= 1
+        oth[b + 1] = r
+    last = req.output[oth[n_gen - 1]] - req.g[oth[n_gen - 1]]   # the batch's steps left
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    c = n_gen
+    p = 0      # oth[p:n_gen]: still generating
+    j = 0      # steps taken here
+    while j + 1 < last:
+        if (has_h and t >= horizon) or t >= t_stop:
+            break
+        d = _step_time(lat, rec.dec_cost, n_run, 0, n_ctx, 0, acc5[4])
+        t_end = t + d
+        if t_end > t_stop:
+            break
+        nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t, nxt, n_run + n_wait, n_wait, reserved)
+        drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t, drop_ptr, nxt, n_wait, reserved)
+        acc5 = _account_step(acc5, t, t_end, d, n_run, n_wait, used, ws, we)
+        nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_run, n_wait, reserved,
+                                                            acc5, ws, we)
+        j += 1
+        if c_meas > 0:
+            n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, c_meas)
+        n_ctx += c
+        while p < n_gen and req.output[oth[p]] - req.g[oth[p]] == j:   # its last token
+            r = oth[p]
+            req.k[r] += j
+            req.g[r] += j
+            req.last_t[r] = t_end
+            c -= 1
+            if r >= warmup:
+                c_meas -= 1
+            p += 1
+        t_vis = t
+        t = t_end
+    if j > 0:
+        for q in range(p, n_gen):
+            r = oth[q]
+            req.k[r] += j
+            req.g[r] += j
+            req.last_t[r] = t
+    for jj in range(n_run):
+        oth[jj] = run[jj]
+    return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5

@@ -5,8 +5,10 @@ replications, and a GPU thread gets its slice of one device allocation.
 Layout (n requests): wi = status, k, g, blocks, npre, nswap, ctok (7n), a
 reduction scratch (n + N_HIST), the inter-token gap weights (nitl), then the
 engine's internal state; wf = first_t, last_t, finish_t, swapped_s (4n), the
-accumulators (N_ACC), a reduction scratch (3n), the gap values (nitl), then
-internal state. `_ws_sizes` is the one statement of the sizes (from the
+accumulators (N_ACC), the gap values (nitl), then internal state. (The
+reduction's per-request values go to columns the run no longer needs once
+it has ended, `metrics._reduce`: columns the engine wrote anyway, so the
+reduction makes no more of the workspace resident.) `_ws_sizes` is the one statement of the sizes (from the
 dimensions `_ws_dims` reads off the requests; `_ws_need` composes the two);
 the per-request columns of the heads are named below (column j of a head
 is ``a[j * n:(j + 1) * n]``; a jitted function without NRT cannot return
@@ -43,13 +45,11 @@ WI_HEAD = 8
 # The segments of ``wf`` (float64), in their order.
 (WF_FIRST, WF_LAST, WF_FINISH, WF_SWAPPED,   # per-request columns
  WF_ACC,                        # run-level accumulators (`layout.A_*`)
- WF_TTFT, WF_E2E, WF_TPOT,      # reduction scratch
  WF_ITL_V,                      # values of the inter-token gap samples
  WF_KEY, WF_DEC_COST, WF_SKEY, WF_SWAPPED_SINCE,   # queue keys, decode term by batch size, swap keys and times
  WF_SCALARS,                    # the replica's scalar state between calls (`RF_*`)
- N_WF) = range(15)
+ N_WF) = range(12)
 WF_HEAD = 4
-WF_SCRATCH = 3
 
 # A replica's scalar state between two calls (`replica.advance_until`):
 # ``wi[WI_SCALARS]`` and ``wf[WF_SCALARS]``.
@@ -123,7 +123,6 @@ def _float_sizes(n, cap, nitl):
     """The sizes of the ``WF_*`` segments, in order: the one statement of ``wf``'s layout."""
     return (n, n, n, n,
             N_ACC,
-            n, n, n,
             nitl,
             n, cap + 1, n, n,
             N_RF)
@@ -235,9 +234,6 @@ def _carve(stream, dims, wi, wf):
     finish_t, o = _take(o, sf[WF_FINISH])
     swapped_s, o = _take(o, sf[WF_SWAPPED])
     acc, o = _take(o, sf[WF_ACC])
-    _ttft, o = _take(o, sf[WF_TTFT])
-    _e2e, o = _take(o, sf[WF_E2E])
-    _tpot, o = _take(o, sf[WF_TPOT])
     itl_v, o = _take(o, sf[WF_ITL_V])
     key, o = _take(o, sf[WF_KEY])
     dec_cost, o = _take(o, sf[WF_DEC_COST])
