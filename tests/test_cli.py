@@ -109,9 +109,9 @@ def test_every_table_lists_its_allowed_keys():
 
     for table in ("engine", "workload", "latency", "slo"):
         keys = table_keys(table)
-        with pytest.raises(ValueError, match=rf"^\[{table}\]: unknown key 'nonsense'; allowed keys: "
+        with pytest.raises(ValueError, match=rf"^\[{table}\]: unknown key 'qqq'; allowed keys: "
                                              rf"{', '.join(keys)}$"):
-            fastsim.Scenario.from_dict({table: {"nonsense": 1}})
+            fastsim.Scenario.from_dict({table: {"qqq": 1}})   # (no key near it: no "did you mean")
         # every key listed is accepted as a key (a bad value may still be refused, by name)
         for key in keys:
             try:
@@ -337,7 +337,7 @@ def test_signal_stops_a_run_and_keeps_the_finished_replications(tmp_path, signum
     stdout, stderr = proc.communicate(timeout=30)
     took = time.monotonic() - start
     assert proc.returncode == code, stderr
-    assert took < 2.0, took
+    assert took < 5.0, took   # (it stops within a chunk; the bound leaves room for a loaded machine)
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert "fastsim: interrupted; kept the " in stderr
     assert "PARTIAL: interrupted after " in stdout

@@ -58,8 +58,10 @@ def test_many_replications_need_no_max_replications():
 
 
 def test_toml_named_preset_and_bad_combinations():
-    sc = fastsim.Scenario.from_dict({"latency": {"preset": "a10g-qwen2.5-1.5b"}})
+    sc = fastsim.Scenario.from_dict({"latency": {"preset": "a10g-qwen2.5-1.5b-deterministic"}})
     assert sc.latency == fastsim.LatencyModel.default()
+    sc = fastsim.Scenario.from_dict({"latency": {"preset": "a10g-qwen2.5-1.5b"}})   # with its fitted noise
+    assert sc.latency == fastsim.LatencyModel.preset("a10g-qwen2.5-1.5b") and sc.latency.is_stochastic
     with pytest.raises(ValueError, match=r"preset cannot be combined with \['base_s'\]"):
         fastsim.Scenario.from_dict({"latency": {"preset": "default", "base_s": 0.01}})
     with pytest.raises(ValueError, match="name must be one of"):
