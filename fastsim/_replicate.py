@@ -171,6 +171,7 @@ def pack_scenario(scenario: Scenario) -> dict:
         comps.append((KIND_EMPIRICAL, start, w.prefix_groups, 0.0, 0.0, 1.0))
         lrange[7] = len(comps)
     ipar[K.I_CACHING] = int(e.enable_prefix_caching)
+    ipar[K.I_BLOCK_HASH] = int(e.enable_prefix_caching and e.block_hash_caching)
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
@@ -449,7 +450,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
         from ._memory import check_stream_memory
 
-        check_stream_memory(a.size, o, grp, plen, packed["ipar"])
+        check_stream_memory(a.size, p, o, grp, plen, packed["ipar"])
         rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
         c0 = float(rfpar[K.F_TTFT_OVERHEAD])
         st, first, finish, npre, ntok, nswap, swapped, ctok, _ = K.simulate_stream(

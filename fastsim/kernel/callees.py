@@ -43,7 +43,7 @@ def engine_types(ipar, fpar, lat, full):
     i64, vi, vf = nb_types.int64, V_I, V_F
     return {_simulate: (i64, vf, vi, vi, vi, vi, vi, vi, ipar, fpar, lat, vi, vf,
                         nb_types.none if full is None else i64, nb_types.float64, i64),
-            _ws_need: (i64, vi, vi, vi, ipar),
+            _ws_need: (i64, vi, vi, vi, vi, ipar),
             _reduce: (i64, vf, vi, ipar, fpar, vi, vf, vf)}
 
 
@@ -184,12 +184,12 @@ def type_codes():
     i64, f64 = nb_types.int64, nb_types.float64
     codes = {"i": i64, "f": f64, "u": nb_types.uint64, "b": nb_types.boolean, "vi": vi, "vf": vf, "none": nb_types.none,
              "acc": nb_types.Tuple((f64,) * 5 + (i64,)),
-             "dims": nb_types.UniTuple(i64, 6),
+             "dims": nb_types.UniTuple(i64, 8),
              "isizes": nb_types.UniTuple(i64, W.N_WI), "fsizes": nb_types.UniTuple(i64, W.N_WF)}
     n = 2
     ints = np.zeros(n, np.int64)
     stream = W.Stream(np.zeros(n), *(ints,) * 6)
-    dims = (n, 1, 1, 1, 1, 1)
+    dims = (n, 1, 1, 1, 1, 1, 1, 1)
     need_i, need_f = python_version(W._ws_sizes)(*dims)
     views = python_version(W._carve)(stream, dims, np.zeros(need_i, np.int64), np.zeros(need_f))
     codes["Stream"] = numba.typeof(stream)

@@ -42,7 +42,9 @@ I_ASYNC = 30          # 1: async_scheduling (a step is scheduled while the one b
 I_PRIO_BAND = 31      # priority per length band (BAND_*): prio_val[j] for the band j in which the length
                       # falls, prio_cdf the bands' upper edges (the last inf); BAND_NONE: drawn by prio_cdf
 I_SJF_KEY = 32        # the length the SJF key is (or predicts): SJF_KEY_*
-N_IPAR = 33
+I_BLOCK_HASH = 33     # with I_CACHING: 1 prefix caching by block hash (vLLM V1, `block_pool`), 2 the same
+                      # with the block pool's conservation checked after every step (a test path)
+N_IPAR = 34
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

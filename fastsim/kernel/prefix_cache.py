@@ -9,6 +9,7 @@ references (G_i, j).
 from __future__ import annotations
 
 from .._numba_options import njit_noalloc
+from .block_pool import _pool_free
 
 
 @njit_noalloc
@@ -131,9 +132,13 @@ def _register(r, k0, k1, bs, grp, cache, jmax):
 
 
 @njit_noalloc(inline="llvm")
-def _release(r, free, req, cache, jmax, caching):
+def _release(r, free, req, cache, jmax, caching, hashing):
     """Release the KV blocks of request ``r`` (with prefix caching, its
-    private blocks and its references to cache entries); return the free blocks."""
+    private blocks and its references to cache entries; with caching by
+    block hash, its blocks to the free-block queue, `block_pool`); return
+    the free blocks."""
+    if hashing:
+        return free + _pool_free(r, req, cache.pool)
     if caching:
         free = _release_blocks(r, free, req.pgrp, cache, jmax)
     else:

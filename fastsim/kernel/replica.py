@@ -62,10 +62,12 @@ from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
-                     I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
+                     I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS,
                      POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
                      ST_UNFINISHED, ST_WAITING)
+from .block_pool import (_cache_arrived_tokens, _known_tokens, _pool_cache_full, _pool_check, _pool_claim,
+                         _pool_hits, _pool_init, _pool_queued_hits, _pool_take)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
@@ -166,19 +168,21 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if full is None and _needs_full_engine(ipar):
         return -2
     bs = ipar[I_BLOCK_SIZE]
-    cap, ncnt, nheld, nitl, jmax = _ws_dims(n, output, pgrp, plen, ipar)
-    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
+    cap, ncnt, nheld, nitl, jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)
     if need_i > wi.size or need_f > wf.size:
         return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
-    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl, nbp, nbt), wi, wf)
     bsh = _log2_exact(bs)
     if what & STEP_INIT:
         _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full)
     if full is None:
         caching = False
+        hashing = False
     else:
         caching = ipar[I_CACHING] == 1
+        hashing = caching and ipar[I_BLOCK_HASH] >= 1
     async_on = ipar[I_ASYNC] == 1
     rc = 0
     if what & STEP_ADVANCE:
@@ -264,10 +268,16 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             else:
                 _materialise_decoders(req, dec, t, S, bs, bsh)
                 rl = _compact_run(batch.run, rl, req.status)
+                lag = async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
                 (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
                  n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
-                                         pending_swap, bs, bsh, jmax, full)
+                                         pending_swap, bs, bsh, jmax, lag, full)
                 rl = n_run
+                if hashing:
+                    if lag:
+                        _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
+                    if ipar[I_BLOCK_HASH] == 2 and _pool_check(req, batch.run, n_run, cache.pool, free) != 0:
+                        return -3
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
@@ -319,6 +329,8 @@ def _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, ful
     _init_requests(n, req, ipar, fpar)
     if full is not None:
         _init_full_engine(n, req, swap, cache, ipar, dec.ph.size)
+        if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
+            _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size)
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
@@ -384,7 +396,8 @@ def _init_full_engine(n, req, swap, cache, ipar, bs):
         swap.swapped_s[i] = 0.0
         # the swapped queue is a heap ordered by (e_i, i), by i for fcfs
         swap.skey[i] = req.key[i] if not fcfs else float(i)
-        cache.fpre[i] = req.plen[i] // bs if caching and req.pgrp[i] >= 0 else 0
+        # (the synthetic prefix entries; none with caching by block hash)
+        cache.fpre[i] = req.plen[i] // bs if caching and ipar[I_BLOCK_HASH] == 0 and req.pgrp[i] >= 0 else 0
         cache.hoff[i + 1] = cache.hoff[i] + cache.fpre[i]
         cache.private[i] = 0
         cache.nent[i] = 0
@@ -826,11 +839,13 @@ def _remove_running(run, n_run, vpos):
 
 @njit_noalloc(inline="llvm")
 def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used, pending_swap, bs,
-                   bsh, jmax, full):
+                   bsh, jmax, lag, full):
     """Schedule a slow step in vLLM's phases: a static batch (static
     batching), phase 0 (active priority preemption), the running requests in
     admission order with preemption (phase 1), the swapped ones (phase 2),
-    then admission of waiting requests (phase 3). Return the updated (free
+    then admission of waiting requests (phase 3). ``lag``: async scheduling
+    with the tokens of the step that ended at ``t`` still in flight (for
+    vLLM; they are not cacheable yet). Return the updated (free
     blocks, waiting, running, swapped, swap blocks used, blocks moved), whether
     anything runs, and the batch composition."""
     if full is None:
@@ -849,13 +864,13 @@ def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n
                                                    full)
     (free, budget, n_wait, n_run, n_sw, swap_used, pending_swap,
      preempted) = _schedule_running(req, batch, swap, cache, rec, ipar, t, free, mbt, n_wait, n_run, n_sw,
-                                    swap_used, pending_swap, bs, bsh, jmax, full)
+                                    swap_used, pending_swap, bs, bsh, jmax, lag, full)
     if swap_on and not preempted:
         free, budget, n_run, n_sw, swap_used, pending_swap = _resume_swapped(
             req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh)
     if not static and not preempted and n_sw == 0:
-        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh,
-                                                     jmax, full)
+        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs,
+                                                     bsh, jmax, lag, full)
     n_dec, n_pf, n_ctx = _composition(req, batch, n_run, static)
     return free, n_wait, n_run, n_sw, swap_used, pending_swap, n_dec + n_pf > 0, n_dec, n_pf, n_ctx
 
@@ -892,8 +907,10 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
     recompute (nothing is scheduled yet: nothing to refund)."""
     if full is None:
         caching = False
+        hashing = False
     else:
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     mbt = ipar[I_MAX_BATCHED_TOKENS]
     w = _q_peek(batch.q, batch.qs, req.key, ipar[I_POLICY], req.status)
     while n_run > 0:
@@ -907,12 +924,15 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
             cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
+        elif hashing:
+            h_w = _pool_hits(w, req, cache.pool, bs, jmax)
+            cap_w = free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
         c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
         if n_run < ipar[I_MAX_NUM_SEQS] and _admission_blocks(need_w, _blocks_of(c_w, bs, bsh), ipar, bs,
                                                               bsh) <= cap_w:
             break
-        free = _release(v, free, req, cache, jmax, caching)
+        free = _release(v, free, req, cache, jmax, caching, hashing)
         req.k[v] = 0
         req.npre[v] += 1
         req.status[v] = ST_WAITING
@@ -924,7 +944,7 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
 
 @njit_noalloc(inline="llvm")
 def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wait, n_run, n_sw, swap_used,
-                      pending_swap, bs, bsh, jmax, full):
+                      pending_swap, bs, bsh, jmax, lag, full):
     """Phase 1: the running requests in admission order, each its need cut to
     the budget; where its new blocks do not fit, preempt (by swap or
     recompute) until they do, or preempt itself. Return the updated (free
@@ -935,11 +955,13 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         prio_preempt = False
         swap_on = False
         caching = False
+        hashing = False
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     async_on = ipar[I_ASYNC] == 1
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
@@ -971,7 +993,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 kk -= 1
             req.sched[v] = 0
             # (with caching, its refunded tokens' blocks are private: all released)
-            free = _release(v, free, req, cache, jmax, caching)
+            free = _release(v, free, req, cache, jmax, caching, hashing)
             req.npre[v] += 1
             m_v = _blocks_of(req.k[v], bs, bsh)
             if swap_on and m_v <= ipar[I_SWAP_BLOCKS] - swap_used:
@@ -1002,7 +1024,12 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 break
         if self_preempted:
             break
-        if new_blk > 0:
+        if hashing:
+            if new_blk > 0:
+                _pool_take(r, new_blk, req, cache.pool)
+                free -= new_blk
+            _pool_cache_full(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), req, cache.pool, bs, jmax)
+        elif new_blk > 0:
             req.blocks[r] += new_blk
             if caching:
                 free = _take_blocks(new_blk, free, cache)
@@ -1048,18 +1075,24 @@ def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_u
 
 
 @njit_noalloc(inline="llvm")
-def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh, jmax, full):
+def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, bsh, jmax, lag, full):
     """Phase 3: admit waiting requests in queue order while a seat, the
     budget and the blocks of the first chunk (after prefix-cache hits) allow."""
     if full is None:
         caching = False
+        hashing = False
     else:
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     policy = ipar[I_POLICY]
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
-        h_w = _lookup(w, req.pgrp, cache, jmax) if caching else 0
+        h_w = 0
+        if caching:
+            h_w = _lookup(w, req.pgrp, cache, jmax)
+        elif hashing:
+            h_w = _pool_hits(w, req, cache.pool, bs, jmax)
         s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
         if s < 0:
             break
@@ -1068,6 +1101,9 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
         nb_gate = _admission_blocks(req.prompt[w] + req.g[w] - h_w * bs, nb, ipar, bs, bsh)
         if caching:
             if nb_gate > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
+                break
+        elif hashing:
+            if nb_gate > free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax):
                 break
         elif nb_gate > free:
             break
@@ -1082,6 +1118,14 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
             free = _take_blocks(nb, free, cache)
             cache.private[w] = nb
             req.blocks[w] = h_w + nb
+        elif hashing:
+            if not req.ever[w]:
+                cache.ctok[w] = h_w * bs       # at its first admission
+            free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
+            req.k[w] = h_w * bs
+            _pool_take(w, nb, req, cache.pool)
+            free -= nb
+            _pool_cache_full(w, min(req.k[w] + s, _known_tokens(req, w, t, lag)), req, cache.pool, bs, jmax)
         else:
             req.blocks[w] = nb
             free -= nb
@@ -1125,9 +1169,11 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
     if full is None:
         static = False
         caching = False
+        hashing = False
     else:
         static = ipar[I_STATIC] == 1
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     async_on = ipar[I_ASYNC] == 1
     warmup = ipar[I_WARMUP]
     run = batch.run
@@ -1163,7 +1209,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
     for jj in range(n_run):
         r = run[jj]
         if req.status[r] == ST_COMPLETED:
-            free = _release(r, free, req, cache, jmax, caching)
+            free = _release(r, free, req, cache, jmax, caching, hashing)
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[r] + req.output[r]
         else:
@@ -1172,7 +1218,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             if async_on and req.g[r] == req.output[r]:
                 continue   # finished, held: neither lazy nor scheduled again
             # decoders that emitted at t_end become lazy; the rest are "others"
-            if not static and not caching and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
+            if not static and not caching and not hashing and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
                 _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
             else:
                 batch.oth[n_oth] = r
