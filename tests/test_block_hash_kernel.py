@@ -108,6 +108,8 @@ def _simulate_checked(sc, stream):
     ipar = packed["ipar"].copy()
     ipar[K.I_BLOCK_HASH] = 2
     a = np.ascontiguousarray(stream["arrival_s"], dtype=np.float64)
+    stream = stream.assign(**{c: stream[c] if c in stream else v
+                              for c, v in (("prefix_group", -1), ("prefix_len", 0))})
     cols = [np.ascontiguousarray(stream[c], dtype=np.int64)
             for c in ("prompt_len", "output_len", "priority", "output_len", "prefix_group", "prefix_len")]
     n = np.int64(a.size)
@@ -121,6 +123,22 @@ def _simulate_checked(sc, stream):
 def test_blocks_are_conserved_after_every_step(name):
     sc = scenario(GRID[name])
     stream = fastsim.sample_requests(sc, seed=3)
+    assert _simulate_checked(sc, stream) >= 0
+
+
+@pytest.mark.parametrize("name", ["sync", "sync-tight", "sync-block-32", "sync-priority-preemption",
+                                  "sync-no-chunking", "sync-gate-null-block"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_counted_pool_gives_the_reference_bits(name, seed):
+    """Nothing shared, synchronous loop: the kernel counts the block pool (fast
+    steps) until the first preemption, lays it out there and counts it again
+    once no request in the system was ever preempted (`block_pool`)."""
+    sc = scenario(dict(GRID[name], num_gpu_blocks=GRID[name].get("num_gpu_blocks", 64) - 8), groups=0, rate=10.0)
+    stream = fastsim.sample_requests(sc, seed=seed)
+    fast = fastsim.simulate_requests(sc, stream, backend="numba")
+    ref = fastsim.simulate_requests(sc, stream, backend="reference")
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
+    assert fast["num_preemptions"].sum() > 0
     assert _simulate_checked(sc, stream) >= 0
 
 

@@ -27,6 +27,25 @@ vLLM's). Their state, in `workspace.BlockPool`:
   ``Requests.blocks``) and how many of its leading blocks are cached
   (``ncached``).
 
+``pst``: [cached blocks, 1 if the pool is *materialised*, 1 if it may be
+*counted*, requests in the system that were ever preempted].
+
+Counted pool. When nothing is shared (no request has a block of a prefix
+group: every identity is one request's own) and no request in the system
+was ever preempted, no block in the queue can ever be hit (a request's
+blocks are looked up only when it is re-admitted after a preemption; a
+finished request's never again), so which physical blocks a request holds
+and the queue's order cannot show: the pool is just a count of free blocks,
+exactly as without caching, and the engine takes fast steps. At the first
+preemption (`_pool_materialise`) the pool is laid out as it would stand: the
+running requests' blocks, cached up to their computed tokens (``k`` and the
+tokens scheduled this step: vLLM caches a block full of known tokens when
+it is scheduled), and the free blocks, queued in any order (none of them
+can be hit, so none of their evictions shows). It is counted again
+(`_pool_recount`) when no request in the system was ever preempted. Only
+the synchronous loop counts (with async scheduling a block is cached a step
+later, which the layout does not reconstruct).
+
 The reference simulator (``fastsim/_reference.py``, ``_BlockPool``) is
 written from the same vLLM code; the tests hold the two to each other bit
 for bit.
@@ -161,9 +180,11 @@ def _q_append(b, pool):
 
 
 @njit_noalloc
-def _pool_init(n, req, pool, nb, bs):
+def _pool_init(n, req, pool, nb, bs, countable):
     """Every block free, in id order; nothing cached; each request's block
-    list sized for its prompt and output (`workspace._ws_dims`)."""
+    list sized for its prompt and output (`workspace._ws_dims`). The pool
+    starts counted if ``countable`` (the synchronous loop) and no request
+    has a block of a prefix group."""
     s = nb
     pool.qnext[s] = 0 if nb > 0 else s
     pool.qprev[s] = nb - 1 if nb > 0 else s
@@ -175,10 +196,66 @@ def _pool_init(n, req, pool, nb, bs):
     for i in range(pool.hused.size):
         pool.hused[i] = 0
     pool.pst[0] = 0
+    pool.pst[3] = 0
     pool.boff[0] = 0
     for r in range(n):
         pool.boff[r + 1] = pool.boff[r] + _list_capacity(req.prompt[r], req.output[r], nb, bs)
         pool.ncached[r] = 0
+        if req.pgrp[r] >= 0 and req.plen[r] >= bs:
+            countable = False
+    pool.pst[2] = 1 if countable else 0
+    pool.pst[1] = 1 - pool.pst[2]
+
+
+@njit_noalloc
+def _pool_materialise(req, run, n_run, pool, bs, jmax):
+    """Lay the counted pool out (the first preemption since it was counted):
+    the running requests hold blocks 0, 1, ... in running order, each cached
+    up to its computed and scheduled tokens; the rest are queued, uncached."""
+    for i in range(pool.hused.size):
+        pool.hused[i] = 0
+    nb = pool.ref.size
+    pool.pst[0] = 0
+    b = 0
+    for jj in range(n_run):
+        r = run[jj]
+        base = pool.boff[r]
+        for j in range(req.blocks[r]):
+            pool.rblk[base + j] = b
+            pool.ref[b] = 1
+            pool.bhash[b] = -1
+            b += 1
+        pool.ncached[r] = 0
+        _pool_cache_full(r, req.k[r] + req.sched[r], req, pool, bs, jmax)
+    s = nb
+    pool.qnext[s] = s
+    pool.qprev[s] = s
+    for c in range(b, nb):
+        pool.ref[c] = 0
+        pool.bhash[c] = -1
+        _q_append(c, pool)
+    pool.pst[1] = 1
+
+
+@njit_noalloc(inline="llvm")
+def _pool_counted(pool):
+    """Whether the pool is counted (see the module's docstring), at the start
+    of a step: it is counted again once no request in the system was ever
+    preempted."""
+    if pool.pst[1] == 1 and pool.pst[2] == 1 and pool.pst[3] == 0:
+        pool.pst[1] = 0
+    return pool.pst[1] == 0
+
+
+@njit_noalloc(inline="llvm")
+def _preempted(v, req, run, n_run, pool, bs, jmax):
+    """Bookkeeping of a preemption of ``v`` (before its blocks are freed):
+    lay the pool out if it was counted; count v among the requests ever
+    preempted."""
+    if pool.pst[1] == 0:
+        _pool_materialise(req, run, n_run, pool, bs, jmax)
+    if req.npre[v] == 0:
+        pool.pst[3] += 1
 
 
 @njit_noalloc(inline="llvm")

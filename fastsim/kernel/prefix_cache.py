@@ -137,8 +137,8 @@ def _release(r, free, req, cache, jmax, caching, hashing):
     private blocks and its references to cache entries; with caching by
     block hash, its blocks to the free-block queue, `block_pool`); return
     the free blocks."""
-    if hashing:
-        return free + _pool_free(r, req, cache.pool)
+    if hashing and cache.pool.pst[1] == 1:
+        return free + _pool_free(r, req, cache.pool)   # (a counted pool: counts, as without caching)
     if caching:
         free = _release_blocks(r, free, req.pgrp, cache, jmax)
     else:

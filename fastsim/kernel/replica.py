@@ -67,7 +67,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING, ST_SWAPPED,
                      ST_UNFINISHED, ST_WAITING)
 from .block_pool import (_cache_arrived_tokens, _known_tokens, _pool_cache_full, _pool_check, _pool_claim,
-                         _pool_hits, _pool_init, _pool_queued_hits, _pool_take)
+                         _pool_counted, _pool_hits, _pool_init, _pool_queued_hits, _pool_take, _preempted)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
@@ -258,7 +258,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
-            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+            # (prefix caching takes slow steps, unless the block pool is counted: `block_pool`)
+            slow_cache = caching and not (hashing and _pool_counted(cache.pool))
+            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache,
+                          full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
@@ -276,7 +279,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if hashing:
                     if lag:
                         _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
-                    if ipar[I_BLOCK_HASH] == 2 and _pool_check(req, batch.run, n_run, cache.pool, free) != 0:
+                    if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
+                            and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
                         return -3
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
                 mode = MODE_SLOW_STEP
@@ -330,7 +334,8 @@ def _init_replica(n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, ful
     if full is not None:
         _init_full_engine(n, req, swap, cache, ipar, dec.ph.size)
         if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
-            _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size)
+            countable = ipar[I_ASYNC] == 0 and ipar[I_STATIC] == 0 and ipar[I_SWAP] == 0
+            _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, countable)
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
@@ -482,10 +487,10 @@ def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
 # The fast step
 
 @njit_noalloc(inline="llvm")
-def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache, full):
     """Whether every running request can be scheduled in full this step (its
     token need fits the budget, its new blocks the free blocks), so that the
-    step can be a fast one."""
+    step can be a fast one. ``slow_cache``: prefix caching needs a slow step."""
     if full is None:
         static = False
         prio_preempt = False
@@ -493,7 +498,7 @@ def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph,
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
-        caching = ipar[I_CACHING] == 1
+        caching = slow_cache
     if static:
         return False
     need_tok = dec.dstate[0]
@@ -511,7 +516,8 @@ def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph,
     # Likewise with a swapped request (phase 2) or transfers to charge.
     if n_sw > 0 or pending_swap > 0:
         fast = False
-    # And always with prefix caching (shared blocks, registration, LRU).
+    # And with prefix caching (shared blocks, registration, LRU), but for a
+    # counted block pool (`block_pool`).
     if caching:
         fast = False
     return fast
@@ -924,7 +930,7 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
             cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
-        elif hashing:
+        elif hashing and cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
             h_w = _pool_hits(w, req, cache.pool, bs, jmax)
             cap_w = free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
@@ -932,6 +938,8 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         if n_run < ipar[I_MAX_NUM_SEQS] and _admission_blocks(need_w, _blocks_of(c_w, bs, bsh), ipar, bs,
                                                               bsh) <= cap_w:
             break
+        if hashing:
+            _preempted(v, req, batch.run, n_run, cache.pool, bs, jmax)
         free = _release(v, free, req, cache, jmax, caching, hashing)
         req.k[v] = 0
         req.npre[v] += 1
@@ -986,6 +994,8 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         while new_blk > free + cache.cst[2]:   # free + evictable (0 without caching)
             vpos = _victim(run, n_run, req.key, keyed)
             v = run[vpos]
+            if hashing:
+                _preempted(v, req, run, n_run, cache.pool, bs, jmax)
             if vpos < kk and req.sched[v] > 0:
                 # (one skipped with its last token in flight is not "scheduled": vLLM then
                 # moves no cursor, so the request after the victim waits for the next step)
@@ -1024,7 +1034,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 break
         if self_preempted:
             break
-        if hashing:
+        if hashing and cache.pool.pst[1] == 1:
             if new_blk > 0:
                 _pool_take(r, new_blk, req, cache.pool)
                 free -= new_blk
@@ -1089,9 +1099,10 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
         h_w = 0
+        pooled = hashing and cache.pool.pst[1] == 1   # (a counted pool has no hits: `block_pool`)
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
-        elif hashing:
+        elif pooled:
             h_w = _pool_hits(w, req, cache.pool, bs, jmax)
         s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
         if s < 0:
@@ -1102,7 +1113,7 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         if caching:
             if nb_gate > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
                 break
-        elif hashing:
+        elif pooled:
             if nb_gate > free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax):
                 break
         elif nb_gate > free:
@@ -1118,7 +1129,7 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
             free = _take_blocks(nb, free, cache)
             cache.private[w] = nb
             req.blocks[w] = h_w + nb
-        elif hashing:
+        elif pooled:
             if not req.ever[w]:
                 cache.ctok[w] = h_w * bs       # at its first admission
             free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
@@ -1209,6 +1220,8 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
     for jj in range(n_run):
         r = run[jj]
         if req.status[r] == ST_COMPLETED:
+            if hashing and req.npre[r] > 0:
+                cache.pool.pst[3] -= 1   # (one fewer ever preempted in the system)
             free = _release(r, free, req, cache, jmax, caching, hashing)
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[r] + req.output[r]
@@ -1218,7 +1231,8 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             if async_on and req.g[r] == req.output[r]:
                 continue   # finished, held: neither lazy nor scheduled again
             # decoders that emitted at t_end become lazy; the rest are "others"
-            if not static and not caching and not hashing and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
+            if (not static and not caching and not (hashing and cache.pool.pst[1] == 1)
+                    and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1):
                 _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
             else:
                 batch.oth[n_oth] = r

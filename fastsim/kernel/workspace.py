@@ -132,7 +132,7 @@ def _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
             n, n + 1, ncnt, ncnt, ncnt, 4, nheld, n, n,
             nbp + 1, nbp + 1, nbp, nbp, nbp, nbp,
             nht, nht, nht, nht,
-            npr + 1, nbt, npr, 1,
+            npr + 1, nbt, npr, 4,
             cap + 1,
             cap,
             N_RI)
