@@ -259,7 +259,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
             # (prefix caching takes slow steps, unless the block pool is counted: `block_pool`)
-            slow_cache = caching and not (hashing and _pool_counted(cache.pool))
+            slow_cache = caching
+            if hashing:
+                if _pool_counted(cache.pool):
+                    slow_cache = False
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache,
                           full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
@@ -930,9 +933,10 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
             cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
-        elif hashing and cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
-            h_w = _pool_hits(w, req, cache.pool, bs, jmax)
-            cap_w = free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax)
+        elif hashing:
+            if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
+                h_w = _pool_hits(w, req, cache.pool, bs, jmax)
+                cap_w = free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
         c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
         if n_run < ipar[I_MAX_NUM_SEQS] and _admission_blocks(need_w, _blocks_of(c_w, bs, bsh), ipar, bs,
@@ -1034,11 +1038,15 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 break
         if self_preempted:
             break
-        if hashing and cache.pool.pst[1] == 1:
-            if new_blk > 0:
-                _pool_take(r, new_blk, req, cache.pool)
+        if hashing:
+            if cache.pool.pst[1] == 1:
+                if new_blk > 0:
+                    _pool_take(r, new_blk, req, cache.pool)
+                    free -= new_blk
+                _pool_cache_full(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), req, cache.pool, bs, jmax)
+            elif new_blk > 0:   # (a counted pool: `block_pool`)
+                req.blocks[r] += new_blk
                 free -= new_blk
-            _pool_cache_full(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), req, cache.pool, bs, jmax)
         elif new_blk > 0:
             req.blocks[r] += new_blk
             if caching:
@@ -1099,11 +1107,11 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
         h_w = 0
-        pooled = hashing and cache.pool.pst[1] == 1   # (a counted pool has no hits: `block_pool`)
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
-        elif pooled:
-            h_w = _pool_hits(w, req, cache.pool, bs, jmax)
+        elif hashing:
+            if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
+                h_w = _pool_hits(w, req, cache.pool, bs, jmax)
         s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
         if s < 0:
             break
@@ -1113,8 +1121,8 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         if caching:
             if nb_gate > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
                 break
-        elif pooled:
-            if nb_gate > free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax):
+        elif hashing:
+            if nb_gate > free - (_pool_queued_hits(w, h_w, req, cache.pool, bs, jmax) if h_w > 0 else 0):
                 break
         elif nb_gate > free:
             break
@@ -1129,14 +1137,18 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
             free = _take_blocks(nb, free, cache)
             cache.private[w] = nb
             req.blocks[w] = h_w + nb
-        elif pooled:
-            if not req.ever[w]:
-                cache.ctok[w] = h_w * bs       # at its first admission
-            free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
-            req.k[w] = h_w * bs
-            _pool_take(w, nb, req, cache.pool)
-            free -= nb
-            _pool_cache_full(w, min(req.k[w] + s, _known_tokens(req, w, t, lag)), req, cache.pool, bs, jmax)
+        elif hashing:
+            if cache.pool.pst[1] == 1:
+                if not req.ever[w]:
+                    cache.ctok[w] = h_w * bs       # at its first admission
+                free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
+                req.k[w] = h_w * bs
+                _pool_take(w, nb, req, cache.pool)
+                free -= nb
+                _pool_cache_full(w, min(req.k[w] + s, _known_tokens(req, w, t, lag)), req, cache.pool, bs, jmax)
+            else:   # (a counted pool: no hits, `block_pool`)
+                req.blocks[w] = nb
+                free -= nb
         else:
             req.blocks[w] = nb
             free -= nb
