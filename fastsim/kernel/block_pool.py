@@ -42,7 +42,8 @@ running requests' blocks, cached up to their computed tokens (``k`` and the
 tokens scheduled this step: vLLM caches a block full of known tokens when
 it is scheduled), and the free blocks, queued in any order (none of them
 can be hit, so none of their evictions shows). It is counted again
-(`_pool_recount`) when no request in the system was ever preempted. Only
+(`_pool_counted`) when no request in the system was ever preempted (the
+cached blocks then left in the queue are finished requests': dead). Only
 the synchronous loop counts (with async scheduling a block is cached a step
 later, which the layout does not reconstruct).
 

@@ -159,7 +159,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         advancing, `ADVANCE_PAUSED`, `ADVANCE_IDLE` (every known request has
         left the system) or `ADVANCE_DONE` (the horizon is reached); else 0.
         -1 if the workspace is too small, -2 if the common engine was asked
-        for an option it does not have.
+        for an option it does not have, -3 if the block pool's conservation
+        failed (checked after every schedule with ``ipar[I_BLOCK_HASH] == 2``,
+        a test path: `block_pool._pool_check`).
 
     The loop lives here, not in a function of its own, so that LLVM
     optimises and generates the engine's code once (a callee's code is
