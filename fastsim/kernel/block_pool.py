@@ -47,6 +47,9 @@ cached blocks then left in the queue are finished requests': dead). Only
 the synchronous loop counts (with async scheduling a block is cached a step
 later, which the layout does not reconstruct).
 
+The functions a step calls are inlined (``inline="llvm"``): a call would
+copy the descriptors of every view of the pool and of the requests.
+
 The reference simulator (``fastsim/_reference.py``, ``_BlockPool``) is
 written from the same vLLM code; the tests hold the two to each other bit
 for bit.
@@ -81,7 +84,7 @@ def _slot(key, mask):
     return ((key * _GOLDEN) >> 20) & mask
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _find(key, pool):
     """The table slot of identity ``key``, or -1 if no block is cached under it."""
     mask = pool.hkey.size - 1
@@ -119,7 +122,7 @@ def _delete_slot(i, pool):
     pool.hused[i] = 0
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _cache_block(b, key, pool):
     """Block ``b`` is cached under identity ``key`` (after the blocks already there)."""
     i = _find(key, pool)
@@ -142,7 +145,7 @@ def _cache_block(b, key, pool):
     pool.pst[0] += 1
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _evict(b, pool):
     """Block ``b`` is taken for new tokens: it leaves the cache."""
     i = _find(pool.bhash[b], pool)
@@ -265,7 +268,7 @@ def _list_capacity(prompt, output, nb, bs):
     return min((prompt + output + bs - 1) // bs, nb)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_take(r, nnew, req, pool):
     """vLLM's get_new_blocks: ``r`` gets ``nnew`` blocks from the queue's head
     (each evicted from the cache if it was cached). The caller checked they
@@ -282,7 +285,7 @@ def _pool_take(r, nnew, req, pool):
     req.blocks[r] += nnew
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_cache_full(r, ntok, req, pool, bs, jmax):
     """vLLM's cache_blocks: cache r's blocks that are full of its first
     ``ntok`` tokens and not cached yet."""
@@ -295,7 +298,7 @@ def _pool_cache_full(r, ntok, req, pool, bs, jmax):
         pool.ncached[r] = full
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_hits(w, req, pool, bs, jmax):
     """vLLM's find_longest_cache_hit: the leading blocks of w cached, at
     most (P + g - 1) tokens' worth (the last known token is recomputed)."""
@@ -307,7 +310,7 @@ def _pool_hits(w, req, pool, bs, jmax):
     return h
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_queued_hits(w, h, req, pool, bs, jmax):
     """How many of w's ``h`` hit blocks are in the free-block queue (taking
     them uses up free capacity)."""
@@ -320,7 +323,7 @@ def _pool_queued_hits(w, h, req, pool, bs, jmax):
     return m
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_claim(w, h, req, pool, bs, jmax):
     """vLLM's touch: ``w`` (holding nothing) references its ``h`` hit blocks,
     which leave the queue if no one held them; its first ``h`` blocks are
@@ -340,7 +343,7 @@ def _pool_claim(w, h, req, pool, bs, jmax):
     return m
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _pool_free(r, req, pool):
     """vLLM's free: r's blocks, last first, drop a reference; those no one
     holds join the queue's tail (still cached). Return how many joined."""
@@ -368,7 +371,7 @@ def _known_tokens(req, r, t, lag):
     return req.prompt[r] + req.g[r]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _cache_arrived_tokens(req, batch, n_run, pool, t, bs, jmax):
     """Async scheduling: the outputs of the step that ended at ``t`` reach
     vLLM after the next step is scheduled (``update_from_output``); each
