@@ -50,7 +50,7 @@ from benchmarks.common import (alternating_seconds, decile, floor_args, interlea
 # (so `_run_chunk` is not compiled again).
 
 @njit(cache=False)
-def no_ws_need(n, output, pgrp, plen, ipar):
+def no_ws_need(n, prompt, output, pgrp, plen, ipar):
     return np.int64(0), np.int64(0)
 
 

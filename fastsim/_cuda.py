@@ -109,7 +109,7 @@ def _draw_kernel(rep0, nrep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, lta
                            lrange, trace, prio_val, prio_cdf, pred_edges, state[j], arrival[j], prompt[j],
                            output[j], prio[j], sjfk[j], pgrp[j], plen[j])
         nreq[j] = n
-        ni, nf = _ws_need(n, output[j], pgrp[j], plen[j], ipar)  # noqa: F821
+        ni, nf = _ws_need(n, prompt[j], output[j], pgrp[j], plen[j], ipar)  # noqa: F821
         need[j, 0] = ni
         need[j, 1] = nf
 

@@ -115,7 +115,7 @@ def _one(worker, rep, k0, k1, packed, fleet, full, out_row, bal_row):
     ipar = packed["ipar"]
     # the replication's latency records: its per-run effects, shared by its replicas
     lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)
-    need_i, need_f = K._ws_need(np.int64(n), stream[2], stream[5], stream[6], ipar)
+    need_i, need_f = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb, wm_i, wm_f = worker.buffers(n, need_i, need_f)
     rc = cluster._simulate_fleet(np.int64(n), *stream, ipar, fpar, lat, packed["fleet"],
                                    np.int64(packed["router"]), np.int64(fleet.replicas),

@@ -155,12 +155,12 @@ def reservable_memory():
 # ------------------------------------------------------------------------------
 # The engine's workspace, in exact integers
 
-def ws_sizes(n, bs, cap, ncnt, nheld, nitl):
+def ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp=0, nbt=0):
     """The workspace's int64 and float64 entries for ``n`` requests, block
     size ``bs`` and the dimensions `kernel.workspace._ws_dims` gives: the
     kernel's own statement of the layout (`kernel.workspace._ws_sizes`)
     run as Python, in Python integers (no wrap-around)."""
-    return _python_ws_sizes()(int(n), int(bs), int(cap), int(ncnt), int(nheld), int(nitl))
+    return _python_ws_sizes()(int(n), int(bs), int(cap), int(ncnt), int(nheld), int(nitl), int(nbp), int(nbt))
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,10 +170,10 @@ def _python_ws_sizes():
     return python_version(K.workspace._ws_sizes)
 
 
-def ws_dims(n, output, pgrp, plen, ipar):
+def ws_dims(n, prompt, output, pgrp, plen, ipar):
     """``kernel.workspace._ws_dims`` of given requests, in Python integers: (seats,
     prefix-cache entries, prefix references, gap samples, most prefix blocks
-    of a request)."""
+    of a request, blocks of the block pool, entries of the requests' block lists)."""
     bs = int(ipar[K.I_BLOCK_SIZE])
     cap = max(1, min(int(ipar[K.I_MAX_NUM_SEQS]), n))
     kv_tokens = int(ipar[K.I_NUM_GPU_BLOCKS]) * bs
@@ -188,7 +188,12 @@ def ws_dims(n, output, pgrp, plen, ipar):
             ngrp = int(g[grouped].max()) + 1
             jmax = int(f[grouped].max())
             nheld = int(f[grouped].sum(dtype=object))
-    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax
+    nbp = nbt = 0
+    if int(ipar[K.I_CACHING]) == 1 and int(ipar[K.I_BLOCK_HASH]) >= 1:
+        nbp = int(ipar[K.I_NUM_GPU_BLOCKS])
+        tok = np.asarray(prompt[:n], dtype=object) + np.asarray(output[:n], dtype=object)
+        nbt = int(sum(min((int(x) + bs - 1) // bs, nbp) for x in tok))
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax, nbp, nbt
 
 
 def law_max(law) -> int:
@@ -342,12 +347,12 @@ def check_run_memory(scenario, n_replications=0, threads=1, what="this run"):
     return check_memory(estimate(scenario, n_replications, threads), what)
 
 
-def check_stream_memory(n, output, pgrp, plen, ipar):
+def check_stream_memory(n, prompt, output, pgrp, plen, ipar):
     """For `simulate_requests`: raise ValueError when the workspace of the
     given requests has sizes beyond int64, or needs more memory than is
     available (exact sizes: the requests are known)."""
-    cap, ncnt, nheld, nitl, _ = ws_dims(n, output, pgrp, plen, ipar)
-    need_i, need_f = ws_sizes(n, int(ipar[K.I_BLOCK_SIZE]), cap, ncnt, nheld, nitl)
+    cap, ncnt, nheld, nitl, _, nbp, nbt = ws_dims(n, prompt, output, pgrp, plen, ipar)
+    need_i, need_f = ws_sizes(n, int(ipar[K.I_BLOCK_SIZE]), cap, ncnt, nheld, nitl, nbp, nbt)
     if max(need_i, need_f) * 8 > INT64_MAX:
         big = "prefix_group x prefix_len (the dense prefix table)" if 3 * ncnt > nitl else "output_len"
         raise ValueError(f"requests: the engine workspace for these {n} requests is too large for the "

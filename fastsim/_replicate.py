@@ -174,6 +174,7 @@ def pack_scenario(scenario: Scenario) -> dict:
         comps.append((KIND_EMPIRICAL, start, w.prefix_groups, 0.0, 0.0, 1.0))
         lrange[7] = len(comps)
     ipar[K.I_CACHING] = int(e.enable_prefix_caching)
+    ipar[K.I_BLOCK_HASH] = int(e.enable_prefix_caching and e.block_hash_caching)
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
@@ -489,7 +490,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
         from ._memory import check_stream_memory
 
-        check_stream_memory(a.size, o, grp, plen, packed["ipar"])
+        check_stream_memory(a.size, p, o, grp, plen, packed["ipar"])
         rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
         c0 = float(rfpar[K.F_TTFT_OVERHEAD])
         sent = np.array(a, dtype=np.float64)   # (a closed loop's: when each request was sent)
@@ -774,6 +775,10 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     _check_backend(backend)
     if scenario.fleet is not None and backend != "numba":
         raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
+    if scenario.fleet is not None and scenario.engine.block_hash_caching:
+        raise NotImplementedError("fleets with block_hash_caching=True are not implemented yet (a replica's "
+                                  "block lists are laid out before it is handed its requests); set "
+                                  "block_hash_caching=False")
     if scenario.fleet is not None and scenario.engine.async_scheduling:
         raise NotImplementedError("fleets with async_scheduling=True are not implemented yet (the reference "
                                   "fleet that checks the kernel's lacks it); set async_scheduling=False")

@@ -203,19 +203,19 @@ def check_metric_names(metrics, allowed):
 #: implement yet, with their "off" values (the reference simulator,
 #: ``backend="reference"``, implements them all). Remove an entry when the
 #: kernel implements that option.
-KERNEL_PENDING_OPTIONS = {
-    "block_hash_caching": False,
-}
+KERNEL_PENDING_OPTIONS: dict = {}
 
 
 def check_kernel_supports(engine) -> None:
     """Raise ``NotImplementedError`` naming the first option of ``engine`` (an
     ``EngineConfig``) that is on but not implemented by the Numba kernel yet
     (:data:`KERNEL_PENDING_OPTIONS`). The reference backend supports them."""
-    if getattr(engine, "async_scheduling", False) and getattr(engine, "enable_prefix_caching", False):
-        raise NotImplementedError("async_scheduling=True with enable_prefix_caching=True is not implemented "
-                                  "by the numba backend yet (allowed there: either one alone); use "
-                                  "backend='reference'")
+    if (getattr(engine, "async_scheduling", False) and getattr(engine, "enable_prefix_caching", False)
+            and not getattr(engine, "block_hash_caching", False)):
+        raise NotImplementedError("async_scheduling=True with the synthetic prefix-group cache "
+                                  "(enable_prefix_caching=True, block_hash_caching=False) is not implemented "
+                                  "by the numba backend (allowed there: block_hash_caching=True, vLLM's cache); "
+                                  "use backend='reference'")
     for name, off in KERNEL_PENDING_OPTIONS.items():
         value = getattr(engine, name, off)
         if value != off:

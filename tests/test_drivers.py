@@ -127,8 +127,8 @@ def test_buffers_grow_in_the_middle_of_a_chunk():
     full = K.engine_variant(p["ipar"])
     needs = []
     for r in range(12):
-        a, _, o, _, _, grp, plen = K.draw_workload(r, 1, 2, *K.scenario_arrays(p, lat=False))
-        needs.append(K._ws_need(a.size, o, grp, plen, p["ipar"]))
+        a, pr, o, _, _, grp, plen = K.draw_workload(r, 1, 2, *K.scenario_arrays(p, lat=False))
+        needs.append(K._ws_need(a.size, pr, o, grp, plen, p["ipar"]))
     # start at the replication whose workspace is smallest of those followed by a larger one
     r0 = min(range(6), key=lambda r: needs[r])
     assert max(needs[r0:r0 + 6]) > needs[r0]

@@ -52,7 +52,7 @@ def per_request(sc, full, rep=0):
     p = pack_scenario(sc)
     a, pr, o, c, q, grp, plen = K.draw_workload(rep, 3, 4, *K.scenario_arrays(p, lat=False))
     n = a.size
-    ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
+    ni, nf = K._ws_need(n, pr, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     assert K._simulate(n, a, pr, o, c, q, grp, plen, p["ipar"], p["fpar"], p["lat"], wi, wf, full,
                        np.inf, K.WHOLE_RUN) >= 0

@@ -33,7 +33,7 @@ from fastsim._replicate import pack_scenario
 sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=2.0, num_requests=5))
 p = pack_scenario(sc)
 a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, *K.scenario_arrays(p, lat=False))
-need = K._ws_need(np.int64(a.size), o, grp, plen, p["ipar"])
+need = K._ws_need(np.int64(a.size), pr, o, grp, plen, p["ipar"])
 stats = K.workload._draw_workload.stats
 print(json.dumps({"arrival": a.tolist(), "prompt": pr.tolist(), "need": [int(x) for x in need],
                   "cache_hits": sum(stats.cache_hits.values())}))

@@ -28,9 +28,9 @@ def test_exact_sizes_mirror_the_kernel(name, rep):
     # the Python mirror of _ws_dims/_ws_sizes gives the kernel's figures
     args, p = stream(CASES[name], rep)
     n, a, pr, o, c, q, grp, plen = args
-    dims = _memory.ws_dims(n, o, grp, plen, p["ipar"])
-    mine = _memory.ws_sizes(n, int(p["ipar"][K.I_BLOCK_SIZE]), *dims[:4])
-    assert mine == tuple(int(x) for x in K._ws_need(n, o, grp, plen, p["ipar"]))
+    dims = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])
+    mine = _memory.ws_sizes(n, int(p["ipar"][K.I_BLOCK_SIZE]), *dims[:4], *dims[5:])
+    assert mine == tuple(int(x) for x in K._ws_need(n, pr, o, grp, plen, p["ipar"]))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -40,7 +40,7 @@ def test_bound_holds_every_drawn_replication(name):
     for rep in range(20):
         args, p = stream(sc, rep)
         n, a, pr, o, c, q, grp, plen = args
-        cap, ncnt, nheld, nitl, _ = _memory.ws_dims(n, o, grp, plen, p["ipar"])
+        cap, ncnt, nheld, nitl, _, _, _ = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])
         assert n <= bound["n"][0] and cap <= bound["cap"][0] and ncnt <= bound["ncnt"][0]
         assert nheld <= bound["nheld"][0] and nitl <= bound["nitl"][0]
 

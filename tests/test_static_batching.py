@@ -127,7 +127,7 @@ def test_the_fast_path_takes_most_steps():
             return out
 
         patch_kernel(mp, "_static_decode", counting)
-        need_i, need_f = K.workspace._ws_need(n, stream[2], stream[5], stream[6], ipar)
+        need_i, need_f = K.workspace._ws_need(n, stream[1], stream[2], stream[5], stream[6], ipar)
         wi, wf = np.zeros(need_i, np.int64), np.zeros(need_f)
         K.replica._simulate(n, *stream, ipar, fpar, lat, wi, wf, 1, np.inf, K.WHOLE_RUN)
         K.metrics._reduce(n, stream[0], stream[2], ipar, fpar, wi, wf, row)

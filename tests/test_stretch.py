@@ -311,7 +311,7 @@ def test_long_stretches_take_the_closed_form(latency):
     sc = long_scenario(LONG_ENGINES["tight-kv"], LONG[latency])
     p = pack_scenario(sc)
     a, pr, o, c, q, grp, plen = K.draw_workload(0, 1, 2, *K.scenario_arrays(p, lat=False))
-    ni, nf = K._ws_need(a.size, o, grp, plen, p["ipar"])
+    ni, nf = K._ws_need(a.size, pr, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     with kernel_as_python() as mp:
         patch_kernel(mp, "_stretch_steps", counting_steps)

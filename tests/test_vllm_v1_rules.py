@@ -133,20 +133,11 @@ def test_v1_switch_combinations_rejected():
         EngineConfig(num_gpu_blocks=1, null_block=True)
 
 
-def test_kernel_raises_for_v1_rules_it_lacks():
-    # caching by block hash is the reference's only (the kernel has the three other rules)
-    eng = EngineConfig(enable_prefix_caching=True, block_hash_caching=True)
-    sc = Scenario(engine=eng, latency=LatencyModel.constant(C), workload=Workload(arrival_rate=1.0, num_requests=5))
-    req = fastsim.sample_requests(Scenario(engine=EngineConfig(), latency=sc.latency, workload=sc.workload), seed=1)
-    with pytest.raises(NotImplementedError, match="block_hash_caching"):
-        fastsim.simulate_requests(sc, req)
-    ref = fastsim.simulate_requests(sc, req, backend="reference")
-    assert (ref["status"] == "completed").all()
-
-
-@pytest.mark.parametrize("field", ["async_scheduling", "scheduler_reserve_full_isl", "null_block"])
-def test_kernel_has_the_other_v1_rules(field):
-    sc = Scenario(engine=EngineConfig(**{field: True}), latency=LatencyModel.constant(C),
+@pytest.mark.parametrize("field", ["async_scheduling", "scheduler_reserve_full_isl", "null_block",
+                                   "block_hash_caching"])
+def test_kernel_has_the_v1_rules(field):
+    extra = {"enable_prefix_caching": True} if field == "block_hash_caching" else {}
+    sc = Scenario(engine=EngineConfig(**{field: True}, **extra), latency=LatencyModel.constant(C),
                   workload=Workload(arrival_rate=1.0, num_requests=5))
     req = fastsim.sample_requests(Scenario(engine=EngineConfig(), latency=sc.latency, workload=sc.workload), seed=1)
     pd.testing.assert_frame_equal(fastsim.simulate_requests(sc, req),

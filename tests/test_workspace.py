@@ -50,7 +50,7 @@ def stream(sc, rep=0):
 def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
     args, p = stream(CASES[name])
     n, a, pr, o, c, q, grp, plen = args
-    ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
+    ni, nf = K._ws_need(n, pr, o, grp, plen, p["ipar"])
     wi, wf = np.zeros(ni, np.int64), np.zeros(nf)
     row = np.empty(K.N_COLUMNS)
     with kernel_as_python():
@@ -71,7 +71,7 @@ def test_simulate_stays_inside_a_workspace_of_exactly_the_stated_size(name):
 def test_a_short_workspace_is_refused_before_any_write(name):
     args, p = stream(CASES[name])
     n, a, pr, o, c, q, grp, plen = args
-    ni, nf = K._ws_need(n, o, grp, plen, p["ipar"])
+    ni, nf = K._ws_need(n, pr, o, grp, plen, p["ipar"])
     for wi, wf in ((np.full(ni - 1, 7, np.int64), np.zeros(nf)), (np.full(ni, 7, np.int64), np.zeros(nf - 1))):
         assert K._simulate(*args, p["ipar"], p["fpar"], p["lat"], wi, wf, K.engine_variant(p["ipar"]),
                            np.inf, K.WHOLE_RUN) == -1
@@ -89,7 +89,7 @@ def test_a_dirty_reused_workspace_gives_the_fresh_results(name, dirt):
     (n, a, pr, o, c, q, grp, plen), p = stream(sc, rep=3)
     big = sc.replace(**{"workload.num_requests": 40})
     (n2, *rest), _ = stream(big, rep=5)
-    ni, nf = K._ws_need(n2, rest[2], rest[5], rest[6], p["ipar"])
+    ni, nf = K._ws_need(n2, rest[1], rest[2], rest[5], rest[6], p["ipar"])
     wi, wf = np.empty(max(ni, 1), np.int64), np.empty(max(nf, 1))
     full = K.engine_variant(p["ipar"])
     K._simulate(n2, *rest, p["ipar"], p["fpar"], p["lat"], wi, wf, full,
@@ -111,7 +111,8 @@ def test_the_views_are_the_segments_of_the_layout():
     from fastsim._numba_options import python_version
     from fastsim.kernel import workspace as W
 
-    dims = (5, 4, 3, 7, 11, 13)   # n, block_size, seats, cache entries, prefix references, gap samples
+    # n, block_size, seats, cache entries, prefix references, gap samples, pool blocks, block list entries
+    dims = (5, 4, 3, 7, 11, 13, 17, 19)
     si = python_version(W._int_sizes)(*dims)
     sf = python_version(W._float_sizes)(dims[0], dims[2], dims[5])
     need_i, need_f = python_version(W._ws_sizes)(*dims)
@@ -127,7 +128,12 @@ def test_the_views_are_the_segments_of_the_layout():
             "WI_DSTATE": dec.dstate, "WI_OTHERS": batch.oth, "WI_SWAPQ": swap.sq, "WI_SWAPQ_SIZE": swap.sqs,
             "WI_FPRE": cache.fpre, "WI_HOFF": cache.hoff, "WI_CNT": cache.cnt, "WI_LPREV": cache.lprev,
             "WI_LNEXT": cache.lnext, "WI_CST": cache.cst, "WI_HELD": cache.held, "WI_PRIVATE": cache.private,
-            "WI_NENT": cache.nent, "WI_GAPW": rec.gapw,
+            "WI_NENT": cache.nent, "WI_QPREV": cache.pool.qprev, "WI_QNEXT": cache.pool.qnext,
+            "WI_REF": cache.pool.ref, "WI_BHASH": cache.pool.bhash, "WI_DPREV": cache.pool.dprev,
+            "WI_DNEXT": cache.pool.dnext, "WI_HUSED": cache.pool.hused, "WI_HKEY": cache.pool.hkey,
+            "WI_HHEAD": cache.pool.hhead, "WI_HTAIL": cache.pool.htail, "WI_BOFF": cache.pool.boff,
+            "WI_RBLK": cache.pool.rblk, "WI_NCACHED": cache.pool.ncached, "WI_PST": cache.pool.pst,
+            "WI_GAPW": rec.gapw,
             "WI_HELD_FINISHED": batch.zl, "WI_SCALARS": sc.ri}
     floats = {"WF_FIRST": req.first_t, "WF_LAST": req.last_t, "WF_FINISH": req.finish_t,
               "WF_SWAPPED": swap.swapped_s, "WF_ACC": rec.acc, "WF_ITL_V": rec.itl_v, "WF_KEY": req.key,

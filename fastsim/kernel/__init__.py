@@ -33,7 +33,7 @@ cold start), and the full one.
 
 Modules, in reading order: `layout` (parameter slots, codes, streams,
 metric columns), `rng`, `workload`, `waiting_queue`, `kv_cache`,
-`prefix_cache`, `arrivals`, `scheduler`, `decoders`, `latency`, `stretch`,
+`prefix_cache`, `block_pool` (prefix caching by block hash), `arrivals`, `scheduler`, `decoders`, `latency`, `stretch`,
 `accounting`, `workspace`, `replica` (the engine loop), `metrics` (the
 reduction), `drivers` (chunks of replications, from Python).
 
@@ -45,8 +45,8 @@ any module invalidates every cached kernel function.
 
 from __future__ import annotations
 
-from . import (accounting, arrivals, callees, decoders, drivers, kv_cache, latency, layout, metrics,  # noqa: F401
-               pipeline, prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
+from . import (accounting, arrivals, block_pool, callees, decoders, drivers, kv_cache, latency, layout,  # noqa: F401
+               metrics, pipeline, prefix_cache, replica, rng, scheduler, stretch, waiting_queue, workload, workspace)
 from .drivers import (SCENARIO_ARRAYS, ChunkBuffers, _run_chunk, chunk_runner, draw_workload,  # noqa: F401
                       engine_pointers, run_chunk, run_on, run_records, scenario_arrays, simulate_stream,
                       trace_window)

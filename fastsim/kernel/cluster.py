@@ -35,7 +35,7 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
 from .router import _live_state, _needs_state, _reads_kv, _route
-from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
+from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
 
@@ -130,13 +130,13 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     warmup = ipar[I_WARMUP]
     nblk = ipar[I_NUM_GPU_BLOCKS]
     # set up empty: the fleet's stream bounds what a replica may be handed (its layout, one scan)
-    _state_dims(n, output, pgrp, plen, ipar, fb.wi[0])
+    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
     w0 = fb.wi[0]
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
         w = fb.wi[r]
-        for j in range(RI_DIM_CAP, RI_DIM_JMAX + 1):
+        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
             w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
         rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
                        fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
@@ -298,7 +298,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
     full = engine_variant(ipar)
-    need_i, need_f = _ws_need(np.int64(n), stream[2], stream[5], stream[6], ipar)
+    need_i, need_f = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
     rc = _simulate_fleet(*_fleet_call_args(stream, ipar, fpar, lat, fleet, router, nrep, key0, key1, rep, fb, full))
     if rc < 0:

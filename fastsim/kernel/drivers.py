@@ -251,7 +251,7 @@ def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, 
     for j in range(nrep):
         n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
                  prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-        need_i, need_f = ws_need(n, output, pgrp, plen, ipar)
+        need_i, need_f = ws_need(n, prompt, output, pgrp, plen, ipar)
         if need_i > wi.size or need_f > wf.size:
             need[0] = need_i
             need[1] = need_f
@@ -306,7 +306,7 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
     full = engine_variant(ipar)
     _stream_entries(*(numba.typeof(a) for a in (ipar, fpar, lat)), full)
     with debug_errors("a stream simulated from Python (kernel.drivers.simulate_stream)"):
-        need_i, need_f = _ws_need(np.int64(n), output, pgrp, plen, ipar)
+        need_i, need_f = _ws_need(np.int64(n), prompt, output, pgrp, plen, ipar)
         wi = np.zeros(need_i, np.int64)   # zeros: the common engine leaves the swap and caching columns as they are
         wf = np.zeros(need_f)
         _simulate(np.int64(n), arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, wi, wf, full,
@@ -368,13 +368,15 @@ class Replica:
         self.n = np.int64(arrival.size)
         self.params = (ipar, fpar, lat)
         self.full = engine_variant(ipar)
-        need_i, need_f = _ws_need(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar)
+        need_i, need_f = _ws_need(self.n, self.stream.prompt, self.stream.output, self.stream.pgrp,
+                                  self.stream.plen, ipar)
         self.wi = np.zeros(need_i, np.int64)
         self.wf = np.zeros(need_f)
         # the replica's scalars: the last segment of each layout (`workspace`)
         self.ri, self.rf = self.wi[need_i - N_RI:], self.wf[need_f - N_RF:]
         if empty:
-            _state_dims(self.n, self.stream.output, self.stream.pgrp, self.stream.plen, ipar, self.wi)
+            _state_dims(self.n, self.stream.prompt, self.stream.output, self.stream.pgrp, self.stream.plen, ipar,
+                        self.wi)
         rc = self._call(0.0, STEP_INIT | (STEP_EMPTY if empty else 0))
         if rc < 0:
             raise RuntimeError(f"the replica could not be set up (code {rc})")

@@ -44,7 +44,9 @@ I_PRIO_BAND = 31      # priority per length band (BAND_*): prio_val[j] for the b
 I_SJF_KEY = 32        # the length the SJF key is (or predicts): SJF_KEY_*
 I_MAX_CONCURRENCY = 33  # closed loop (`arrivals._release_seats`): c seats; 0: open loop
 I_THINK_EXP = 34      # pure closed loop: 1 exponential think times of mean F_THINK, 0 fixed
-N_IPAR = 35
+I_BLOCK_HASH = 35     # with I_CACHING: 1 prefix caching by block hash (vLLM V1, `block_pool`), 2 the same
+                      # with the block pool's conservation checked after every step (a test path)
+N_IPAR = 36
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

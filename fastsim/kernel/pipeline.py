@@ -33,7 +33,7 @@ other bit for bit.
 from __future__ import annotations
 
 from .._numba_options import njit_noalloc
-from .layout import ADMISSION_KV_RESERVATION, I_ADMISSION, ST_COMPLETED, ST_RUNNING, ST_WAITING
+from .layout import ADMISSION_KV_RESERVATION, I_ADMISSION, I_BLOCK_HASH, ST_COMPLETED, ST_RUNNING, ST_WAITING
 from .prefix_cache import _release
 
 
@@ -44,10 +44,11 @@ def _release_finished(req, zl, nz, cache, ipar, free, reserved, n_run, n_wait, j
     leaves the waiting count. Return (free blocks, reserved tokens, running,
     waiting)."""
     kv_reservation = ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION
+    hashing = caching and ipar[I_BLOCK_HASH] >= 1
     for j in range(nz):
         r = zl[j]
         if req.status[r] == ST_RUNNING:
-            free = _release(r, free, req, cache, jmax, caching)
+            free = _release(r, free, req, cache, jmax, caching and not hashing, hashing)
             n_run -= 1
         elif req.status[r] == ST_WAITING:
             n_wait -= 1

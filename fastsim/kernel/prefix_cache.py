@@ -3,15 +3,17 @@ engine only. Entry (G, j) has the id G * jmax + j; cnt[e] is its reference
 count (-1: not cached). The evictable entries (count 0) form a doubly linked
 LRU list (lprev, lnext; cst = [head, tail, evictable count, cached count]).
 Request i may use the entries j < f_i; held[hoff[i] + j] says whether it
-references (G_i, j).
+references (G_i, j). The functions are inlined: a call would copy the whole
+`workspace.PrefixCache` (the block pool's views included) as its arguments.
 """
 
 from __future__ import annotations
 
 from .._numba_options import njit_noalloc
+from .block_pool import _pool_free
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _lru_append(e, cache):
     """Entry ``e`` joins the tail of the evictable list."""
     cst, lprev, lnext = cache.cst, cache.lprev, cache.lnext
@@ -25,7 +27,7 @@ def _lru_append(e, cache):
     cst[2] += 1
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _lru_remove(e, cache):
     """Entry ``e`` leaves the evictable list."""
     cst, lprev, lnext = cache.cst, cache.lprev, cache.lnext
@@ -42,7 +44,7 @@ def _lru_remove(e, cache):
     cst[2] -= 1
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _take_blocks(nb, free, cache):
     """Take ``nb`` blocks for private use: free ones first, then evict the
     head of the evictable list. Return the new number of free blocks."""
@@ -55,7 +57,7 @@ def _take_blocks(nb, free, cache):
     return free - nb
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _release_blocks(r, free, grp, cache, jmax):
     """Spec, "Release": r's private blocks become free; the counts of the
     entries it references drop in descending j (a count reaching 0 joins the
@@ -77,7 +79,7 @@ def _release_blocks(r, free, grp, cache, jmax):
     return free
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _lookup(w, grp, cache, jmax):
     """Spec, "Lookup": the longest run of cached entries (G_w, 0 .. h-1), h <= f_w."""
     h = 0
@@ -89,7 +91,7 @@ def _lookup(w, grp, cache, jmax):
     return h
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _evictable_hits(w, h, grp, cache, jmax):
     """How many of w's h hit entries are evictable (not free capacity for w)."""
     m = 0
@@ -100,7 +102,7 @@ def _evictable_hits(w, h, grp, cache, jmax):
     return m
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _claim_hits(w, h, grp, cache, jmax):
     """Request ``w`` takes a reference to each of its ``h`` hit entries."""
     base = grp[w] * jmax
@@ -113,7 +115,7 @@ def _claim_hits(w, h, grp, cache, jmax):
     cache.nent[w] = h
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _register(r, k0, k1, bs, grp, cache, jmax):
     """Spec, "Registration": r's blocks j in [k0 // bs, min(k1 // bs, f_r))
     become entries (count 1) unless the cache already holds (G_r, j)."""
@@ -131,9 +133,13 @@ def _register(r, k0, k1, bs, grp, cache, jmax):
 
 
 @njit_noalloc(inline="llvm")
-def _release(r, free, req, cache, jmax, caching):
+def _release(r, free, req, cache, jmax, caching, hashing):
     """Release the KV blocks of request ``r`` (with prefix caching, its
-    private blocks and its references to cache entries); return the free blocks."""
+    private blocks and its references to cache entries; with caching by
+    block hash, its blocks to the free-block queue, `block_pool`); return
+    the free blocks."""
+    if hashing and cache.pool.pst[1] == 1:
+        return free + _pool_free(r, req, cache.pool)   # (a counted pool: counts, as without caching)
     if caching:
         free = _release_blocks(r, free, req.pgrp, cache, jmax)
     else:

@@ -62,10 +62,12 @@ from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
-                     I_HAS_DELAY, I_HAS_HORIZON, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS,
-                     I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS, I_WARMUP, N_ACC,
-                     POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING, ST_RUNNING,
-                     ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
+                     I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
+                     I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS,
+                     I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING,
+                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
+from .block_pool import (_cache_arrived_tokens, _known_tokens, _pool_cache_full, _pool_check, _pool_claim,
+                         _pool_counted, _pool_hits, _pool_init, _pool_queued_hits, _pool_take, _preempted)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
@@ -76,7 +78,7 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
                         RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN,
-                        RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RF_STRETCH_END)
+                        RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
 # caching: the options only the full engine has (`_simulate`'s ``full``).
@@ -167,7 +169,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         advancing, `ADVANCE_PAUSED`, `ADVANCE_IDLE` (every known request has
         left the system) or `ADVANCE_DONE` (the horizon is reached); else 0.
         -1 if the workspace is too small, -2 if the common engine was asked
-        for an option it does not have.
+        for an option it does not have, -3 if the block pool's conservation
+        failed (checked after every schedule with ``ipar[I_BLOCK_HASH] == 2``,
+        a test path: `block_pool._pool_check`).
 
     The loop lives here, not in a function of its own, so that LLVM
     optimises and generates the engine's code once (a callee's code is
@@ -176,22 +180,24 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if full is None and _needs_full_engine(ipar):
         return -2
     bs = ipar[I_BLOCK_SIZE]
-    cap, ncnt, nheld, nitl, jmax = _layout_dims(n, output, pgrp, plen, ipar, wi, what)
-    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl)
+    cap, ncnt, nheld, nitl, jmax, nbp, nbt = _layout_dims(n, prompt, output, pgrp, plen, ipar, wi, what)
+    need_i, need_f = _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)
     if need_i > wi.size or need_f > wf.size or (what & STEP_INIT == 0 and (need_i, need_f) != (wi.size, wf.size)):
         return -1
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
-    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl), wi, wf)
+    req, batch, dec, swap, cache, rec, sc = _carve(stream, (n, bs, cap, ncnt, nheld, nitl, nbp, nbt), wi, wf)
     bsh = _log2_exact(bs)
     if what & STEP_INIT:
         _init_replica(n, 0 if what & STEP_EMPTY else n, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat,
                       full)
         sc.ri[RI_DIM_CAP], sc.ri[RI_DIM_NCNT], sc.ri[RI_DIM_NHELD] = cap, ncnt, nheld
-        sc.ri[RI_DIM_NITL], sc.ri[RI_DIM_JMAX] = nitl, jmax
+        sc.ri[RI_DIM_NITL], sc.ri[RI_DIM_JMAX], sc.ri[RI_DIM_NBP], sc.ri[RI_DIM_NBT] = nitl, jmax, nbp, nbt
     if full is None:
         caching = False
+        hashing = False
     else:
         caching = ipar[I_CACHING] == 1
+        hashing = caching and ipar[I_BLOCK_HASH] >= 1
     async_on = ipar[I_ASYNC] == 1
     rc = 0
     if what & STEP_ADVANCE:
@@ -304,7 +310,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 ri[RI_PEND_DEPARTURES] = 0
             if n_run == 0 and n_wait == 0 and n_sw == 0:
                 continue
-            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+            # (prefix caching takes slow steps, unless the block pool is counted: `block_pool`)
+            slow_cache = caching
+            if hashing:
+                if _pool_counted(cache.pool):
+                    slow_cache = False
+            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache,
+                          full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
@@ -314,10 +326,17 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             else:
                 _materialise_decoders(req, dec, t, S, bs, bsh)
                 rl = _compact_run(batch.run, rl, req.status)
+                lag = async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
                 (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
                  n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
-                                         pending_swap, bs, bsh, jmax, full)
+                                         pending_swap, bs, bsh, jmax, lag, full)
                 rl = n_run
+                if hashing:
+                    if lag:
+                        _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
+                    if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
+                            and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
+                        return -3
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
@@ -363,26 +382,27 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
 
 
 @njit_noalloc
-def _layout_dims(n, output, pgrp, plen, ipar, wi, what):
+def _layout_dims(n, prompt, output, pgrp, plen, ipar, wi, what):
     """The layout's dimensions (`workspace._ws_dims`): read off the requests
     when the replica is set up, else kept in its scalars (the last ``N_RI``
     entries of ``wi``), so that resuming it scans no requests; set up with
     `STEP_EMPTY`, as `_state_dims` stated them there (a fleet's replicas
     share one scan)."""
     if (what & STEP_INIT) != 0 and (what & STEP_EMPTY) == 0:
-        return _ws_dims(n, output, pgrp, plen, ipar)
+        return _ws_dims(n, prompt, output, pgrp, plen, ipar)
     ri = wi[wi.size - N_RI:]   # (`STEP_EMPTY`: the caller stated them, `_state_dims`)
-    return ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX]
+    return (ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX], ri[RI_DIM_NBP],
+            ri[RI_DIM_NBT])
 
 
 @njit_noalloc(entry=True)
-def _state_dims(n, output, pgrp, plen, ipar, wi):
+def _state_dims(n, prompt, output, pgrp, plen, ipar, wi):
     """State the layout's dimensions for requests ``0..n-1`` in the scalars
     of the workspace ``wi`` (exactly `workspace._ws_need`'s size) before a
     `STEP_INIT` | `STEP_EMPTY` call (or copy them from one that has them)."""
     ri = wi[wi.size - N_RI:]
-    ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX] = _ws_dims(
-        n, output, pgrp, plen, ipar)
+    (ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX], ri[RI_DIM_NBP],
+     ri[RI_DIM_NBT]) = _ws_dims(n, prompt, output, pgrp, plen, ipar)
     return 0
 
 
@@ -396,6 +416,9 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
         _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
+        if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
+            countable = ipar[I_ASYNC] == 0 and ipar[I_STATIC] == 0 and ipar[I_SWAP] == 0
+            _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, countable)
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
@@ -462,7 +485,8 @@ def _init_full_engine(n, req, swap, cache, ipar, bs):
         swap.swapped_s[i] = 0.0
         # the swapped queue is a heap ordered by (e_i, i), by i for fcfs
         swap.skey[i] = req.key[i] if not fcfs else float(i)
-        cache.fpre[i] = req.plen[i] // bs if caching and req.pgrp[i] >= 0 else 0
+        # (the synthetic prefix entries; none with caching by block hash)
+        cache.fpre[i] = req.plen[i] // bs if caching and ipar[I_BLOCK_HASH] == 0 and req.pgrp[i] >= 0 else 0
         cache.hoff[i + 1] = cache.hoff[i] + cache.fpre[i]
         cache.private[i] = 0
         cache.nent[i] = 0
@@ -547,10 +571,10 @@ def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
 # The fast step
 
 @njit_noalloc(inline="llvm")
-def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, full):
+def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache, full):
     """Whether every running request can be scheduled in full this step (its
     token need fits the budget, its new blocks the free blocks), so that the
-    step can be a fast one."""
+    step can be a fast one. ``slow_cache``: prefix caching needs a slow step."""
     if full is None:
         static = False
         prio_preempt = False
@@ -558,7 +582,7 @@ def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph,
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
-        caching = ipar[I_CACHING] == 1
+        caching = slow_cache
     if static:
         return False
     need_tok = dec.dstate[0]
@@ -576,7 +600,8 @@ def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph,
     # Likewise with a swapped request (phase 2) or transfers to charge.
     if n_sw > 0 or pending_swap > 0:
         fast = False
-    # And always with prefix caching (shared blocks, registration, LRU).
+    # And with prefix caching (shared blocks, registration, LRU), but for a
+    # counted block pool (`block_pool`).
     if caching:
         fast = False
     return fast
@@ -884,11 +909,13 @@ def _remove_running(run, n_run, vpos):
 
 @njit_noalloc(inline="llvm")
 def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used, pending_swap, bs,
-                   bsh, jmax, full):
+                   bsh, jmax, lag, full):
     """Schedule a slow step in vLLM's phases: a static batch (static
     batching), phase 0 (active priority preemption), the running requests in
     admission order with preemption (phase 1), the swapped ones (phase 2),
-    then admission of waiting requests (phase 3). Return the updated (free
+    then admission of waiting requests (phase 3). ``lag``: async scheduling
+    with the tokens of the step that ended at ``t`` still in flight (for
+    vLLM; they are not cacheable yet). Return the updated (free
     blocks, waiting, running, swapped, swap blocks used, blocks moved), whether
     anything runs, and the batch composition."""
     if full is None:
@@ -907,13 +934,13 @@ def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n
                                                    full)
     (free, budget, n_wait, n_run, n_sw, swap_used, pending_swap,
      preempted) = _schedule_running(req, batch, swap, cache, rec, ipar, t, free, mbt, n_wait, n_run, n_sw,
-                                    swap_used, pending_swap, bs, bsh, jmax, full)
+                                    swap_used, pending_swap, bs, bsh, jmax, lag, full)
     if swap_on and not preempted:
         free, budget, n_run, n_sw, swap_used, pending_swap = _resume_swapped(
             req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh)
     if not static and not preempted and n_sw == 0:
-        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh,
-                                                     jmax, full)
+        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs,
+                                                     bsh, jmax, lag, full)
     n_dec, n_pf, n_ctx = _composition(req, batch, n_run, static)
     return free, n_wait, n_run, n_sw, swap_used, pending_swap, n_dec + n_pf > 0, n_dec, n_pf, n_ctx
 
@@ -950,8 +977,10 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
     recompute (nothing is scheduled yet: nothing to refund)."""
     if full is None:
         caching = False
+        hashing = False
     else:
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     mbt = ipar[I_MAX_BATCHED_TOKENS]
     w = _q_peek(batch.q, batch.qs, req.key, ipar[I_POLICY], req.status)
     while n_run > 0:
@@ -965,12 +994,18 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
         if caching:
             h_w = _lookup(w, req.pgrp, cache, jmax)
             cap_w = free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax)
+        elif hashing:
+            if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
+                h_w = _pool_hits(w, req, cache.pool, bs, jmax)
+                cap_w = free - _pool_queued_hits(w, h_w, req, cache.pool, bs, jmax)
         need_w = req.prompt[w] + req.g[w] - h_w * bs
         c_w = min(need_w, mbt) if ipar[I_CHUNKED] == 1 else need_w
         if n_run < ipar[I_MAX_NUM_SEQS] and _admission_blocks(need_w, _blocks_of(c_w, bs, bsh), ipar, bs,
                                                               bsh) <= cap_w:
             break
-        free = _release(v, free, req, cache, jmax, caching)
+        if hashing:
+            _preempted(v, req, batch.run, n_run, cache.pool, bs, jmax)
+        free = _release(v, free, req, cache, jmax, caching, hashing)
         req.k[v] = 0
         req.npre[v] += 1
         req.status[v] = ST_WAITING
@@ -982,7 +1017,7 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
 
 @njit_noalloc(inline="llvm")
 def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wait, n_run, n_sw, swap_used,
-                      pending_swap, bs, bsh, jmax, full):
+                      pending_swap, bs, bsh, jmax, lag, full):
     """Phase 1: the running requests in admission order, each its need cut to
     the budget; where its new blocks do not fit, preempt (by swap or
     recompute) until they do, or preempt itself. Return the updated (free
@@ -993,11 +1028,13 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         prio_preempt = False
         swap_on = False
         caching = False
+        hashing = False
     else:
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     async_on = ipar[I_ASYNC] == 1
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
@@ -1022,6 +1059,8 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         while new_blk > free + cache.cst[2]:   # free + evictable (0 without caching)
             vpos = _victim(run, n_run, req.key, keyed)
             v = run[vpos]
+            if hashing:
+                _preempted(v, req, run, n_run, cache.pool, bs, jmax)
             if vpos < kk and req.sched[v] > 0:
                 # (one skipped with its last token in flight is not "scheduled": vLLM then
                 # moves no cursor, so the request after the victim waits for the next step)
@@ -1029,7 +1068,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 kk -= 1
             req.sched[v] = 0
             # (with caching, its refunded tokens' blocks are private: all released)
-            free = _release(v, free, req, cache, jmax, caching)
+            free = _release(v, free, req, cache, jmax, caching, hashing)
             req.npre[v] += 1
             m_v = _blocks_of(req.k[v], bs, bsh)
             if swap_on and m_v <= ipar[I_SWAP_BLOCKS] - swap_used:
@@ -1060,7 +1099,16 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 break
         if self_preempted:
             break
-        if new_blk > 0:
+        if hashing:
+            if cache.pool.pst[1] == 1:
+                if new_blk > 0:
+                    _pool_take(r, new_blk, req, cache.pool)
+                    free -= new_blk
+                _pool_cache_full(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), req, cache.pool, bs, jmax)
+            elif new_blk > 0:   # (a counted pool: `block_pool`)
+                req.blocks[r] += new_blk
+                free -= new_blk
+        elif new_blk > 0:
             req.blocks[r] += new_blk
             if caching:
                 free = _take_blocks(new_blk, free, cache)
@@ -1106,18 +1154,25 @@ def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_u
 
 
 @njit_noalloc(inline="llvm")
-def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh, jmax, full):
+def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, bsh, jmax, lag, full):
     """Phase 3: admit waiting requests in queue order while a seat, the
     budget and the blocks of the first chunk (after prefix-cache hits) allow."""
     if full is None:
         caching = False
+        hashing = False
     else:
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     policy = ipar[I_POLICY]
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
-        h_w = _lookup(w, req.pgrp, cache, jmax) if caching else 0
+        h_w = 0
+        if caching:
+            h_w = _lookup(w, req.pgrp, cache, jmax)
+        elif hashing:
+            if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
+                h_w = _pool_hits(w, req, cache.pool, bs, jmax)
         s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
         if s < 0:
             break
@@ -1126,6 +1181,9 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
         nb_gate = _admission_blocks(req.prompt[w] + req.g[w] - h_w * bs, nb, ipar, bs, bsh)
         if caching:
             if nb_gate > free + cache.cst[2] - _evictable_hits(w, h_w, req.pgrp, cache, jmax):
+                break
+        elif hashing:
+            if nb_gate > free - (_pool_queued_hits(w, h_w, req, cache.pool, bs, jmax) if h_w > 0 else 0):
                 break
         elif nb_gate > free:
             break
@@ -1140,6 +1198,18 @@ def _admit_waiting(req, batch, cache, ipar, free, budget, n_wait, n_run, bs, bsh
             free = _take_blocks(nb, free, cache)
             cache.private[w] = nb
             req.blocks[w] = h_w + nb
+        elif hashing:
+            if cache.pool.pst[1] == 1:
+                if not req.ever[w]:
+                    cache.ctok[w] = h_w * bs       # at its first admission
+                free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
+                req.k[w] = h_w * bs
+                _pool_take(w, nb, req, cache.pool)
+                free -= nb
+                _pool_cache_full(w, min(req.k[w] + s, _known_tokens(req, w, t, lag)), req, cache.pool, bs, jmax)
+            else:   # (a counted pool: no hits, `block_pool`)
+                req.blocks[w] = nb
+                free -= nb
         else:
             req.blocks[w] = nb
             free -= nb
@@ -1183,9 +1253,11 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
     if full is None:
         static = False
         caching = False
+        hashing = False
     else:
         static = ipar[I_STATIC] == 1
-        caching = ipar[I_CACHING] == 1
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+        caching = ipar[I_CACHING] == 1 and not hashing
     async_on = ipar[I_ASYNC] == 1
     warmup = ipar[I_WARMUP]
     run = batch.run
@@ -1221,7 +1293,9 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
     for jj in range(n_run):
         r = run[jj]
         if req.status[r] == ST_COMPLETED:
-            free = _release(r, free, req, cache, jmax, caching)
+            if hashing and req.npre[r] > 0:
+                cache.pool.pst[3] -= 1   # (one fewer ever preempted in the system)
+            free = _release(r, free, req, cache, jmax, caching, hashing)
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[r] + req.output[r]
         else:
@@ -1230,7 +1304,8 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             if async_on and req.g[r] == req.output[r]:
                 continue   # finished, held: neither lazy nor scheduled again
             # decoders that emitted at t_end become lazy; the rest are "others"
-            if not static and not caching and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1:
+            if (not static and not caching and not (hashing and cache.pool.pst[1] == 1)
+                    and req.last_t[r] == t_end and req.k[r] == req.prompt[r] + req.g[r] - 1):
                 _d_add(r, req.k[r], req.g[r], S, dec, req.output, warmup, bs, bsh)
             else:
                 batch.oth[n_oth] = r
@@ -1286,7 +1361,8 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
         return -3
     arrival[i], prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i] = a, p, o, c, q, grp, lp
     bs = ipar[I_BLOCK_SIZE]
-    dims = (n, bs, ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL])
+    dims = (n, bs, ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_NBP],
+            ri[RI_DIM_NBT])
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
     req, _batch, _dec, swap, cache, _rec, _sc = _carve(stream, dims, wi, wf)
     req.status[i] = ST_PENDING

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 from .._numba_options import njit_noalloc
-from .layout import I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_WARMUP, N_ACC, N_HIST
+from .block_pool import _list_capacity
+from .layout import I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_WARMUP, N_ACC, N_HIST
 
 
 # The segments of ``wi`` (int64), in their order; the first WI_HEAD are the
@@ -36,10 +37,13 @@ from .layout import I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I
  WI_OTHERS,                     # the running requests that are not lazy decoders
  WI_SWAPQ, WI_SWAPQ_SIZE,       # the swapped queue (preemption_mode="swap")
  WI_FPRE, WI_HOFF, WI_CNT, WI_LPREV, WI_LNEXT, WI_CST, WI_HELD, WI_PRIVATE, WI_NENT,   # `prefix_cache`
+ WI_QPREV, WI_QNEXT, WI_REF, WI_BHASH, WI_DPREV, WI_DNEXT,   # `block_pool`: the free-block queue, blocks
+ WI_HUSED, WI_HKEY, WI_HHEAD, WI_HTAIL,                      # its table of identities
+ WI_BOFF, WI_RBLK, WI_NCACHED, WI_PST,                       # each request's blocks; the pool's counts
  WI_GAPW,                       # inter-token gaps of pure decode steps, by decoder count
  WI_HELD_FINISHED,              # async scheduling: finished requests holding seat and blocks (`pipeline`)
  WI_SCALARS,                    # the replica's scalar state between calls (`RI_*`)
- N_WI) = range(40)
+ N_WI) = range(54)
 WI_HEAD = 8
 
 # The segments of ``wf`` (float64), in their order.
@@ -60,16 +64,18 @@ WF_HEAD = 4
 (RI_NEXT_ARRIVAL, RI_NEXT_DROP, RI_N_RUN, RI_RUN_LEN, RI_N_OTHERS, RI_FAST_STEPS, RI_PHASE,
  RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
  RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL,
- RI_DIM_JMAX, RI_RELEASED, RI_PEND_DEPARTURES, N_RI) = range(28)
+ RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RI_RELEASED, RI_PEND_DEPARTURES, N_RI) = range(30)
 # ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
 # time that stretch would end (no request comes or goes before it).
 (RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
 
 
 @njit_noalloc
-def _ws_dims(n, output, pgrp, plen, ipar):
+def _ws_dims(n, prompt, output, pgrp, plen, ipar):
     """Data-dependent sizes: (seats, prefix-cache entries, prefix references,
-    gap samples, most prefix blocks of a request)."""
+    gap samples, most prefix blocks of a request, blocks of the block pool,
+    entries of the requests' block lists); the last two are 0 without
+    prefix caching by block hash."""
     bs = ipar[I_BLOCK_SIZE]
     cap = max(1, min(ipar[I_MAX_NUM_SEQS], n))
     # Gaps come only from measured requests that can complete, whose output
@@ -90,20 +96,38 @@ def _ws_dims(n, output, pgrp, plen, ipar):
                 ngrp = max(ngrp, pgrp[i] + 1)
                 jmax = max(jmax, f)
                 nheld += f
-    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax
+    nbp = 0
+    nbt = 0
+    if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
+        nbp = ipar[I_NUM_GPU_BLOCKS]
+        for i in range(n):
+            nbt += _list_capacity(prompt[i], output[i], nbp, bs)
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax, nbp, nbt
 
 
 @njit_noalloc(entry=True)
-def _ws_need(n, output, pgrp, plen, ipar):
+def _ws_need(n, prompt, output, pgrp, plen, ipar):
     """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
-    cap, ncnt, nheld, nitl, _jmax = _ws_dims(n, output, pgrp, plen, ipar)
-    return _ws_sizes(n, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl)
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    return _ws_sizes(n, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl, nbp, nbt)
 
 
 @njit_noalloc
-def _int_sizes(n, bs, cap, ncnt, nheld, nitl):
+def _table_size(nbp):
+    """Slots of the block pool's identity table: a power of two, at least
+    twice the blocks (each cached block adds at most one identity)."""
+    m = 2
+    while m < 2 * nbp:
+        m *= 2
+    return m
+
+
+@njit_noalloc
+def _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
     """The sizes of the ``WI_*`` segments, in order: the one statement of
-    ``wi``'s layout (dimensions: `_ws_dims`)."""
+    ``wi``'s layout (dimensions: `_ws_dims`; ``nbp`` 0: no block pool)."""
+    nht = _table_size(nbp) if nbp > 0 else 0
+    npr = n if nbp > 0 else 0   # per-request columns of the block pool
     return (n, n, n, n, n, n, n, n,
             N_HIST, nitl,
             2 * n + 2, 2,
@@ -113,6 +137,9 @@ def _int_sizes(n, bs, cap, ncnt, nheld, nitl):
             cap,
             n + 1, 1,
             n, n + 1, ncnt, ncnt, ncnt, 4, nheld, n, n,
+            nbp + 1, nbp + 1, nbp, nbp, nbp, nbp,
+            nht, nht, nht, nht,
+            npr + 1, nbt, npr, 4,
             cap + 1,
             cap,
             N_RI)
@@ -145,9 +172,9 @@ def _take(o, size):
 
 
 @njit_noalloc
-def _ws_sizes(n, bs, cap, ncnt, nheld, nitl):
+def _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
     """The workspace sizes (int64 entries, float64 entries) from the dimensions `_ws_dims` gives."""
-    return _total(_int_sizes(n, bs, cap, ncnt, nheld, nitl)), _total(_float_sizes(n, cap, nitl))
+    return _total(_int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)), _total(_float_sizes(n, cap, nitl))
 
 
 # The engine's views of a workspace, grouped by concept (`_carve`): named
@@ -166,9 +193,12 @@ Batch = namedtuple("Batch", ("q", "qs", "run", "oth", "zl"))   # zl: finished, h
 Decoders = namedtuple("Decoders", ("dmem", "dpos", "koff", "goff", "ph", "hk", "hr", "hs", "dstate"))
 #: Swap preemption: the swapped queue, its keys, and each request's swaps and time swapped.
 Swap = namedtuple("Swap", ("sq", "sqs", "skey", "swapped_since", "nswap", "swapped_s"))
-#: The prefix cache (`prefix_cache`) and each request's cached tokens.
+#: The block pool of prefix caching by block hash (`block_pool`).
+BlockPool = namedtuple("BlockPool", ("qprev", "qnext", "ref", "bhash", "dprev", "dnext",
+                                     "hused", "hkey", "hhead", "htail", "boff", "rblk", "ncached", "pst"))
+#: The prefix cache (`prefix_cache`), each request's cached tokens, and the block pool.
 PrefixCache = namedtuple("PrefixCache", ("fpre", "hoff", "cnt", "lprev", "lnext", "cst", "held", "private",
-                                         "nent", "ctok"))
+                                         "nent", "ctok", "pool"))
 #: What the run records: inter-token gaps, the decode term by batch size, the accumulators.
 Record = namedtuple("Record", ("itl_v", "itl_w", "gapw", "dec_cost", "acc"))
 #: The replica's scalar state between calls (`RI_*`, `RF_*`).
@@ -182,11 +212,12 @@ def _carve(stream, dims, wi, wf):
     """The engine's views (`Requests`, `Batch`, `Decoders`, `Swap`,
     `PrefixCache`, `Record`, `Scalars`) of the workspace ``wi``/``wf`` for
     the requests of ``stream`` and the dimensions ``dims`` (`_ws_dims`:
-    seats, cache entries, prefix references, gap samples; n first): each
+    seats, cache entries, prefix references, gap samples, pool blocks, block
+    list entries; n first and the block size second): each
     layout's segments taken in their order, ``WI_*`` 0, 1, ... (checked by
     tests/test_workspace.py)."""
-    n, bs, cap, ncnt, nheld, nitl = dims
-    si = _int_sizes(n, bs, cap, ncnt, nheld, nitl)
+    n, bs, cap, ncnt, nheld, nitl, nbp, nbt = dims
+    si = _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)
     o = 0
     status, o = _take(o, si[WI_STATUS])
     k, o = _take(o, si[WI_K])
@@ -224,6 +255,20 @@ def _carve(stream, dims, wi, wf):
     held, o = _take(o, si[WI_HELD])
     private, o = _take(o, si[WI_PRIVATE])
     nent, o = _take(o, si[WI_NENT])
+    qprev, o = _take(o, si[WI_QPREV])
+    qnext, o = _take(o, si[WI_QNEXT])
+    ref, o = _take(o, si[WI_REF])
+    bhash, o = _take(o, si[WI_BHASH])
+    dprev, o = _take(o, si[WI_DPREV])
+    dnext, o = _take(o, si[WI_DNEXT])
+    hused, o = _take(o, si[WI_HUSED])
+    hkey, o = _take(o, si[WI_HKEY])
+    hhead, o = _take(o, si[WI_HHEAD])
+    htail, o = _take(o, si[WI_HTAIL])
+    boff, o = _take(o, si[WI_BOFF])
+    rblk, o = _take(o, si[WI_RBLK])
+    ncached, o = _take(o, si[WI_NCACHED])
+    pst, o = _take(o, si[WI_PST])
     gapw, o = _take(o, si[WI_GAPW])
     zl, o = _take(o, si[WI_HELD_FINISHED])
     ri, o = _take(o, si[WI_SCALARS])
@@ -247,6 +292,8 @@ def _carve(stream, dims, wi, wf):
             Decoders(wi[dmem], wi[dpos], wi[koff], wi[goff], wi[ph], wi[hk], wi[hr], wi[hs], wi[dstate]),
             Swap(wi[sq], wi[sqs], wf[skey], wf[swapped_since], wi[nswap], wf[swapped_s]),
             PrefixCache(wi[fpre], wi[hoff], wi[cnt], wi[lprev], wi[lnext], wi[cst], wi[held], wi[private],
-                        wi[nent], wi[ctok]),
+                        wi[nent], wi[ctok],
+                        BlockPool(wi[qprev], wi[qnext], wi[ref], wi[bhash], wi[dprev], wi[dnext], wi[hused],
+                                  wi[hkey], wi[hhead], wi[htail], wi[boff], wi[rblk], wi[ncached], wi[pst])),
             Record(wf[itl_v], wi[itl_w], wi[gapw], wf[dec_cost], wf[acc]),
             Scalars(wi[ri], wf[rf]))

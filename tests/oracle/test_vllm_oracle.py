@@ -111,16 +111,17 @@ def test_reference_equals_vllm(scenario, mode, lat):
         assert total > 0      # the tight scenarios do preempt
 
 
-#: The rule settings the kernel has (caching by block hash is the reference's only).
-KERNEL_MODES = ("sync_loop", "no_enable_prefix_caching")
+#: The rule settings the kernel has: all of them (prefix caching by block hash included).
+KERNEL_MODES = tuple(sorted(MODES))
 
 
 @pytest.mark.parametrize("lat", sorted(LATENCIES))
 @pytest.mark.parametrize("mode", KERNEL_MODES)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_kernel_equals_vllm(scenario, mode, lat):
-    """The kernel, in the synchronous loop and with async scheduling, the
-    full-input gate and the null block (vLLM's defaults but prefix caching)."""
+    """The kernel, with each rule on and off: vLLM's full defaults (async
+    scheduling, the full-input gate, prefix caching by block hash, the null
+    block), each rule off alone, and the synchronous loop."""
     options, workload, rate = SCENARIOS[scenario]
     engine = _engine(options, MODES[mode])
     latency = LATENCIES[lat]
