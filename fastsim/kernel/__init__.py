@@ -58,7 +58,7 @@ from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SWAPPED, WI_BL
                         WI_CTOK, WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS, _ws_need)
 
 #: The kernel's modules, in reading order.
-MODULES = (layout, rng, workload, waiting_queue, kv_cache, prefix_cache, arrivals, scheduler, decoders,
+MODULES = (layout, rng, workload, waiting_queue, kv_cache, block_pool, prefix_cache, arrivals, scheduler, decoders,
            pipeline, latency, stretch, accounting, workspace, replica, metrics, drivers)
 
 

@@ -61,7 +61,7 @@ from .._numba_options import njit_noalloc
 from .layout import ST_RUNNING
 
 # Fibonacci hashing of an identity into the table (2**64 / golden ratio, as int64).
-_GOLDEN = -7046029254386353131
+_HASH_MULT = -7046029254386353131
 
 
 @njit_noalloc(inline="llvm")
@@ -81,7 +81,7 @@ def _block_id(r, j, req, bs, jmax, nb):
 
 @njit_noalloc(inline="llvm")
 def _slot(key, mask):
-    return ((key * _GOLDEN) >> 20) & mask
+    return ((key * _HASH_MULT) >> 20) & mask
 
 
 @njit_noalloc(inline="llvm")
