@@ -4,8 +4,9 @@
 
 On the issue-7 (``reference``) and ShareGPT workloads of `benchmarks/benchmarks/common.py`,
 one thread, the same process: ``replicate`` of the synchronous engine, of
-async scheduling alone, and of async scheduling with the full-input gate and
-the null block, alternated round by round; prints the median ratio of each
+async scheduling alone, of async scheduling with the full-input gate and
+the null block, and of vLLM 0.22's defaults (those and prefix caching by
+block hash), alternated round by round; prints the median ratio of each
 one's time to the synchronous engine's, and the fastest calls.
 """
 
@@ -22,7 +23,9 @@ import fastsim  # noqa: E402
 from benchmarks import common  # noqa: E402
 
 VARIANTS = {"sync": {}, "async": {"async_scheduling": True},
-            "v1": {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True}}
+            "v1": {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True},
+            "v1+caching": {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True,
+                           "enable_prefix_caching": True, "block_hash_caching": True}}
 
 
 def main(argv=None):
