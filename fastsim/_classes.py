@@ -15,17 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import MAX_COUNT, check_choice
+from .kernel.layout import METRICS
 
 BY = ("prompt_len", "output_len", "total_len", "priority", "trace")
-#: The per-request metrics reported per class (system-wide time averages and
-#: the pooled inter-token latencies are not split by class).
-CLASS_METRICS = (
-    "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p95", "ttft_p99",
-    "tpot_mean", "tpot_p50", "tpot_p99",
-    "e2e_mean", "e2e_p50", "e2e_p99",
-    "request_throughput", "output_throughput", "goodput",
-    "blocking_probability", "drop_probability", "preemptions_per_request",
-)
+#: The per-request metrics reported per class: the kernel's metrics up to the
+#: preemptions per request, less the pooled inter-token latencies (system-wide
+#: time averages, swaps and prefix hits are not split by class either).
+CLASS_METRICS = tuple(m for m in METRICS[:METRICS.index("preemptions_per_request") + 1]
+                      if not m.startswith("itl_"))
 CLASS_COUNTS = ("n_arrived", "n_measured", "n_completed")
 
 

@@ -858,6 +858,37 @@ class _Reference:
         self.step_log.append((t_start, t_end, len(self.running), len(self.waiting) + len(self.swapped),
                               self.blocks_used, len(self.swapped), self.swap_used, self.num_evictable))
 
+    def end_step(self, scheduled: dict, t_end: float, static: bool) -> None:
+        """The synchronous loop at t + d, the end of the step ``scheduled``."""
+        # arrivals with a_i < t + d are ingested before the step's completions are applied ...
+        self.ingest_until(t_end, inclusive=False)
+        # ... then the step is applied, in the order of the running list: "each
+        # adds s to k; with prefix caching it registers its newly computed full
+        # prefix blocks; it emits a token if k = P + g; and it completes if g = O".
+        # (scheduled holds the running list's order: phase 1 in running order,
+        # then the requests appended to it by phases 2 and 3.)
+        assert list(scheduled) == [r for r in self.running if r in scheduled]
+        for r, s in scheduled.items():
+            if static and r.g == r.O:
+                continue      # padding: no KV growth, no token
+            k0 = r.k
+            r.k += s
+            self.register(r, k0)
+            if r.k == r.P + r.g:
+                r.emit(t_end)
+                if r.g == r.O and not static:
+                    self.running.remove(r)
+                    self.leave(r, COMPLETED, t_end)
+        if static and all(r.g == r.O for r in self.running):
+            # "until the longest member finishes; then every member completes at
+            # that step's end"
+            for r in self.running:
+                self.leave(r, COMPLETED, t_end)
+            self.running = []
+        # ... and a request arriving exactly at t + d is ingested after them.
+        self.ingest_until(t_end, inclusive=True)
+        self.t = t_end
+
     def run_async(self) -> float:
         """Spec, "Async scheduling": vLLM's engine core with a batch queue of 2
         (``EngineCore.step_with_batch_queue``). A batch is scheduled at the clock
@@ -961,35 +992,7 @@ class _Reference:
             t_end = self.t + d
             self.log_step(t_end, scheduled)
 
-            # ---- at t + d: arrivals with a_i < t + d are ingested before the
-            # step's completions are applied ...
-            self.ingest_until(t_end, inclusive=False)
-            # ... then the step is applied, in the order of the running list: "each
-            # adds s to k; with prefix caching it registers its newly computed full
-            # prefix blocks; it emits a token if k = P + g; and it completes if g = O".
-            # (scheduled holds the running list's order: phase 1 in running order,
-            # then the requests appended to it by phases 2 and 3.)
-            assert list(scheduled) == [r for r in self.running if r in scheduled]
-            for r, s in scheduled.items():
-                if static and r.g == r.O:
-                    continue      # padding: no KV growth, no token
-                k0 = r.k
-                r.k += s
-                self.register(r, k0)
-                if r.k == r.P + r.g:
-                    r.emit(t_end)
-                    if r.g == r.O and not static:
-                        self.running.remove(r)
-                        self.leave(r, COMPLETED, t_end)
-            if static and all(r.g == r.O for r in self.running):
-                # "until the longest member finishes; then every member completes at
-                # that step's end"
-                for r in self.running:
-                    self.leave(r, COMPLETED, t_end)
-                self.running = []
-            # ... and a request arriving exactly at t + d is ingested after them.
-            self.ingest_until(t_end, inclusive=True)
-            self.t = t_end
+            self.end_step(scheduled, t_end, static)
 
             # "Horizon: the run stops at the first step boundary t >= H"
             if self.horizon is not None and self.t >= self.horizon:

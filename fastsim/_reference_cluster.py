@@ -78,7 +78,7 @@ class _PausedReplica(_Reference):
                 if t_end > t_stop:
                     return
                 self.in_flight = None
-                self._end_step(scheduled, t_end, static)
+                self.end_step(scheduled, t_end, static)
                 if self.horizon is not None and self.t >= self.horizon:
                     self.done = True
                 continue
@@ -100,39 +100,10 @@ class _PausedReplica(_Reference):
             self.check_invariants()
             if not scheduled:
                 continue
-            n_decode = n_prefill = n_context = 0
-            for r, s in scheduled.items():
-                if s == 1 and r.g >= 1 and r.k == r.P + r.g - 1:
-                    n_decode += 1
-                else:
-                    n_prefill += s
-                n_context += r.k + s
-            d = float(self.latency.step_time(n_decode, n_prefill, n_context, self.pending_swap_blocks))
-            self.pending_swap_blocks = 0
+            d = self.step_time(scheduled)   # (its pending swap transfers charged)
             self.num_steps += 1
             self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
             self.in_flight = (scheduled, self.t + d)
-
-    def _end_step(self, scheduled, t_end, static) -> None:
-        """At t + d: arrivals before it, the step applied, arrivals at it (spec, as `_Reference.run`)."""
-        self.ingest_until(t_end, inclusive=False)
-        for r, s in scheduled.items():
-            if static and r.g == r.O:
-                continue
-            k0 = r.k
-            r.k += s
-            self.register(r, k0)
-            if r.k == r.P + r.g:
-                r.emit(t_end)
-                if r.g == r.O and not static:
-                    self.running.remove(r)
-                    self.leave(r, COMPLETED, t_end)
-        if static and self.running and all(r.g == r.O for r in self.running):
-            for r in self.running:
-                self.leave(r, COMPLETED, t_end)
-            self.running = []
-        self.ingest_until(t_end, inclusive=True)
-        self.t = t_end
 
     def finish(self) -> None:
         for q in (self.running, self.waiting, self.swapped):
