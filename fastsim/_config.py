@@ -161,10 +161,7 @@ class EngineConfig:
         identical chain of full blocks is shared, a recomputed request finds
         its own cached blocks, blocks are cached when scheduled, one LRU
         queue of free and cached blocks) instead of the prefix-group entries.
-        Transitional: it becomes the only model once the kernel has it.
-
-    The four switches above follow vLLM 0.22's V1 scheduler and are off by
-    default for now (the synchronous model).
+        Transitional: it is to become what ``enable_prefix_caching`` means.
     sjf_key : {"output", "prompt", "total"}
         With ``policy="sjf"``: the length the SJF key is (or, with a
         ``length_predictor``, predicts): the output, the prompt, or both.
@@ -172,6 +169,9 @@ class EngineConfig:
     Notes
     -----
     See ``docs/engine-model.md`` for the exact semantics of every option.
+    ``async_scheduling``, ``scheduler_reserve_full_isl``, ``null_block`` and
+    ``block_hash_caching`` follow vLLM 0.22's V1 scheduler and are off by
+    default for now (the synchronous model).
     """
 
     max_num_seqs: int = 256
