@@ -18,7 +18,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import COMPLETED, UNFINISHED, _Reference, _Request, queue_key
+from ._reference import UNFINISHED, _Reference, _Request, queue_key
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
            "prefix_affinity", "session_affinity")

@@ -39,7 +39,7 @@ from .prefix_cache import _release
 
 @njit_noalloc(inline="llvm")
 def _release_finished(req, zl, nz, cache, ipar, free, reserved, n_run, n_wait, jmax, caching):
-    """The next step is scheduled: the requests held by `_hold_finished`
+    """The next step is scheduled: the requests held (`decoders._hold_decoders`, a step's end)
     leave; a held request preempted meanwhile (counted waiting, not queued)
     leaves the waiting count. Return (free blocks, reserved tokens, running,
     waiting)."""

@@ -61,10 +61,10 @@ from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_
                       _step_time)
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
-                     F_AGING, F_HORIZON, F_MAX_DELAY, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
+                     F_AGING, F_HORIZON, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
                      I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
                      I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS,
-                     I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_DROPPED, ST_PENDING,
+                     I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
                      ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
 from .block_pool import (_cache_arrived_tokens, _known_tokens, _pool_cache_full, _pool_check, _pool_claim,
                          _pool_counted, _pool_hits, _pool_init, _pool_queued_hits, _pool_take, _preempted)
