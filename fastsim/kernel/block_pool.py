@@ -43,9 +43,11 @@ tokens scheduled this step: vLLM caches a block full of known tokens when
 it is scheduled), and the free blocks, queued in any order (none of them
 can be hit, so none of their evictions shows). It is counted again
 (`_pool_counted`) when no request in the system was ever preempted (the
-cached blocks then left in the queue are finished requests': dead). Only
-the synchronous loop counts (with async scheduling a block is cached a step
-later, which the layout does not reconstruct).
+cached blocks then left in the queue are finished requests': dead). With
+async scheduling a block is cached a step later, which the token counts do
+not tell: the counted pool keeps, per running request, how many of its
+leading blocks are cached (`_count_cached` and its callers), and the layout
+takes those.
 
 The functions a step calls are inlined (``inline="llvm"``): a call would
 copy the descriptors of every view of the pool and of the requests.
@@ -212,10 +214,12 @@ def _pool_init(n, req, pool, nb, bs, countable):
 
 
 @njit_noalloc
-def _pool_materialise(req, run, n_run, pool, bs, jmax):
+def _pool_materialise(req, run, n_run, pool, bs, jmax, kept):
     """Lay the counted pool out (the first preemption since it was counted):
     the running requests hold blocks 0, 1, ... in running order, each cached
-    up to its computed and scheduled tokens; the rest are queued, uncached."""
+    up to its computed and scheduled tokens (``kept``, async scheduling: as
+    many leading blocks as the counts kept while it was counted,
+    `_count_cached`); the rest are queued, uncached."""
     for i in range(pool.hused.size):
         pool.hused[i] = 0
     nb = pool.ref.size
@@ -229,8 +233,9 @@ def _pool_materialise(req, run, n_run, pool, bs, jmax):
             pool.ref[b] = 1
             pool.bhash[b] = -1
             b += 1
+        ntok = pool.ncached[r] * bs if kept else req.k[r] + req.sched[r]
         pool.ncached[r] = 0
-        _pool_cache_full(r, req.k[r] + req.sched[r], req, pool, bs, jmax)
+        _pool_cache_full(r, ntok, req, pool, bs, jmax)
     s = nb
     pool.qnext[s] = s
     pool.qprev[s] = s
@@ -252,12 +257,12 @@ def _pool_counted(pool):
 
 
 @njit_noalloc(inline="llvm")
-def _preempted(v, req, run, n_run, pool, bs, jmax):
+def _preempted(v, req, run, n_run, pool, bs, jmax, kept):
     """Bookkeeping of a preemption of ``v`` (before its blocks are freed):
-    lay the pool out if it was counted; count v among the requests ever
-    preempted."""
+    lay the pool out if it was counted (``kept``: `_pool_materialise`'s);
+    count v among the requests ever preempted."""
     if pool.pst[1] == 0:
-        _pool_materialise(req, run, n_run, pool, bs, jmax)
+        _pool_materialise(req, run, n_run, pool, bs, jmax, kept)
     if req.npre[v] == 0:
         pool.pst[3] += 1
 
@@ -383,6 +388,54 @@ def _cache_arrived_tokens(req, batch, n_run, pool, t, bs, jmax):
         r = batch.run[jj]
         if req.status[r] == ST_RUNNING and req.last_t[r] == t:
             _pool_cache_full(r, min(req.k[r] + req.sched[r], req.prompt[r] + req.g[r] - 1), req, pool, bs, jmax)
+
+
+# ------------------------------------------------------------------------------
+# A counted pool under async scheduling. vLLM caches a block a step later
+# there (`_known_tokens`), so how many of a running request's leading blocks
+# are cached is not a function of its token counts when the pool is laid out;
+# it is kept instead (``ncached``), as `_pool_cache_full` would have it, at
+# the same points, so that `_pool_materialise` can lay it out exactly.
+
+@njit_noalloc(inline="llvm")
+def _count_cached(r, ntok, pool, bs):
+    """`_pool_cache_full`'s count for a counted pool: r's blocks full of its
+    first ``ntok`` tokens are cached."""
+    full = ntok // bs
+    if full > pool.ncached[r]:
+        pool.ncached[r] = full
+
+
+@njit_noalloc
+def _count_scheduled(req, oth, n_oth, pool, t, lag, bs):
+    """A fast step scheduled at ``t``: the requests it schedules one by one
+    (``oth``) cache their blocks full of known tokens (`_pool_cache_full`'s
+    calls of the slow step's phases)."""
+    for jj in range(n_oth):
+        r = oth[jj]
+        _count_cached(r, min(req.k[r] + req.sched[r], _known_tokens(req, r, t, lag)), pool, bs)
+
+
+@njit_noalloc
+def _count_lazy(dec, S, pool, bs):
+    """The lazy decoders before they get their own token counts again: each
+    fast step (async) scheduled one of them one token, at a step start at
+    which it had just got a token whose value was not known yet, so its
+    blocks full of all its computed tokens but the last are cached (after no
+    fast step, the count kept when it became lazy stands: it is at least
+    that)."""
+    for jj in range(dec.dstate[0]):
+        r = dec.dmem[jj]
+        _count_cached(r, dec.koff[r] + S - 1, pool, bs)
+
+
+@njit_noalloc
+def _count_arrived(req, batch, n_run, pool, t, bs):
+    """`_cache_arrived_tokens` for a counted pool."""
+    for jj in range(n_run):
+        r = batch.run[jj]
+        if req.status[r] == ST_RUNNING and req.last_t[r] == t:
+            _count_cached(r, min(req.k[r] + req.sched[r], req.prompt[r] + req.g[r] - 1), pool, bs)
 
 
 @njit_noalloc

@@ -52,6 +52,8 @@ def _release_finished(req, zl, nz, cache, ipar, free, reserved, n_run, n_wait, j
             n_run -= 1
         elif req.status[r] == ST_WAITING:
             n_wait -= 1
+        if hashing and req.npre[r] > 0:
+            cache.pool.pst[3] -= 1   # (one fewer ever preempted in the system: `block_pool`)
         req.status[r] = ST_COMPLETED
         if kv_reservation:
             reserved -= req.prompt[r] + req.output[r]

@@ -66,8 +66,9 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS,
                      I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
                      ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
-from .block_pool import (_cache_arrived_tokens, _known_tokens, _pool_cache_full, _pool_check, _pool_claim,
-                         _pool_counted, _pool_hits, _pool_init, _pool_queued_hits, _pool_take, _preempted)
+from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
+                         _known_tokens, _pool_cache_full, _pool_check, _pool_claim, _pool_counted, _pool_hits,
+                         _pool_init, _pool_queued_hits, _pool_take, _preempted)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
@@ -312,28 +313,37 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 continue
             # (prefix caching takes slow steps, unless the block pool is counted: `block_pool`)
             slow_cache = caching
+            counted = False
             if hashing:
                 if _pool_counted(cache.pool):
                     slow_cache = False
+                    counted = True
+            lag = async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
             if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache,
                           full):
                 free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
                     req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
+                if counted and async_on:
+                    _count_scheduled(req, batch.oth, n_oth, cache.pool, t, lag, bs)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4])
                 mode = MODE_FAST_STEP
                 n_in_queue = n_wait
             else:
+                if counted and async_on:
+                    _count_lazy(dec, S, cache.pool, bs)
                 _materialise_decoders(req, dec, t, S, bs, bsh)
                 rl = _compact_run(batch.run, rl, req.status)
-                lag = async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
                 (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
                  n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
                                          pending_swap, bs, bsh, jmax, lag, full)
                 rl = n_run
                 if hashing:
                     if lag:
-                        _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
+                        if cache.pool.pst[1] == 1:
+                            _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
+                        else:
+                            _count_arrived(req, batch, n_run, cache.pool, t, bs)
                     if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
                             and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
                         return -3
@@ -417,7 +427,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
         if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
-            countable = ipar[I_ASYNC] == 0 and ipar[I_STATIC] == 0 and ipar[I_SWAP] == 0
+            countable = ipar[I_STATIC] == 0 and ipar[I_SWAP] == 0
             _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, countable)
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
@@ -1004,7 +1014,7 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
                                                               bsh) <= cap_w:
             break
         if hashing:
-            _preempted(v, req, batch.run, n_run, cache.pool, bs, jmax)
+            _preempted(v, req, batch.run, n_run, cache.pool, bs, jmax, ipar[I_ASYNC] == 1)
         free = _release(v, free, req, cache, jmax, caching, hashing)
         req.k[v] = 0
         req.npre[v] += 1
@@ -1060,7 +1070,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
             vpos = _victim(run, n_run, req.key, keyed)
             v = run[vpos]
             if hashing:
-                _preempted(v, req, run, n_run, cache.pool, bs, jmax)
+                _preempted(v, req, run, n_run, cache.pool, bs, jmax, async_on)
             if vpos < kk and req.sched[v] > 0:
                 # (one skipped with its last token in flight is not "scheduled": vLLM then
                 # moves no cursor, so the request after the victim waits for the next step)
@@ -1105,9 +1115,12 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                     _pool_take(r, new_blk, req, cache.pool)
                     free -= new_blk
                 _pool_cache_full(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), req, cache.pool, bs, jmax)
-            elif new_blk > 0:   # (a counted pool: `block_pool`)
-                req.blocks[r] += new_blk
-                free -= new_blk
+            else:   # (a counted pool: `block_pool`)
+                if new_blk > 0:
+                    req.blocks[r] += new_blk
+                    free -= new_blk
+                if async_on:
+                    _count_cached(r, min(req.k[r] + s, _known_tokens(req, r, t, lag)), cache.pool, bs)
         elif new_blk > 0:
             req.blocks[r] += new_blk
             if caching:
@@ -1210,6 +1223,8 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
             else:   # (a counted pool: no hits, `block_pool`)
                 req.blocks[w] = nb
                 free -= nb
+                if ipar[I_ASYNC] == 1:
+                    _count_cached(w, min(s, _known_tokens(req, w, t, lag)), cache.pool, bs)
         else:
             req.blocks[w] = nb
             free -= nb
