@@ -523,13 +523,13 @@ class _Reference:
                 return
         elif e.admission == "kv_reservation":
             # "each admitted request reserves P_i + O_i tokens of the KV capacity
-            # num_gpu_blocks * block_size from ingestion until it leaves; reject if
+            # (usable blocks) * block_size from ingestion until it leaves; reject if
             # the reservation would not fit beside the reservations held."
             # SPEC-QUESTION: the reservation is P + O tokens although a request never
             # holds more than P + O - 1 (rule 1 uses P + O - 1), so a request with
             # P + O - 1 == capacity passes rule 1 but is always rejected here.
             need = r.P + r.O
-            if self.reserved_tokens + need > e.num_gpu_blocks * e.block_size:
+            if self.reserved_tokens + need > self.usable_blocks * e.block_size:
                 r.status = REJECTED_ADMISSION
                 self.depart(r.ingested)
                 return

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import UNFINISHED, _Reference, _Request, queue_key
+from ._reference import _IN_SYSTEM, COMPLETED, UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
            "prefix_affinity", "session_affinity")
@@ -59,6 +59,12 @@ class _PausedReplica(_Reference):
         self.in_flight = None       # (scheduled, t_end) of the step in flight
         self.done = False           # the horizon is reached
         self.handed = 0
+        # async scheduling (`_Reference.run_async`'s loop, resumable): the batches in
+        # flight, oldest first, as (end, [(request, emits)]); when the GPU is free; and
+        # whether the loop is to schedule a batch next (else to wait for the oldest)
+        self.batches_in_flight: list = []
+        self.gpu_free = 0.0
+        self.to_schedule = True
 
     def hand(self, r: _Request) -> None:
         self.requests.append(r)
@@ -71,6 +77,9 @@ class _PausedReplica(_Reference):
 
     def advance_until(self, t_stop: float) -> None:
         """Every step that ends at or before t_stop; a step starts only before t_stop."""
+        if self.e.async_scheduling:
+            self.advance_async_until(t_stop)
+            return
         static = self.e.scheduler == "static"
         while not self.done:
             if self.in_flight is not None:
@@ -105,6 +114,72 @@ class _PausedReplica(_Reference):
             self.max_blocks_used = max(self.max_blocks_used, self.blocks_used)
             self.in_flight = (scheduled, self.t + d)
 
+    def advance_async_until(self, t_stop: float) -> None:
+        """`_Reference.run_async` up to ``t_stop`` (spec, "Fleets", async
+        scheduling): a batch's output is applied only if it ends at or before
+        t_stop, and a batch is scheduled only if it would start before t_stop
+        (its scheduling waits for the next call otherwise, which changes
+        nothing: it sees arrivals up to the clock, before t_stop, and the
+        requests handed meanwhile arrive at or after t_stop)."""
+        q = self.batches_in_flight
+        while not self.done:
+            if self.to_schedule:
+                if max(self.t, self.gpu_free) >= t_stop:
+                    return
+                self.ingest_until(self.t, inclusive=True)
+                self.abandon()
+                if self.running or len(self.waiting) > 0:
+                    scheduled = self.schedule_continuous()
+                    self.check_invariants()
+                    if scheduled:
+                        start = max(self.t, self.gpu_free)
+                        end = start + self.step_time(scheduled)
+                        self.gpu_free = end
+                        self.log_step(end, scheduled, start)
+                    else:
+                        end = self.t     # an empty batch runs nothing
+                    outputs = []
+                    for r, s in scheduled.items():   # (vLLM's _update_after_schedule)
+                        r.k += s
+                        emits = r.k == r.P + r.g + r.ph
+                        if emits:
+                            r.ph += 1
+                        outputs.append((r, emits))
+                    q.append((end, outputs))
+                    if scheduled and len(q) < 2:
+                        continue      # the only batch in flight: schedule the next one now
+                elif not q:
+                    if self.next_arrival >= len(self.arrivals):
+                        return        # nothing to do until a request is handed
+                    a = self.arrivals[self.next_arrival].arrival
+                    if a >= t_stop:
+                        return
+                    self.t = max(self.t, a)
+                    continue
+                self.to_schedule = False
+            end, outputs = q[0]
+            if max(self.t, end) > t_stop:
+                return
+            q.pop(0)
+            self.t = max(self.t, end)
+            for r, emits in outputs:
+                if not emits or r.status != _IN_SYSTEM:
+                    continue
+                r.ph -= 1
+                r.emit(self.t)
+                running = r in self.running
+                if running and self.hashing:
+                    self.cache_full_blocks(r, r.k - r.ph)
+                if r.g == r.O:
+                    if running:
+                        self.running.remove(r)
+                    else:
+                        self.waiting.remove(r)
+                    self.leave(r, COMPLETED, self.t)
+            self.to_schedule = True
+            if self.horizon is not None and self.t >= self.horizon:
+                self.done = True
+
     def finish(self) -> None:
         for q in (self.running, self.waiting, self.swapped):
             for r in q:
@@ -116,7 +191,9 @@ class _PausedReplica(_Reference):
         """(in the system, waiting, running, KV blocks not free), as the router sees them."""
         waiting = len(self.waiting) + len(self.swapped) + self.handed - self.next_arrival
         running = len(self.running)
-        return waiting + running, waiting, running, self.e.num_gpu_blocks - self.plain_free()
+        # (KV in use: caching by block hash counts cached free blocks as free, as vLLM's usage does)
+        free = self.pool.num_free() if self.hashing else self.plain_free()
+        return waiting + running, waiting, running, self.e.num_gpu_blocks - free
 
 
 def _choose(router, i, grp, views, table, rng, cap):
@@ -201,6 +278,8 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         req = _Request(idx=j, arrival=at, P=int(prompt[i]), O=int(output[i]), prio=int(prio[i]),
                        sjf_key=int(sjfk[i]), group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(engine.policy, j, at, int(prio[i]), int(sjfk[i]), engine.priority_aging_s))
+        if engine.enable_prefix_caching and engine.block_hash_caching:
+            req.idents = prompt_block_identities(j, req.P, engine.block_size, req.group, req.prefix_len)
         rep.hand(req)
         owner.append(r)
         reqs.append(req)

@@ -775,13 +775,6 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     _check_backend(backend)
     if scenario.fleet is not None and backend != "numba":
         raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
-    if scenario.fleet is not None and scenario.engine.block_hash_caching:
-        raise NotImplementedError("fleets with block_hash_caching=True are not implemented yet (a replica's "
-                                  "block lists are laid out before it is handed its requests); set "
-                                  "block_hash_caching=False")
-    if scenario.fleet is not None and scenario.engine.async_scheduling:
-        raise NotImplementedError("fleets with async_scheduling=True are not implemented yet (the reference "
-                                  "fleet that checks the kernel's lacks it); set async_scheduling=False")
     noise = scenario.latency.noise
     if scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
         raise NotImplementedError("fleets with per-step noise (StepNoise jitter_sd or stall_prob) are not "

@@ -89,3 +89,27 @@ def test_a_fleet_from_toml_and_the_cli_finds_the_fewest_replicas(tmp_path, capsy
     path.write_text(path.read_text().replace('router = "random"', 'routr = "random"'))
     with pytest.raises(ValueError, match=r"\[fleet\].*routr"):
         _cli._load_config(path)
+
+
+@pytest.mark.parametrize("router", ["jsq", "prefix_affinity"])
+def test_replicate_a_fleet_of_vllm_v1_servers(router):
+    """vLLM 0.22's serving rules in every replica (async scheduling, the
+    full-input gate, the null block, caching by block hash): nothing lost,
+    the blocks all free at the end, Little's law, the same bits on two
+    threads, and a fleet of one replica is the replica's replications."""
+    v1 = dict(async_scheduling=True, scheduler_reserve_full_isl=True, null_block=True,
+              enable_prefix_caching=True, block_hash_caching=True)
+    sc = _sc(router).replace(**{f"engine.{k}": v for k, v in v1.items()},
+                             **{"workload.prefix_groups": 3, "workload.prefix_len": 48})
+    one = fastsim.replicate(sc, n_replications=8, seed=5, n_threads=1)
+    two = fastsim.replicate(sc, n_replications=8, seed=5, n_threads=2, batch_size=3)
+    pr = one.per_replication
+    assert np.array_equal(pr.to_numpy(), two.per_replication.to_numpy(), equal_nan=True)
+    total = pr[["n_completed", "n_rejected", "n_dropped", "n_unfinished"]].sum(axis=1)
+    assert (pr["n_arrived"] == total).all() and (pr["blocks_used_at_end"] == 0).all()
+    np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9)
+    assert (pr["prefix_hit_rate"] > 0).all()
+    alone = fastsim.replicate(sc.replace(fleet=None), n_replications=8, seed=5).per_replication
+    single = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=1, router=router)), n_replications=8,
+                               seed=5).per_replication
+    np.testing.assert_array_equal(single[list(K.COLUMNS)].to_numpy(), alone[list(K.COLUMNS)].to_numpy())

@@ -8,13 +8,13 @@ metrics row), whatever the router."""
 import numpy as np
 import pytest
 
+import fastsim
 from fastsim import kernel as K
 from fastsim._reference_cluster import ROUTERS, simulate_fleet_reference
 from fastsim.kernel import cluster as C
-from test_replica import CASES as _ALL_CASES, _stream
+from test_replica import CASES as _ALL_CASES, LAT, _stream
 
-#: The reference fleet has no async scheduling yet (fleets refuse it).
-CASES = {k: v for k, v in _ALL_CASES.items() if not v.engine.async_scheduling}
+CASES = _ALL_CASES
 
 #: The reference's status codes are the kernel's less ST_COMPLETED; a request
 #: that never arrived (at or after the horizon) is pending in the kernel.
@@ -66,3 +66,48 @@ def test_a_fleet_of_one_replica_is_the_engine_bit_for_bit(name):
             for x, y in ((first, whole[1]), (finish, whole[2]), (npre, whole[3]), (g, whole[4]), (row, whole[-1])):
                 assert np.array_equal(x, y, equal_nan=True)
             assert (owner == 0).all() and bal[0] == 0.0 and bal[1] == 1.0
+
+
+#: Prefix caching by block hash in a fleet: each replica its own block pool,
+#: its block lists laid out as requests are handed (`replica._hand`); shared
+#: prefixes (the prefix-affinity router's case) and, without sharing, a
+#: counted pool laid out at the first preemption (tight KV).
+_HASH = dict(enable_prefix_caching=True, block_hash_caching=True, scheduler_reserve_full_isl=True, null_block=True)
+HASH_CASES = {
+    "block-hash-shared": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=80, max_num_batched_tokens=256, **_HASH),
+        workload=fastsim.Workload(arrival_rate=9.0, num_requests=90, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(5, 150), prefix_groups=3, prefix_len=96),
+        latency=LAT),
+    "block-hash-tight": fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=40, max_num_batched_tokens=256, **_HASH),
+        workload=fastsim.Workload(arrival_rate=9.0, num_requests=90, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(5, 150)),
+        latency=LAT),
+}
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("name", list(HASH_CASES))
+def test_fleets_with_caching_by_block_hash_are_the_reference_bit_for_bit(name, router):
+    sc = HASH_CASES[name]
+    npre = 0
+    for rep, (nrep, staleness, latency) in enumerate(((3, 0.0, 0.0), (2, 0.7, 0.01))):
+        stream, p = _stream(sc, rep)
+        _agree(sc, stream, p, router, nrep, staleness, latency)
+        npre += C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(staleness, latency),
+                                        K.ROUTER_CODES[router], nrep, 11, 12, 3)[3].sum()
+    if name == "block-hash-tight":
+        assert npre > 0   # (the counted pools were laid out)
+
+
+def test_prefix_affinity_with_caching_by_block_hash_hits_more_than_round_robin():
+    """The point of prefix-aware routing: with vLLM's cache, sending a prefix
+    group's requests to one replica finds its blocks cached there more often
+    (paired: the same streams, per replication)."""
+    sc = HASH_CASES["block-hash-shared"].replace(**{"engine.num_gpu_blocks": 400})
+    rates = {}
+    for router in ("prefix_affinity", "round_robin"):
+        res = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=3, router=router)), n_replications=6, seed=3)
+        rates[router] = res.per_replication["prefix_hit_rate"].to_numpy()
+    assert (rates["prefix_affinity"] > rates["round_robin"]).all()

@@ -94,6 +94,16 @@ def engines(draw):
             st.none(), st.floats(0.0, 1.5).map(fastsim.LogNormalPredictor),
             st.tuples(st.integers(2, 50), st.integers(1, 200), st.floats(0.0, 1.0)).map(
                 lambda t: fastsim.BucketPredictor((t[0], t[0] + t[1]), t[2]))))
+    # vLLM V1's rules (async scheduling where its interplay is modelled)
+    if not static:
+        e["scheduler_reserve_full_isl"] = draw(st.booleans())
+        if e.get("enable_prefix_caching"):
+            e["block_hash_caching"] = draw(st.booleans())
+        if (e.get("preemption_mode") != "swap" and not e.get("priority_preemption")
+                and e.get("enable_prefix_caching", False) == e.get("block_hash_caching", False)):
+            e["async_scheduling"] = draw(st.booleans())
+    if e["num_gpu_blocks"] >= 2:
+        e["null_block"] = draw(st.booleans())
     return e
 
 

@@ -31,6 +31,14 @@ def _account_step(acc, t, t_end, d, n_run, n_wait, used, ws, we):
     return a_occ, a_queue, a_kv, a_l, a_steps, a_max
 
 
+@njit_noalloc(inline="llvm")
+def _add_in_system(acc, x):
+    """``x`` request-seconds more in the system (the number-in-system integral of `_account_step`'s
+    accumulators ``acc``)."""
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc
+    return a_occ, a_queue, a_kv, a_l + x, a_steps, a_max
+
+
 @njit_noalloc
 def _gap_add(itl_v, itl_w, n_itl, x, w):
     """Record ``w`` inter-token gaps of value ``x``; return the new entry count.

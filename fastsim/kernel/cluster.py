@@ -35,7 +35,7 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
 from .router import _live_state, _needs_state, _reads_kv, _route
-from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
+from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_HELD, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
 
@@ -73,16 +73,20 @@ def _advance(fb, r, n, fpar, lat, full, t, what):
 
 
 @njit_noalloc
-def _observe(fb, r, nblk):
-    """Replica ``r``'s state into the router's view: requests in the system
-    (handed and not yet gone), waiting (queued, swapped, or handed and not
-    yet taken in), running, KV blocks not free."""
-    wi = fb.wi[r]
+def _observe(fb, r, nblk, t=np.inf):
+    """Replica ``r``'s state at ``t`` into the router's view: requests in the
+    system (handed and not yet gone), waiting (queued, swapped, or handed and
+    not yet taken in), running, KV blocks not free. (Async scheduling: a
+    replica paused before a stretch it did not take, at a step end before
+    ``t``, holds the requests that finished there until the stretch's first
+    step is scheduled; by ``t`` they have left, `pipeline`.)"""
+    wi, wf = fb.wi[r], fb.wf[r]
     ri = wi[wi.size - N_RI:]
+    held = ri[RI_N_HELD] if ri[RI_MODE] == MODE_STRETCH and wf[wf.size - N_RF + RF_CLOCK] < t else 0
     waiting = ri[RI_N_WAIT] + ri[RI_N_SWAPPED] + ri[RI_N_KNOWN] - ri[RI_NEXT_ARRIVAL]
     fb.load[r, LOAD_WAITING] = waiting
-    fb.load[r, LOAD_RUNNING] = ri[RI_N_RUN]
-    fb.load[r, LOAD_IN_SYSTEM] = waiting + ri[RI_N_RUN]
+    fb.load[r, LOAD_RUNNING] = ri[RI_N_RUN] - held
+    fb.load[r, LOAD_IN_SYSTEM] = waiting + ri[RI_N_RUN] - held
     fb.load[r, LOAD_KV] = nblk - ri[RI_FREE]
 
 
@@ -94,7 +98,7 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
         rc = _advance(fb, r, n, fpar, lat, full, t, what)
         if rc < 0:
             return rc
-        _observe(fb, r, nblk)
+        _observe(fb, r, nblk, t)
     return 0
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .accounting import _account_step, _gap_add
+from .accounting import _account_step, _add_in_system, _gap_add
 from .arrivals import _abandon, _arrivals_during_step, _closed_loop_init, _ingest, _release_seats
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
@@ -67,7 +67,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
                      ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
 from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
-                         _known_tokens, _pool_cache_full, _pool_check, _pool_claim, _pool_counted, _pool_hits,
+                         _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted, _pool_hits,
                          _pool_init, _pool_queued_hits, _pool_take, _preempted)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
@@ -287,6 +287,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 break
             if t >= t_stop:
                 break   # (before ingesting: a request handed at t_stop is seen by this step)
+            w0 = n_wait
             if async_on:
                 nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
                                                                     n_wait, reserved, acc5, ws, we)
@@ -302,6 +303,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
                                                     reserved)
             drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
+            if t_in < t:
+                # (async: the requests just seen have been in the system since their arrival,
+                # counted up to t_in, and are from now on: their time from t_in to now; those
+                # dropped as of t_in were counted in the step that ended now: not after t_in)
+                acc5 = _add_in_system(acc5, (n_wait - w0) * (t - t_in))
             if closed:
                 left = nxt - (n_run + n_wait + n_sw) + n_held
                 released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
@@ -367,7 +373,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             t_end = t + d
             acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
                                  ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
-            if n_held > 0:
+            if async_on and has_h and t >= horizon:
+                acc5 = _add_in_system(acc5, -(n_run + n_in_queue) * d)   # (async: not run, the run ends at t)
+            elif n_held > 0:
+                acc5 = _add_in_system(acc5, -n_held * d)   # (async: finished at t, held in the batch)
                 free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                                   n_run, n_wait, jmax, caching)
                 n_held = 0
@@ -807,8 +816,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
             # the stretch lies inside the window or outside it
             x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
             used0 = nblk - free
-            if n_held0 > 0:   # its first step: the held requests still in (`pipeline`)
-                a_l += n_held0 * d0
+            if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
                 if used0 + dec.ph[sph] + hb > a_max:
                     a_max = used0 + dec.ph[sph] + hb
                 if ws <= t and t_end <= we:
@@ -847,6 +855,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
                     (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
                     used + (hb if held > 0 else 0), ws, we)
+                a_l -= held * d   # (finished: not in the system)
                 if nm_d > 0:
                     n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
                 S += 1
@@ -1397,6 +1406,9 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
             cache.hoff[0] = 0
         cache.hoff[i + 1] = cache.hoff[i] + cache.fpre[i]
         cache.private[i], cache.nent[i] = 0, 0
+        if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:   # (as `block_pool._pool_init`: its block list)
+            cache.pool.boff[i + 1] = cache.pool.boff[i] + _list_capacity(p, o, ipar[I_NUM_GPU_BLOCKS], bs)
+            cache.pool.ncached[i] = 0
     ri[RI_N_KNOWN] = i + 1
     return i
 
