@@ -1,6 +1,6 @@
 """What prefix caching by block hash costs in simulation speed (a script, not a test).
 
-    python benchmarks/prefix_caching_speed.py [--replications 40] [--rounds 5] [--requests 1000]
+    python benchmarks/prefix_caching_speed.py [--replications 40] [--rounds 5] [--requests 1000] [--async]
 
 One-thread ``replicate`` throughput on the ShareGPT benchmark workload
 (`benchmarks/common.py: sharegpt_80pct`) in one process, the variants
@@ -15,6 +15,9 @@ time of each and its ratio to caching off:
 * ``hash, shared prefixes``: 8 prefix groups, prefixes of 1-64 tokens (the pool
   laid out throughout: every step a slow one);
 * ``off, tight KV`` and ``off, shared prefixes``: their baselines.
+
+``--async``: every variant with async scheduling (vLLM V1's default; the
+counted pool keeps each request's count of cached blocks there).
 """
 
 import argparse
@@ -33,8 +36,10 @@ TIGHT = {"engine.num_gpu_blocks": 900}
 SHARED = {"workload.prefix_groups": 8, "workload.prefix_len": fastsim.Uniform(1, 64)}
 
 
-def variants(n):
+def variants(n, async_scheduling=False):
     sc = sharegpt_80pct(n)
+    if async_scheduling:
+        sc = sc.replace(**{"engine.async_scheduling": True})
     return {
         "off": sc,
         "hash, nothing shared": sc.replace(**HASH),
@@ -50,8 +55,9 @@ def main():
     ap.add_argument("--replications", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--async", dest="async_scheduling", action="store_true", help="async scheduling in every variant")
     args = ap.parse_args()
-    vs = variants(args.requests)
+    vs = variants(args.requests, args.async_scheduling)
     for sc in vs.values():   # compile / load, outside the timing
         fastsim.replicate(sc, n_replications=2, seed=0, n_threads=1)
     times = {k: [] for k in vs}
