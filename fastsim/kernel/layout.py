@@ -105,6 +105,10 @@ ADMISSION_CODES = {"none": ADMISSION_NONE, "queue_limit": ADMISSION_QUEUE_LIMIT,
 # trace's times drawn per replication (arr_times: the whole trace; its rows: the trace table);
 # ARRIVAL_CLOSED: a pure closed loop, every request wanting to go at time 0 (the seats decide)
 ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW, ARRIVAL_CLOSED = 0, 1, 2, 3, 4
+# ARRIVAL_SCHEDULE: a Poisson process of a time-varying rate (`fastsim.RateSchedule`), arr_times its
+# table: shape (0 piecewise constant, 1 piecewise linear), period (0: none), the K knots, their K rates
+# and the K integrals of the rate from 0 to each knot (`workload._schedule_arrivals`)
+ARRIVAL_SCHEDULE = 5
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
 # ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)
