@@ -31,6 +31,7 @@ from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
 from ._fleet import Fleet
 from ._rate_schedule import RateSchedule
+from ._autoscale import AutoscaleRun, Autoscaler, simulate_autoscaled
 from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)
@@ -38,7 +39,7 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "RateSchedule",
+    "RateSchedule", "Autoscaler", "AutoscaleRun", "simulate_autoscaled",
     "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
     "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
