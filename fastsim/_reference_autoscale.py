@@ -137,11 +137,12 @@ class _Policy:
             d = math.ceil(total / self.target) + self.spare
         return max(self.lo, min(self.hi, d))
 
-    def evaluate(self, tau, views, nblk, arrived):
-        """views[r] = (in system, waiting, running, KV blocks) of each held row, observed at tau."""
+    def evaluate(self, tau, views, nblk, arrived, act=True):
+        """views[r] = (in system, waiting, running, KV blocks) of each held row, observed at tau;
+        without ``act`` (the fleet is empty after its last arrival) only the row is written."""
         queue = insys = total = 0.0
         for r, s in enumerate(self.state):
-            if s == DRAINING and views[r][0] == 0:
+            if s == DRAINING and views[r][0] == 0 and act:
                 self.leave(r, tau)
             elif s in (SERVING, DRAINING):
                 queue += views[r][1]
@@ -154,6 +155,8 @@ class _Policy:
         current = serving + prov
         d = self.desired(total, serving, current)
         self.windows.append((tau, serving, prov, drain, total, d, queue, insys, arrived))
+        if not act:
+            return
         if d > current:
             free = [r for r, s in enumerate(self.state) if s == OFF][:d - current]
             for r in free:
@@ -243,7 +246,9 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         tau = k * interval_s
         pol.activate(tau)
         look(tau)
-        if sum(views[r][0] for r in pol.held()) == 0 and arrived == 0:
+        if sum(views[r][0] for r in pol.held()) == 0:
+            if arrived:
+                pol.evaluate(tau, views, nblk, arrived, act=False)
             break
         pol.evaluate(tau, views, nblk, arrived)
         arrived, k = 0, k + 1

@@ -151,17 +151,18 @@ def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
 
 
 @njit_noalloc
-def _evaluate(fb, ab, apar, m, tau, arrived, last_scale):
+def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act):
     """The evaluation at ``tau`` (the held replicas observed): drained
-    replicas leave, the rule decides, its row is written. Return the time of
-    the last scaling action, or AS_WINDOWS_FULL."""
+    replicas leave, the rule decides, its row is written, and (``act``) the
+    fleet scales. Return the time of the last scaling action, or
+    AS_WINDOWS_FULL."""
     nblk = fb.rip[0, I_NUM_GPU_BLOCKS]
     queue = 0.0
     insys = 0.0
     total = 0.0
     for r in range(m):
         s = ab.state[r]
-        if s == REP_DRAINING and fb.load[r, LOAD_IN_SYSTEM] == 0:
+        if s == REP_DRAINING and fb.load[r, LOAD_IN_SYSTEM] == 0 and act:
             _leave(ab, r, tau)
         elif s == REP_SERVING or s == REP_DRAINING:
             queue += fb.load[r, LOAD_WAITING]
@@ -186,6 +187,8 @@ def _evaluate(fb, ab, apar, m, tau, arrived, last_scale):
     row[W_METRIC], row[W_DESIRED], row[W_QUEUE], row[W_IN_SYSTEM] = total, d, queue, insys
     row[W_ARRIVALS], row[W_SLO_MET] = arrived, 0.0
     ab.out[O_NWIN] = w + 1
+    if not act:
+        return last_scale
     if d > current:
         if _start(ab, m, d - current, tau, apar[AS_DELAY]) > 0:
             ab.out[O_EVENTS] += 1
@@ -299,7 +302,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             rc = _look_held(fb, ab, m, n, fpar, lat, full, tau, what)
             if rc < 0:
                 return rc
-            last = _evaluate(fb, ab, apar, m, tau, arrived, last)
+            last = _evaluate(fb, ab, apar, m, tau, arrived, last, True)
             if last == AS_WINDOWS_FULL:
                 return AS_WINDOWS_FULL
             arrived = 0
@@ -330,7 +333,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
 @njit_noalloc
 def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
     """After the last arrival: evaluations until one finds the fleet holding
-    no request and its window without arrivals (or the horizon); then every
+    no request (or the horizon: the fleet ends then, and acts no more; that
+    one only writes its row, when its window had arrivals); then every
     replica to its end."""
     m = np.int64(apar[AS_MAX])
     has_h = ipar[I_HAS_HORIZON] == 1
@@ -346,9 +350,11 @@ def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
         for r in range(m):
             if ab.state[r] == REP_SERVING or ab.state[r] == REP_DRAINING:
                 left += fb.load[r, LOAD_IN_SYSTEM]
-        if left == 0.0 and arrived == 0:
+        if left == 0.0:
+            if arrived > 0 and _evaluate(fb, ab, apar, m, tau, arrived, last, False) == AS_WINDOWS_FULL:
+                return AS_WINDOWS_FULL
             break
-        last = _evaluate(fb, ab, apar, m, tau, arrived, last)
+        last = _evaluate(fb, ab, apar, m, tau, arrived, last, True)
         if last == AS_WINDOWS_FULL:
             return AS_WINDOWS_FULL
         arrived = 0
