@@ -4,15 +4,19 @@ A fleet of A10G replicas (``LatencyModel.default()``, the measured engine,
 ShareGPT lengths) behind JSQ serves a day-shaped arrival rate (a piecewise
 linear `fastsim.RateSchedule`: a night trough at 15% of the peak, a morning
 ramp, a midday peak and an evening shoulder; a "day" compressed into
-``day_s`` seconds). Two `fastsim.Autoscaler` policies, both evaluated every
-15 s with the same provisioning delay and scale-in cool-down:
+``day_s`` seconds). Three `fastsim.Autoscaler` policies, each evaluated
+every 15 s with the same provisioning delay and scale-in cool-down (HPA's
+rule, ``ceil(total / target)``):
 
 * ``rate``: a target arrival rate per replica (proportional: it follows the
   day's shape), with one spare replica;
-* ``queue_depth``: a target number of waiting requests per replica (reactive:
-  it scales out only once requests queue).
+* ``kv_utilisation``: a target fraction of KV blocks in use per replica
+  (vLLM's ``kv_cache_usage_perc``, which grows with the requests running);
+* ``queue_depth``: a target number of waiting requests per replica (vLLM's
+  ``num_requests_waiting``: reactive, it scales out only once requests queue,
+  and a fleet with nothing waiting asks for ``min_replicas``).
 
-Both see the same request streams (one seed: common random numbers), so
+All see the same request streams (one seed: common random numbers), so
 each difference is paired per replication (a Student-t interval on the mean
 difference). Reported: SLO-violation minutes (windows where fewer than 95%
 of the arrivals meet TTFT <= 1 s), GPU-hours, p99 TTFT, and one
@@ -57,6 +61,7 @@ def policies(delay_s):
     common = dict(interval_s=15.0, min_replicas=1, max_replicas=16, provisioning_delay_s=delay_s,
                   scale_in_cooldown_s=120.0, initial_replicas=2)
     return {"rate": fastsim.Autoscaler(metric="rate", target=6.0, spare_replicas=1, **common),
+            "kv_utilisation": fastsim.Autoscaler(metric="kv_utilisation", target=0.1, **common),
             "queue_depth": fastsim.Autoscaler(metric="queue_depth", target=2.0, **common)}
 
 
@@ -112,10 +117,13 @@ def findings(table):
     t = table.set_index(["policy", "metric"])
     out = []
     for m in ("slo_violation_minutes", "gpu_hours"):
-        r, q = t.loc[("rate", m)], t.loc[("queue_depth", m)]
-        out.append(f"{m}: rate {r.estimate:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}], queue_depth {q.estimate:.3g} "
-                   f"[{q.ci_low:.3g}, {q.ci_high:.3g}]; queue_depth - rate {q.diff_vs_rate:+.3g} "
-                   f"[{q.diff_low:+.3g}, {q.diff_high:+.3g}] (paired, n={int(q.n)})")
+        r = t.loc[("rate", m)]
+        parts = [f"rate {r.estimate:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}]"]
+        for name in ("kv_utilisation", "queue_depth"):
+            q = t.loc[(name, m)]
+            parts.append(f"{name} {q.estimate:.3g} [{q.ci_low:.3g}, {q.ci_high:.3g}], minus rate "
+                         f"{q.diff_vs_rate:+.3g} [{q.diff_low:+.3g}, {q.diff_high:+.3g}]")
+        out.append(f"{m} (paired, n={int(r.n)}): " + "; ".join(parts))
     return out
 
 

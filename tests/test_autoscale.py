@@ -7,6 +7,7 @@ request once, a replica's requests finished before it leaves); the API
 (`replicate`, `compare` on common random numbers) and its refusals."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -183,3 +184,30 @@ def test_what_an_autoscaled_fleet_refuses():
                                            fleet=fastsim.Fleet(autoscaler=a)), n_replications=2)
     with pytest.raises(ValueError, match="scenario must have a fleet with an autoscaler"):
         fastsim.simulate_autoscaled(fastsim.Scenario(workload=w))
+
+
+def test_the_experiment_runs_quick(tmp_path, capsys):
+    """``experiments/autoscaling.py --quick``: every policy and metric with
+    an interval around its estimate, paired differences from ``rate``, the
+    evaluations' table; its findings printed."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    sys.path.insert(0, str(root))
+    try:
+        spec = importlib.util.spec_from_file_location("exp_autoscaling", root / "autoscaling.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out = mod.main(["--quick", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(str(root))
+    t = out["table"]
+    assert set(t["policy"]) == {"rate", "kv_utilisation", "queue_depth"} and set(t["metric"]) == set(mod.METRICS)
+    ok = t["ci_low"].notna()
+    assert ((t["ci_low"] <= t["estimate"] + 1e-12) & (t["estimate"] <= t["ci_high"] + 1e-12))[ok].all()
+    assert (t.loc[t.metric == "gpu_hours", "estimate"] > 0).all()
+    assert t.loc[t.policy != "rate", "diff_vs_rate"].notna().all()
+    w = pd.read_csv(tmp_path / "autoscaling_windows.csv")
+    assert set(w["policy"]) == {"rate", "kv_utilisation", "queue_depth"} and (w["replicas_serving"] >= 1).all()
+    assert "gpu_hours" in capsys.readouterr().out
