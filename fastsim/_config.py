@@ -1137,6 +1137,10 @@ def _scenario_from_dict(config, base_dir=None):
     for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
             wl[key] = _in_table("workload", _length_from_config, key, wl[key], base_dir)
+    if isinstance(wl.get("rate_schedule"), dict):   # rate_schedule = {times = [...], rates = [...], shape = ...}
+        from ._rate_schedule import RateSchedule
+        check_table_keys("workload] [rate_schedule", wl["rate_schedule"], ["times", "rates", "shape", "repeat"])
+        wl["rate_schedule"] = _in_table("workload", RateSchedule, **wl["rate_schedule"])
     workload = _in_table("workload", Workload, **wl)
     lat = dict(config.get("latency", {}))
     check_table_keys("latency", lat, table_keys("latency"))
@@ -1165,7 +1169,13 @@ def _scenario_from_dict(config, base_dir=None):
         from ._fleet import Fleet
 
         check_table_keys("fleet", config["fleet"], table_keys("fleet"))
-        fleet = _in_table("fleet", Fleet, **config["fleet"])
+        fl = dict(config["fleet"])
+        if isinstance(fl.get("autoscaler"), dict):   # [fleet.autoscaler]: a fastsim.Autoscaler's settings
+            from ._autoscale import Autoscaler
+            check_table_keys("fleet] [autoscaler", fl["autoscaler"],
+                             [f.name for f in dataclasses.fields(Autoscaler)])
+            fl["autoscaler"] = _in_table("fleet", Autoscaler, **fl["autoscaler"])
+        fleet = _in_table("fleet", Fleet, **fl)
     return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=limits["ttft_s"],
                     tpot_slo_s=limits["tpot_s"], name=name, fleet=fleet)
 

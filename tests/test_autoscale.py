@@ -211,3 +211,41 @@ def test_the_experiment_runs_quick(tmp_path, capsys):
     w = pd.read_csv(tmp_path / "autoscaling_windows.csv")
     assert set(w["policy"]) == {"rate", "kv_utilisation", "queue_depth"} and (w["replicas_serving"] >= 1).all()
     assert "gpu_hours" in capsys.readouterr().out
+
+
+TOML = """
+[engine]
+max_num_seqs = 8
+[workload]
+num_requests = 600
+horizon_s = 120.0
+prompt_len = 128
+output_len = 32
+rate_schedule = {times = [0.0, 60.0, 120.0], rates = [1.0, 6.0, 1.0], shape = "linear"}
+[slo]
+ttft_s = 0.5
+[fleet]
+router = "jsq"
+[fleet.autoscaler]
+metric = "rate"
+target = 2.0
+interval_s = 10.0
+max_replicas = 4
+provisioning_delay_s = 5.0
+[run]
+n_replications = 3
+"""
+
+
+def test_a_toml_scenario_with_a_schedule_and_an_autoscaler(tmp_path, capsys):
+    import tomllib
+    from fastsim._cli import main
+    sc = fastsim.Scenario.from_dict(tomllib.loads(TOML))
+    assert sc.workload.rate_schedule.shape == "linear" and sc.fleet.autoscaler.max_replicas == 4
+    path = tmp_path / "a.toml"
+    path.write_text(TOML)
+    assert main(["run", str(path), "--no-progress", "--format", "csv"]) == 0
+    assert "gpu_hours" in capsys.readouterr().out
+    path.write_text(TOML.replace("provisioning_delay_s", "provisioning_delay"))
+    with pytest.raises(ValueError, match="provisioning_delay"):
+        fastsim.Scenario.from_dict(tomllib.loads(path.read_text()))
