@@ -161,7 +161,7 @@ class _Worker:
         return self.ab
 
 
-def _one_run(worker, rep, k0, k1, packed, scaler, full):
+def _one_run(worker, rep, k0, k1, packed, full):
     """One replication; returns (stream, fleet buffers, policy buffers, wm_i, wm_f, lat, fpar)."""
     arrays = K.scenario_arrays(packed, lat=False)
     buf = worker.fleet.buf
@@ -189,7 +189,7 @@ def _one_run(worker, rep, k0, k1, packed, scaler, full):
 
 
 def _one(worker, rep, k0, k1, packed, scaler, full, out_row):
-    n, stream, fb, ab, wm_i, wm_f, fpar = _one_run(worker, rep, k0, k1, packed, scaler, full)
+    n, stream, fb, ab, wm_i, wm_f, fpar = _one_run(worker, rep, k0, k1, packed, full)
     m = scaler.max_replicas
     c0, c1 = K.N_COLUMNS, K.N_COLUMNS + K.N_FLEET_COLUMNS
     cluster._reduce_fleet(np.int64(n), stream[0], stream[2], packed["ipar"], fpar, np.int64(m),
@@ -265,6 +265,8 @@ class AutoscaleRun:
         return self.windows.copy()
 
     def summary(self) -> pd.Series:
+        """GPU-hours, SLO-violation minutes, the run's end, the most replicas
+        serving and the lowest window attainment."""
         w = self.windows
         return pd.Series({"gpu_hours": self.gpu_hours, "slo_violation_minutes": self.slo_violation_minutes,
                           "end_s": self.end_s, "replicas_serving_max": w["replicas_serving"].max(),
@@ -272,9 +274,36 @@ class AutoscaleRun:
 
 
 def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleRun:
-    """Replication ``replication`` of ``replicate(scenario, seed=seed)`` for
-    an autoscaled fleet (``scenario.fleet.autoscaler``), with its evaluations
-    over time."""
+    """One replication of an autoscaled fleet, with its evaluations over time.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        With ``fleet=Fleet(autoscaler=Autoscaler(...))``.
+    seed : int, optional
+        As `replicate`'s: replication ``replication`` here is that of
+        ``replicate(scenario, seed=seed)`` (the same requests, the same
+        per-replication metrics).
+    replication : int
+        Which replication (>= 0).
+
+    Returns
+    -------
+    AutoscaleRun
+        The evaluations' table, GPU-hours, SLO-violation minutes, the run's
+        end and the per-request results.
+
+    Examples
+    --------
+    >>> import fastsim
+    >>> sc = fastsim.Scenario(
+    ...     workload=fastsim.Workload(rate_schedule=fastsim.RateSchedule([0, 60], [2.0, 10.0]),
+    ...                               num_requests=2000, horizon_s=180.0),
+    ...     ttft_slo_s=1.0,
+    ...     fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(metric="rate", target=4.0, interval_s=15.0)))
+    >>> run = fastsim.simulate_autoscaled(sc, seed=0)
+    >>> run.to_frame()[["t_s", "replicas_serving", "slo_attainment"]]   # doctest: +SKIP
+    """
     from ._replicate import _seed_keys, pack_scenario
     if scenario.fleet is None or scenario.fleet.autoscaler is None:
         raise ValueError("scenario must have a fleet with an autoscaler (Fleet(autoscaler=Autoscaler(...))), "
@@ -285,8 +314,7 @@ def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleR
     packed = pack_scenario(scenario)
     k0, k1, _ = _seed_keys(seed)
     worker = _Worker(scenario.workload.num_requests, scaler.max_replicas)
-    n, stream, fb, ab, _, _, fpar = _one_run(worker, replication, k0, k1, packed, scaler,
-                                             K.engine_variant(packed["ipar"]))
+    n, stream, fb, ab, _, _, fpar = _one_run(worker, replication, k0, k1, packed, K.engine_variant(packed["ipar"]))
     nw = int(ab.out[A.O_NWIN])
     w = pd.DataFrame(ab.windows[:nw].copy(), columns=list(K.WINDOW_COLUMNS))
     for c in ("replicas_serving", "replicas_provisioning", "replicas_draining", "desired", "arrivals", "slo_met"):
