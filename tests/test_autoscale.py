@@ -249,3 +249,15 @@ def test_a_toml_scenario_with_a_schedule_and_an_autoscaler(tmp_path, capsys):
     path.write_text(TOML.replace("provisioning_delay_s", "provisioning_delay"))
     with pytest.raises(ValueError, match="provisioning_delay"):
         fastsim.Scenario.from_dict(tomllib.loads(path.read_text()))
+
+
+def test_threads_do_not_change_the_results():
+    sc = _scenario(_step_policy(30.0), fastsim.Workload(
+        rate_schedule=fastsim.RateSchedule([0, 60], [2.0, 12.0]), num_requests=3000, horizon_s=150.0,
+        prompt_len=fastsim.Uniform(64, 512), output_len=fastsim.Uniform(16, 256)))
+    one = fastsim.replicate(sc, n_replications=6, seed=4, n_threads=1).per_replication
+    two = fastsim.replicate(sc, n_replications=6, seed=4, n_threads=2).per_replication
+    assert np.array_equal(one.to_numpy(), two.to_numpy(), equal_nan=True)
+    run = fastsim.simulate_autoscaled(sc, seed=4, replication=5)
+    assert run.gpu_hours == one["gpu_hours"].iloc[5]
+    assert run.slo_violation_minutes == one["slo_violation_minutes"].iloc[5]

@@ -137,3 +137,24 @@ def test_a_schedule_replaces_the_arrival_rate():
         fastsim.Workload(rate_schedule=rs, burstiness=2.0)
     with pytest.raises(ValueError, match="rate_schedule must be None or a fastsim.RateSchedule"):
         fastsim.Workload(rate_schedule=[1, 2])
+
+
+def test_the_cuda_backend_draws_the_schedule_as_the_cpu(tmp_path):
+    """Under Numba's CUDA simulator, `backend="cuda"` gives the CPU kernel's
+    per-replication rows bit for bit for a rate-schedule workload."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("numba.cuda")
+    code = (
+        "import fastsim, numpy as np\n"
+        "sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=60), "
+        "workload=fastsim.Workload(rate_schedule=fastsim.RateSchedule([0, 5, 10], [1.0, 8.0, 2.0], shape='linear'), "
+        "num_requests=200, horizon_s=12.0, prompt_len=30, output_len=fastsim.LogNormal(20, 0.5)))\n"
+        "g = fastsim.replicate(sc, 4, seed=7, backend='cuda', progress=False).per_replication.to_numpy()\n"
+        "c = fastsim.replicate(sc, 4, seed=7, progress=False).per_replication.to_numpy()\n"
+        "print('SAME' if np.array_equal(g, c, equal_nan=True) else 'DIFFERENT')\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("SAME"), proc.stdout
