@@ -38,7 +38,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
-from _common import MEASURED_ENGINE, mean_ci, paired_diff_ci  # noqa: E402
+from _common import MEASURED_ENGINE, mean_ci, paired_diff_ci, run_experiment  # noqa: E402
 
 import fastsim  # noqa: E402
 
@@ -133,7 +133,7 @@ def title(cfg, mode, seed):
 
 
 def main(argv=None):
-    return _common.run_experiment("autoscaling", __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot,
+    return run_experiment("autoscaling", __doc__, argv, full=FULL, quick=QUICK, run=run, plot=plot,
                                   findings=findings, title=title)
 
 

@@ -31,7 +31,8 @@ from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
 from ._fleet import Fleet
 from ._rate_schedule import RateSchedule
-from ._autoscale import AutoscaleRun, Autoscaler, simulate_autoscaled
+from ._autoscaler import Autoscaler
+from ._autoscale_run import AutoscaleRun, simulate_autoscaled
 from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)

@@ -1171,7 +1171,7 @@ def _scenario_from_dict(config, base_dir=None):
         check_table_keys("fleet", config["fleet"], table_keys("fleet"))
         fl = dict(config["fleet"])
         if isinstance(fl.get("autoscaler"), dict):   # [fleet.autoscaler]: a fastsim.Autoscaler's settings
-            from ._autoscale import Autoscaler
+            from ._autoscaler import Autoscaler
             check_table_keys("fleet] [autoscaler", fl["autoscaler"],
                              [f.name for f in dataclasses.fields(Autoscaler)])
             fl["autoscaler"] = _in_table("fleet", Autoscaler, **fl["autoscaler"])

@@ -84,7 +84,7 @@ class Fleet:
         object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
                                                                optional=True))
         if self.autoscaler is not None:
-            from ._autoscale import Autoscaler
+            from ._autoscaler import Autoscaler
             if not isinstance(self.autoscaler, Autoscaler):
                 raise ValueError(f"autoscaler must be None or a fastsim.Autoscaler, got {self.autoscaler!r}")
             if self.replicas != 1:

@@ -107,8 +107,9 @@ def test_with_a_delay_slo_violations_appear_where_the_rate_steps_up():
     j = int(np.sum(before))
     assert stats.beta.ppf(0.95, j + 1, nrep - j) < 0.2, j
     d = np.array(hit[120.0]) - np.array(hit[0.0])
-    lo = stats.t.interval(0.99, nrep - 1, loc=d.mean(), scale=d.std(ddof=1) / np.sqrt(nrep))[0]
-    assert d.min() > 0.0 or lo > 0.0, d
+    if d.min() <= 0.0:   # (else every pair says so: no interval needed, and d may not vary)
+        lo = stats.t.interval(0.99, nrep - 1, loc=d.mean(), scale=d.std(ddof=1) / np.sqrt(nrep))[0]
+        assert lo > 0.0, d
 
 
 @pytest.mark.parametrize("router", ["jsq", "round_robin", "power_of_two"])
