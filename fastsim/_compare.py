@@ -226,7 +226,10 @@ def _compare_iv(scenarios, n_replications, baseline, confidence_level, metrics, 
     baseline = names[0] if baseline is None else check_choice("baseline", baseline, names)
     n_replications = check_int("n_replications", n_replications, low=2)
     confidence_level = check_confidence_level(confidence_level)
-    metrics = check_metric_names(metrics, K.METRICS)
+    allowed = K.METRICS
+    if all(sc.fleet is not None and getattr(sc.fleet, "autoscaler", None) is not None for sc in scenarios.values()):
+        allowed += K.AUTOSCALE_COLUMNS   # (autoscaled fleets: GPU-hours and SLO-violation minutes too)
+    metrics = check_metric_names(metrics, allowed)
     allow_different_workloads = check_bool("allow_different_workloads", allow_different_workloads)
     n_jobs = check_n_jobs(n_jobs)
     if not allow_different_workloads:

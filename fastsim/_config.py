@@ -413,6 +413,13 @@ class Workload:
     think_time_dist : {"fixed", "exponential"}
         The law of the think times: each ``think_time_s``, or independent
         exponential draws of that mean, one per departure.
+    rate_schedule : RateSchedule, optional
+        A time-varying arrival rate (`fastsim.RateSchedule`: piecewise
+        constant or linear, optionally repeating) instead of
+        ``arrival_rate`` (which must then be left out): arrivals are a
+        Poisson process of that rate, ``num_requests`` at most, before
+        ``horizon_s`` when given (``docs/engine-model.md``, "Time-varying
+        arrival rate").
     """
 
     arrival_rate: float | None = None
@@ -439,12 +446,14 @@ class Workload:
     max_concurrency: int | None = None
     think_time_s: float = 0.0
     think_time_dist: str = "fixed"
+    rate_schedule: object = None
 
     def __post_init__(self):
         s = object.__setattr__
         closed = self._check_closed_loop()
+        self._check_rate_schedule()
         if (self.arrival_rate is None and not closed and self.arrival_times is None and self.users is None
-                and self.request_trace is None and self.trace_window_s is None):
+                and self.request_trace is None and self.trace_window_s is None and self.rate_schedule is None):
             s(self, "arrival_rate", 1.0)   # the default of an open-loop stream
         self._check_prefix_groups()
         self._check_classes()
@@ -467,7 +476,8 @@ class Workload:
                 raise ValueError(f"num_requests must equal len(arrival_times) = {t.size}, "
                                  f"got {self.num_requests!r}")
             s(self, "num_requests", int(t.size))
-        elif self.users is None and self.trace_window_s is None and not (closed and self.arrival_rate is None):
+        elif (self.users is None and self.trace_window_s is None and self.rate_schedule is None
+              and not (closed and self.arrival_rate is None)):
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
         if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
@@ -505,6 +515,21 @@ class Workload:
         if self.burstiness != 1.0 and self.arrival_times is not None:
             raise ValueError(f"burstiness must be 1.0 (its default) when arrival_times is given, "
                              f"got {self.burstiness!r}")
+
+    def _check_rate_schedule(self) -> None:
+        """A rate schedule replaces ``arrival_rate`` in an open-loop Poisson stream."""
+        if self.rate_schedule is None:
+            return
+        from ._rate_schedule import RateSchedule
+        if not isinstance(self.rate_schedule, RateSchedule):
+            raise ValueError(f"rate_schedule must be None or a fastsim.RateSchedule, got {self.rate_schedule!r}")
+        for name, default in (("arrival_rate", None), ("arrival_times", None), ("users", None),
+                              ("request_trace", None), ("max_concurrency", None), ("burstiness", 1.0),
+                              ("normalize_arrivals", False)):
+            value = getattr(self, name)
+            if not (value is None if default is None else value == default):
+                raise ValueError(f"{name} must be {default!r} with rate_schedule (a Poisson stream of the "
+                                 f"schedule's rate), got {name}={value!r}")
 
     def _check_closed_loop(self) -> bool:
         """Check ``max_concurrency`` and ``think_time_s``; return whether the load is closed-loop."""
@@ -783,6 +808,8 @@ class Workload:
         if self.users is not None:
             return _ArrivalSpec(kind=2, rate=self.user_rate, users=self.users,
                                 requests_per_user=self.requests_per_user, user_cap=self.user_request_cap)
+        if self.rate_schedule is not None:
+            return _ArrivalSpec(kind=5, times=self.rate_schedule._table())
         if self.arrival_rate is None:   # a pure closed loop (`max_concurrency`)
             return _ArrivalSpec(kind=4)
         return _ArrivalSpec(kind=0, rate=self.arrival_rate, burstiness=self.burstiness)
@@ -1110,6 +1137,10 @@ def _scenario_from_dict(config, base_dir=None):
     for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
             wl[key] = _in_table("workload", _length_from_config, key, wl[key], base_dir)
+    if isinstance(wl.get("rate_schedule"), dict):   # rate_schedule = {times = [...], rates = [...], shape = ...}
+        from ._rate_schedule import RateSchedule
+        check_table_keys("workload] [rate_schedule", wl["rate_schedule"], ["times", "rates", "shape", "repeat"])
+        wl["rate_schedule"] = _in_table("workload", RateSchedule, **wl["rate_schedule"])
     workload = _in_table("workload", Workload, **wl)
     lat = dict(config.get("latency", {}))
     check_table_keys("latency", lat, table_keys("latency"))
@@ -1138,7 +1169,13 @@ def _scenario_from_dict(config, base_dir=None):
         from ._fleet import Fleet
 
         check_table_keys("fleet", config["fleet"], table_keys("fleet"))
-        fleet = _in_table("fleet", Fleet, **config["fleet"])
+        fl = dict(config["fleet"])
+        if isinstance(fl.get("autoscaler"), dict):   # [fleet.autoscaler]: a fastsim.Autoscaler's settings
+            from ._autoscaler import Autoscaler
+            check_table_keys("fleet] [autoscaler", fl["autoscaler"],
+                             [f.name for f in dataclasses.fields(Autoscaler)])
+            fl["autoscaler"] = _in_table("fleet", Autoscaler, **fl["autoscaler"])
+        fleet = _in_table("fleet", Fleet, **fl)
     return Scenario(engine=engine, workload=workload, latency=latency, ttft_slo_s=limits["ttft_s"],
                     tpot_slo_s=limits["tpot_s"], name=name, fleet=fleet)
 

@@ -53,6 +53,12 @@ class Fleet:
     gpu_hour_price : float, optional
         Price of one replica-hour (per-GPU-hour times GPUs per replica), a
         user input: `fleet_capacity` reports the cost of its answer.
+    autoscaler : Autoscaler, optional
+        A policy that sets the replicas over time (`fastsim.Autoscaler`);
+        ``replicas`` must then be left at 1 (the policy's
+        ``initial_replicas`` serve at time 0). ``replicate`` then reports
+        ``gpu_hours``, ``slo_violation_minutes``, ``replicas_mean``,
+        ``replicas_peak`` and ``scale_events`` too.
     """
 
     replicas: int = 1
@@ -61,6 +67,7 @@ class Fleet:
     routing_latency_s: float = 0.0
     prefix_load_cap: int = 4
     gpu_hour_price: float | None = None
+    autoscaler: object = None
 
     def __post_init__(self):
         if isinstance(self.replicas, (list, tuple)):
@@ -76,6 +83,13 @@ class Fleet:
         object.__setattr__(self, "prefix_load_cap", check_int("prefix_load_cap", self.prefix_load_cap, low=0))
         object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
                                                                optional=True))
+        if self.autoscaler is not None:
+            from ._autoscaler import Autoscaler
+            if not isinstance(self.autoscaler, Autoscaler):
+                raise ValueError(f"autoscaler must be None or a fastsim.Autoscaler, got {self.autoscaler!r}")
+            if self.replicas != 1:
+                raise ValueError(f"replicas must be 1 (its default) with an autoscaler (its initial_replicas "
+                                 f"serve at time 0), got {self.replicas!r}")
 
 
 

@@ -198,6 +198,8 @@ def pack_scenario(scenario: Scenario) -> dict:
         fleet[K.FL_LATENCY] = f.routing_latency_s
         fleet[K.FL_LOAD_CAP] = f.prefix_load_cap
         packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.replicas)
+        if f.autoscaler is not None:   # the policy's record (`kernel.layout.AS_*`)
+            packed.update(apar=f.autoscaler._record())
     return packed
 
 
@@ -775,6 +777,9 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     _check_backend(backend)
     if scenario.fleet is not None and backend != "numba":
         raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
+    if scenario.fleet is not None and scenario.fleet.autoscaler is not None:
+        from ._autoscale import check_autoscaled
+        check_autoscaled(scenario)
     noise = scenario.latency.noise
     if scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
         raise NotImplementedError("fleets with per-step noise (StepNoise jitter_sd or stall_prob) are not "
@@ -1012,7 +1017,7 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
 def _make_result(scenario, data, ids, confidence_level, seed, backend, precision, elapsed_s, interrupted=False):
     """A ReplicateResult from the kernel's rows (``ids``: their replication numbers, None for 0..n-1)."""
     # One frame from typed columns (14 astype assignments cost ~1 ms a call).
-    columns = K.COLUMNS + (K.FLEET_COLUMNS if scenario.fleet is not None else ())
+    columns = K.COLUMNS + _fleet_columns(scenario)
     per_rep = pd.DataFrame({c: data[:, j].astype(np.int64) if c in _INT_COLUMNS else data[:, j]
                             for j, c in enumerate(columns)}, index=None if ids is None else pd.Index(ids))
     if ids is not None:
@@ -1020,8 +1025,16 @@ def _make_result(scenario, data, ids, confidence_level, seed, backend, precision
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
                            seed=seed, backend=backend, precision=precision, elapsed_s=elapsed_s,
-                           metrics=K.METRICS + (K.FLEET_COLUMNS if scenario.fleet is not None else ()),
+                           metrics=K.METRICS + _fleet_columns(scenario),
                            interrupted=interrupted)
+
+
+def _fleet_columns(scenario) -> tuple:
+    """The columns a fleet adds: load balance, and an autoscaler's GPU-hours and SLO-violation minutes."""
+    f = scenario.fleet
+    if f is None:
+        return ()
+    return K.FLEET_COLUMNS + (K.AUTOSCALE_COLUMNS if f.autoscaler is not None else ())
 
 
 def _relative_half_width(est, low, high) -> float:
@@ -1123,6 +1136,9 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
         from ._fleet import run_fleet
 
+        if scenario.fleet.autoscaler is not None:
+            from ._autoscale import run_autoscaled
+            return run_autoscaled(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
         return run_fleet(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
     out = np.empty((nrep, K.N_COLUMNS))
     if backend == "reference":

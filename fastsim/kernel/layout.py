@@ -105,6 +105,10 @@ ADMISSION_CODES = {"none": ADMISSION_NONE, "queue_limit": ADMISSION_QUEUE_LIMIT,
 # trace's times drawn per replication (arr_times: the whole trace; its rows: the trace table);
 # ARRIVAL_CLOSED: a pure closed loop, every request wanting to go at time 0 (the seats decide)
 ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW, ARRIVAL_CLOSED = 0, 1, 2, 3, 4
+# ARRIVAL_SCHEDULE: a Poisson process of a time-varying rate (`fastsim.RateSchedule`), arr_times its
+# table: shape (0 piecewise constant, 1 piecewise linear), period (0: none), the K knots, their K rates
+# and the K integrals of the rate from 0 to each knot (`workload._schedule_arrivals`)
+ARRIVAL_SCHEDULE = 5
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
 # ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)
@@ -228,3 +232,32 @@ N_LOAD = 4
 FLEET_COLUMNS = ("requests_per_replica_cv", "requests_per_replica_max_ratio",
                  "kv_utilization_spread", "queue_depth_spread")
 N_FLEET_COLUMNS = len(FLEET_COLUMNS)
+
+
+# --- autoscaling fleets (`autoscale`, `fastsim.Autoscaler`) -------------------
+# The policy's record ``apar``: the metric (AS_METRIC_*), its target per replica, the evaluation
+# period, the replica bounds, the provisioning delay, the scale-in cool-down, the replicas at time 0,
+# HPA's tolerance (no change while |metric / (serving x target) - 1| <= it), replicas kept beyond
+# the rule's, the GPUs of a replica.
+(AS_METRIC, AS_TARGET, AS_INTERVAL, AS_MIN, AS_MAX, AS_DELAY, AS_COOLDOWN, AS_INITIAL, AS_TOLERANCE,
+ AS_SPARE, AS_GPUS) = range(11)
+N_APAR = 11
+AS_METRIC_QUEUE_DEPTH, AS_METRIC_KV, AS_METRIC_RATE = 0, 1, 2
+AS_METRIC_CODES = {"queue_depth": AS_METRIC_QUEUE_DEPTH, "kv_utilisation": AS_METRIC_KV,
+                   "rate": AS_METRIC_RATE}
+# A replica row's state: not held, starting (held, not yet serving), serving, draining (held, sent nothing)
+REP_OFF, REP_PROVISIONING, REP_SERVING, REP_DRAINING = 0, 1, 2, 3
+# One row per evaluation (at t_s, about the window ((k - 1) interval, k interval]): the replicas by
+# state after the draining ones that emptied left, the metric's fleet total over the serving replicas,
+# the replicas the rule asked for, waiting and in-system requests over every replica held, the
+# arrivals of the window, and (after the run) how many of those arrivals met the scenario's SLOs.
+WINDOW_COLUMNS = ("t_s", "replicas_serving", "replicas_provisioning", "replicas_draining", "metric",
+                  "desired", "queue_depth", "in_system", "arrivals", "slo_met")
+N_WINDOW_COLUMNS = len(WINDOW_COLUMNS)
+(W_T, W_SERVING, W_PROVISIONING, W_DRAINING, W_METRIC, W_DESIRED, W_QUEUE, W_IN_SYSTEM, W_ARRIVALS,
+ W_SLO_MET) = range(N_WINDOW_COLUMNS)
+# The autoscaled fleet's columns after `COLUMNS` and `FLEET_COLUMNS`.
+AUTOSCALE_COLUMNS = ("gpu_hours", "slo_violation_minutes", "replicas_mean", "replicas_peak", "scale_events")
+N_AUTOSCALE_COLUMNS = len(AUTOSCALE_COLUMNS)
+# `autoscale._simulate_autoscaled`: the window table is full (the caller grows it and runs again)
+AS_WINDOWS_FULL = -900

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
+from .layout import (ARRIVAL_SCHEDULE, F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
     F_USER_REQUESTS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY, I_THINK_EXP, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
     I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
@@ -169,6 +169,64 @@ def _trace_window_arrivals(ipar, fpar, state, arr_times, arrival):
     return n, row0
 
 
+@njit_noalloc
+def _schedule_time(sched, s):
+    """Lambda^{-1}(s) of a rate schedule's table ``sched`` (`layout.ARRIVAL_SCHEDULE`):
+    the first time t at which the integral of the rate over [0, t] reaches
+    ``s``; inf if it never does (a last rate of 0)."""
+    nk = (sched.size - 2) // 3
+    ot, orr, oc = 2, 2 + nk, 2 + 2 * nk
+    total = sched[oc + nk - 1]
+    base = 0.0
+    if sched[1] > 0.0:   # a period: whole periods first
+        c = math.floor(s / total)
+        s = s - c * total
+        if s < 0.0:        # (rounding at a period's edge)
+            c -= 1.0
+            s += total
+        elif s >= total:
+            c += 1.0
+            s -= total
+        base = c * sched[1]
+    elif s >= total:     # after the last knot: its rate, constant
+        r = sched[orr + nk - 1]
+        if r <= 0.0:
+            return np.inf
+        return sched[ot + nk - 1] + (s - total) / r
+    k = _search_cdf(sched, oc + 1, oc + nk, s) - oc - 1   # the piece: first knot whose integral >= s, less one
+    d = s - sched[oc + k]
+    t0, width, r0 = sched[ot + k], sched[ot + k + 1] - sched[ot + k], sched[orr + k]
+    if d <= 0.0:
+        u = 0.0
+    elif sched[0] == 0.0:
+        u = d / r0
+    else:   # r0 u + slope u^2 / 2 = d, in the form without cancellation
+        slope = (sched[orr + k + 1] - r0) / width
+        u = 2.0 * d / (r0 + math.sqrt(max(r0 * r0 + 2.0 * slope * d, 0.0)))
+    return base + t0 + min(u, width)
+
+
+@njit_noalloc
+def _schedule_arrivals(ipar, fpar, state, sched, arrival):
+    """Arrivals of a Poisson process of the rate schedule ``sched``, by
+    inversion: a_i = Lambda^{-1}(S_i), S_i the sum of i + 1 unit exponentials
+    (stream S_ARRIVAL); at most I_NUM_REQUESTS, before the horizon. Return
+    their count."""
+    has_h = ipar[I_HAS_HORIZON] == 1
+    n = 0
+    s = 0.0
+    for i in range(ipar[I_NUM_REQUESTS]):
+        s += -math.log(_uniform(state, S_ARRIVAL))
+        t = _schedule_time(sched, s)
+        if i > 0:
+            t = max(t, arrival[i - 1])   # (sorted, even where a period's rounding says otherwise)
+        if t == np.inf or (has_h and t >= fpar[F_HORIZON]):
+            break
+        arrival[i] = t
+        n += 1
+    return n
+
+
 @njit_noalloc(entry=True)
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
@@ -196,6 +254,8 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
             n += 1
     elif ipar[I_ARRIVAL_KIND] == 2:
         n = _multi_user_arrivals(ipar, fpar, state, arrival)
+    elif ipar[I_ARRIVAL_KIND] == ARRIVAL_SCHEDULE:
+        n = _schedule_arrivals(ipar, fpar, state, arr_times, arrival)
     elif ipar[I_ARRIVAL_KIND] == 4:
         # a pure closed loop: requests 0..c-1 go at once; request k >= c
         # holds the think time of the (k - c)-th departure (fixed, or
