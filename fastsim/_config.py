@@ -413,6 +413,12 @@ class Workload:
     think_time_dist : {"fixed", "exponential"}
         The law of the think times: each ``think_time_s``, or independent
         exponential draws of that mean, one per departure.
+    sessions : Sessions, optional
+        Multi-turn sessions (``docs/engine-model.md``, "Sessions"): each
+        turn's prompt is the conversation so far plus ``prompt_len`` new
+        tokens. Sessions start as the arrival process of ``arrival_rate``
+        (with ``burstiness``), or ``max_concurrency`` users run them back to
+        back; ``num_requests`` bounds the turns sent.
     """
 
     arrival_rate: float | None = None
@@ -439,9 +445,14 @@ class Workload:
     max_concurrency: int | None = None
     think_time_s: float = 0.0
     think_time_dist: str = "fixed"
+    sessions: object = None
 
     def __post_init__(self):
         s = object.__setattr__
+        if self.sessions is not None:
+            from ._sessions import check_workload
+
+            check_workload(self)
         closed = self._check_closed_loop()
         if (self.arrival_rate is None and not closed and self.arrival_times is None and self.users is None
                 and self.request_trace is None and self.trace_window_s is None):
@@ -831,6 +842,10 @@ class Scenario:
                                                            low_open=True, optional=True))
         e, w = self.engine, self.workload
         self._check_step_durations()
+        if w.sessions is not None:
+            from ._sessions import check_scenario
+
+            check_scenario(self)
         if w.max_concurrency is not None and e.priority_aging_s is not None:
             # (aged keys a_i / A need the arrival when the request is drawn; a
             # closed loop's arrivals are known only when a seat frees)

@@ -153,6 +153,12 @@ def pack_scenario(scenario: Scenario) -> dict:
     if w.prefix_groups > 0:
         ipar[K.I_PREFIX] = 1
         laws.append((2, w.prefix_len))
+    if w.sessions is not None:
+        # (a session's turns take the prefix length's slot: sessions have no prefix groups)
+        ipar[K.I_SESSIONS] = K.SESSIONS_USERS if w.max_concurrency is not None else K.SESSIONS_OPEN
+        laws.append((2, w.sessions.turns))
+        ipar[K.I_THINK_EXP] = int(w.sessions.think_time_dist == "exponential")
+        fpar[K.F_THINK] = w.sessions.think_time_s
     for j, law in laws:
         lrange[2 * j] = len(comps)
         cum = 0.0
@@ -264,6 +270,10 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
     a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
+    if scenario.workload.sessions is not None:
+        from ._sessions import sample_frame
+
+        return sample_frame(a, pr, o, c, q, grp, plen)
     cols = {"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c}
     if scenario.workload.closed_loop and scenario.workload.arrival_rate is None:
         # a pure closed loop: every request wants to go at once; the kernel's
@@ -373,7 +383,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         ``num_preemptions``, ``num_tokens``, ``num_swaps`` (preemptions by
         swap, counted in ``num_preemptions`` too) and ``swapped_s`` (time in
         the swapped queue) and ``cached_tokens`` (prefix-cache hit tokens at
-        its first admission).
+        its first admission). With ``workload.sessions`` (``requests``: the
+        draws `sample_requests` gives), one row per turn sent, in arrival
+        order, with its ``prompt_len`` (the conversation so far and its new
+        tokens), ``output_len``, ``priority``, ``session`` and ``turn`` (1,
+        2, ...).
     """
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
@@ -383,6 +397,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     if hasattr(requests, "to_pandas") and not isinstance(requests, pd.DataFrame):
         requests = requests.to_pandas()        # polars, pyarrow
+    if scenario.workload.sessions is not None:
+        return _simulate_sessions(scenario, pd.DataFrame(requests), backend, seed, replication)
     if not isinstance(requests, (pd.DataFrame, dict)):
         raise ValueError(f"requests must be a pandas DataFrame (or a dict of columns) with columns arrival_s, "
                          f"prompt_len and output_len, got {type(requests).__name__}")
@@ -506,6 +522,28 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         "e2e_s": np.where(status == 0, finish - a + c0, np.nan),
         "num_preemptions": npre, "num_tokens": ntok, "num_swaps": nswap, "swapped_s": swapped,
         "cached_tokens": ctok,
+    })
+
+
+def _simulate_sessions(scenario, requests, backend, seed, replication) -> pd.DataFrame:
+    """`simulate_requests` of a workload of sessions."""
+    from ._sessions import simulate
+
+    if backend == "numba":
+        check_kernel_supports(scenario.engine)
+    k0, k1, _ = _seed_keys(seed)
+    r = simulate(scenario, requests, backend, k0, k1, replication)
+    a, status, c0 = r["arrival"], np.asarray(r["status"], dtype=np.int64), r["c0"]
+    turn = pd.Series(r["session"]).groupby(r["session"]).cumcount().to_numpy() + 1
+    return pd.DataFrame({
+        "arrival_s": a, "prompt_len": r["prompt"], "output_len": r["output"], "priority": r["prio"],
+        "session": r["session"], "turn": turn,
+        "status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
+        "first_token_s": r["first"], "finish_s": r["finish"],
+        "ttft_s": r["first"] - a + c0,
+        "e2e_s": np.where(status == 0, r["finish"] - a + c0, np.nan),
+        "num_preemptions": r["npre"], "num_tokens": r["ntok"], "num_swaps": r["nswap"], "swapped_s": r["swapped"],
+        "cached_tokens": r["ctok"],
     })
 
 

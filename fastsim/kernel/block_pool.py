@@ -425,3 +425,14 @@ def _pool_check(req, run, n_run, pool, free):
     if total != refs:
         return 7
     return 0
+
+
+@njit_noalloc
+def _pool_session_lists(n, pool, nb, bs, lim):
+    """Sessions: each request's block list sized for ``lim`` tokens (a turn's
+    prompt is set when it is sent: `workspace._session_dims`), and the pool
+    laid out (a session's turns share blocks, so it is never counted)."""
+    for r in range(n):
+        pool.boff[r + 1] = pool.boff[r] + _list_capacity(lim, 0, nb, bs)
+    pool.pst[2] = 0
+    pool.pst[1] = 1
