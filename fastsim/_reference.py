@@ -1041,9 +1041,9 @@ class _Reference:
                     # jump whose arrivals were all rejected; with a horizon that the
                     # run drains before, it is not H but that same clock.
                     break
+                if self.arrivals[self.next_arrival].arrival == math.inf:
+                    break         # (sessions: no turn left to send)
                 self.t = self.arrivals[self.next_arrival].arrival
-                if self.t == math.inf:
-                    break         # (sessions: no send left to make)
                 self.ingest_at(self.t)
                 continue          # a new step start (ingestion, then abandonment)
 

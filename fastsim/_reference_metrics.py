@@ -126,6 +126,15 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
 
     for j in rows:
         a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, *K.scenario_arrays(p, lat=False))
+        if w.sessions is not None:
+            from ._sessions import reference_sessions
+
+            run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
+            res = reference_sessions(scenario, run, steps, a, pr, o, c, q, grp)
+            row = reference_row(res, res["arrival_s"], res["output_len"], replace(scenario, latency=run),
+                                prompt=res["prompt_len"])
+            out[j] = [row[name] for name in K.COLUMNS]
+            continue
         think = None
         if w.closed_loop and w.arrival_rate is None:   # (the kernel's column: think times; `sample_requests`)
             think, a = a[w.max_concurrency:], np.zeros(a.size)

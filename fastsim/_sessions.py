@@ -136,6 +136,20 @@ def sample_frame(a, p, o, c, q, grp, plen) -> pd.DataFrame:
     })
 
 
+def reference_sessions(scenario, latency, step_noise, arrival, p, o, c, sjfk, pgrp) -> dict:
+    """`simulate_reference` of the kernel's columns of a workload of sessions
+    (`workload._draw_sessions`), on the run's ``latency`` and ``step_noise``."""
+    from ._reference import simulate_reference
+
+    first = pgrp >= 0
+    a0 = np.where(first, arrival, np.inf)
+    with np.errstate(invalid="ignore"):   # (inf - inf in the check that arrivals do not decrease)
+        return simulate_reference(a0, p, o, c, scenario.engine, latency, horizon_s=scenario.workload.horizon_s,
+                                  step_noise=step_noise, sessions=dict(
+                                      users=scenario.workload.max_concurrency is not None, first=int(first.sum()),
+                                      think=arrival, turns=np.where(first, sjfk + 1, -pgrp)))
+
+
 def simulate(scenario, requests: pd.DataFrame, backend: str, k0, k1, replication: int) -> dict:
     """One replication's sessions (`simulate_requests`): the turns sent, in
     arrival order, with their final prompts, sessions and results."""
@@ -143,20 +157,11 @@ def simulate(scenario, requests: pd.DataFrame, backend: str, k0, k1, replication
     from ._replicate import pack_scenario
 
     arrival, p, o, c, sjfk, pgrp, plen = stream_arrays(requests)
-    n = arrival.size
     if backend == "reference":
-        from ._reference import simulate_reference
         from ._reference_noise import run_latency
 
-        first = pgrp >= 0
-        c_first = int(first.sum())
         run, steps = run_latency(scenario.latency, k0, k1, replication)
-        a0 = np.where(first, arrival, np.inf)
-        with np.errstate(invalid="ignore"):   # (inf - inf in the check that arrivals do not decrease)
-            res = simulate_reference(a0, p, o, c, scenario.engine, run, horizon_s=scenario.workload.horizon_s,
-                                     step_noise=steps, sessions=dict(
-                                         users=scenario.workload.max_concurrency is not None, first=c_first,
-                                         think=arrival, turns=np.where(first, sjfk + 1, -pgrp)))
+        res = reference_sessions(scenario, run, steps, arrival, p, o, c, sjfk, pgrp)
         sent = res["status"] != -1
         return dict(arrival=res["arrival_s"][sent], prompt=res["prompt_len"][sent],
                     output=res["output_len"][sent], session=res["session"][sent], status=res["status"][sent],
