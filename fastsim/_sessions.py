@@ -144,10 +144,14 @@ def reference_sessions(scenario, latency, step_noise, arrival, p, o, c, sjfk, pg
     first = pgrp >= 0
     a0 = np.where(first, arrival, np.inf)
     with np.errstate(invalid="ignore"):   # (inf - inf in the check that arrivals do not decrease)
-        return simulate_reference(a0, p, o, c, scenario.engine, latency, horizon_s=scenario.workload.horizon_s,
+        res = simulate_reference(a0, p, o, c, scenario.engine, latency, horizon_s=scenario.workload.horizon_s,
                                   step_noise=step_noise, sessions=dict(
                                       users=scenario.workload.max_concurrency is not None, first=int(first.sum()),
                                       think=arrival, turns=np.where(first, sjfk + 1, -pgrp)))
+    # the turns sent (the first ones: a send is made before any later one arrives)
+    m = int((res["status"] != -1).sum())
+    return {k: (v[:m] if isinstance(v, (np.ndarray, list)) and len(v) == arrival.size else v)
+            for k, v in res.items()}
 
 
 def simulate(scenario, requests: pd.DataFrame, backend: str, k0, k1, replication: int) -> dict:
@@ -162,13 +166,11 @@ def simulate(scenario, requests: pd.DataFrame, backend: str, k0, k1, replication
 
         run, steps = run_latency(scenario.latency, k0, k1, replication)
         res = reference_sessions(scenario, run, steps, arrival, p, o, c, sjfk, pgrp)
-        sent = res["status"] != -1
-        return dict(arrival=res["arrival_s"][sent], prompt=res["prompt_len"][sent],
-                    output=res["output_len"][sent], session=res["session"][sent], status=res["status"][sent],
-                    first=res["first_token_s"][sent], finish=res["finish_s"][sent],
-                    npre=res["num_preemptions"][sent], ntok=res["num_tokens"][sent],
-                    nswap=res["num_swaps"][sent], swapped=res["swapped_s"][sent],
-                    ctok=res["cached_tokens"][sent], c0=run.ttft_overhead_s, prio=res["priority"][sent])
+        return dict(arrival=res["arrival_s"], prompt=res["prompt_len"], output=res["output_len"],
+                    session=res["session"], status=res["status"], first=res["first_token_s"],
+                    finish=res["finish_s"], npre=res["num_preemptions"], ntok=res["num_tokens"],
+                    nswap=res["num_swaps"], swapped=res["swapped_s"], ctok=res["cached_tokens"],
+                    c0=run.ttft_overhead_s, prio=res["priority"])
     packed = pack_scenario(scenario)
     rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
     from .kernel.drivers import Replica

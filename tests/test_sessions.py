@@ -94,8 +94,6 @@ def test_kernel_equals_reference_per_request(name):
         fast, ref = run(sc, replication=rep), run(sc, replication=rep, backend="reference")
         pd.testing.assert_frame_equal(fast[COLUMNS], ref[COLUMNS], check_exact=True, check_dtype=False)
         assert fast["turn"].max() >= 3   # (sessions of several turns ran)
-    if name == "users-tight-kv-preemption":
-        assert fast["num_preemptions"].sum() + ref["num_preemptions"].sum() >= 0
     if "cached" in name:
         assert (fast["cached_tokens"] > 0).any()
 
@@ -106,6 +104,11 @@ def test_kernel_equals_reference_on_every_metric(name):
     fast = fastsim.replicate(sc, n_replications=3, seed=5).per_replication
     ref = fastsim.replicate(sc, n_replications=3, seed=5, backend="reference").per_replication
     pd.testing.assert_frame_equal(fast, ref, check_exact=False, rtol=1e-9, atol=1e-12)
+    # the arrivals counted are the turns sent (not the sends left unmade)
+    for rep in range(3):
+        out = run(sc, seed=5, replication=rep)
+        assert fast.loc[rep, "n_arrived"] == len(out)
+        assert fast.loc[rep, "n_completed"] == (out["status"] == "completed").sum()
 
 
 def test_preemptions_happen_in_the_tight_case():
