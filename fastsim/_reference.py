@@ -1358,7 +1358,8 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)
-    queried = [r.group >= 0 and engine.enable_prefix_caching and r.ever_scheduled for r in requests]
+    queried = [(r.group >= 0 or (block_hashes is not None and sim.hashing)) and engine.enable_prefix_caching
+               and r.ever_scheduled for r in requests]
     hit_tokens = sum(r.cached_tokens for r, qd in zip(requests, queried) if qd)
     query_tokens = sum(r.P for r, qd in zip(requests, queried) if qd)
     return {

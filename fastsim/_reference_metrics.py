@@ -140,10 +140,18 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
             think, a = a[w.max_concurrency:], np.zeros(a.size)
         # the replication's latency: its per-run effects and step noise (none when deterministic)
         run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
+        extra = {}
+        if p["ipar"][K.I_TRACE_HASH] == 1:   # (the trace's block identities; the kernel's columns: parents)
+            from ._replicate import trace_rows
+
+            tr = w.request_trace
+            extra = dict(block_hashes=[tr.blocks(r) for r in trace_rows(w, k0, k1, rep0 + j, a.size)],
+                         hash_block_size=tr.block_size)
+            grp, plen = np.full(a.size, -1, np.int64), np.zeros(a.size, np.int64)
         res = simulate_reference(a, pr, o, c, scenario.engine, run,
                                  horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
                                  prefix_len=plen, step_noise=steps, max_concurrency=w.max_concurrency,
-                                 think_time_s=think)
+                                 think_time_s=think, **extra)
         # (a closed loop's arrivals: when each request was sent)
         row = reference_row(res, res["arrival_s"], o, replace(scenario, latency=run), prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

@@ -78,6 +78,15 @@ def metric_unit(metric: str):
 # ------------------------------------------------------------------------------
 # Packing a scenario into the kernel's arrays
 
+def trace_hashing(scenario: Scenario) -> bool:
+    """Whether a replayed trace's block identities key the prefix cache:
+    caching by block hash, a trace that has them, no prefix groups."""
+    e, w = scenario.engine, scenario.workload
+    tr = w.request_trace
+    return (e.enable_prefix_caching and e.block_hash_caching and tr is not None and tr.block_offsets is not None
+            and w.prefix_groups == 0)
+
+
 def pack_scenario(scenario: Scenario) -> dict:
     """The kernel's view of a scenario: parameter vectors and flat tables
     (the names `kernel.drivers.SCENARIO_ARRAYS`; `kernel.drivers.scenario_arrays` orders them)."""
@@ -181,6 +190,14 @@ def pack_scenario(scenario: Scenario) -> dict:
         lrange[7] = len(comps)
     ipar[K.I_CACHING] = int(e.enable_prefix_caching)
     ipar[K.I_BLOCK_HASH] = int(e.enable_prefix_caching and e.block_hash_caching)
+    if trace_hashing(scenario):
+        # a replayed trace's block identities: each row's steps (`_traces.parent_steps`) after the tables
+        from ._traces import parent_steps
+
+        start, count, steps = parent_steps(w.request_trace, e.block_size)
+        ipar[K.I_TRACE_HASH] = 1
+        trace = np.ascontiguousarray(np.column_stack([trace, start + len(tab_rows), count]))
+        tab_rows.extend(map(tuple, steps))
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
@@ -472,6 +489,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
                              f"(prefix_len 0 without a group), got prefix_group={int(grp[i])}, "
                              f"prefix_len={int(plen[i])}, prompt_len={int(p[i])}")
         extra["prefix_group"], extra["prefix_len"] = grp, plen
+    hashes = None
+    if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in extra:
+        # the trace's block identities (`sample_requests`'s column) key the cache
+        hashes = list(requests["block_hashes"])
+        hashes = [hashes[i] for i in np.flatnonzero(keep)] if h is not None else hashes
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
     if backend == "cuda":
@@ -490,6 +512,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
         run, steps = run_latency(scenario.latency, k0, k1, replication)
         c0 = run.ttft_overhead_s
+        if hashes is not None:
+            extra.update(block_hashes=hashes, hash_block_size=w.request_trace.block_size)
         res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps,
                                  max_concurrency=w.max_concurrency,
                                  think_time_s=None if think is None else think[w.max_concurrency:], **extra)
@@ -504,6 +528,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         q = np.ascontiguousarray(extra.get("sjf_key", o), dtype=np.int64)
         grp = np.ascontiguousarray(extra.get("prefix_group", np.full(a.size, -1)), dtype=np.int64)
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
+        if hashes is not None:
+            from ._traces import stream_parents
+
+            grp, plen = stream_parents(hashes, p, w.request_trace.block_size, scenario.engine.block_size)
         from ._memory import check_stream_memory
 
         check_stream_memory(a.size, p, o, grp, plen, packed["ipar"])

@@ -47,7 +47,8 @@ I_THINK_EXP = 34      # pure closed loop: 1 exponential think times of mean F_TH
 I_BLOCK_HASH = 35     # with I_CACHING: 1 prefix caching by block hash (vLLM V1, `block_pool`), 2 the same
                       # with the block pool's conservation checked after every step (a test path)
 I_SESSIONS = 36       # multi-turn sessions (`arrivals._session_sends`): SESSIONS_*; 0: none
-N_IPAR = 37
+I_TRACE_HASH = 37     # 1: a replayed trace's block identities (`workload._trace_parents`) key the block pool
+N_IPAR = 38
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

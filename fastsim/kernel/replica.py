@@ -574,7 +574,7 @@ def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     # prefix hit rate: measured requests of a group that were admitted at least once
     if caching:
         for i in range(ipar[I_WARMUP], n):
-            if req.pgrp[i] >= 0 and req.ever[i]:
+            if req.pgrp[i] != -1 and req.ever[i]:   # (a group, a session, or a trace's identities)
                 acc[A_HIT_TOK] += cache.ctok[i]
                 acc[A_QUERY_TOK] += req.prompt[i]
     acc[A_N_ITL] = n_itl

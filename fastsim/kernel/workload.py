@@ -13,7 +13,7 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .layout import (F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
     F_USER_REQUESTS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY, I_THINK_EXP, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
-    I_USERS_HI, I_USERS_LO, I_USER_CAP, I_SESSIONS, SESSIONS_USERS, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
+    I_USERS_HI, I_USERS_LO, I_USER_CAP, I_SESSIONS, I_TRACE_HASH, I_BLOCK_SIZE, SESSIONS_USERS, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
 from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
 
@@ -310,7 +310,30 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     if ipar[I_SESSIONS] != 0:
         _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
                        lrange)
+    if ipar[I_TRACE_HASH] == 1:
+        _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen)
     return n
+
+
+@njit_noalloc
+def _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen):
+    """A replayed trace's block identities (`_traces.parent_steps`): request
+    i (row row0 + i) gets ``pgrp`` = -2 - its parent (the request it shares
+    the most leading blocks with; itself when none) and ``plen`` the tokens
+    shared: the first of its row's steps (``ltab`` rows ``trace[row, 2]``
+    .. + ``trace[row, 3]``: (earlier row, blocks)) whose row is replayed.
+    `block_pool._block_id` follows the parents."""
+    bs = ipar[I_BLOCK_SIZE]
+    for i in range(n):
+        row = row0 + i
+        pgrp[i] = -2 - i
+        plen[i] = 0
+        for e in range(trace[row, 2], trace[row, 2] + trace[row, 3]):
+            s = np.int64(ltab[e, 0])
+            if s >= row0:
+                pgrp[i] = -2 - (s - row0)
+                plen[i] = np.int64(ltab[e, 1]) * bs
+                break
 
 
 @njit_noalloc

@@ -102,6 +102,8 @@ def _ws_dims(n, prompt, output, pgrp, plen, ipar):
                 ngrp = max(ngrp, pgrp[i] + 1)
                 jmax = max(jmax, f)
                 nheld += f
+            elif pgrp[i] <= -2:   # (a trace's identities: `block_pool._block_id` keys prompt blocks by request)
+                jmax = max(jmax, prompt[i] // bs)
     nbp = 0
     nbt = 0
     if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
