@@ -932,7 +932,7 @@ def table_keys(table: str) -> list[str]:
     if table == "engine":
         return _field_names(EngineConfig)
     if table == "workload":
-        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s", "classes")) + list(_WORKLOAD_EXTRA_KEYS)
+        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s")) + list(_WORKLOAD_EXTRA_KEYS)
     if table == "latency":
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":
@@ -975,6 +975,28 @@ def _in_table(table: str, build, *args, **kwargs):
     except (ValueError, TypeError) as exc:
         msg = str(exc)
         raise ValueError(msg if msg.startswith(f"[{table}]") else f"[{table}] {msg}") from None
+
+
+def _tables_from_config(wl, base_dir):
+    """``[workload]``'s ``classes = {by = "prompt_len", edges = [256, 1024]}``
+    (`RequestClasses`) and ``sessions = {turns = 4, think_time_s = 5.0}``
+    (`Sessions`; ``turns`` a length as ``prompt_len``), in place."""
+    from ._classes import RequestClasses
+    from ._sessions import Sessions
+
+    for key, cls, keys in (("classes", RequestClasses, ["by", "edges", "names", "priorities"]),
+                           ("sessions", Sessions, ["turns", "think_time_s", "think_time_dist"])):
+        if key not in wl:
+            continue
+        spec = wl[key]
+        if not isinstance(spec, dict):
+            raise ValueError(f"[workload] {key} must be a table ({{{', '.join(k + ' = ...' for k in keys[:2])}}}), "
+                             f"got {spec!r}")
+        check_table_keys(f"workload] [{key}", spec, keys)
+        spec = dict(spec)
+        if "turns" in spec:
+            spec["turns"] = _length_from_config("turns", spec["turns"], base_dir)
+        wl[key] = _in_table("workload", cls, **spec)
 
 
 def _length_from_config(name, spec, base_dir):
@@ -1125,6 +1147,7 @@ def _scenario_from_dict(config, base_dir=None):
     for key in ("prompt_len", "output_len", "prefix_len"):
         if key in wl:
             wl[key] = _in_table("workload", _length_from_config, key, wl[key], base_dir)
+    _tables_from_config(wl, base_dir)
     workload = _in_table("workload", Workload, **wl)
     lat = dict(config.get("latency", {}))
     check_table_keys("latency", lat, table_keys("latency"))

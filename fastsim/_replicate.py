@@ -749,13 +749,14 @@ class ReplicateResult:
         frame.index.name = "metric"
         return frame
 
-    def save(self, path) -> Path:
-        """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix).
+    def save(self, path, by: str | None = None) -> Path:
+        """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix;
+        ``by="class"``: the summary by class).
 
         ``*.per_replication.parquet``-style full data: use
         ``result.per_replication.to_parquet(...)``.
         """
-        frame = self.summary()
+        frame = self.summary(by=by)
         if self.interrupted:
             frame["partial"] = True   # the file outlives the message that said so
         return save_table(frame, path)
