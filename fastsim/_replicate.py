@@ -276,7 +276,13 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``prefix_groups``; with a ``request_trace``, ``trace_row`` (the
         trace's request each one replays) and, when the trace identifies
         blocks, ``block_hashes`` (an int64 array per request: its prompt's
-        block identities, ``request_trace.block_size`` tokens each).
+        block identities, ``request_trace.block_size`` tokens each). With
+        ``workload.sessions``, the draws per send (request k is the k-th
+        turn sent): ``arrival_s`` (a session's first turn: when it starts;
+        NaN for the others), ``prompt_len`` (the new tokens of the turn it
+        sends), ``output_len``, ``priority``, ``think_s`` (the think time
+        before it), ``turns`` (of a session it starts) and ``first_turn``;
+        :func:`simulate_requests` gives the turns sent.
     """
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     if not isinstance(scenario, Scenario):
