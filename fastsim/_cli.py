@@ -498,7 +498,7 @@ def _run_main(args, sig) -> int:
         print(summary.to_csv(), end="")
     ok = True
     if args.out is not None:
-        ok &= _save(lambda p: result.save(p, by=by), args.out, "--out")
+        ok &= _save(result.save if by is None else (lambda p: result.save(p, by=by)), args.out, "--out")
     if args.per_replication is not None:
         per = result.per_replication.copy()
         if partial:

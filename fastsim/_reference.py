@@ -1362,11 +1362,13 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
                and r.ever_scheduled for r in requests]
     hit_tokens = sum(r.cached_tokens for r, qd in zip(requests, queried) if qd)
     query_tokens = sum(r.P for r, qd in zip(requests, queried) if qd)
-    return {
+    sent = {} if sessions is None else {   # (what each turn sent: known only as it was sent)
         "prompt_len": np.array([r.P for r in requests], dtype=np.int64),
         "output_len": np.array([r.O for r in requests], dtype=np.int64),
         "priority": np.array([r.prio for r in requests], dtype=np.int64),
-        "session": np.array([r.group for r in requests], dtype=np.int64),
+        "session": np.array([r.group for r in requests], dtype=np.int64)}
+    return {
+        **sent,
         "status": np.array([r.status for r in requests], dtype=np.int8),
         "arrival_s": np.array([r.arrival for r in requests], dtype=np.float64),
         "first_token_s": np.array([r.first_token for r in requests], dtype=np.float64),

@@ -559,14 +559,45 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
     })
 
 
+def _session_turns(scenario, requests, backend, k0, k1, replication) -> dict:
+    """One replication's sessions from `sample_requests`'s draws: the turns
+    sent, in arrival order, with their final prompts, sessions and results."""
+    from ._sessions import stream_arrays
+
+    arrival, p, o, c, sjfk, pgrp, plen = stream_arrays(requests)
+    if backend == "reference":
+        from ._reference_noise import run_latency
+
+        run, steps = run_latency(scenario.latency, k0, k1, replication)
+        from ._reference_metrics import reference_sessions
+
+        res = reference_sessions(scenario, run, steps, arrival, p, o, c, sjfk, pgrp)
+        return dict(arrival=res["arrival_s"], prompt=res["prompt_len"], output=res["output_len"],
+                    session=res["session"], status=res["status"], first=res["first_token_s"],
+                    finish=res["finish_s"], npre=res["num_preemptions"], ntok=res["num_tokens"],
+                    nswap=res["num_swaps"], swapped=res["swapped_s"], ctok=res["cached_tokens"],
+                    c0=run.ttft_overhead_s, prio=res["priority"])
+    packed = pack_scenario(scenario)
+    rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
+    from .kernel.drivers import Replica
+
+    rep = Replica(arrival, p, o, c, sjfk, pgrp, plen, packed["ipar"], rfpar, rlat)
+    rep.advance_until(np.inf)
+    st, first, finish, npre, ntok, nswap, swapped, ctok, _ = rep.finish()
+    s = rep.stream
+    sent = np.isfinite(s.arrival)
+    return dict(arrival=s.arrival[sent].copy(), prompt=s.prompt[sent].copy(), output=s.output[sent].copy(),
+                session=s.pgrp[sent].copy(), status=(np.asarray(st) - K.ST_COMPLETED)[sent], first=first[sent],
+                finish=finish[sent], npre=npre[sent], ntok=ntok[sent], nswap=nswap[sent], swapped=swapped[sent],
+                ctok=ctok[sent], c0=float(rfpar[K.F_TTFT_OVERHEAD]), prio=s.prio[sent].copy())
+
+
 def _simulate_sessions(scenario, requests, backend, seed, replication) -> pd.DataFrame:
     """`simulate_requests` of a workload of sessions."""
-    from ._sessions import simulate
-
     if backend == "numba":
         check_kernel_supports(scenario.engine)
     k0, k1, _ = _seed_keys(seed)
-    r = simulate(scenario, requests, backend, k0, k1, replication)
+    r = _session_turns(scenario, requests, backend, k0, k1, replication)
     a, status, c0 = r["arrival"], np.asarray(r["status"], dtype=np.int64), r["c0"]
     turn = pd.Series(r["session"]).groupby(r["session"]).cumcount().to_numpy() + 1
     return pd.DataFrame({

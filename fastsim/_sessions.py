@@ -1,7 +1,7 @@
 """Multi-turn sessions (``docs/engine-model.md``, "Sessions"): the session
-law of a workload, the checks of a scenario that has one, and one
-replication's sessions simulated from Python (`sample_requests`'s draws in,
-the turns sent out).
+law of a workload, the checks of a scenario that has one, and the kernel's
+columns of `sample_requests`'s draws (`_replicate._simulate_sessions`
+simulates them; `_reference_metrics.reference_sessions` on the reference).
 """
 
 from __future__ import annotations
@@ -134,53 +134,3 @@ def sample_frame(a, p, o, c, q, grp, plen) -> pd.DataFrame:
         "turns": np.where(first, q + 1, -grp),    # the turns of the session its send starts
         "first_turn": first,
     })
-
-
-def reference_sessions(scenario, latency, step_noise, arrival, p, o, c, sjfk, pgrp) -> dict:
-    """`simulate_reference` of the kernel's columns of a workload of sessions
-    (`workload._draw_sessions`), on the run's ``latency`` and ``step_noise``."""
-    from ._reference import simulate_reference
-
-    first = pgrp >= 0
-    a0 = np.where(first, arrival, np.inf)
-    with np.errstate(invalid="ignore"):   # (inf - inf in the check that arrivals do not decrease)
-        res = simulate_reference(a0, p, o, c, scenario.engine, latency, horizon_s=scenario.workload.horizon_s,
-                                  step_noise=step_noise, sessions=dict(
-                                      users=scenario.workload.max_concurrency is not None, first=int(first.sum()),
-                                      think=arrival, turns=np.where(first, sjfk + 1, -pgrp)))
-    # the turns sent (the first ones: a send is made before any later one arrives)
-    m = int((res["status"] != -1).sum())
-    return {k: (v[:m] if isinstance(v, (np.ndarray, list)) and len(v) == arrival.size else v)
-            for k, v in res.items()}
-
-
-def simulate(scenario, requests: pd.DataFrame, backend: str, k0, k1, replication: int) -> dict:
-    """One replication's sessions (`simulate_requests`): the turns sent, in
-    arrival order, with their final prompts, sessions and results."""
-    from . import kernel as K
-    from ._replicate import pack_scenario
-
-    arrival, p, o, c, sjfk, pgrp, plen = stream_arrays(requests)
-    if backend == "reference":
-        from ._reference_noise import run_latency
-
-        run, steps = run_latency(scenario.latency, k0, k1, replication)
-        res = reference_sessions(scenario, run, steps, arrival, p, o, c, sjfk, pgrp)
-        return dict(arrival=res["arrival_s"], prompt=res["prompt_len"], output=res["output_len"],
-                    session=res["session"], status=res["status"], first=res["first_token_s"],
-                    finish=res["finish_s"], npre=res["num_preemptions"], ntok=res["num_tokens"],
-                    nswap=res["num_swaps"], swapped=res["swapped_s"], ctok=res["cached_tokens"],
-                    c0=run.ttft_overhead_s, prio=res["priority"])
-    packed = pack_scenario(scenario)
-    rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
-    from .kernel.drivers import Replica
-
-    rep = Replica(arrival, p, o, c, sjfk, pgrp, plen, packed["ipar"], rfpar, rlat)
-    rep.advance_until(np.inf)
-    st, first, finish, npre, ntok, nswap, swapped, ctok, _ = rep.finish()
-    s = rep.stream
-    sent = np.isfinite(s.arrival)
-    return dict(arrival=s.arrival[sent].copy(), prompt=s.prompt[sent].copy(), output=s.output[sent].copy(),
-                session=s.pgrp[sent].copy(), status=(np.asarray(st) - K.ST_COMPLETED)[sent], first=first[sent],
-                finish=finish[sent], npre=npre[sent], ntok=ntok[sent], nswap=nswap[sent], swapped=swapped[sent],
-                ctok=ctok[sent], c0=float(rfpar[K.F_TTFT_OVERHEAD]), prio=s.prio[sent].copy())
