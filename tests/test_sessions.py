@@ -236,3 +236,16 @@ def test_bad_session_engines(ekw, match):
     base.update(ekw)
     with pytest.raises(ValueError, match=match):
         fastsim.Scenario(engine=fastsim.EngineConfig(**base), workload=workload(), latency=LAT)
+
+
+def test_compare_tells_session_laws_apart():
+    """`compare` pairs scenarios only over the same workload: another think
+    time or session law is another workload."""
+    from fastsim._compare import same_workload
+
+    a = scenario("users-cached")
+    assert same_workload(a, a.replace(**{"engine.max_num_seqs": 4}))
+    for other in (fastsim.Sessions(turns=fastsim.Geometric(mean_len=3.0), think_time_s=0.6,
+                                   think_time_dist="exponential"),
+                  fastsim.Sessions(turns=2, think_time_s=0.3, think_time_dist="exponential")):
+        assert not same_workload(a, a.replace(**{"workload.sessions": other}))
