@@ -15,6 +15,7 @@ The engine model is specified in ``docs/engine-model.md``. Start with
 """
 
 from ._config import BucketPredictor, EngineConfig, LogNormalPredictor, Scenario, Workload
+from ._sessions import Sessions
 from ._distributions import (Empirical, Exponential, Fixed, Gamma, Geometric, Histogram, LengthDistribution,
                              LengthTrace, LogNormal, Mixture, Truncated, Uniform, sharegpt_lengths)
 from ._classes import RequestClasses
@@ -44,7 +45,7 @@ __all__ = [
     "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
     "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
-    "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "SweepResult", "Truncated", "Uniform", "Workload",
+    "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "Sessions", "SweepResult", "Truncated", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
     "simulate_requests", "sweep", "testing", "analytical",
 ]

@@ -68,6 +68,8 @@ def _parser():
     run.add_argument("config", type=Path, help="TOML with [engine], [workload], [latency], [slo], [run] "
                                                "(docs/toml-reference.md)")
     common(run)
+    run.add_argument("--by", choices=["class"], help="class: every per-request metric per request class "
+                                                     "(a workload with classes), printed and written by --out")
     demo = sub.add_parser("demo", help="simulate the built-in example (A10G server, ShareGPT load)")
     demo.add_argument("--show-config", action="store_true", help="print the example's TOML and exit")
     common(demo)
@@ -85,6 +87,8 @@ def _parser():
     sw.add_argument("--out", type=Path, help="write the tidy table here (.parquet, .csv or .json)")
     sw.add_argument("--cache-dir", type=Path, help="cache finished points here (resume an interrupted sweep)")
     sw.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sw.add_argument("--by", choices=["class"], help="class: --out writes every point's per-class metrics "
+                                                    "(a workload with classes)")
 
     cmp_ = sub.add_parser("compare", help="compare scenarios on common random numbers (paired differences)")
     cmp_.add_argument("configs", type=Path, nargs="+", metavar="CONFIG",
@@ -471,10 +475,16 @@ def _run_main(args, sig) -> int:
                           f"{kwargs['n_replications']}{' or more' if 'precision' in kwargs else ''})")
     if result.n_replications == 0:
         return sig.code
-    summary = result.summary()
+    by = getattr(args, "by", None)
+    try:
+        summary = result.summary(by=by)
+    except ValueError as exc:
+        return _error(exc)
     if partial:
         summary["partial"] = True
-    if args.format == "table":
+    if by is not None and args.format == "table":
+        print(summary.drop(columns=["partial", "description"], errors="ignore").to_string(index=False))
+    elif args.format == "table":
         print(format_table(summary.drop(columns="partial", errors="ignore"), scenario, result,
                           n_requested=kwargs["n_replications"]))
         took = f"{time.perf_counter() - start:.1f} s"
@@ -488,7 +498,7 @@ def _run_main(args, sig) -> int:
         print(summary.to_csv(), end="")
     ok = True
     if args.out is not None:
-        ok &= _save(result.save, args.out, "--out")
+        ok &= _save(result.save if by is None else (lambda p: result.save(p, by=by)), args.out, "--out")
     if args.per_replication is not None:
         per = result.per_replication.copy()
         if partial:
@@ -556,7 +566,13 @@ def _sweep_main(args, sig) -> int:
         print(f"  {head}: " + "; ".join(cells))
     ok = True
     if args.out is not None:
-        ok = _save(result.save, args.out, "--out")
+        by = args.by
+        if by is not None:
+            try:
+                result.summary(by=by)
+            except ValueError as exc:
+                return _error(exc)
+        ok = _save(lambda p: result.save(p, by=by), args.out, "--out")
         if ok:
             print(f"wrote {args.out}", file=sys.stderr)
     if result.interrupted:

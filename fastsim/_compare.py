@@ -26,8 +26,9 @@ COLUMNS = ("scenario", "metric", "estimate", "baseline_estimate", "difference", 
 
 # The kernel inputs that shape the request stream (and the measured set).
 _WORKLOAD_IPAR = (K.I_ARRIVAL_KIND, K.I_TRACE_MODE, K.I_NUM_REQUESTS, K.I_NORMALIZE_ARRIVALS, K.I_WARMUP,
-                  K.I_HAS_HORIZON, K.I_USERS_LO, K.I_USERS_HI, K.I_USER_CAP, K.I_PREFIX, K.I_PRIO_BAND)
-_WORKLOAD_FPAR = (K.F_RATE, K.F_BURSTINESS, K.F_HORIZON, K.F_USER_REQUESTS, K.F_TRACE_WINDOW)
+                  K.I_HAS_HORIZON, K.I_USERS_LO, K.I_USERS_HI, K.I_USER_CAP, K.I_PREFIX, K.I_PRIO_BAND,
+                  K.I_MAX_CONCURRENCY, K.I_THINK_EXP, K.I_SESSIONS)
+_WORKLOAD_FPAR = (K.F_RATE, K.F_BURSTINESS, K.F_HORIZON, K.F_USER_REQUESTS, K.F_TRACE_WINDOW, K.F_THINK)
 _WORKLOAD_ARRAYS = ("arr_times", "lcomp", "lpar", "ltab", "lrange", "trace", "prio_val", "prio_cdf")
 
 

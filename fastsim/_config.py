@@ -420,6 +420,12 @@ class Workload:
         Poisson process of that rate, ``num_requests`` at most, before
         ``horizon_s`` when given (``docs/engine-model.md``, "Time-varying
         arrival rate").
+    sessions : Sessions, optional
+        Multi-turn sessions (``docs/engine-model.md``, "Sessions"): each
+        turn's prompt is the conversation so far plus ``prompt_len`` new
+        tokens. Sessions start as the arrival process of ``arrival_rate``
+        (with ``burstiness``), or ``max_concurrency`` users run them back to
+        back; ``num_requests`` bounds the turns sent.
     """
 
     arrival_rate: float | None = None
@@ -447,9 +453,14 @@ class Workload:
     think_time_s: float = 0.0
     think_time_dist: str = "fixed"
     rate_schedule: object = None
+    sessions: object = None
 
     def __post_init__(self):
         s = object.__setattr__
+        if self.sessions is not None:
+            from ._sessions import check_workload
+
+            check_workload(self)
         closed = self._check_closed_loop()
         self._check_rate_schedule()
         if (self.arrival_rate is None and not closed and self.arrival_times is None and self.users is None
@@ -858,6 +869,10 @@ class Scenario:
                                                            low_open=True, optional=True))
         e, w = self.engine, self.workload
         self._check_step_durations()
+        if w.sessions is not None:
+            from ._sessions import check_scenario
+
+            check_scenario(self)
         if w.max_concurrency is not None and e.priority_aging_s is not None:
             # (aged keys a_i / A need the arrival when the request is drawn; a
             # closed loop's arrivals are known only when a seat frees)
@@ -944,7 +959,7 @@ def table_keys(table: str) -> list[str]:
     if table == "engine":
         return _field_names(EngineConfig)
     if table == "workload":
-        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s", "classes")) + list(_WORKLOAD_EXTRA_KEYS)
+        return _field_names(Workload, skip=("lengths", "request_trace", "trace_window_s")) + list(_WORKLOAD_EXTRA_KEYS)
     if table == "latency":
         return _field_names(LatencyModel, skip=("calibration",)) + list(_LATENCY_EXTRA_KEYS)
     if table == "slo":
@@ -987,6 +1002,28 @@ def _in_table(table: str, build, *args, **kwargs):
     except (ValueError, TypeError) as exc:
         msg = str(exc)
         raise ValueError(msg if msg.startswith(f"[{table}]") else f"[{table}] {msg}") from None
+
+
+def _tables_from_config(wl, base_dir):
+    """``[workload]``'s ``classes = {by = "prompt_len", edges = [256, 1024]}``
+    (`RequestClasses`) and ``sessions = {turns = 4, think_time_s = 5.0}``
+    (`Sessions`; ``turns`` a length as ``prompt_len``), in place."""
+    from ._classes import RequestClasses
+    from ._sessions import Sessions
+
+    for key, cls, keys in (("classes", RequestClasses, ["by", "edges", "names", "priorities"]),
+                           ("sessions", Sessions, ["turns", "think_time_s", "think_time_dist"])):
+        if key not in wl:
+            continue
+        spec = wl[key]
+        if not isinstance(spec, dict):
+            raise ValueError(f"[workload] {key} must be a table ({{{', '.join(k + ' = ...' for k in keys[:2])}}}), "
+                             f"got {spec!r}")
+        check_table_keys(f"workload] [{key}", spec, keys)
+        spec = dict(spec)
+        if "turns" in spec:
+            spec["turns"] = _length_from_config("turns", spec["turns"], base_dir)
+        wl[key] = _in_table("workload", cls, **spec)
 
 
 def _length_from_config(name, spec, base_dir):
@@ -1141,6 +1178,7 @@ def _scenario_from_dict(config, base_dir=None):
         from ._rate_schedule import RateSchedule
         check_table_keys("workload] [rate_schedule", wl["rate_schedule"], ["times", "rates", "shape", "repeat"])
         wl["rate_schedule"] = _in_table("workload", RateSchedule, **wl["rate_schedule"])
+    _tables_from_config(wl, base_dir)
     workload = _in_table("workload", Workload, **wl)
     lat = dict(config.get("latency", {}))
     check_table_keys("latency", lat, table_keys("latency"))

@@ -76,6 +76,7 @@ class _Request:
 
     ph: int = 0       # async scheduling: output placeholders (tokens of steps in flight)
     num_cached: int = 0   # block_hash_caching: its leading blocks already cached
+    turns_left: int = -1  # sessions: turns of its session after it (-1: none, or its departure handled)
 
     def __post_init__(self):
         self.gaps: list[float] = []  # inter-token gaps, in order
@@ -256,6 +257,7 @@ class _Reference:
         # their arrival is unknown. `wanted` keeps the time each would go at
         # otherwise; `think` the think time of each departure (pure closed loop).
         self.seats = max_concurrency
+        self.sessions = None                  # multi-turn sessions (`_session_sends`), set by simulate_reference
         self.pure_loop = think_time_s is not None
         self.think = think_time_s
         self.departures = 0                   # requests that left (completed, rejected, dropped)
@@ -495,12 +497,73 @@ class _Reference:
             r = self.arrivals[self.next_arrival]
             if r.arrival < time or (inclusive and r.arrival == time):
                 r.ingested = time
+                if self.sessions is not None:
+                    # (a turn's place in the stream is known when it arrives)
+                    r.idx = self.next_arrival
+                    r.qkey = queue_key(self.e.policy, r.idx, r.arrival, r.prio, r.sjf_key, None)
                 self.next_arrival += 1
                 if self.seats is not None and self.pure_loop:
                     self.pending.pop(0)   # (its send time)
                 self.ingest(r)
             else:
                 break
+
+    def ingest_at(self, time: float) -> None:
+        """Ingest the arrivals with a_i <= time; with sessions, the turns that
+        this sends at ``time`` too (a rejected turn's user may start a session
+        at once)."""
+        self.ingest_until(time, inclusive=True)
+        while self.sessions is not None:
+            self.session_sends(time)
+            nxt = self.next_arrival
+            if not (nxt < len(self.arrivals) and self.arrivals[nxt].arrival <= time):
+                break
+            self.ingest_until(time, inclusive=True)
+
+    def session_sends(self, t: float) -> None:
+        """Spec, "Sessions": each turn that left the system and is not yet
+        handled, in arrival order, sends its session's next turn a think time
+        after ``t`` (prompt: the conversation so far, its prompt and output,
+        then the new tokens), or ends its session (its last turn, or it did
+        not complete); a user then starts a new session. The sends made are
+        numbered; send m takes the m-th draws (think time, new tokens, output,
+        priority, a new session's turns) and is placed among the sends not yet
+        arrived by time, after those at the same time."""
+        ss = self.sessions
+        if ss is None:
+            return
+        reqs = self.requests
+        for r in reqs[ss["scan"]:self.next_arrival]:
+            if r.turns_left < 0 or r.status == _IN_SYSTEM:
+                continue
+            left, r.turns_left = r.turns_left, -1
+            m = ss["made"]
+            if m >= len(reqs):
+                continue
+            if r.status == COMPLETED and left > 0:
+                conv, sid, after = r.P + r.O, r.group, left - 1
+            elif ss["users"]:
+                conv, sid, after = 0, m, ss["turns"][m] - 1
+            else:
+                continue
+            v = t + ss["think"][m]
+            if self.horizon is not None and v >= self.horizon:
+                continue     # only arrivals before the horizon exist
+            P, O = conv + ss["new"][m], ss["out"][m]
+            turn = _Request(idx=-1, arrival=v, P=P, O=O, prio=ss["prio"][m], sjf_key=O, group=sid,
+                            prefix_len=P + O)
+            turn.turns_left = after
+            if self.hashing:
+                # every full block of a turn, prompt or output, is the session's block j
+                turn.idents = [("group", sid, j) for j in range((P + O) // self.e.block_size)]
+            pos = m
+            while pos > self.next_arrival and reqs[pos - 1].arrival > v:
+                pos -= 1
+            reqs.pop(m)     # (the slot of send m, not yet made)
+            reqs.insert(pos, turn)
+            ss["made"] = m + 1
+        while ss["scan"] < self.next_arrival and reqs[ss["scan"]].turns_left < 0:
+            ss["scan"] += 1
 
     def ingest(self, r: _Request) -> None:
         """Spec, "Arrival handling and admission control": on ingestion, in this order."""
@@ -885,8 +948,9 @@ class _Reference:
             for r in self.running:
                 self.leave(r, COMPLETED, t_end)
             self.running = []
+        self.session_sends(t_end)
         # ... and a request arriving exactly at t + d is ingested after them.
-        self.ingest_until(t_end, inclusive=True)
+        self.ingest_at(t_end)
         self.t = t_end
 
     def run_async(self) -> float:
@@ -966,6 +1030,7 @@ class _Reference:
         while True:
             # ---- step start at time t (all arrivals with a_i <= t are ingested)
             self.abandon()
+            self.session_sends(self.t)
             if not self.running and len(self.waiting) == 0 and len(self.swapped) == 0:
                 # "when the engine is idle (nothing running or waiting), time jumps to
                 # the next arrival and the step starts at that instant"
@@ -976,8 +1041,10 @@ class _Reference:
                     # jump whose arrivals were all rejected; with a horizon that the
                     # run drains before, it is not H but that same clock.
                     break
+                if self.arrivals[self.next_arrival].arrival == math.inf:
+                    break         # (sessions: no turn left to send)
                 self.t = self.arrivals[self.next_arrival].arrival
-                self.ingest_until(self.t, inclusive=True)
+                self.ingest_at(self.t)
                 continue          # a new step start (ingestion, then abandonment)
 
             scheduled = self.schedule_static() if static else self.schedule_continuous()
@@ -1061,7 +1128,7 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
                        latency: LatencyModel, horizon_s: float | None = None, *,
                        sjf_key=None, prefix_group=None, prefix_len=None,
                        block_hashes=None, hash_block_size: int = 512, step_noise=None,
-                       max_concurrency: int | None = None, think_time_s=None) -> dict:
+                       max_concurrency: int | None = None, think_time_s=None, sessions=None) -> dict:
     """Simulate one run of the engine model with a slow, literal reference.
 
     Implements ``docs/engine-model.md`` step by step in plain Python, to check
@@ -1119,6 +1186,17 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
     think_time_s : array_like of float, optional
         Pure closed loop: the think time after each departure (``n -
         max_concurrency`` values).
+    sessions : dict, optional
+        Multi-turn sessions (spec, "Sessions"): ``first`` (c, the sessions'
+        first turns: requests ``0 .. c-1``, at ``arrival_s``, each its own
+        session), ``users`` (bool: a session that ends starts a new one),
+        ``think`` and ``turns`` (per request k: the think time before send k
+        and the turns of a session send k starts). Requests ``k >= c`` are
+        the sends made as turns leave (``arrival_s`` inf): send k takes
+        ``prompt_len[k]`` new tokens, ``output_len[k]`` and ``priority[k]``.
+        The results are per request in arrival order (``prompt_len``,
+        ``output_len``, ``priority`` and ``session`` say what each sent);
+        sends never made are ``NOT_ARRIVED``.
 
     Returns
     -------
@@ -1266,13 +1344,31 @@ def simulate_reference(arrival_s, prompt_len, output_len, priority, engine: Engi
             raise ValueError("engine.priority_aging_s must be None with max_concurrency (closed-loop load), "
                              f"got {engine.priority_aging_s!r}")
     sim = _Reference(requests, engine, latency, horizon_s, step_noise, max_concurrency, think_time_s)
+    if sessions is not None:
+        c_first = int(sessions["first"])
+        turns = [int(x) for x in sessions["turns"]]
+        for r in requests[:c_first]:
+            r.group, r.prefix_len, r.turns_left = r.idx, r.P + r.O, turns[r.idx] - 1
+            if sim.hashing:
+                r.idents = [("group", r.idx, j) for j in range((r.P + r.O) // engine.block_size)]
+        sim.arrivals = requests   # (turns are made as earlier ones leave: `session_sends`)
+        sim.sessions = dict(users=bool(sessions["users"]), think=[float(x) for x in sessions["think"]],
+                            turns=turns, new=[r.P for r in requests], out=[r.O for r in requests],
+                            prio=[r.prio for r in requests], made=c_first, scan=0)
     end_s = sim.run()
 
     assert all(r.status != _IN_SYSTEM for r in requests)
-    queried = [r.group >= 0 and engine.enable_prefix_caching and r.ever_scheduled for r in requests]
+    queried = [(r.group >= 0 or (block_hashes is not None and sim.hashing)) and engine.enable_prefix_caching
+               and r.ever_scheduled for r in requests]
     hit_tokens = sum(r.cached_tokens for r, qd in zip(requests, queried) if qd)
     query_tokens = sum(r.P for r, qd in zip(requests, queried) if qd)
+    sent = {} if sessions is None else {   # (what each turn sent: known only as it was sent)
+        "prompt_len": np.array([r.P for r in requests], dtype=np.int64),
+        "output_len": np.array([r.O for r in requests], dtype=np.int64),
+        "priority": np.array([r.prio for r in requests], dtype=np.int64),
+        "session": np.array([r.group for r in requests], dtype=np.int64)}
     return {
+        **sent,
         "status": np.array([r.status for r in requests], dtype=np.int8),
         "arrival_s": np.array([r.arrival for r in requests], dtype=np.float64),
         "first_token_s": np.array([r.first_token for r in requests], dtype=np.float64),

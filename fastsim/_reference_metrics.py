@@ -112,6 +112,22 @@ def reference_row(res: dict, arrival, output, scenario, prompt=None) -> dict:
     return row
 
 
+def reference_sessions(scenario, latency, step_noise, arrival, p, o, c, sjfk, pgrp) -> dict:
+    """`simulate_reference` of the kernel's columns of a workload of sessions
+    (`workload._draw_sessions`), on the run's ``latency`` and ``step_noise``."""
+    first = pgrp >= 0
+    a0 = np.where(first, arrival, np.inf)
+    with np.errstate(invalid="ignore"):   # (inf - inf in the check that arrivals do not decrease)
+        res = simulate_reference(a0, p, o, c, scenario.engine, latency, horizon_s=scenario.workload.horizon_s,
+                                  step_noise=step_noise, sessions=dict(
+                                      users=scenario.workload.max_concurrency is not None, first=int(first.sum()),
+                                      think=arrival, turns=np.where(first, sjfk + 1, -pgrp)))
+    # the turns sent (the first ones: a send is made before any later one arrives)
+    m = int((res["status"] != -1).sum())
+    return {k: (v[:m] if isinstance(v, (np.ndarray, list)) and len(v) == arrival.size else v)
+            for k, v in res.items()}
+
+
 def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=None):
     """Fill ``out[j]`` with replication ``rep0 + j`` simulated by the reference."""
     p = packed
@@ -127,15 +143,30 @@ def run_reference_replications(scenario, packed, k0, k1, rep0, out, progress=Non
 
     for j in rows:
         a, pr, o, c, q, grp, plen = K.draw_workload(rep0 + j, k0, k1, *K.scenario_arrays(p, lat=False))
+        if w.sessions is not None:
+            run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
+            res = reference_sessions(scenario, run, steps, a, pr, o, c, q, grp)
+            row = reference_row(res, res["arrival_s"], res["output_len"], replace(scenario, latency=run),
+                                prompt=res["prompt_len"])
+            out[j] = [row[name] for name in K.COLUMNS]
+            continue
         think = None
         if w.closed_loop and w.arrival_rate is None:   # (the kernel's column: think times; `sample_requests`)
             think, a = a[w.max_concurrency:], np.zeros(a.size)
         # the replication's latency: its per-run effects and step noise (none when deterministic)
         run, steps = run_latency(scenario.latency, k0, k1, rep0 + j)
+        extra = {}
+        if p["ipar"][K.I_TRACE_HASH] == 1:   # (the trace's block identities; the kernel's columns: parents)
+            tr = w.request_trace
+            row0 = 0 if w.trace_window_s is None else K.trace_window(rep0 + j, k0, k1, tr.arrival_s,
+                                                                     w.trace_window_s)[1]
+            extra = dict(block_hashes=[tr.blocks(r) for r in range(row0, row0 + a.size)],
+                         hash_block_size=tr.block_size)
+            grp, plen = np.full(a.size, -1, np.int64), np.zeros(a.size, np.int64)
         res = simulate_reference(a, pr, o, c, scenario.engine, run,
                                  horizon_s=scenario.workload.horizon_s, sjf_key=q, prefix_group=grp,
                                  prefix_len=plen, step_noise=steps, max_concurrency=w.max_concurrency,
-                                 think_time_s=think)
+                                 think_time_s=think, **extra)
         # (a closed loop's arrivals: when each request was sent)
         row = reference_row(res, res["arrival_s"], o, replace(scenario, latency=run), prompt=pr)
         out[j] = [row[name] for name in K.COLUMNS]

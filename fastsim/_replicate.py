@@ -78,6 +78,15 @@ def metric_unit(metric: str):
 # ------------------------------------------------------------------------------
 # Packing a scenario into the kernel's arrays
 
+def trace_hashing(scenario: Scenario) -> bool:
+    """Whether a replayed trace's block identities key the prefix cache:
+    caching by block hash, a trace that has them, no prefix groups."""
+    e, w = scenario.engine, scenario.workload
+    tr = w.request_trace
+    return (e.enable_prefix_caching and e.block_hash_caching and tr is not None and tr.block_offsets is not None
+            and w.prefix_groups == 0)
+
+
 def pack_scenario(scenario: Scenario) -> dict:
     """The kernel's view of a scenario: parameter vectors and flat tables
     (the names `kernel.drivers.SCENARIO_ARRAYS`; `kernel.drivers.scenario_arrays` orders them)."""
@@ -153,6 +162,12 @@ def pack_scenario(scenario: Scenario) -> dict:
     if w.prefix_groups > 0:
         ipar[K.I_PREFIX] = 1
         laws.append((2, w.prefix_len))
+    if w.sessions is not None:
+        # (a session's turns take the prefix length's slot: sessions have no prefix groups)
+        ipar[K.I_SESSIONS] = K.SESSIONS_USERS if w.max_concurrency is not None else K.SESSIONS_OPEN
+        laws.append((2, w.sessions.turns))
+        ipar[K.I_THINK_EXP] = int(w.sessions.think_time_dist == "exponential")
+        fpar[K.F_THINK] = w.sessions.think_time_s
     for j, law in laws:
         lrange[2 * j] = len(comps)
         cum = 0.0
@@ -175,6 +190,14 @@ def pack_scenario(scenario: Scenario) -> dict:
         lrange[7] = len(comps)
     ipar[K.I_CACHING] = int(e.enable_prefix_caching)
     ipar[K.I_BLOCK_HASH] = int(e.enable_prefix_caching and e.block_hash_caching)
+    if trace_hashing(scenario):
+        # a replayed trace's block identities: each row's steps (`_traces.parent_steps`) after the tables
+        from ._traces import parent_steps
+
+        start, count, steps = parent_steps(w.request_trace, e.block_size)
+        ipar[K.I_TRACE_HASH] = 1
+        trace = np.ascontiguousarray(np.column_stack([trace, start + len(tab_rows), count]))
+        tab_rows.extend(map(tuple, steps))
     lcomp = np.array([c[:3] for c in comps], dtype=np.int64).reshape(-1, 3)
     lpar = np.array([c[3:] for c in comps], dtype=np.float64).reshape(-1, 3)
     ltab = np.array(tab_rows, dtype=np.float64).reshape(-1, 2) if tab_rows else np.zeros((1, 2))
@@ -255,7 +278,13 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
         ``prefix_groups``; with a ``request_trace``, ``trace_row`` (the
         trace's request each one replays) and, when the trace identifies
         blocks, ``block_hashes`` (an int64 array per request: its prompt's
-        block identities, ``request_trace.block_size`` tokens each).
+        block identities, ``request_trace.block_size`` tokens each). With
+        ``workload.sessions``, the draws per send (request k is the k-th
+        turn sent): ``arrival_s`` (a session's first turn: when it starts;
+        NaN for the others), ``prompt_len`` (the new tokens of the turn it
+        sends), ``output_len``, ``priority``, ``think_s`` (the think time
+        before it), ``turns`` (of a session it starts) and ``first_turn``;
+        :func:`simulate_requests` gives the turns sent.
     """
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
     if not isinstance(scenario, Scenario):
@@ -266,6 +295,10 @@ def sample_requests(scenario: Scenario, seed=None, replication: int = 0) -> pd.D
     k0, k1, _ = _seed_keys(seed)
     p = pack_scenario(scenario)
     a, pr, o, c, q, grp, plen = K.draw_workload(replication, k0, k1, *K.scenario_arrays(p, lat=False))
+    if scenario.workload.sessions is not None:
+        from ._sessions import sample_frame
+
+        return sample_frame(a, pr, o, c, q, grp, plen)
     cols = {"arrival_s": a, "prompt_len": pr, "output_len": o, "priority": c}
     if scenario.workload.closed_loop and scenario.workload.arrival_rate is None:
         # a pure closed loop: every request wants to go at once; the kernel's
@@ -375,7 +408,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         ``num_preemptions``, ``num_tokens``, ``num_swaps`` (preemptions by
         swap, counted in ``num_preemptions`` too) and ``swapped_s`` (time in
         the swapped queue) and ``cached_tokens`` (prefix-cache hit tokens at
-        its first admission).
+        its first admission). With ``workload.sessions`` (``requests``: the
+        draws `sample_requests` gives), one row per turn sent, in arrival
+        order, with its ``prompt_len`` (the conversation so far and its new
+        tokens), ``output_len``, ``priority``, ``session`` and ``turn`` (1,
+        2, ...).
     """
     check_choice("backend", backend, ("numba", "reference"))   # one stream: no GPU backend
     replication = check_int("replication", replication, low=0, high=MAX_COUNT)
@@ -385,6 +422,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     if hasattr(requests, "to_pandas") and not isinstance(requests, pd.DataFrame):
         requests = requests.to_pandas()        # polars, pyarrow
+    if scenario.workload.sessions is not None:
+        return _simulate_sessions(scenario, pd.DataFrame(requests), backend, seed, replication)
     if not isinstance(requests, (pd.DataFrame, dict)):
         raise ValueError(f"requests must be a pandas DataFrame (or a dict of columns) with columns arrival_s, "
                          f"prompt_len and output_len, got {type(requests).__name__}")
@@ -458,6 +497,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
                              f"(prefix_len 0 without a group), got prefix_group={int(grp[i])}, "
                              f"prefix_len={int(plen[i])}, prompt_len={int(p[i])}")
         extra["prefix_group"], extra["prefix_len"] = grp, plen
+    hashes = None
+    if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in extra:
+        # the trace's block identities (`sample_requests`'s column) key the cache
+        hashes = list(requests["block_hashes"])
+        hashes = [hashes[i] for i in np.flatnonzero(keep)] if h is not None else hashes
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
     if backend == "cuda":
@@ -476,6 +520,8 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
         run, steps = run_latency(scenario.latency, k0, k1, replication)
         c0 = run.ttft_overhead_s
+        if hashes is not None:
+            extra.update(block_hashes=hashes, hash_block_size=w.request_trace.block_size)
         res = simulate_reference(a, p, o, c, scenario.engine, run, horizon_s=h, step_noise=steps,
                                  max_concurrency=w.max_concurrency,
                                  think_time_s=None if think is None else think[w.max_concurrency:], **extra)
@@ -490,6 +536,10 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         q = np.ascontiguousarray(extra.get("sjf_key", o), dtype=np.int64)
         grp = np.ascontiguousarray(extra.get("prefix_group", np.full(a.size, -1)), dtype=np.int64)
         plen = np.ascontiguousarray(extra.get("prefix_len", np.zeros(a.size)), dtype=np.int64)
+        if hashes is not None:
+            from ._traces import stream_parents
+
+            grp, plen = stream_parents(hashes, p, w.request_trace.block_size, scenario.engine.block_size)
         from ._memory import check_stream_memory
 
         check_stream_memory(a.size, p, o, grp, plen, packed["ipar"])
@@ -508,6 +558,59 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
         "e2e_s": np.where(status == 0, finish - a + c0, np.nan),
         "num_preemptions": npre, "num_tokens": ntok, "num_swaps": nswap, "swapped_s": swapped,
         "cached_tokens": ctok,
+    })
+
+
+def _session_turns(scenario, requests, backend, k0, k1, replication) -> dict:
+    """One replication's sessions from `sample_requests`'s draws: the turns
+    sent, in arrival order, with their final prompts, sessions and results."""
+    from ._sessions import stream_arrays
+
+    arrival, p, o, c, sjfk, pgrp, plen = stream_arrays(requests)
+    if backend == "reference":
+        from ._reference_noise import run_latency
+
+        run, steps = run_latency(scenario.latency, k0, k1, replication)
+        from ._reference_metrics import reference_sessions
+
+        res = reference_sessions(scenario, run, steps, arrival, p, o, c, sjfk, pgrp)
+        return dict(arrival=res["arrival_s"], prompt=res["prompt_len"], output=res["output_len"],
+                    session=res["session"], status=res["status"], first=res["first_token_s"],
+                    finish=res["finish_s"], npre=res["num_preemptions"], ntok=res["num_tokens"],
+                    nswap=res["num_swaps"], swapped=res["swapped_s"], ctok=res["cached_tokens"],
+                    c0=run.ttft_overhead_s, prio=res["priority"])
+    packed = pack_scenario(scenario)
+    rlat, rfpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)
+    from .kernel.drivers import Replica
+
+    rep = Replica(arrival, p, o, c, sjfk, pgrp, plen, packed["ipar"], rfpar, rlat)
+    rep.advance_until(np.inf)
+    st, first, finish, npre, ntok, nswap, swapped, ctok, _ = rep.finish()
+    s = rep.stream
+    sent = np.isfinite(s.arrival)
+    return dict(arrival=s.arrival[sent].copy(), prompt=s.prompt[sent].copy(), output=s.output[sent].copy(),
+                session=s.pgrp[sent].copy(), status=(np.asarray(st) - K.ST_COMPLETED)[sent], first=first[sent],
+                finish=finish[sent], npre=npre[sent], ntok=ntok[sent], nswap=nswap[sent], swapped=swapped[sent],
+                ctok=ctok[sent], c0=float(rfpar[K.F_TTFT_OVERHEAD]), prio=s.prio[sent].copy())
+
+
+def _simulate_sessions(scenario, requests, backend, seed, replication) -> pd.DataFrame:
+    """`simulate_requests` of a workload of sessions."""
+    if backend == "numba":
+        check_kernel_supports(scenario.engine)
+    k0, k1, _ = _seed_keys(seed)
+    r = _session_turns(scenario, requests, backend, k0, k1, replication)
+    a, status, c0 = r["arrival"], np.asarray(r["status"], dtype=np.int64), r["c0"]
+    turn = pd.Series(r["session"]).groupby(r["session"]).cumcount().to_numpy() + 1
+    return pd.DataFrame({
+        "arrival_s": a, "prompt_len": r["prompt"], "output_len": r["output"], "priority": r["prio"],
+        "session": r["session"], "turn": turn,
+        "status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
+        "first_token_s": r["first"], "finish_s": r["finish"],
+        "ttft_s": r["first"] - a + c0,
+        "e2e_s": np.where(status == 0, r["finish"] - a + c0, np.nan),
+        "num_preemptions": r["npre"], "num_tokens": r["ntok"], "num_swaps": r["nswap"], "swapped_s": r["swapped"],
+        "cached_tokens": r["ctok"],
     })
 
 
@@ -685,13 +788,14 @@ class ReplicateResult:
         frame.index.name = "metric"
         return frame
 
-    def save(self, path) -> Path:
-        """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix).
+    def save(self, path, by: str | None = None) -> Path:
+        """Write the summary (``.csv``, ``.json``, ``.parquet``; by suffix;
+        ``by="class"``: the summary by class).
 
         ``*.per_replication.parquet``-style full data: use
         ``result.per_replication.to_parquet(...)``.
         """
-        frame = self.summary()
+        frame = self.summary(by=by)
         if self.interrupted:
             frame["partial"] = True   # the file outlives the message that said so
         return save_table(frame, path)

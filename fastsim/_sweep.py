@@ -230,14 +230,35 @@ class SweepResult:
         """A copy of :attr:`frame`."""
         return self.frame.copy()
 
-    def save(self, path) -> Path:
-        """Write :attr:`frame` to ``.csv``, ``.json`` or ``.parquet`` (by suffix).
+    def summary(self, by: str | None = None) -> pd.DataFrame:
+        """The estimates: :attr:`frame`, or with ``by="class"`` (a workload
+        with ``classes``) one row per (point, class, metric) of the per-class
+        metrics, each point's :meth:`ReplicateResult.summary` ``(by="class")``
+        after its ``point`` and parameter columns."""
+        if by is None:
+            return self.to_frame()
+        from ._validation import check_choice
+
+        check_choice("by", by, ("class",))
+        params = self.parameters
+        parts = []
+        for i, res in zip(sorted(set(self.frame["point"].tolist())), self.results):
+            part = res.summary(by="class")
+            head = self.frame[self.frame["point"] == i].iloc[0]
+            for j, key in enumerate(["point"] + params):
+                part.insert(j, key, [head[key]] * len(part))
+            parts.append(part)
+        return pd.concat(parts, ignore_index=True)
+
+    def save(self, path, by: str | None = None) -> Path:
+        """Write :attr:`frame` (with ``by="class"``: :meth:`summary` by class)
+        to ``.csv``, ``.json`` or ``.parquet`` (by suffix).
 
         Parameter values that are not plain numbers, strings or booleans
         (e.g. a ``LogNormal`` length law) are written as their ``repr``.
         """
         check_table_path(path)
-        frame = self.frame.copy()
+        frame = self.summary(by)
         for col in self.parameters:
             if frame[col].dtype == object:
                 plain = frame[col].map(lambda v: v is None or isinstance(v, (str, bool, int, float,

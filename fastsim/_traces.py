@@ -114,6 +114,86 @@ class RequestTrace:
                             self.block_hashes, self.block_size, self.classes, self.source)
 
 
+def parent_steps(trace: RequestTrace, block_size: int):
+    """For prefix caching by block hash: which earlier request each row of
+    ``trace`` shares its leading blocks with (``docs/engine-model.md``,
+    "Trace block identities").
+
+    Hashes are chained: rows r and s share their first ``c`` hashes exactly
+    when they share those ``c * hb`` tokens (``hb = trace.block_size``), so
+    they share their first ``min(P_r // bs, P_s // bs, c * hb // bs)``
+    engine blocks of ``block_size`` (``bs``) tokens. A request's *parent*
+    is an earlier request it shares the most blocks with; its blocks are then
+    its parent's up to that count, and its own after (so a block's identity
+    is that of the earliest request holding the same prefix). Replaying rows
+    ``row0 ..``, the parent of row r is the latest row in ``[row0, r)``
+    through the deepest prefix r shares: the *steps* of row r list, deepest
+    prefix first, the latest earlier row through each prefix (a row only
+    when later than those listed before it) and the blocks r shares with it;
+    a replay takes the first step whose row is at least ``row0``. (Exact
+    when equal hashes name equal tokens, as content hashes do.)
+
+    Returns
+    -------
+    start, count : int64 arrays, one per row
+        Its steps in ``steps[start:start + count]``.
+    steps : float64 array, shape (m, 2)
+        (row, blocks shared) of each step.
+    """
+    hb = trace.block_size
+    if trace.block_offsets is None or hb is None:
+        raise ValueError("the trace has no block identities (hash_ids or token ids)")
+    if hb % block_size:
+        raise ValueError(f"the trace's block size ({hb} tokens per hash) must be a multiple of "
+                         f"engine.block_size, got block_size={block_size}")
+    k = hb // block_size
+    nodes: dict = {}      # (parent prefix, hash) -> prefix id
+    last: dict = {}       # prefix id -> the latest row through it
+    p = np.asarray(trace.prompt_len, np.int64) // block_size
+    n = len(trace)
+    start, count = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    steps: list = []
+    for r in range(n):
+        path = []
+        node = -1
+        for h in trace.blocks(r).tolist():
+            node = nodes.setdefault((node, h), len(nodes))
+            path.append(node)
+        start[r] = len(steps)
+        newest = -1
+        for d in range(len(path), 0, -1):
+            s = last.get(path[d - 1], -1)
+            if s > newest:
+                newest = s
+                shared = min(int(p[r]), int(p[s]), d * k)
+                if shared > 0:
+                    steps.append((s, shared))
+        count[r] = len(steps) - start[r]
+        for node in path:
+            last[node] = r
+    return start, count, np.array(steps, dtype=np.float64).reshape(-1, 2)
+
+
+def stream_parents(hashes, prompt_len, hash_block_size: int, block_size: int):
+    """The kernel's (``prefix_group``, ``prefix_len``) columns of a stream
+    whose requests carry their trace block identities (``hashes``, one hash
+    array per request, in arrival order): `parent_steps` of that stream,
+    replayed from its first request. Request i's column: ``-2 - parent``
+    (itself when none) and the tokens it shares with its parent."""
+    tr = RequestTrace(np.zeros(len(hashes)), np.asarray(prompt_len, np.int64), np.zeros(len(hashes), np.int64),
+                      np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64),
+                      np.concatenate([np.asarray(h, np.int64) for h in hashes] + [np.zeros(0, np.int64)]),
+                      hash_block_size)
+    start, count, steps = parent_steps(tr, block_size)
+    grp = -2 - np.arange(len(hashes), dtype=np.int64)
+    plen = np.zeros(len(hashes), np.int64)
+    for i in range(len(hashes)):
+        if count[i]:
+            s, shared = steps[start[i]]
+            grp[i], plen[i] = -2 - int(s), int(shared) * block_size
+    return grp, plen
+
+
 def hash_token_blocks(token_ids, block_size: int) -> np.ndarray:
     """Identities of the full blocks of a prompt, as vLLM's prefix cache keys
     them: block ``j`` hashes its parent's hash with its own token ids, so two

@@ -110,7 +110,7 @@ def _simulate_checked(sc, stream):
     a = np.array(stream["arrival_s"], dtype=np.float64)   # (writeable: a closed loop writes send times)
     stream = stream.assign(**{c: stream[c] if c in stream else v
                               for c, v in (("prefix_group", -1), ("prefix_len", 0))})
-    cols = [np.ascontiguousarray(stream[c], dtype=np.int64)
+    cols = [np.array(stream[c], dtype=np.int64)   # (writeable: sessions write the turns they send)
             for c in ("prompt_len", "output_len", "priority", "output_len", "prefix_group", "prefix_len")]
     n = np.int64(a.size)
     ni, nf = K._ws_need(n, cols[0], cols[1], cols[4], cols[5], ipar)

@@ -1,7 +1,8 @@
 """Arrivals and abandonment: what happens to a request when it arrives
 (rejected as never fitting, rejected by admission control, or queued), at a
 step's start or during a step, and to a waiting request that gives up; and,
-in a closed loop, when a request is sent at all (`_release_seats`).
+in a closed loop, when a request is sent at all (`_release_seats`), and
+with multi-turn sessions, when and what each turn sends (`_session_sends`).
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (ADMISSION_KV_RESERVATION, ADMISSION_QUEUE_LIMIT, ARRIVAL_CLOSED, F_MAX_DELAY, I_ADMISSION,
-                     I_ARRIVAL_KIND, I_BLOCK_SIZE, I_CHUNKED, I_HAS_DELAY, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
-                     I_MAX_MODEL_LEN, I_MAX_NUM_SEQS, I_MAX_WAITING, I_NUM_GPU_BLOCKS, I_POLICY, ST_DROPPED,
-                     ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_WAITING)
+from .layout import (ADMISSION_KV_RESERVATION, ADMISSION_QUEUE_LIMIT, ARRIVAL_CLOSED, F_HORIZON, F_MAX_DELAY,
+                     I_ADMISSION, I_ARRIVAL_KIND, I_BLOCK_SIZE, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
+                     I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_MODEL_LEN, I_MAX_NUM_SEQS, I_MAX_WAITING,
+                     I_NUM_GPU_BLOCKS, I_POLICY, I_SESSIONS, POLICY_PRIORITY, SESSIONS_USERS, ST_COMPLETED,
+                     ST_DROPPED, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_RUNNING, ST_SWAPPED, ST_WAITING)
 from .waiting_queue import _q_push
 
 
@@ -154,3 +156,115 @@ def _release_seats(n, req, ipar, nxt, t, left, released):
                 req.arrival[k] = max(max(req.finish_t[k], t), req.arrival[k - 1])
             req.finish_t[k] = np.nan
     return released
+
+
+# Multi-turn sessions (``docs/engine-model.md``, "Sessions"). Request k is
+# the k-th send, as in the pure closed loop; what it sends is known only
+# when it is made. The draw (`workload._draw_sessions`) leaves the first c
+# requests as the sessions' first turns (c users at time 0, or the session
+# starts of the arrival process), each with ``pgrp`` its session, ``plen``
+# its tokens (P + O: every full block of a turn, prompt or output, is the
+# session's block, `block_pool._block_id`) and ``sjfk`` the turns after it;
+# request k >= c holds the draws of the k-th send made: new tokens
+# (``prompt``), output, priority, the think time before it (``arrival``,
+# kept in ``finish_t`` until it is made) and, in ``pgrp``, minus the turns of
+# a session it would start. When a turn leaves the system, its session
+# sends the next turn (prompt = the turn's prompt + its output + the new
+# tokens) a think time after; a session ends with its last turn or with a
+# turn that does not complete (rejected, dropped), and a user then starts
+# a new one a think time after. The sends not yet ingested stay sorted by
+# time (ties: the earlier made first) between ``nxt`` and the sends made.
+
+
+@njit_noalloc
+def _session_max_len(ipar):
+    """The most tokens (P + O) of a request that ingestion admits: a turn's
+    prompt is at most that plus its new tokens (`_arrival_status`)."""
+    lim = ipar[I_NUM_GPU_BLOCKS] * ipar[I_BLOCK_SIZE] + 1
+    if ipar[I_MAX_MODEL_LEN] > 0:
+        lim = min(lim, ipar[I_MAX_MODEL_LEN])
+    if ipar[I_CHUNKED] == 0:
+        lim = min(lim, ipar[I_MAX_BATCHED_TOKENS] + 1)
+    return lim
+
+
+@njit_noalloc
+def _session_init(n, req, ipar, sess):
+    """Sessions: requests ``c..n-1`` (c: the first whose ``pgrp`` is not a
+    session, `workload._draw_sessions`) are sends not made yet: their think
+    time moves to ``finish_t`` and their arrival is unknown (inf)."""
+    c = 0
+    while c < n and req.pgrp[c] >= 0:
+        c += 1
+    for k in range(c, n):
+        req.finish_t[k] = req.arrival[k]
+        req.arrival[k] = np.inf
+    sess[0] = 0   # (the first request whose departure is not handled)
+    sess[1] = c   # (the sends made)
+
+
+@njit_noalloc
+def _session_make(n, req, ipar, fpar, nxt, m, t, conv, sid, left):
+    """Make send ``m`` (``m < n``): a turn of session ``sid`` with ``conv``
+    tokens of conversation before its new tokens and ``left`` turns after it,
+    a think time after ``t``; insert it among the sends not yet ingested
+    (``nxt..m-1``, sorted by time, ties after). Return whether it was made
+    (not at or after the horizon: only arrivals before it exist)."""
+    v = t + req.finish_t[m]
+    if ipar[I_HAS_HORIZON] == 1 and v >= fpar[F_HORIZON]:
+        return False
+    p = conv + req.prompt[m]
+    o = req.output[m]
+    c = req.prio[m]
+    req.finish_t[m] = np.nan
+    pos = m
+    while pos > nxt and req.arrival[pos - 1] > v:
+        req.arrival[pos] = req.arrival[pos - 1]
+        req.prompt[pos] = req.prompt[pos - 1]
+        req.output[pos] = req.output[pos - 1]
+        req.prio[pos] = req.prio[pos - 1]
+        req.sjfk[pos] = req.sjfk[pos - 1]
+        req.pgrp[pos] = req.pgrp[pos - 1]
+        req.plen[pos] = req.plen[pos - 1]
+        req.key[pos] = req.key[pos - 1]
+        pos -= 1
+    req.arrival[pos] = v
+    req.prompt[pos] = p
+    req.output[pos] = o
+    req.prio[pos] = c
+    req.sjfk[pos] = left
+    req.pgrp[pos] = sid
+    req.plen[pos] = p + o
+    # (the queue key: the priority; no aging, no SJF with sessions)
+    req.key[pos] = float(c) if ipar[I_POLICY] == POLICY_PRIORITY else 0.0
+    return True
+
+
+@njit_noalloc
+def _session_sends(n, req, ipar, fpar, nxt, t, sess):
+    """Sessions: the turns that left the system by ``t`` (requests
+    ``sess[0]..nxt-1`` whose departure is not handled: ``sjfk`` >= 0), in
+    index order, each make their session's next send (or, for users, a new
+    session's first); a handled one gets ``sjfk`` -1. ``sess``: (the first
+    request whose departure is not handled, the sends made), updated."""
+    users = ipar[I_SESSIONS] == SESSIONS_USERS
+    m = sess[1]
+    for r in range(sess[0], nxt):
+        left = req.sjfk[r]
+        st = req.status[r]
+        if left < 0 or st == ST_WAITING or st == ST_RUNNING or st == ST_SWAPPED:
+            continue
+        req.sjfk[r] = -1
+        if m >= n:
+            continue
+        if st == ST_COMPLETED and left > 0:
+            if _session_make(n, req, ipar, fpar, nxt, m, t, req.prompt[r] + req.output[r], req.pgrp[r], left - 1):
+                m += 1
+        elif users:
+            if _session_make(n, req, ipar, fpar, nxt, m, t, 0, m, -req.pgrp[m] - 1):
+                m += 1
+    s = sess[0]
+    while s < nxt and req.sjfk[s] < 0:
+        s += 1
+    sess[0] = s
+    sess[1] = m

@@ -74,10 +74,20 @@ def _block_id(r, j, req, bs, jmax, nb):
     block holds tokens of r alone (the rest of its prompt, its outputs): an
     id of its own, ``-2 - (r * (nb + 1) + j)`` (negative, so apart from the
     group ids without knowing how many there are; a request holds at most
-    ``nb`` blocks; -1 marks a block not cached)."""
+    ``nb`` blocks; -1 marks a block not cached). With a trace's identities
+    (``pgrp`` -2 - parent) the prompt's full blocks are keyed by the
+    request that first held their prefix instead of a group."""
     g = req.pgrp[r]
     if g >= 0 and (j + 1) * bs <= req.plen[r]:
         return g * jmax + j
+    if g <= -2 and (j + 1) * bs <= req.prompt[r]:
+        # A replayed trace's prompt blocks (`workload._trace_parents`): r's
+        # first plen tokens are its parent's (-2 - g, an earlier request);
+        # a block is the earliest request's holding the same prefix.
+        q = r
+        while (j + 1) * bs <= req.plen[q]:
+            q = -2 - req.pgrp[q]
+        return q * jmax + j
     return -2 - (r * (nb + 1) + j)
 
 
@@ -207,7 +217,7 @@ def _pool_init(n, req, pool, nb, bs, countable):
     for r in range(n):
         pool.boff[r + 1] = pool.boff[r] + _list_capacity(req.prompt[r], req.output[r], nb, bs)
         pool.ncached[r] = 0
-        if req.pgrp[r] >= 0 and req.plen[r] >= bs:
+        if req.pgrp[r] != -1 and req.plen[r] >= bs:   # (a group's or a trace parent's blocks)
             countable = False
     pool.pst[2] = 1 if countable else 0
     pool.pst[1] = 1 - pool.pst[2]
@@ -478,3 +488,14 @@ def _pool_check(req, run, n_run, pool, free):
     if total != refs:
         return 7
     return 0
+
+
+@njit_noalloc
+def _pool_session_lists(n, pool, nb, bs, lim):
+    """Sessions: each request's block list sized for ``lim`` tokens (a turn's
+    prompt is set when it is sent: `workspace._session_dims`), and the pool
+    laid out (a session's turns share blocks, so it is never counted)."""
+    for r in range(n):
+        pool.boff[r + 1] = pool.boff[r] + _list_capacity(lim, 0, nb, bs)
+    pool.pst[2] = 0
+    pool.pst[1] = 1

@@ -46,7 +46,9 @@ I_MAX_CONCURRENCY = 33  # closed loop (`arrivals._release_seats`): c seats; 0: o
 I_THINK_EXP = 34      # pure closed loop: 1 exponential think times of mean F_THINK, 0 fixed
 I_BLOCK_HASH = 35     # with I_CACHING: 1 prefix caching by block hash (vLLM V1, `block_pool`), 2 the same
                       # with the block pool's conservation checked after every step (a test path)
-N_IPAR = 36
+I_SESSIONS = 36       # multi-turn sessions (`arrivals._session_sends`): SESSIONS_*; 0: none
+I_TRACE_HASH = 37     # 1: a replayed trace's block identities (`workload._trace_parents`) key the block pool
+N_IPAR = 38
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------
@@ -109,6 +111,10 @@ ARRIVAL_RENEWAL, ARRIVAL_GIVEN, ARRIVAL_MULTI_USER, ARRIVAL_TRACE_WINDOW, ARRIVA
 # table: shape (0 piecewise constant, 1 piecewise linear), period (0: none), the K knots, their K rates
 # and the K integrals of the rate from 0 to each knot (`workload._schedule_arrivals`)
 ARRIVAL_SCHEDULE = 5
+
+# ipar[I_SESSIONS]: no sessions; session starts from the arrival process (open); or
+# I_MAX_CONCURRENCY users, each running sessions back to back (users)
+SESSIONS_NONE, SESSIONS_OPEN, SESSIONS_USERS = 0, 1, 2
 # ipar[I_TRACE_MODE]: lengths from the laws, or rows of a trace replayed in order or sampled
 TRACE_NONE, TRACE_REPLAY, TRACE_SAMPLE = 0, 1, 2
 # ipar[I_PRIO_BAND]: which length's band sets the priority (none: drawn at random)

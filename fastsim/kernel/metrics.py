@@ -15,7 +15,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
     C_HIT, C_ITL_MEAN, C_KV, C_N_ARRIVED, C_OCC, C_OUT_TPUT, C_PREEMPT, C_QUEUE, C_REQ_TPUT, C_SWAPS,
     C_TPOT_MEAN, C_TTFT_MEAN, F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, I_HAS_HORIZON,
     I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_SWAP, I_WARMUP, N_ACC, N_HIST, ST_COMPLETED, ST_DROPPED,
-    ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_UNFINISHED)
+    ST_PENDING, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_UNFINISHED)
 from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_BLOCKS, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP,
     WI_ONES, WI_STATUS)
 
@@ -328,6 +328,7 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     c_unf = 0
     c_pre = 0
     c_swap = 0
+    c_pend = 0
     end = acc[A_END]
     sojourn = 0.0
     for i in range(n):
@@ -344,6 +345,9 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
             c_drop += 1
         elif st == ST_UNFINISHED:
             c_unf += 1
+        elif st == ST_PENDING:
+            c_pend += 1   # (sessions: a send never made; it did not arrive)
+            continue
         ns = nswap[i] if swap else 0   # (written by the engine only with swap preemption)
         c_pre += npre[i]
         c_swap += ns
@@ -377,6 +381,7 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
                     ok = False
             if ok:
                 n_good += 1
+    nm = max(nm - c_pend, 0)   # (sessions refuse warm-up: the sends never made are not measured)
 
     row[C_TTFT_MEAN] = _mean(ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
@@ -416,7 +421,7 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
         row[C_SWAPS] = np.nan
     row[C_HIT] = acc[A_HIT_TOK] / acc[A_QUERY_TOK] if acc[A_QUERY_TOK] > 0 else np.nan
     c0 = C_N_ARRIVED
-    row[c0 + 0] = n
+    row[c0 + 0] = n - c_pend
     row[c0 + 1] = c_done
     row[c0 + 2] = c_long + c_adm
     row[c0 + 3] = c_long

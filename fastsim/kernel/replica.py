@@ -54,7 +54,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .accounting import _account_step, _add_in_system, _gap_add
-from .arrivals import _abandon, _arrivals_during_step, _closed_loop_init, _ingest, _release_seats
+from .arrivals import (_abandon, _arrivals_during_step, _closed_loop_init, _ingest, _release_seats,
+                       _session_init, _session_max_len, _session_sends)
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs,
@@ -63,18 +64,18 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
                      I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
-                     I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_STATIC, I_SWAP, I_SWAP_BLOCKS,
-                     I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
+                     I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP,
+                     I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
                      ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
 from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
-                         _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted, _pool_hits,
-                         _pool_init, _pool_queued_hits, _pool_take, _preempted)
+                         _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted,
+                         _pool_hits, _pool_init, _pool_queued_hits, _pool_session_lists, _pool_take, _preempted)
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
 from .stretch import _elapsed, _kv_weight, _stretch_steps
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
-from .workspace import (N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
+from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
@@ -216,7 +217,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         # closed loop (`arrivals._release_seats`): ri[RI_RELEASED], the departures turned into arrivals,
         # and ri[RI_PEND_DEPARTURES], (async) a step's completions not yet turned, since vLLM schedules
         # the step after it before it sees them (kept in memory, not in the loop's registers)
-        closed = ipar[I_MAX_CONCURRENCY] > 0
+        # sessions (`arrivals._session_sends`): a turn's departure sends its session's next turn
+        sessions = ipar[I_SESSIONS] != 0
+        sess = ri[RI_SESS_SCAN:RI_SESS_MADE + 1]
+        closed = ipar[I_MAX_CONCURRENCY] > 0 or sessions
         has_h = ipar[I_HAS_HORIZON] == 1
         horizon = fpar[F_HORIZON]
         ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
@@ -245,7 +249,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
                         n_held, full)
                     mode = MODE_BETWEEN_STEPS
-                if closed:
+                if sessions:
+                    _session_sends(n, req, ipar, fpar, nxt, t_end, sess)
+                elif closed:
                     # (async: the finished requests held have left, as the client sees it)
                     left = nxt - (n_run + n_wait + n_sw) + n_held
                     if async_on:
@@ -296,8 +302,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 # a rejection's seat sends the client's next request at once (zero think time)
                 pend = ri[RI_PEND_DEPARTURES]
                 while True:
-                    ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in,
-                                                     nxt - (n_run + n_wait + n_sw) + n_held - pend, ri[RI_RELEASED])
+                    if sessions:
+                        _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
+                    else:
+                        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in, nxt - (n_run + n_wait + n_sw)
+                                                         + n_held - pend, ri[RI_RELEASED])
                     if not (nxt < n and stream.arrival[nxt] <= t_in):
                         break
                     nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
@@ -308,7 +317,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 # counted up to t_in, and are from now on: their time from t_in to now; those
                 # dropped as of t_in were counted in the step that ended now: not after t_in)
                 acc5 = _add_in_system(acc5, (n_wait - w0) * (t - t_in))
-            if closed:
+            if sessions:
+                _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
+            elif closed:
                 left = nxt - (n_run + n_wait + n_sw) + n_held
                 released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
                 # (async: then the completions of the step that ended at t, which vLLM
@@ -431,16 +442,20 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
     the others."""
     _init_requests(known, req, ipar, fpar)
-    if ipar[I_MAX_CONCURRENCY] > 0:
+    if ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
         _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
         if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
             countable = ipar[I_STATIC] == 0 and ipar[I_SWAP] == 0
             _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, countable)
+            if ipar[I_SESSIONS] != 0:
+                _pool_session_lists(n, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, _session_max_len(ipar))
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
+    if ipar[I_SESSIONS] != 0:
+        _session_init(known, req, ipar, sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
     for j in range(N_RF):
         sc.rf[j] = 0.0
     sc.ri[RI_FREE] = ipar[I_NUM_GPU_BLOCKS]
@@ -577,7 +592,7 @@ def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     # prefix hit rate: measured requests of a group that were admitted at least once
     if caching:
         for i in range(ipar[I_WARMUP], n):
-            if req.pgrp[i] >= 0 and req.ever[i]:
+            if req.pgrp[i] != -1 and req.ever[i]:   # (a group, a session, or a trace's identities)
                 acc[A_HIT_TOK] += cache.ctok[i]
                 acc[A_QUERY_TOK] += req.prompt[i]
     acc[A_N_ITL] = n_itl

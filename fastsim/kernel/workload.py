@@ -13,7 +13,7 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .layout import (ARRIVAL_SCHEDULE, F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
     F_USER_REQUESTS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY, I_THINK_EXP, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
-    I_USERS_HI, I_USERS_LO, I_USER_CAP, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
+    I_USERS_HI, I_USERS_LO, I_USER_CAP, I_SESSIONS, I_TRACE_HASH, I_BLOCK_SIZE, SESSIONS_USERS, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
     S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
 from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
 
@@ -300,6 +300,9 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
                 if has_h and arrival[i] >= horizon:
                     break
                 n += 1
+    n_starts = n
+    if ipar[I_SESSIONS] != 0:
+        n = n_cap   # (every request a send of some session's turn: `_draw_sessions`)
     mode = ipar[I_TRACE_MODE]
     nrows = trace.shape[0]
     npri = prio_val.size
@@ -364,4 +367,66 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
         else:
             pgrp[i] = -1
             plen[i] = 0
+    if ipar[I_SESSIONS] != 0:
+        _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
+                       lrange)
+    if ipar[I_TRACE_HASH] == 1:
+        _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen)
     return n
+
+
+@njit_noalloc
+def _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen):
+    """A replayed trace's block identities (`_traces.parent_steps`): request
+    i (row row0 + i) gets ``pgrp`` = -2 - its parent (the request it shares
+    the most leading blocks with; itself when none) and ``plen`` the tokens
+    shared: the first of its row's steps (``ltab`` rows ``trace[row, 2]``
+    .. + ``trace[row, 3]``: (earlier row, blocks)) whose row is replayed.
+    `block_pool._block_id` follows the parents."""
+    bs = ipar[I_BLOCK_SIZE]
+    for i in range(n):
+        row = row0 + i
+        pgrp[i] = -2 - i
+        plen[i] = 0
+        for e in range(trace[row, 2], trace[row, 2] + trace[row, 3]):
+            s = np.int64(ltab[e, 0])
+            if s >= row0:
+                pgrp[i] = -2 - (s - row0)
+                plen[i] = np.int64(ltab[e, 1]) * bs
+                break
+
+
+@njit_noalloc
+def _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
+                   lrange):
+    """Multi-turn sessions (`arrivals._session_sends`): request k gets the
+    turns T_k of the session it would start (the law at lrange[4:6], which
+    sessions take from the prefix length, with its stream S_PREFIX_LEN:
+    sessions and prefix groups are exclusive). Users: requests 0..c-1 (c =
+    I_MAX_CONCURRENCY) are the users' first sessions, at time 0. Open: the
+    first ``n_starts`` arrival times are session starts; the first c
+    sessions, c the fewest whose turns fill the ``n`` requests, are drawn.
+    A first turn gets ``pgrp`` its session, ``plen`` its tokens and ``sjfk``
+    the turns after it; request k >= c keeps its new tokens (``prompt``),
+    output and priority, gets the think time before it in ``arrival`` (users:
+    the closed loop's draw; open: drawn here from S_ARRIVAL, fixed or
+    exponential of mean F_THINK) and ``pgrp`` = -T_k."""
+    for i in range(n):
+        pgrp[i] = -_sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lrange[4], lrange[5], lcomp, lpar, ltab, i)
+    if ipar[I_SESSIONS] == SESSIONS_USERS:
+        c = min(ipar[I_MAX_CONCURRENCY], n)
+    else:
+        c = 0
+        turns = 0
+        while c < n_starts and turns < n:
+            turns -= pgrp[c]
+            c += 1
+        for i in range(c, n):
+            if ipar[I_THINK_EXP] == 1:
+                arrival[i] = -math.log(_uniform(state, S_ARRIVAL)) * fpar[F_THINK]
+            else:
+                arrival[i] = fpar[F_THINK]
+    for i in range(c):
+        sjfk[i] = -pgrp[i] - 1
+        pgrp[i] = i
+        plen[i] = prompt[i] + output[i]

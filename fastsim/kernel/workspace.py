@@ -21,7 +21,9 @@ from collections import namedtuple
 
 from .._numba_options import njit_noalloc
 from .block_pool import _list_capacity
-from .layout import I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_WARMUP, N_ACC, N_HIST
+from .arrivals import _session_max_len
+from .layout import (I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_SESSIONS, I_WARMUP,
+                     N_ACC, N_HIST)
 
 
 # The segments of ``wi`` (int64), in their order; the first WI_HEAD are the
@@ -64,7 +66,9 @@ WF_HEAD = 4
 (RI_NEXT_ARRIVAL, RI_NEXT_DROP, RI_N_RUN, RI_RUN_LEN, RI_N_OTHERS, RI_FAST_STEPS, RI_PHASE,
  RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
  RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL,
- RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RI_RELEASED, RI_PEND_DEPARTURES, N_RI) = range(30)
+ RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RI_RELEASED, RI_PEND_DEPARTURES,
+ RI_SESS_SCAN, RI_SESS_MADE,    # sessions (`arrivals._session_sends`): first request not yet handled; sends made
+ N_RI) = range(32)
 # ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
 # time that stretch would end (no request comes or goes before it).
 (RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
@@ -78,6 +82,8 @@ def _ws_dims(n, prompt, output, pgrp, plen, ipar):
     prefix caching by block hash."""
     bs = ipar[I_BLOCK_SIZE]
     cap = max(1, min(ipar[I_MAX_NUM_SEQS], n))
+    if ipar[I_SESSIONS] != 0:
+        return _session_dims(n, output, ipar, cap)
     # Gaps come only from measured requests that can complete, whose output
     # fits the KV cache: cap each term so one huge (rejected) draw cannot
     # exhaust memory. (Gaps are stored as weighted samples, one per step for
@@ -96,6 +102,8 @@ def _ws_dims(n, prompt, output, pgrp, plen, ipar):
                 ngrp = max(ngrp, pgrp[i] + 1)
                 jmax = max(jmax, f)
                 nheld += f
+            elif pgrp[i] <= -2:   # (a trace's identities: `block_pool._block_id` keys prompt blocks by request)
+                jmax = max(jmax, prompt[i] // bs)
     nbp = 0
     nbt = 0
     if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
@@ -103,6 +111,27 @@ def _ws_dims(n, prompt, output, pgrp, plen, ipar):
         for i in range(n):
             nbt += _list_capacity(prompt[i], output[i], nbp, bs)
     return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax, nbp, nbt
+
+
+@njit_noalloc
+def _session_dims(n, output, ipar, cap):
+    """`_ws_dims` of a workload of sessions: a turn's prompt is set when it is
+    sent (`arrivals._session_sends`), so the sizes are for the longest
+    request ingestion admits (`arrivals._session_max_len`): its blocks, the
+    block pool's per-request lists; and every output drawn (each is some
+    turn's). No prefix-group entries (sessions need caching by block hash)."""
+    bs = ipar[I_BLOCK_SIZE]
+    kv_tokens = ipar[I_NUM_GPU_BLOCKS] * bs
+    n_tok = 0
+    for i in range(n):
+        n_tok += min(output[i], kv_tokens)
+    lim = _session_max_len(ipar)
+    nbp = 0
+    nbt = 0
+    if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:
+        nbp = ipar[I_NUM_GPU_BLOCKS]
+        nbt = n * _list_capacity(lim, 0, nbp, bs)
+    return cap, 1, 1, max(n_tok, 1), lim // bs + 1, nbp, nbt
 
 
 @njit_noalloc(entry=True)
