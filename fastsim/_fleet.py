@@ -5,6 +5,7 @@ the compiled `kernel.cluster`). Fleet sizing: `fastsim._fleet_capacity`.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,6 +80,26 @@ class Fleet:
 
 
 
+def _small_pages(count, dtype):
+    """An uninitialised 1-D array of ``count`` entries in memory mapped with
+    ordinary pages. The replicas' rows are each as large as one replica's
+    workspace for the whole stream, and a replica touches only a few pages
+    of each of its segments; NumPy asks for transparent huge pages on large
+    arrays (where the system grants them on request), and each touched huge
+    page is then zeroed whole: the rows would cost their full size at
+    every replication that regrows them, and more when the system splits
+    and reclaims them."""
+    size = max(int(count), 1) * np.dtype(dtype).itemsize
+    buf = mmap.mmap(-1, size)
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        try:
+            buf.madvise(advice)
+        except OSError:   # (a kernel without transparent huge pages)
+            pass
+    return np.frombuffer(buf, dtype=dtype, count=max(int(count), 1))
+
+
 class _FleetWorker:
     """One thread's buffers: the fleet stream and the replicas' rows, grown
     when a replication needs more (rows are views of exactly `_ws_need`'s size)."""
@@ -95,8 +116,8 @@ class _FleetWorker:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
             # each regrowth faults in the pages of fresh replica rows
             self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
-            self._wi = np.empty(self.nrep * self.size[1], np.int64)
-            self._wf = np.empty(self.nrep * self.size[2])
+            self._wi = _small_pages(self.nrep * self.size[1], np.int64)
+            self._wf = _small_pages(self.nrep * self.size[2], np.float64)
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
             self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
         rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)

@@ -3,7 +3,9 @@
 The fleet's requests are one stream (`workload._draw_workload`, at the
 fleet's rate). For each arrival, in order, the router reads the replicas'
 state (`router`): each replica is advanced to the arrival's time (a paused
-replica, `replica._simulate` with ``STEP_ADVANCE``), or, with a stale view
+replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
+can change by then are called, taken from an event queue of due times,
+`_look_due`), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
@@ -43,9 +45,15 @@ from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
 #: prefix group, prefix length as ``rs_i[0..5, r]``) and workspace; per
 #: request of the fleet its replica and its index there; the router's view
-#: (`layout.LOAD_*`), its prefix-group table and random stream state.
+#: (`layout.LOAD_*`), its prefix-group table and random stream state; the
+#: replicas' due times (``due[r]``: the first time at which advancing
+#: replica ``r`` can change it, `_due`) and their event queue (``ev``: a
+#: binary min-heap of replicas by due time in ``ev[0..N-1]``, each
+#: replica's place in it in ``ev[N..2N-1]``, the replicas handed a request
+#: since the router's last look in ``ev[2N..3N-1]`` with their count in
+#: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
-                                           "table", "rstate"))
+                                           "table", "rstate", "due", "ev"))
 
 
 @njit_noalloc
@@ -95,6 +103,136 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
         if rc < 0:
             return rc
         _observe(fb, r, nblk)
+    return 0
+
+
+# The event queue: a router that reads the replicas' state advances only the
+# replicas whose state can change by the time it looks (due at or before
+# it), and observes only those and the replicas handed a request since its
+# last look; the others' rows of its view are as they were. `_due` is
+# `_advance`'s rule for skipping a call, as a time, so each look advances
+# exactly the replicas `_look` would.
+
+@njit_noalloc
+def _due(fb, r, what):
+    """The first time at which advancing replica ``r`` (`_advance`, with
+    ``what``) can change it: never (``inf``) while it has nothing known
+    left to do; the end of its step in flight; the end of the stretch it
+    waits at; else any time (``-inf``)."""
+    wi, wf = fb.wi[r], fb.wf[r]
+    ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
+    if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
+        return np.inf
+    mode = ri[RI_MODE]
+    if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
+        return rf[RF_STEP_END]
+    if mode == MODE_STRETCH and what & STEP_NO_STRETCH == 0:
+        return rf[RF_STRETCH_END]
+    return -np.inf
+
+
+@njit_noalloc
+def _sift_up(due, ev, nrep, k):
+    """Move the replica at heap place ``k`` up to its place (by due time)."""
+    r = ev[k]
+    while k > 0:
+        p = (k - 1) >> 1
+        q = ev[p]
+        if due[q] <= due[r]:
+            break
+        ev[k] = q
+        ev[nrep + q] = k
+        k = p
+    ev[k] = r
+    ev[nrep + r] = k
+
+
+@njit_noalloc
+def _sift_down(due, ev, nrep, k, size):
+    """Move the replica at heap place ``k`` down to its place in a heap of ``size``."""
+    r = ev[k]
+    while True:
+        c = 2 * k + 1
+        if c >= size:
+            break
+        if c + 1 < size and due[ev[c + 1]] < due[ev[c]]:
+            c += 1
+        q = ev[c]
+        if due[r] <= due[q]:
+            break
+        ev[k] = q
+        ev[nrep + q] = k
+        k = c
+    ev[k] = r
+    ev[nrep + r] = k
+
+
+@njit_noalloc
+def _queue_init(fb, nrep, nblk, what):
+    """Every replica (just set up) observed, due, and in the event queue;
+    none handed a request."""
+    ev = fb.ev
+    for r in range(nrep):
+        _observe(fb, r, nblk)
+        fb.due[r] = _due(fb, r, what)
+        ev[r] = r
+        ev[3 * nrep + r] = 0
+    for k in range(nrep):
+        _sift_up(fb.due, ev, nrep, k)
+    ev[4 * nrep] = 0
+
+
+@njit_noalloc
+def _queue_handed(fb, r, nrep, what):
+    """Replica ``r`` was handed a request: its due time again, and marked to
+    be observed at the router's next look."""
+    ev = fb.ev
+    old = fb.due[r]
+    fb.due[r] = _due(fb, r, what)
+    k = ev[nrep + r]
+    if fb.due[r] < old:
+        _sift_up(fb.due, ev, nrep, k)
+    elif fb.due[r] > old:
+        _sift_down(fb.due, ev, nrep, k, nrep)
+    if ev[3 * nrep + r] == 0:
+        ev[3 * nrep + r] = 1
+        ev[2 * nrep + ev[4 * nrep]] = r
+        ev[4 * nrep] += 1
+
+
+@njit_noalloc
+def _look_due(fb, nrep, n, fpar, lat, full, t, nblk, what):
+    """`_look` by the event queue: the replicas due at or before ``t``
+    advanced to ``t`` and observed, then those handed a request since the
+    last look observed; returns the first negative code of `_simulate`,
+    else 0."""
+    ev, due = fb.ev, fb.due
+    size = nrep
+    while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail
+        size -= 1
+        r = ev[0]
+        ev[0] = ev[size]
+        ev[nrep + ev[0]] = 0
+        ev[size] = r
+        ev[nrep + r] = size
+        _sift_down(due, ev, nrep, 0, size)
+    rc = 0
+    for k in range(size, nrep):
+        r = ev[k]
+        if rc >= 0:
+            rc = _advance(fb, r, n, fpar, lat, full, t, what)
+            _observe(fb, r, nblk)
+            due[r] = _due(fb, r, what)
+            ev[3 * nrep + r] = 0
+        _sift_up(due, ev, nrep, k)
+    if rc < 0:
+        return rc
+    for k in range(ev[4 * nrep]):
+        r = ev[2 * nrep + k]
+        if ev[3 * nrep + r] == 1:
+            _observe(fb, r, nblk)
+            ev[3 * nrep + r] = 0
+    ev[4 * nrep] = 0
     return 0
 
 
@@ -153,6 +291,8 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     # a router that reads the KV cache sees it at the arrival: no stretch across it
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
     live = stale == 0.0 or _live_state(router)
+    if reads:
+        _queue_init(fb, nrep, nblk, what)
     k_scrape = 0
     for i in range(n):
         t = arrival[i]
@@ -162,11 +302,11 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
                 fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if reads:
             if live:
-                rc = _look(fb, nrep, n, fpar, lat, full, t, nblk, what)
+                rc = _look_due(fb, nrep, n, fpar, lat, full, t, nblk, what)
             else:
                 rc = 0
                 while rc == 0 and k_scrape * stale <= t:   # every scrape up to t, in turn
-                    rc = _look(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk, what)
+                    rc = _look_due(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk, what)
                     k_scrape += 1
             if rc < 0:
                 return rc
@@ -178,6 +318,8 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
             return j
         fb.owner[i] = r
         fb.local[i] = j
+        if reads:
+            _queue_handed(fb, r, nrep, what)
     for r in range(nrep):
         rc = _call(fb, r, n, fpar, lat, full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
@@ -268,7 +410,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups):
     return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, n)), np.empty((6, nrep, n), np.int64),
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
-                        np.empty(N_STREAMS + 1, np.uint64))
+                        np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64))
 
 
 # ------------------------------------------------------------------------------
