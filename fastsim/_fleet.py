@@ -173,3 +173,30 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
             for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
                 f.result()
     return out
+
+
+def simulate_fleet_requests(scenario, requests, backend="numba"):
+    """Status and finish time of each request of one given stream (columns
+    as `fastsim.sample_requests` gives them) served by the scenario's
+    fleet: what the stability check (`fastsim._stability`) counts. The
+    router's random stream is that of replication 0 of seed keys 0."""
+    import pandas as pd
+
+    from ._replicate import _STATUS_NAMES, pack_scenario
+
+    p = pack_scenario(scenario)
+    a = np.asarray(requests["arrival_s"], np.float64)
+    o = np.asarray(requests["output_len"], np.int64)
+
+    def col(name, default):
+        return np.asarray(requests[name], np.int64) if name in requests else default
+
+    stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
+              col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
+              col("prefix_len", np.zeros(a.size, np.int64)))
+    lat, fpar = K.run_records(p["lat"], p["fpar"], 0, 0, 0)
+    st, first, finish = cluster.simulate_fleet_stream(*stream, p["ipar"], fpar, lat, p["fleet"], p["router"],
+                                                      p["replicas"])[:3]
+    status = np.asarray(st) - K.ST_COMPLETED
+    return pd.DataFrame({"status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
+                         "first_token_s": first, "finish_s": finish})

@@ -571,9 +571,12 @@ class ReplicateResult:
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
 
+            simulate = simulate_requests
+            if self.scenario.fleet is not None:   # (the fleet serves the stream, not one replica)
+                from ._fleet import simulate_fleet_requests as simulate
             self._stability = check_stability(self.scenario, self.seed,
                                               self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,
-                                              simulate_requests, self.backend)
+                                              simulate, self.backend)
             if self._stability.overloaded:
                 import warnings
 

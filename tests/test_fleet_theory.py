@@ -198,3 +198,19 @@ def test_jsq_lies_between_the_central_queue_and_random_routing(replicas, rho, n_
                             n_replications=n_replications, seed=res.seed)
     d = (pr["ttft_mean"] - rnd.per_replication["ttft_mean"]).to_numpy()
     assert d.mean() + Z * d.std(ddof=1) / np.sqrt(d.size) < 0
+
+
+def test_the_stability_check_counts_the_fleet_not_one_replica():
+    """Four single-seat replicas at 70 % each are stable (one replica alone
+    would be at 280 %: no warning); at 150 % each the fleet is overloaded and
+    serves about its capacity, N / E[S] (within 10 %: the check's
+    saturated completions)."""
+    law = fastsim.Fixed(10)
+    stable = fastsim.replicate(fleet_mg1(0.7, law, 4, "jsq", num_requests=2000, warmup=200), n_replications=5,
+                               seed=3)
+    assert not stable.stability.overloaded
+    with pytest.warns(RuntimeWarning, match="overloaded"):
+        over = fastsim.replicate(fleet_mg1(1.5, law, 4, "jsq", num_requests=2000, warmup=200), n_replications=5,
+                                 seed=3).stability
+    assert over.overloaded
+    assert over.served_rate == pytest.approx(4 / (10 * STEP), rel=0.1)
