@@ -197,7 +197,7 @@ def pack_scenario(scenario: Scenario) -> dict:
         fleet[K.FL_STALENESS] = f.router_staleness_s
         fleet[K.FL_LATENCY] = f.routing_latency_s
         fleet[K.FL_LOAD_CAP] = f.prefix_load_cap
-        packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.replicas)
+        packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.n_replicas)
     return packed
 
 
