@@ -79,17 +79,23 @@ def _call(fb, r, n, fpar, lat, full, t, what):
 @njit_noalloc
 def _advance(fb, r, n, fpar, lat, full, t, what):
     """Advance replica ``r`` to ``t`` (``what``: `_simulate`'s); a call that could change nothing (a
-    step in flight beyond ``t``, or nothing known left to do) is skipped."""
-    wi, wf = _rows(fb, r)
-    ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
-    mode = ri[RI_MODE]
-    if (mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP) and rf[RF_STEP_END] > t:
-        return 0
-    if mode == MODE_STRETCH and rf[RF_STRETCH_END] > t and what & STEP_NO_STRETCH == 0:
-        return 0   # (the stretch it waits at would be planned again, and not taken)
-    if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
+    step in flight beyond ``t``, or nothing known left to do: `_due`) is skipped."""
+    if t < _due(fb, r, what):
         return 0
     return _call(fb, r, n, fpar, lat, full, t, what)
+
+
+@njit_noalloc
+def _ri(fb, r, k):
+    """Replica ``r``'s integer scalar ``k`` (`workspace.RI_*`: the last
+    ``N_RI`` entries of its workspace), read in place."""
+    return fb.wi[r, fb.size[r, 0] - N_RI + k]
+
+
+@njit_noalloc
+def _rf(fb, r, k):
+    """Replica ``r``'s float scalar ``k`` (`workspace.RF_*`), read in place."""
+    return fb.wf[r, fb.size[r, 1] - N_RF + k]
 
 
 @njit_noalloc
@@ -97,13 +103,12 @@ def _observe(fb, r, nblk):
     """Replica ``r``'s state into the router's view: requests in the system
     (handed and not yet gone), waiting (queued, swapped, or handed and not
     yet taken in), running, KV blocks not free."""
-    wi = _rows(fb, r)[0]
-    ri = wi[wi.size - N_RI:]
-    waiting = ri[RI_N_WAIT] + ri[RI_N_SWAPPED] + ri[RI_N_KNOWN] - ri[RI_NEXT_ARRIVAL]
+    waiting = _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) + _ri(fb, r, RI_N_KNOWN) - _ri(fb, r, RI_NEXT_ARRIVAL)
+    running = _ri(fb, r, RI_N_RUN)
     fb.load[r, LOAD_WAITING] = waiting
-    fb.load[r, LOAD_RUNNING] = ri[RI_N_RUN]
-    fb.load[r, LOAD_IN_SYSTEM] = waiting + ri[RI_N_RUN]
-    fb.load[r, LOAD_KV] = nblk - ri[RI_FREE]
+    fb.load[r, LOAD_RUNNING] = running
+    fb.load[r, LOAD_IN_SYSTEM] = waiting + running
+    fb.load[r, LOAD_KV] = nblk - _ri(fb, r, RI_FREE)
 
 
 @njit_noalloc
@@ -121,8 +126,8 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
 # The event queue: a router that reads the replicas' state advances only the
 # replicas whose state can change by the time it looks (due at or before
 # it), and observes only those and the replicas handed a request since its
-# last look; the others' rows of its view are as they were. `_due` is
-# `_advance`'s rule for skipping a call, as a time, so each look advances
+# last look; the others' rows of its view are as they were. `_due` is the
+# rule by which `_advance` skips a call, as a time, so each look advances
 # exactly the replicas `_look` would.
 
 @njit_noalloc
@@ -130,16 +135,16 @@ def _due(fb, r, what):
     """The first time at which advancing replica ``r`` (`_advance`, with
     ``what``) can change it: never (``inf``) while it has nothing known
     left to do; the end of its step in flight; the end of the stretch it
-    waits at; else any time (``-inf``)."""
-    wi, wf = _rows(fb, r)
-    ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
-    if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
+    waits at (planned again, and not taken, before then); else any time
+    (``-inf``)."""
+    if (_ri(fb, r, RI_N_RUN) + _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) == 0
+            and _ri(fb, r, RI_NEXT_ARRIVAL) >= _ri(fb, r, RI_N_KNOWN)):
         return np.inf
-    mode = ri[RI_MODE]
+    mode = _ri(fb, r, RI_MODE)
     if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
-        return rf[RF_STEP_END]
+        return _rf(fb, r, RF_STEP_END)
     if mode == MODE_STRETCH and what & STEP_NO_STRETCH == 0:
-        return rf[RF_STRETCH_END]
+        return _rf(fb, r, RF_STRETCH_END)
     return -np.inf
 
 
@@ -232,7 +237,7 @@ def _look_due(fb, nrep, n, full, t, what):
     for k in range(size, nrep):
         r = ev[k]
         if rc >= 0:
-            rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+            rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
             _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
             due[r] = _due(fb, r, what)
             ev[3 * nrep + r] = 0
@@ -335,8 +340,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         t = arrival[i]
         if i == warmup and warmup > 0:
             for r in range(nrep):
-                w = _rows(fb, r)[0]
-                fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+                fb.rip[r, I_WARMUP] = _ri(fb, r, RI_N_KNOWN)
         if reads:
             if live:
                 rc = _look_due(fb, nrep, n, full, t, what)
