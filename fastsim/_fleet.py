@@ -132,7 +132,10 @@ def _small_pages(count, dtype):
     every replication that regrows them, and more when the system splits
     and reclaims them."""
     size = max(int(count), 1) * np.dtype(dtype).itemsize
-    buf = mmap.mmap(-1, size)
+    if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):   # (not shared memory: POSIX's default)
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
+        buf = mmap.mmap(-1, size)
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is not None:
         try:
