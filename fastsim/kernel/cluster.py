@@ -34,12 +34,12 @@ from .._numba_options import njit_noalloc
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
                      FL_STALENESS, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING,
-                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, _COL)
+                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, ROUTER_POWER_OF_TWO, _COL)
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
-from .router import _live_state, _needs_state, _reads_kv, _route
+from .router import _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
@@ -253,6 +253,14 @@ def _look_due(fb, nrep, n, full, t, what):
     return 0
 
 
+@njit_noalloc
+def _look_at(fb, r, n, full, t, what):
+    """Replica ``r`` advanced to ``t`` on its own records and observed."""
+    rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
+    return rc
+
+
 @njit_noalloc(entry=True)
 def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
                     key0, key1, rep, fb, full):
@@ -333,6 +341,11 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     # a router that reads the KV cache sees it at the arrival: no stretch across it
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
     live = stale == 0.0 or _live_state(router)
+    # power of two choices with a live view reads two replicas: only those are advanced and
+    # observed (a replica advanced later, in fewer calls, gives the same bits; one handed a
+    # request is paused before its arrival, as `_hand` asks)
+    two = reads and live and router == ROUTER_POWER_OF_TWO
+    reads = reads and not two
     if reads:
         _queue_init(fb, nrep, what)
     k_scrape = 0
@@ -351,7 +364,16 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                     k_scrape += 1
             if rc < 0:
                 return rc
-        r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+        if two:
+            a, b = _two_choices(fb.rstate, nrep)
+            rc = _look_at(fb, a, n, full, t, what)
+            if rc >= 0:
+                rc = _look_at(fb, b, n, full, t, what)
+            if rc < 0:
+                return rc
+            r = _shorter(fb.load, a, b)
+        else:
+            r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
