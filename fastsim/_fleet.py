@@ -212,12 +212,15 @@ def fleet_members(scenario, packed):
     if not fleet.mixed:
         return np.tile(packed["ipar"], (nrep, 1)), [(packed["ipar"], packed["fpar"], packed["lat"],
                                                        np.arange(nrep))]
-    kinds, rows = {}, np.empty((nrep, K.N_IPAR), np.int64)
-    for r, pair in enumerate(fleet.replicas):
-        if pair not in kinds:
-            kinds[pair] = (pack_scenario(scenario.replace(engine=pair[0], latency=pair[1], fleet=None)), [])
-        kinds[pair][1].append(r)
-        rows[r] = kinds[pair][0]["ipar"]
+    # (kinds by their records: a latency model may hold arrays, and equal entries may be distinct objects)
+    packs, kinds, rows = {}, {}, np.empty((nrep, K.N_IPAR), np.int64)
+    for r, (engine, latency) in enumerate(fleet.replicas):
+        key = (id(engine), id(latency))
+        if key not in packs:
+            packs[key] = pack_scenario(scenario.replace(engine=engine, latency=latency, fleet=None))
+        p = packs[key]
+        kinds.setdefault((p["ipar"].tobytes(), p["fpar"].tobytes(), p["lat"].tobytes()), (p, []))[1].append(r)
+        rows[r] = p["ipar"]
     return rows, [(p["ipar"], p["fpar"], p["lat"], np.array(rs)) for p, rs in kinds.values()]
 
 

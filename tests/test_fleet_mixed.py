@@ -123,5 +123,15 @@ def test_mixed_fleets_are_refused_where_they_are_not_defined():
 
 
 def test_a_deployment_entry_is_its_engine_and_latency():
-    d = fastsim.Deployment("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_num_seqs=16)
-    assert fastsim.Fleet(replicas=[d, d]).replicas == ((d.engine, d.latency),) * 2
+    """A Deployment entry is its (engine, latency) pair, and a fleet of two
+    GPU kinds runs and loses nothing."""
+    h100 = fastsim.Deployment("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_num_seqs=16)
+    a100 = fastsim.Deployment("meta-llama/Llama-3.1-8B-Instruct", gpu="A100", max_num_seqs=16)
+    fleet = fastsim.Fleet(replicas=[h100, a100, h100], router="jsq")
+    assert fleet.replicas[0] == (h100.engine, h100.latency) and fleet.n_replicas == 3
+    sc = fastsim.Scenario(engine=h100.engine, latency=h100.latency, fleet=fleet,
+                          workload=fastsim.Workload(arrival_rate=6.0, num_requests=200,
+                                                    prompt_len=fastsim.Uniform(50, 500),
+                                                    output_len=fastsim.Uniform(20, 200)))
+    pr = fastsim.replicate(sc, n_replications=2, seed=1).per_replication
+    assert (pr["n_arrived"] == pr["n_completed"]).all()
