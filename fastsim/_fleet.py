@@ -95,22 +95,23 @@ class Fleet:
         return not isinstance(self.replicas, int)
 
 
+def _is(x, name):
+    """Whether ``x`` is a fastsim ``name`` (by class name: the modules that
+    define them import this one, and an import back would close a circle)."""
+    return any(c.__name__ == name and c.__module__.startswith("fastsim") for c in type(x).__mro__)
+
+
 def _members(entries):
     """A mixed fleet's entries as (EngineConfig, LatencyModel) pairs, or a
     ValueError naming the entry."""
-    from ._config import EngineConfig
-    from ._deployment import Deployment
-    from ._latency import LatencyModel
-
     if len(entries) == 0:
         raise ValueError("replicas must be an int >= 1 or a non-empty list of Deployment or (EngineConfig, "
                          "LatencyModel) entries, got an empty list")
     out = []
     for k, x in enumerate(entries):
-        if isinstance(x, Deployment):
+        if _is(x, "Deployment"):
             x = (x.engine, x.latency)
-        if not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], EngineConfig)
-                and isinstance(x[1], LatencyModel)):
+        if not (isinstance(x, tuple) and len(x) == 2 and _is(x[0], "EngineConfig") and _is(x[1], "LatencyModel")):
             raise ValueError(f"replicas[{k}] must be a fastsim.Deployment or an (EngineConfig, LatencyModel) pair, "
                              f"got {x!r}")
         out.append(x)
@@ -204,21 +205,16 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
 def fleet_members(scenario, packed):
     """A fleet's records: an integer record per replica (rows), and each
     distinct kind of replica as (integer, float, latency records, its
-    replicas' rows); one kind for identical replicas."""
-    from ._replicate import pack_scenario
-
+    replicas' rows); one kind for identical replicas. A mixed fleet's
+    replicas are packed in ``packed["members"]`` (`_replicate.pack_scenario`)."""
     fleet = scenario.fleet
     nrep = fleet.n_replicas
     if not fleet.mixed:
         return np.tile(packed["ipar"], (nrep, 1)), [(packed["ipar"], packed["fpar"], packed["lat"],
                                                        np.arange(nrep))]
     # (kinds by their records: a latency model may hold arrays, and equal entries may be distinct objects)
-    packs, kinds, rows = {}, {}, np.empty((nrep, K.N_IPAR), np.int64)
-    for r, (engine, latency) in enumerate(fleet.replicas):
-        key = (id(engine), id(latency))
-        if key not in packs:
-            packs[key] = pack_scenario(scenario.replace(engine=engine, latency=latency, fleet=None))
-        p = packs[key]
+    kinds, rows = {}, np.empty((nrep, K.N_IPAR), np.int64)
+    for r, p in enumerate(packed["members"]):
         kinds.setdefault((p["ipar"].tobytes(), p["fpar"].tobytes(), p["lat"].tobytes()), (p, []))[1].append(r)
         rows[r] = p["ipar"]
     return rows, [(p["ipar"], p["fpar"], p["lat"], np.array(rs)) for p, rs in kinds.values()]
@@ -271,16 +267,12 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     return out
 
 
-def simulate_fleet_requests(scenario, requests, backend="numba"):
-    """Status and finish time of each request of one given stream (columns
-    as `fastsim.sample_requests` gives them) served by the scenario's
-    fleet: what the stability check (`fastsim._stability`) counts. The
+def simulate_fleet_requests(scenario, packed, requests):
+    """Status codes (`kernel.layout.ST_*`), first-token and finish times of
+    each request of one given stream (columns as `fastsim.sample_requests`
+    gives them) served by the scenario's fleet (``packed``: its
+    `_replicate.pack_scenario`): what the stability check counts. The
     router's random stream is that of replication 0 of seed keys 0."""
-    import pandas as pd
-
-    from ._replicate import _STATUS_NAMES, pack_scenario
-
-    p = pack_scenario(scenario)
     a = np.asarray(requests["arrival_s"], np.float64)
     o = np.asarray(requests["output_len"], np.int64)
 
@@ -290,12 +282,11 @@ def simulate_fleet_requests(scenario, requests, backend="numba"):
     stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
               col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
               col("prefix_len", np.zeros(a.size, np.int64)))
-    rows, kinds = fleet_members(scenario, p)
+    rows, kinds = fleet_members(scenario, packed)
     nrep = rows.shape[0]
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
     for _, fpar0, lat0, rs in kinds:
         lats[rs], fpars[rs] = K.run_records(lat0, fpar0, 0, 0, 0)
-    st, first, finish = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, p["fleet"], p["router"], nrep)[:3]
-    status = np.asarray(st) - K.ST_COMPLETED
-    return pd.DataFrame({"status": pd.Categorical(_STATUS_NAMES[status], categories=_STATUS_NAMES),
-                         "first_token_s": first, "finish_s": finish})
+    st, first, finish = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"], packed["router"],
+                                                      nrep)[:3]
+    return np.asarray(st), first, finish
