@@ -5,6 +5,7 @@ the compiled `kernel.cluster`). Fleet sizing: `fastsim._fleet_capacity`.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,10 +27,16 @@ class Fleet:
 
     Parameters
     ----------
-    replicas : int
-        How many replicas (>= 1); each has the scenario's ``engine`` and
-        ``latency``, and the scenario's ``workload`` is the fleet's (its
-        ``arrival_rate`` the fleet's rate).
+    replicas : int or sequence
+        How many replicas (>= 1), each with the scenario's ``engine`` and
+        ``latency``; or a *mixed fleet*, one entry per replica: a
+        :class:`fastsim.Deployment` (its ``engine`` and ``latency``) or an
+        ``(EngineConfig, LatencyModel)`` pair (kept as such pairs). The
+        scenario's ``workload`` is the fleet's (its ``arrival_rate`` the
+        fleet's rate; its SJF keys drawn with the scenario's ``engine``'s
+        ``length_predictor``), and its SLOs and horizon the fleet's. In a
+        mixed fleet every latency model must have the same
+        ``ttft_overhead_s`` (the fleet's TTFT adds one).
     router : str
         ``"random"``, ``"round_robin"``, ``"least_outstanding"`` (fewest
         requests the router sent that have not come back; never stale),
@@ -71,9 +78,9 @@ class Fleet:
 
     def __post_init__(self):
         if isinstance(self.replicas, (list, tuple)):
-            raise ValueError("replicas must be an int >= 1 (identical replicas); a list of deployments "
-                             "(a mixed fleet) is not supported yet")
-        object.__setattr__(self, "replicas", check_int("replicas", self.replicas, low=1))
+            object.__setattr__(self, "replicas", _members(self.replicas))
+        else:
+            object.__setattr__(self, "replicas", check_int("replicas", self.replicas, low=1))
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         object.__setattr__(self, "router_staleness_s",
@@ -91,6 +98,66 @@ class Fleet:
                 raise ValueError(f"replicas must be 1 (its default) with an autoscaler (its initial_replicas "
                                  f"serve at time 0), got {self.replicas!r}")
 
+    @property
+    def n_replicas(self) -> int:
+        """The number of replicas."""
+        return self.replicas if isinstance(self.replicas, int) else len(self.replicas)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the replicas are listed one by one (a mixed fleet)."""
+        return not isinstance(self.replicas, int)
+
+
+def _is(x, name):
+    """Whether ``x`` is a fastsim ``name`` (by class name: the modules that
+    define them import this one, and an import back would close a circle)."""
+    return any(c.__name__ == name and c.__module__.startswith("fastsim") for c in type(x).__mro__)
+
+
+def _members(entries):
+    """A mixed fleet's entries as (EngineConfig, LatencyModel) pairs, or a
+    ValueError naming the entry."""
+    if len(entries) == 0:
+        raise ValueError("replicas must be an int >= 1 or a non-empty list of Deployment or (EngineConfig, "
+                         "LatencyModel) entries, got an empty list")
+    out = []
+    for k, x in enumerate(entries):
+        if _is(x, "Deployment"):
+            x = (x.engine, x.latency)
+        if not (isinstance(x, tuple) and len(x) == 2 and _is(x[0], "EngineConfig") and _is(x[1], "LatencyModel")):
+            raise ValueError(f"replicas[{k}] must be a fastsim.Deployment or an (EngineConfig, LatencyModel) pair, "
+                             f"got {x!r}")
+        out.append(x)
+    overheads = {lat.ttft_overhead_s for _, lat in out}
+    if len(overheads) > 1:
+        raise ValueError(f"the latency models of a mixed fleet must have one ttft_overhead_s (the fleet's TTFT "
+                         f"adds one), got {sorted(overheads)}")
+    return tuple(out)
+
+
+
+def _small_pages(count, dtype):
+    """An uninitialised 1-D array of ``count`` entries in memory mapped with
+    ordinary pages. The replicas' rows are each as large as one replica's
+    workspace for the whole stream, and a replica touches only a few pages
+    of each of its segments; NumPy asks for transparent huge pages on large
+    arrays (where the system grants them on request), and each touched huge
+    page is then zeroed whole: the rows would cost their full size at
+    every replication that regrows them, and more when the system splits
+    and reclaims them."""
+    size = max(int(count), 1) * np.dtype(dtype).itemsize
+    if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):   # (not shared memory: POSIX's default)
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
+        buf = mmap.mmap(-1, size)
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        try:
+            buf.madvise(advice)
+        except OSError:   # (a kernel without transparent huge pages)
+            pass
+    return np.frombuffer(buf, dtype=dtype, count=max(int(count), 1))
 
 
 class _FleetWorker:
@@ -104,13 +171,16 @@ class _FleetWorker:
         self.fb = None
         self.wm = None
 
-    def buffers(self, n, need_i, need_f):
+    def buffers(self, n, sizes):
+        """The buffers for ``n`` requests, replica ``r``'s workspace of
+        ``sizes[r]`` (int, float) entries (its rows as wide as the largest)."""
+        need_i, need_f = (int(x) for x in sizes.max(axis=0))
         if self.fb is None or self.size[0] < n or self.size[1] < need_i or self.size[2] < need_f:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
             # each regrowth faults in the pages of fresh replica rows
             self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
-            self._wi = np.empty(self.nrep * self.size[1], np.int64)
-            self._wf = np.empty(self.nrep * self.size[2])
+            self._wi = _small_pages(self.nrep * self.size[1], np.int64)
+            self._wf = _small_pages(self.nrep * self.size[2], np.float64)
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
             self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
         rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)
@@ -121,23 +191,64 @@ class _FleetWorker:
         return fb, self.wm[0][:need_i], self.wm[1][:need_f]
 
 
-def _one(worker, rep, k0, k1, packed, fleet, full, out_row, bal_row):
+def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     arrays = K.scenario_arrays(packed, lat=False)
     buf = worker.buf
     n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
     stream = tuple(c[:n] for c in buf.requests)
-    ipar = packed["ipar"]
-    # the replication's latency records: its per-run effects, shared by its replicas
-    lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)
-    need_i, need_f = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
-    fb, wm_i, wm_f = worker.buffers(n, need_i, need_f)
-    rc = cluster._simulate_fleet(np.int64(n), *stream, ipar, fpar, lat, packed["fleet"],
-                                   np.int64(packed["router"]), np.int64(fleet.replicas),
-                                   np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
+    ipars, kinds = members   # (a row per replica; the distinct records, each with its replicas)
+    nrep = ipars.shape[0]
+    fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
+    sizes = np.empty((nrep, 2), np.int64)
+    for ipar, fpar0, lat0, rows in kinds:
+        # the replication's latency records: its per-run effects, shared by the replicas of a kind
+        lats[rows], fpars[rows] = K.run_records(lat0, fpar0, k0, k1, rep)
+        sizes[rows] = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    fb, wm_i, wm_f = worker.buffers(n, sizes)
+    cluster.fill_records(fb, ipars, fpars, lats, sizes)
+    rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
+                                      np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
-    cluster._reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(fleet.replicas),
+    red_i = ipars[0].copy()
+    red_i[K.I_SWAP] = ipars[:, K.I_SWAP].max()
+    cluster._reduce_fleet(np.int64(n), stream[0], stream[2], red_i, fpars[0], np.int64(nrep),
                           packed["fleet"][K.FL_LATENCY], fb, wm_i, wm_f, out_row, bal_row)
+
+
+def fleet_members(scenario, packed):
+    """A fleet's records: an integer record per replica (rows), and each
+    distinct kind of replica as (integer, float, latency records, its
+    replicas' rows); one kind for identical replicas. A mixed fleet's
+    replicas are packed in ``packed["members"]`` (`_replicate.pack_scenario`)."""
+    fleet = scenario.fleet
+    nrep = fleet.n_replicas
+    if not fleet.mixed:
+        return np.tile(packed["ipar"], (nrep, 1)), [(packed["ipar"], packed["fpar"], packed["lat"],
+                                                       np.arange(nrep))]
+    # (kinds by their records: a latency model may hold arrays, and equal entries may be distinct objects)
+    kinds, rows = {}, np.empty((nrep, K.N_IPAR), np.int64)
+    for r, p in enumerate(packed["members"]):
+        kinds.setdefault((p["ipar"].tobytes(), p["fpar"].tobytes(), p["lat"].tobytes()), (p, []))[1].append(r)
+        rows[r] = p["ipar"]
+    return rows, [(p["ipar"], p["fpar"], p["lat"], np.array(rs)) for p, rs in kinds.values()]
+
+
+def check_members(scenario):
+    """What the reference fleet cannot yet check, refused for every replica
+    of a mixed fleet as `replicate` refuses it for the scenario's engine."""
+    fleet = scenario.fleet
+    if fleet is None or not fleet.mixed:
+        return
+    for k, (engine, latency) in enumerate(fleet.replicas):
+        for name in ("async_scheduling", "block_hash_caching"):
+            if getattr(engine, name):
+                raise NotImplementedError(f"fleets with {name}=True are not implemented yet (the reference fleet "
+                                          f"that checks the kernel's lacks it); replicas[{k}] sets it")
+        noise = getattr(latency, "noise", None)
+        if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
+            raise NotImplementedError(f"fleets with per-step noise are not implemented yet; replicas[{k}]'s "
+                                      f"latency model has it")
 
 
 def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
@@ -145,7 +256,9 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     ``rep0 ..`` of a fleet scenario, on ``threads`` threads (the kernels
     release the GIL); each replication keyed by its index alone."""
     fleet = scenario.fleet
-    full = K.engine_variant(packed["ipar"])
+    check_members(scenario)
+    members = fleet_members(scenario, packed)
+    full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
     threads = max(1, min(threads, nrep))
@@ -154,9 +267,9 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     def work(lo, hi):
         worker = getattr(local, "worker", None)
         if worker is None:
-            worker = local.worker = _FleetWorker(scenario.workload.num_requests, fleet.replicas, ngroups)
+            worker = local.worker = _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups)
         for j in range(lo, hi):
-            _one(worker, rep0 + j, k0, k1, packed, fleet, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
+            _one(worker, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
 
     if threads == 1:
         work(0, nrep)
@@ -166,3 +279,28 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
             for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
                 f.result()
     return out
+
+
+def simulate_fleet_requests(scenario, packed, requests):
+    """Status codes (`kernel.layout.ST_*`), first-token and finish times of
+    each request of one given stream (columns as `fastsim.sample_requests`
+    gives them) served by the scenario's fleet (``packed``: its
+    `_replicate.pack_scenario`): what the stability check counts. The
+    router's random stream is that of replication 0 of seed keys 0."""
+    a = np.asarray(requests["arrival_s"], np.float64)
+    o = np.asarray(requests["output_len"], np.int64)
+
+    def col(name, default):
+        return np.asarray(requests[name], np.int64) if name in requests else default
+
+    stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
+              col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
+              col("prefix_len", np.zeros(a.size, np.int64)))
+    rows, kinds = fleet_members(scenario, packed)
+    nrep = rows.shape[0]
+    fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
+    for _, fpar0, lat0, rs in kinds:
+        lats[rs], fpars[rs] = K.run_records(lat0, fpar0, 0, 0, 0)
+    st, first, finish = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"], packed["router"],
+                                                      nrep)[:3]
+    return np.asarray(st), first, finish

@@ -80,6 +80,11 @@ def _fleet_capacity_iv(scenario, max_replicas):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     if scenario.fleet is None:
         raise ValueError("scenario.fleet must be a fastsim.Fleet (its router; its replicas are searched), got None")
+    if scenario.fleet.mixed:
+        raise ValueError(f"fleet_capacity searches a number of identical replicas; scenario.fleet.replicas is a "
+                         f"mixed fleet of {scenario.fleet.n_replicas} listed replicas (which kind to add is not "
+                         f"defined): give Fleet(replicas=N) with the scenario's engine and latency, or call "
+                         f"fastsim.capacity on the mixed fleet for the largest rate it sustains")
     return check_int("max_replicas", max_replicas, low=1)
 
 

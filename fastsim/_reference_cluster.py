@@ -235,12 +235,14 @@ def _choose(router, i, grp, views, table, rng, cap):
     return table[grp]
 
 
-def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig,
-                             latency: LatencyModel, replicas: int, router: str, *, horizon_s=None,
+def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig | list,
+                             latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
                              n_groups=None):
-    """Simulate a fleet of ``replicas`` identical replicas behind ``router``
-    over one request stream, slowly and literally.
+    """Simulate a fleet of ``replicas`` replicas behind ``router`` over one
+    request stream, slowly and literally: identical replicas, or (a mixed
+    fleet) replica ``r`` with ``engine[r]`` and ``latency[r]`` when they are
+    lists.
 
     Returns a dict of per-request arrays, by the fleet's request index:
     ``status`` (the reference's codes), ``first_token_s``, ``finish_s``,
@@ -250,7 +252,12 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
     a = np.asarray(arrival, dtype=np.float64)
     n = a.size
-    reps = [_PausedReplica(engine, latency, horizon_s) for _ in range(replicas)]
+    engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * replicas
+    latencies = list(latency) if isinstance(latency, (list, tuple)) else [latency] * replicas
+    if len(engines) != replicas or len(latencies) != replicas:
+        raise ValueError(f"a mixed fleet needs an engine and a latency model per replica ({replicas}), got "
+                         f"{len(engines)} and {len(latencies)}")
+    reps = [_PausedReplica(e, lat, horizon_s) for e, lat in zip(engines, latencies)]
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=13)   # (the kernel's S_ROUTE: after its 13 streams)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
@@ -277,9 +284,10 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         at = t + routing_latency_s
         req = _Request(idx=j, arrival=at, P=int(prompt[i]), O=int(output[i]), prio=int(prio[i]),
                        sjf_key=int(sjfk[i]), group=int(pgrp[i]), prefix_len=int(plen[i]),
-                       qkey=queue_key(engine.policy, j, at, int(prio[i]), int(sjfk[i]), engine.priority_aging_s))
-        if engine.enable_prefix_caching and engine.block_hash_caching:
-            req.idents = prompt_block_identities(j, req.P, engine.block_size, req.group, req.prefix_len)
+                       qkey=queue_key(engines[r].policy, j, at, int(prio[i]), int(sjfk[i]),
+                                      engines[r].priority_aging_s))
+        if engines[r].enable_prefix_caching and engines[r].block_hash_caching:
+            req.idents = prompt_block_identities(j, req.P, engines[r].block_size, req.group, req.prefix_len)
         rep.hand(req)
         owner.append(r)
         reqs.append(req)

@@ -220,7 +220,14 @@ def pack_scenario(scenario: Scenario) -> dict:
         fleet[K.FL_STALENESS] = f.router_staleness_s
         fleet[K.FL_LATENCY] = f.routing_latency_s
         fleet[K.FL_LOAD_CAP] = f.prefix_load_cap
-        packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.replicas)
+        packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.n_replicas)
+        if f.mixed:   # each replica's records (`_fleet.fleet_members`), one pack per distinct entry
+            packs = {}
+            for engine, latency in f.replicas:
+                if (id(engine), id(latency)) not in packs:
+                    packs[id(engine), id(latency)] = pack_scenario(scenario.replace(engine=engine, latency=latency,
+                                                                                     fleet=None))
+            packed["members"] = [packs[id(e), id(lat)] for e, lat in f.replicas]
         if f.autoscaler is not None:   # the policy's record (`kernel.layout.AS_*`)
             packed.update(apar=f.autoscaler._record())
     return packed
@@ -676,9 +683,16 @@ class ReplicateResult:
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
 
+            simulate = simulate_requests
+            if self.scenario.fleet is not None:   # (the fleet serves the stream, not one replica)
+                from ._fleet import simulate_fleet_requests
+
+                def simulate(sc, req, backend="numba"):
+                    st, first, finish = simulate_fleet_requests(sc, pack_scenario(sc), req)
+                    return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})
             self._stability = check_stability(self.scenario, self.seed,
                                               self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,
-                                              simulate_requests, self.backend)
+                                              simulate, self.backend)
             if self._stability.overloaded:
                 import warnings
 

@@ -20,7 +20,7 @@ def _sc(router="jsq", replicas=3, **fleet):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(replicas=0), "replicas must be"),
-    (dict(replicas=[1, 2]), "replicas must be an int >= 1"),
+    (dict(replicas=[1, 2]), r"replicas\[0\] must be a fastsim.Deployment or an \(EngineConfig, LatencyModel\) pair"),
     (dict(router="fastest"), "router must be one of random, round_robin"),
     (dict(router_staleness_s=-1.0), "router_staleness_s"),
     (dict(routing_latency_s=-0.1), "routing_latency_s"),

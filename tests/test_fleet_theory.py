@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from conftest import within
+from conftest import Z, within
 from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import cluster as C
@@ -155,3 +155,62 @@ def test_power_of_two_choices_meets_the_mean_field_law():
     truth = sum(rho ** (2 ** j - 1) for j in range(1, 30))
     est, se = per_replica.mean(), per_replica.std(ddof=1) / np.sqrt(per_replica.size)
     assert abs(est - truth) <= 0.05 * truth + 4 * se, (est, truth, se)
+
+
+def _erlang_c(servers, offered):
+    """The M/M/N probability of waiting (Erlang C) from Erlang B."""
+    from fastsim.testing import erlang_b
+    b = erlang_b(servers, offered)
+    return servers * b / (servers - offered * (1.0 - b))
+
+
+@pytest.mark.parametrize("replicas, rho, n_replications", [(4, 0.8, 200), (8, 0.85, 120)])
+def test_jsq_lies_between_the_central_queue_and_random_routing(replicas, rho, n_replications):
+    """N single-seat replicas with (nearly) exponential service: joining the
+    shortest queue waits longer than N servers sharing one queue (M/M/N,
+    Erlang C) and less than random routing (N independent M/G/1 queues,
+    Pollaczek-Khinchine, exact for the service drawn). The service is O
+    steps of d with O geometric (p = 0.02): squared coefficient of variation
+    1 - p = 0.98, so the central queue of this service waits within about
+    1 % of M/M/N's (the Lee-Longton factor (1 + CV^2) / 2), while JSQ's
+    mean TTFT is about 20 % (4 replicas) and 35 % (8) above it, some 9 and
+    11 standard errors at these replication counts (two replicas were too
+    close to M/M/2 to tell apart), and random routing's several times
+    higher. Both bounds are checked against the estimate's confidence
+    interval, for any seed, and the paired difference of JSQ and random
+    routing on common random numbers is negative."""
+    k, w = _geometric(0.02)
+    law = fastsim.Empirical(k, weights=w)
+    es = float(np.sum(k * w)) * STEP
+    es2 = float(np.sum(k * k * w)) * STEP ** 2
+    jsq = fleet_mg1(rho, law, replicas, "jsq", num_requests=4000, warmup=600)
+    lam = jsq.workload.arrival_rate
+    central = _erlang_c(replicas, lam * es) / (replicas / es - lam) + STEP   # M/M/N wait, then the first step
+    random_routing = mg1_mean_wait(lam / replicas, es, es2) + STEP
+    res = fastsim.replicate(jsq, n_replications=n_replications, seed=None)
+    row = res.summary().loc["ttft_mean"]
+    assert row.estimate - Z * row.std_error > central, (row.estimate, row.std_error, central)
+    assert row.estimate + Z * row.std_error < random_routing, (row.estimate, row.std_error, random_routing)
+    # nothing lost, and (paired, the same arrivals and lengths) JSQ beats random routing
+    pr = res.per_replication
+    assert (pr["n_arrived"] == pr["n_completed"]).all()
+    rnd = fastsim.replicate(jsq.replace(fleet=fastsim.Fleet(replicas=replicas, router="random")),
+                            n_replications=n_replications, seed=res.seed)
+    d = (pr["ttft_mean"] - rnd.per_replication["ttft_mean"]).to_numpy()
+    assert d.mean() + Z * d.std(ddof=1) / np.sqrt(d.size) < 0
+
+
+def test_the_stability_check_counts_the_fleet_not_one_replica():
+    """Four single-seat replicas at 70 % each are stable (one replica alone
+    would be at 280 %: no warning); at 150 % each the fleet is overloaded and
+    serves about its capacity, N / E[S] (within 10 %: the check's
+    saturated completions)."""
+    law = fastsim.Fixed(10)
+    stable = fastsim.replicate(fleet_mg1(0.7, law, 4, "jsq", num_requests=2000, warmup=200), n_replications=5,
+                               seed=3)
+    assert not stable.stability.overloaded
+    with pytest.warns(RuntimeWarning, match="overloaded"):
+        over = fastsim.replicate(fleet_mg1(1.5, law, 4, "jsq", num_requests=2000, warmup=200), n_replications=5,
+                                 seed=3).stability
+    assert over.overloaded
+    assert over.served_rate == pytest.approx(4 / (10 * STEP), rel=0.1)

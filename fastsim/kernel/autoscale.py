@@ -146,7 +146,7 @@ def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
             rc = _advance(fb, r, n, fpar, lat, full, tau, what)
             if rc < 0:
                 return rc
-            _observe(fb, r, nblk)
+            _observe(fb, r, nblk, tau)
     return 0
 
 

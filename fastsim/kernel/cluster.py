@@ -3,7 +3,10 @@
 The fleet's requests are one stream (`workload._draw_workload`, at the
 fleet's rate). For each arrival, in order, the router reads the replicas'
 state (`router`): each replica is advanced to the arrival's time (a paused
-replica, `replica._simulate` with ``STEP_ADVANCE``), or, with a stale view
+replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
+can change by then are called, taken from an event queue of due times,
+`_look_due`; power of two choices looks at the two replicas it draws
+only), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
@@ -13,10 +16,13 @@ replica runs to its end. Semantics: ``docs/engine-model.md``, "Fleets".
 
 Replica ``r`` lives in row ``r`` of 2-D workspaces (`FleetBuffers`), each
 row the workspace of a replica able to hold every request of the stream
-(pages of rows a replica never reaches are never touched). Its parameter
-record is row ``r`` of ``rip``: the fleet's, with its warm-up count, which
-is its requests handed before the fleet's first measured request (unknown
-until then: the whole capacity, so that none is measured).
+(pages of rows a replica never reaches are never touched); its first
+``size[r]`` entries, exactly `workspace._ws_need` for its parameters (the
+replicas of a mixed fleet differ). Its parameter records are row ``r`` of
+``rip``, ``rfp`` and ``rlat``: its engine's and latency model's (a uniform
+fleet's are all the same), with its warm-up count, which is its requests
+handed before the fleet's first measured request (unknown until then: the
+whole capacity, so that none is measured).
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ from .._numba_options import njit_noalloc
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
                      FL_STALENESS, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING,
-                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, _COL)
+                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, ROUTER_POWER_OF_TWO, _COL)
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
-from .router import _live_state, _needs_state, _reads_kv, _route
+from .router import _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_HELD, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
@@ -43,33 +49,54 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
 #: prefix group, prefix length as ``rs_i[0..5, r]``) and workspace; per
 #: request of the fleet its replica and its index there; the router's view
-#: (`layout.LOAD_*`), its prefix-group table and random stream state.
+#: (`layout.LOAD_*`), its prefix-group table and random stream state; the
+#: replicas' due times (``due[r]``: the first time at which advancing
+#: replica ``r`` can change it, `_due`) and their event queue (``ev``: a
+#: binary min-heap of replicas by due time in ``ev[0..N-1]``, each
+#: replica's place in it in ``ev[N..2N-1]``, the replicas handed a request
+#: since the router's last look in ``ev[2N..3N-1]`` with their count in
+#: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``); each replica's float and
+#: latency records (``rfp``, ``rlat``, as ``rip``) and its workspace's
+#: entries (``size[r]``: int, float; the rows' widths in a uniform fleet).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
-                                           "table", "rstate"))
+                                           "table", "rstate", "due", "ev", "rfp", "rlat", "size"))
+
+
+@njit_noalloc
+def _rows(fb, r):
+    """Replica ``r``'s workspace: its rows' first ``size[r]`` entries."""
+    return fb.wi[r][:fb.size[r, 0]], fb.wf[r][:fb.size[r, 1]]
 
 
 @njit_noalloc
 def _call(fb, r, n, fpar, lat, full, t, what):
     """`_simulate` on replica ``r``."""
     ri = fb.rs_i
+    wi, wf = _rows(fb, r)
     return _simulate(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
-                     lat, fb.wi[r], fb.wf[r], full, t, what)
+                     lat, wi, wf, full, t, what)
 
 
 @njit_noalloc
 def _advance(fb, r, n, fpar, lat, full, t, what):
     """Advance replica ``r`` to ``t`` (``what``: `_simulate`'s); a call that could change nothing (a
-    step in flight beyond ``t``, or nothing known left to do) is skipped."""
-    wi, wf = fb.wi[r], fb.wf[r]
-    ri, rf = wi[wi.size - N_RI:], wf[wf.size - N_RF:]
-    mode = ri[RI_MODE]
-    if (mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP) and rf[RF_STEP_END] > t:
-        return 0
-    if mode == MODE_STRETCH and rf[RF_STRETCH_END] > t and what & STEP_NO_STRETCH == 0:
-        return 0   # (the stretch it waits at would be planned again, and not taken)
-    if ri[RI_N_RUN] + ri[RI_N_WAIT] + ri[RI_N_SWAPPED] == 0 and ri[RI_NEXT_ARRIVAL] >= ri[RI_N_KNOWN]:
+    step in flight beyond ``t``, or nothing known left to do: `_due`) is skipped."""
+    if t < _due(fb, r, what):
         return 0
     return _call(fb, r, n, fpar, lat, full, t, what)
+
+
+@njit_noalloc
+def _ri(fb, r, k):
+    """Replica ``r``'s integer scalar ``k`` (`workspace.RI_*`: the last
+    ``N_RI`` entries of its workspace), read in place."""
+    return fb.wi[r, fb.size[r, 0] - N_RI + k]
+
+
+@njit_noalloc
+def _rf(fb, r, k):
+    """Replica ``r``'s float scalar ``k`` (`workspace.RF_*`), read in place."""
+    return fb.wf[r, fb.size[r, 1] - N_RF + k]
 
 
 @njit_noalloc
@@ -80,14 +107,14 @@ def _observe(fb, r, nblk, t=np.inf):
     replica paused before a stretch it did not take, at a step end before
     ``t``, holds the requests that finished there until the stretch's first
     step is scheduled; by ``t`` they have left, `pipeline`.)"""
-    wi, wf = fb.wi[r], fb.wf[r]
-    ri = wi[wi.size - N_RI:]
-    held = ri[RI_N_HELD] if ri[RI_MODE] == MODE_STRETCH and wf[wf.size - N_RF + RF_CLOCK] < t else 0
-    waiting = ri[RI_N_WAIT] + ri[RI_N_SWAPPED] + ri[RI_N_KNOWN] - ri[RI_NEXT_ARRIVAL]
+    waiting = _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) + _ri(fb, r, RI_N_KNOWN) - _ri(fb, r, RI_NEXT_ARRIVAL)
+    running = _ri(fb, r, RI_N_RUN)
+    if _ri(fb, r, RI_MODE) == MODE_STRETCH and _rf(fb, r, RF_CLOCK) < t:
+        running -= _ri(fb, r, RI_N_HELD)
     fb.load[r, LOAD_WAITING] = waiting
-    fb.load[r, LOAD_RUNNING] = ri[RI_N_RUN] - held
-    fb.load[r, LOAD_IN_SYSTEM] = waiting + ri[RI_N_RUN] - held
-    fb.load[r, LOAD_KV] = nblk - ri[RI_FREE]
+    fb.load[r, LOAD_RUNNING] = running
+    fb.load[r, LOAD_IN_SYSTEM] = waiting + running
+    fb.load[r, LOAD_KV] = nblk - _ri(fb, r, RI_FREE)
 
 
 @njit_noalloc
@@ -102,11 +129,151 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
     return 0
 
 
+# The event queue: a router that reads the replicas' state advances only the
+# replicas whose state can change by the time it looks (due at or before
+# it), and observes only those and the replicas handed a request since its
+# last look; the others' rows of its view are as they were. `_due` is the
+# rule by which `_advance` skips a call, as a time, so each look advances
+# exactly the replicas `_look` would.
+
+@njit_noalloc
+def _due(fb, r, what, t=np.inf):
+    """The first time at which advancing replica ``r`` (`_advance`, with
+    ``what``) can change it: never (``inf``) while it has nothing known
+    left to do; the end of its step in flight; the end of the stretch it
+    waits at (planned again, and not taken, before then); else any time
+    (``-inf``)."""
+    if (_ri(fb, r, RI_N_RUN) + _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) == 0
+            and _ri(fb, r, RI_NEXT_ARRIVAL) >= _ri(fb, r, RI_N_KNOWN)):
+        return np.inf
+    mode = _ri(fb, r, RI_MODE)
+    if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
+        return _rf(fb, r, RF_STEP_END)
+    if mode == MODE_STRETCH and what & STEP_NO_STRETCH == 0:
+        if _ri(fb, r, RI_N_HELD) > 0 and _rf(fb, r, RF_CLOCK) >= t:
+            return -np.inf   # (async, observed at its clock ``t``: its view changes right after, `_observe`)
+        return _rf(fb, r, RF_STRETCH_END)
+    return -np.inf
+
+
+@njit_noalloc
+def _sift_up(due, ev, nrep, k):
+    """Move the replica at heap place ``k`` up to its place (by due time)."""
+    r = ev[k]
+    while k > 0:
+        p = (k - 1) >> 1
+        q = ev[p]
+        if due[q] <= due[r]:
+            break
+        ev[k] = q
+        ev[nrep + q] = k
+        k = p
+    ev[k] = r
+    ev[nrep + r] = k
+
+
+@njit_noalloc
+def _sift_down(due, ev, nrep, k, size):
+    """Move the replica at heap place ``k`` down to its place in a heap of ``size``."""
+    r = ev[k]
+    while True:
+        c = 2 * k + 1
+        if c >= size:
+            break
+        if c + 1 < size and due[ev[c + 1]] < due[ev[c]]:
+            c += 1
+        q = ev[c]
+        if due[r] <= due[q]:
+            break
+        ev[k] = q
+        ev[nrep + q] = k
+        k = c
+    ev[k] = r
+    ev[nrep + r] = k
+
+
+@njit_noalloc
+def _queue_init(fb, nrep, what):
+    """Every replica (just set up) observed, due, and in the event queue;
+    none handed a request."""
+    ev = fb.ev
+    for r in range(nrep):
+        _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
+        fb.due[r] = _due(fb, r, what)
+        ev[r] = r
+        ev[3 * nrep + r] = 0
+    for k in range(nrep):
+        _sift_up(fb.due, ev, nrep, k)
+    ev[4 * nrep] = 0
+
+
+@njit_noalloc
+def _queue_handed(fb, r, nrep, what):
+    """Replica ``r`` was handed a request: its due time again, and marked to
+    be observed at the router's next look."""
+    ev = fb.ev
+    old = fb.due[r]
+    fb.due[r] = _due(fb, r, what)
+    k = ev[nrep + r]
+    if fb.due[r] < old:
+        _sift_up(fb.due, ev, nrep, k)
+    elif fb.due[r] > old:
+        _sift_down(fb.due, ev, nrep, k, nrep)
+    if ev[3 * nrep + r] == 0:
+        ev[3 * nrep + r] = 1
+        ev[2 * nrep + ev[4 * nrep]] = r
+        ev[4 * nrep] += 1
+
+
+@njit_noalloc
+def _look_due(fb, nrep, n, full, t, what):
+    """`_look` by the event queue, each replica on its own records: the
+    replicas due at or before ``t`` advanced to ``t`` and observed, then
+    those handed a request since the last look observed; returns the first
+    negative code of `_simulate`, else 0."""
+    ev, due = fb.ev, fb.due
+    size = nrep
+    while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail
+        size -= 1
+        r = ev[0]
+        ev[0] = ev[size]
+        ev[nrep + ev[0]] = 0
+        ev[size] = r
+        ev[nrep + r] = size
+        _sift_down(due, ev, nrep, 0, size)
+    rc = 0
+    for k in range(size, nrep):
+        r = ev[k]
+        if rc >= 0:
+            rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
+            _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
+            due[r] = _due(fb, r, what, t)
+            ev[3 * nrep + r] = 0
+        _sift_up(due, ev, nrep, k)
+    if rc < 0:
+        return rc
+    for k in range(ev[4 * nrep]):
+        r = ev[2 * nrep + k]
+        if ev[3 * nrep + r] == 1:
+            _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
+            ev[3 * nrep + r] = 0
+    ev[4 * nrep] = 0
+    return 0
+
+
+@njit_noalloc
+def _look_at(fb, r, n, full, t, what):
+    """Replica ``r`` advanced to ``t`` on its own records and observed."""
+    rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
+    return rc
+
+
 @njit_noalloc(entry=True)
 def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
                     key0, key1, rep, fb, full):
-    """Run a fleet of ``nrep`` replicas behind the router ``router`` over
-    the requests ``0..n-1`` of the fleet's stream, to the end.
+    """Run a fleet of ``nrep`` identical replicas behind the router
+    ``router`` over the requests ``0..n-1`` of the fleet's stream, to the end.
 
     Parameters
     ----------
@@ -131,19 +298,44 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     int
         0, or the first negative code of `replica._simulate` or `_hand`.
     """
-    warmup = ipar[I_WARMUP]
-    nblk = ipar[I_NUM_GPU_BLOCKS]
-    # set up empty: the fleet's stream bounds what a replica may be handed (its layout, one scan)
-    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
-    w0 = fb.wi[0]
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
-        w = fb.wi[r]
-        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
-            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
-                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
+        for j in range(fpar.size):
+            fb.rfp[r, j] = fpar[j]
+        for j in range(lat.size):
+            fb.rlat[r, j] = lat[j]
+    return _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1,
+                                rep, fb, full)
+
+
+@njit_noalloc(entry=True)
+def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1, rep,
+                         fb, full):
+    """`_simulate_fleet` with each replica's parameter records given in its
+    rows of ``fb.rip``, ``fb.rfp``, ``fb.rlat`` (a mixed fleet: replicas
+    of different engines and latency models; the warm-up count, the
+    workload's, is the same in every row) and its workspace's size in
+    ``fb.size[r]`` (`workspace._ws_need` of the stream for its records).
+    ``full``: the engine every replica runs (the full one if any needs it)."""
+    warmup = fb.rip[0, I_WARMUP]
+    # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
+    # for each run of replicas with the same integer record)
+    for r in range(nrep):
+        w = _rows(fb, r)[0]
+        same = r > 0
+        for j in range(N_IPAR):
+            same = same and fb.rip[r, j] == fb.rip[r - 1, j]
+        if same:
+            w0 = _rows(fb, r - 1)[0]
+            for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
+                w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
+        else:
+            _state_dims(n, prompt, output, pgrp, plen, fb.rip[r], w)
+    for r in range(nrep):
+        wi, wf = _rows(fb, r)
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fb.rfp[r], fb.rlat[r], wi,
+                       wf, full, 0.0, STEP_INIT | STEP_EMPTY)
         if rc < 0:
             return rc
         fb.rip[r, I_WARMUP] = n if warmup > 0 else 0
@@ -157,33 +349,51 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     # a router that reads the KV cache sees it at the arrival: no stretch across it
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
     live = stale == 0.0 or _live_state(router)
+    # power of two choices with a live view reads two replicas: only those are advanced and
+    # observed (a replica advanced later, in fewer calls, gives the same bits; one handed a
+    # request is paused before its arrival, as `_hand` asks)
+    two = reads and live and router == ROUTER_POWER_OF_TWO
+    reads = reads and not two
+    if reads:
+        _queue_init(fb, nrep, what)
     k_scrape = 0
     for i in range(n):
         t = arrival[i]
         if i == warmup and warmup > 0:
             for r in range(nrep):
-                w = fb.wi[r]
-                fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+                fb.rip[r, I_WARMUP] = _ri(fb, r, RI_N_KNOWN)
         if reads:
             if live:
-                rc = _look(fb, nrep, n, fpar, lat, full, t, nblk, what)
+                rc = _look_due(fb, nrep, n, full, t, what)
             else:
                 rc = 0
                 while rc == 0 and k_scrape * stale <= t:   # every scrape up to t, in turn
-                    rc = _look(fb, nrep, n, fpar, lat, full, k_scrape * stale, nblk, what)
+                    rc = _look_due(fb, nrep, n, full, k_scrape * stale, what)
                     k_scrape += 1
             if rc < 0:
                 return rc
-        r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+        if two:
+            a, b = _two_choices(fb.rstate, nrep)
+            rc = _look_at(fb, a, n, full, t, what)
+            if rc >= 0:
+                rc = _look_at(fb, b, n, full, t, what)
+            if rc < 0:
+                return rc
+            r = _shorter(fb.load, a, b)
+        else:
+            r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
         ri = fb.rs_i
-        j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
-                  fb.wi[r], fb.wf[r], full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+        wi, wf = _rows(fb, r)
+        j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
+                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
         if j < 0:
             return j
         fb.owner[i] = r
         fb.local[i] = j
+        if reads:
+            _queue_handed(fb, r, nrep, what)
     for r in range(nrep):
-        rc = _call(fb, r, n, fpar, lat, full, np.inf, STEP_ADVANCE | STEP_FINISH)
+        rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
             return rc
     return 0
@@ -199,7 +409,7 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
     ``wm_f`` of the stream) and its load balance (`layout.FLEET_COLUMNS`)
     into ``balance``. ``lag``: the routing latency, during which a request
     is in the fleet and in no replica."""
-    swap = ipar[I_SWAP] == 1
+    swap = ipar[I_SWAP] == 1   # (a mixed fleet: if any replica swaps; the others' counts are 0)
     macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
     for j in range(N_ACC):
         macc[j] = 0.0
@@ -207,7 +417,7 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
     o_ww = WI_HEAD * n + N_HIST
     m = 0
     for r in range(nrep):
-        wi, wf = fb.wi[r], fb.wf[r]
+        wi, wf = _rows(fb, r)
         acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
         for j in (A_OCC_INT, A_KV_INT):
             macc[j] += acc[j] / nrep   # (means over the replicas)
@@ -227,11 +437,11 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
             macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
     for i in range(n):
         r, j = fb.owner[i], fb.local[i]
-        wi, wf = fb.wi[r], fb.wf[r]
+        wi, wf = _rows(fb, r)
         wm_i[WI_STATUS * n + i] = wi[WI_STATUS * n + j]
         wm_i[WI_NPRE * n + i] = wi[WI_NPRE * n + j]
         if swap:
-            wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * n + j]
+            wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * n + j] if fb.rip[r, I_SWAP] == 1 else 0
         wm_f[WF_FIRST * n + i] = wf[WF_FIRST * n + j]
         wm_f[WF_FINISH * n + i] = wf[WF_FINISH * n + j]
     _reduce(n, arrival, output, ipar, fpar, wm_i, wm_f, row)
@@ -248,7 +458,7 @@ def _balance(n, nrep, fb, window, balance):
     mx = 0.0
     kv_lo, kv_hi, q_lo, q_hi = np.inf, -np.inf, np.inf, -np.inf
     for r in range(nrep):
-        wi, wf = fb.wi[r], fb.wf[r]
+        wi, wf = _rows(fb, r)
         c = float(wi[wi.size - N_RI + RI_N_KNOWN])
         s += c
         s2 += c * c
@@ -268,24 +478,45 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups):
     ``n`` requests (workspaces of ``need_i``/``need_f`` entries each), with
     a table of ``ngroups`` prefix groups. ``np.empty``: the pages of
     replica rows a replica never reaches are never touched."""
-    from .layout import N_LOAD, N_STREAMS
+    from .layout import N_FPAR, N_LAT, N_LOAD, N_STREAMS
+    size = np.empty((nrep, 2), np.int64)
+    size[:, 0], size[:, 1] = need_i, need_f
     return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, n)), np.empty((6, nrep, n), np.int64),
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
-                        np.empty(N_STREAMS + 1, np.uint64))
+                        np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
+                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size)
 
 
 # ------------------------------------------------------------------------------
 # From Python
 
-def _fleet_call_args(stream, ipar, fpar, lat, fleet, router, nrep, key0, key1, rep, fb, full):
-    n = np.int64(stream[0].size)
-    return (n, *stream, ipar, fpar, lat, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
-            np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
-
-
 def _ngroups(pgrp):
     return int(pgrp.max()) + 1 if pgrp.size else 0
+
+
+def fleet_records(ipar, fpar, lat, nrep):
+    """Each replica's records (``nrep`` rows each) from one replica's (1-D:
+    a uniform fleet) or from a row per replica (2-D: a mixed fleet); the
+    fleet's integer and float records for the reduction (row 0's, swap on
+    if any replica swaps), and the engine every replica runs."""
+    from .layout import I_SWAP
+    from .replica import engine_variant
+    ipars, fpars, lats = (np.array(np.broadcast_to(np.asarray(x), (nrep, np.asarray(x).shape[-1])))
+                          for x in (ipar, fpar, lat))
+    red_i = ipars[0].copy()
+    red_i[I_SWAP] = ipars[:, I_SWAP].max()
+    full = max((engine_variant(row) or 0) for row in ipars) or None
+    return ipars, fpars, lats, red_i, fpars[0].copy(), full
+
+
+def fill_records(fb, ipars, fpars, lats, sizes):
+    """Each replica's records and workspace size into its rows of ``fb``."""
+    nrep = ipars.shape[0]
+    fb.rip[:nrep] = ipars
+    fb.rfp[:nrep, :fpars.shape[1]] = fpars
+    fb.rlat[:nrep, :lats.shape[1]] = lats
+    fb.size[:nrep] = sizes
 
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
@@ -293,23 +524,28 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     """Simulate a fleet over one given request stream; return per-request
     results (as `drivers.simulate_stream`'s, by the fleet's request index,
     then the replica of each request), the metrics row and the load-balance
-    row (`layout.FLEET_COLUMNS`)."""
+    row (`layout.FLEET_COLUMNS`). ``ipar``, ``fpar``, ``lat``: one
+    replica's records (identical replicas) or a row per replica (a mixed
+    fleet)."""
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
-    from .replica import engine_variant
     from .workspace import _ws_need
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
-    full = engine_variant(ipar)
-    need_i, need_f = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
+    sizes = np.array([_ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
+                     np.int64).reshape(nrep, 2)
+    need_i, need_f = sizes.max(axis=0)
     fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
-    rc = _simulate_fleet(*_fleet_call_args(stream, ipar, fpar, lat, fleet, router, nrep, key0, key1, rep, fb, full))
+    fill_records(fb, ipars, fpars, lats, sizes)
+    rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
+                              np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
-    _reduce_fleet(np.int64(n), stream[0], stream[2], ipar, fpar, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
+    _reduce_fleet(np.int64(n), stream[0], stream[2], red_i, red_f, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
                   wm_i, wm_f, row, balance)
     return _per_request(n, wm_i, wm_f)[:3] + _gather(fb, n) + (fb.owner.copy(), row, balance)
 

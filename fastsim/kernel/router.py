@@ -60,16 +60,31 @@ def _route_vllm_dp(load, nrep):
 
 
 @njit_noalloc
-def _route_power_of_two(state, load, nrep):
-    """Two distinct replicas at random, the one with fewer requests in the
-    system (the first drawn on a tie)."""
+def _two_choices(state, nrep):
+    """Two distinct replicas drawn at random, ``(a, b)`` (``b == a`` only
+    with one replica): power of two choices' draws, apart so that a fleet
+    can look at these two only."""
     a = _pick(state, nrep)
     if nrep == 1:
-        return a
+        return a, a
     b = _pick(state, nrep - 1)
     if b >= a:
         b += 1
+    return a, b
+
+
+@njit_noalloc
+def _shorter(load, a, b):
+    """Of replicas ``a`` and ``b``, the one with fewer requests in the system (``a`` on a tie)."""
     return b if load[b, LOAD_IN_SYSTEM] < load[a, LOAD_IN_SYSTEM] else a
+
+
+@njit_noalloc
+def _route_power_of_two(state, load, nrep):
+    """Two distinct replicas at random, the one with fewer requests in the
+    system (the first drawn on a tie)."""
+    a, b = _two_choices(state, nrep)
+    return _shorter(load, a, b)
 
 
 @njit_noalloc

@@ -1,0 +1,137 @@
+"""Mixed fleets: replicas of different engines and latency models behind
+one router (`Fleet(replicas=[Deployment | (EngineConfig, LatencyModel),
+...])`).
+
+* The compiled fleet (`kernel.cluster`, each replica on its own parameter
+  records and workspace size) and the reference fleet (one `_Reference`
+  replica per entry) agree bit for bit per request, over every router, live
+  and stale views, with a routing latency; the common and the full engine
+  (swap preemption on one replica) both.
+* A mixed fleet of identical entries is the uniform fleet, bit for bit.
+* Nothing is lost; `fleet_capacity` refuses a mixed fleet clearly; bad
+  entries are refused before any kernel runs.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import kernel as K
+from fastsim._reference_cluster import ROUTERS, simulate_fleet_reference
+from fastsim._replicate import pack_scenario
+from fastsim.kernel import cluster as C
+from test_fleet_reference import _fleet_record, _kernel_status
+
+LAT = fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3, prefill_per_token_s=3e-5,
+                           ctx_per_token_s=2e-7)
+BASE = fastsim.Scenario(
+    engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=400),
+    workload=fastsim.Workload(arrival_rate=9.0, num_requests=70, prompt_len=fastsim.Uniform(20, 200),
+                              output_len=fastsim.Uniform(20, 300), warmup_requests=5))
+#: Three kinds of replica: a large one with a constant-ish step, a small one
+#: with a context term and tight KV (preemption, slow steps), one with block
+#: size 32 and chunking limits.
+MEMBERS = [
+    (fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=400), fastsim.LatencyModel.default()),
+    (fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=45, max_num_batched_tokens=256), LAT),
+    (fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=100, block_size=32), LAT),
+]
+#: The full engine on one replica: swap preemption.
+SWAP = (fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=30, preemption_mode="swap", swap_space_blocks=20), LAT)
+
+
+def _records(members, rep):
+    """The fleet's stream (the base scenario's) and a record row per replica."""
+    p = pack_scenario(BASE)
+    stream = K.draw_workload(rep, 11, 12, *K.scenario_arrays(p, lat=False))
+    packs = [pack_scenario(BASE.replace(engine=e, latency=lat)) for e, lat in members]
+    return stream, [np.array([q[k] for q in packs]) for k in ("ipar", "fpar", "lat")]
+
+
+def _agree(members, rep, router, staleness, latency):
+    stream, (ipars, fpars, lats) = _records(members, rep)
+    nrep = len(members)
+    st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
+        *stream, ipars, fpars, lats, _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep, 11, 12, rep)
+    ref = simulate_fleet_reference(*stream, [e for e, _ in members], [lat for _, lat in members], nrep, router,
+                                   horizon_s=BASE.workload.horizon_s, staleness_s=staleness,
+                                   routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, rep))
+    assert np.array_equal(owner, ref["replica"])
+    assert np.array_equal(st, _kernel_status(ref["status"]))
+    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
+    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
+    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+    return owner, npre
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_kernel_mixed_fleet_is_the_reference_bit_for_bit(router):
+    used, preempted = set(), 0
+    for rep, (members, staleness, latency) in enumerate(((MEMBERS, 0.0, 0.0), (MEMBERS[::-1], 0.5, 0.01),
+                                                         (MEMBERS[1:] + [SWAP], 0.0, 0.0))):
+        owner, npre = _agree(members, rep, router, staleness, latency)
+        used |= set(owner.tolist())
+        preempted += int(npre.sum())
+    assert len(used) >= 2        # the router did spread requests
+    assert preempted > 0         # and the tight replicas did preempt
+
+
+def test_a_mixed_fleet_of_identical_entries_is_the_uniform_fleet():
+    sc = BASE.replace(latency=LAT, **{"workload.num_requests": 300})
+    for router in ("jsq", "least_kv", "power_of_two"):
+        uniform = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=4, router=router)), n_replications=4,
+                                    seed=7)
+        mixed = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=[(sc.engine, sc.latency)] * 4,
+                                                                 router=router)), n_replications=4, seed=7)
+        assert uniform.per_replication.equals(mixed.per_replication)
+
+
+def test_a_mixed_fleet_loses_nothing_and_spreads_by_speed():
+    """Every arrival accounted once; under JSQ the fast replica (half the
+    step time) takes more of the requests than the slow one in every
+    replication's total (paired: the same streams)."""
+    fast = (BASE.engine, LAT)
+    slow = (BASE.engine, fastsim.LatencyModel(base_s=0.012, decode_scale_s=2e-4, decode_alpha=1.3,
+                                              prefill_per_token_s=6e-5, ctx_per_token_s=4e-7))
+    sc = BASE.replace(fleet=fastsim.Fleet(replicas=[fast, slow], router="jsq"),
+                      **{"workload.num_requests": 400, "workload.arrival_rate": 12.0})
+    res = fastsim.replicate(sc, n_replications=6, seed=2)
+    pr = res.per_replication
+    counts = ["n_completed", "n_rejected", "n_dropped", "n_unfinished"]
+    assert (pr["n_arrived"] == pr[counts].sum(axis=1)).all()
+    assert (pr["n_arrived"] == 400).all()
+    stream, (ipars, fpars, lats) = _records([fast, slow], 0)
+    owner = C.simulate_fleet_stream(*stream, ipars, fpars, lats, _fleet_record(), K.ROUTER_CODES["jsq"], 2)[5]
+    assert (owner == 0).sum() > (owner == 1).sum()
+
+
+def test_mixed_fleets_are_refused_where_they_are_not_defined():
+    sc = BASE.replace(fleet=fastsim.Fleet(replicas=MEMBERS[1:]))
+    with pytest.raises(ValueError, match="fleet_capacity searches a number of identical replicas"):
+        fastsim.fleet_capacity(sc, slo={"ttft_mean": 1.0})
+    with pytest.raises(ValueError, match=r"replicas\[1\] must be a fastsim.Deployment"):
+        fastsim.Fleet(replicas=[MEMBERS[0], (BASE.engine,)])
+    with pytest.raises(ValueError, match="empty list"):
+        fastsim.Fleet(replicas=[])
+    with pytest.raises(ValueError, match="one ttft_overhead_s"):
+        fastsim.Fleet(replicas=[MEMBERS[1], (BASE.engine, dataclasses.replace(LAT, ttft_overhead_s=0.05))])
+    with pytest.raises(NotImplementedError, match=r"async_scheduling=True .* replicas\[1\]"):
+        fastsim.replicate(BASE.replace(fleet=fastsim.Fleet(replicas=[
+            MEMBERS[1], (fastsim.EngineConfig(async_scheduling=True), LAT)])), n_replications=2)
+
+
+def test_a_deployment_entry_is_its_engine_and_latency():
+    """A Deployment entry is its (engine, latency) pair, and a fleet of two
+    GPU kinds runs and loses nothing."""
+    h100 = fastsim.Deployment("meta-llama/Llama-3.1-8B-Instruct", gpu="H100", max_num_seqs=16)
+    a100 = fastsim.Deployment("meta-llama/Llama-3.1-8B-Instruct", gpu="A100", max_num_seqs=16)
+    fleet = fastsim.Fleet(replicas=[h100, a100, h100], router="jsq")
+    assert fleet.replicas[0] == (h100.engine, h100.latency) and fleet.n_replicas == 3
+    sc = fastsim.Scenario(engine=h100.engine, latency=h100.latency, fleet=fleet,
+                          workload=fastsim.Workload(arrival_rate=6.0, num_requests=200,
+                                                    prompt_len=fastsim.Uniform(50, 500),
+                                                    output_len=fastsim.Uniform(20, 200)))
+    pr = fastsim.replicate(sc, n_replications=2, seed=1).per_replication
+    assert (pr["n_arrived"] == pr["n_completed"]).all()
