@@ -30,6 +30,7 @@ from ._sweep import SweepResult, sweep
 from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
 from ._fleet import Fleet
+from ._disagg import Disaggregated, DisaggregationSearchResult, disaggregation_search
 from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)
@@ -37,7 +38,7 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
+    "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "Disaggregated", "DisaggregationSearchResult", "disaggregation_search", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
     "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "SweepResult", "Truncated", "Uniform", "Workload",
