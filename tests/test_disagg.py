@@ -276,3 +276,24 @@ def test_the_xpyd_search_ranks_splits_beside_colocated_serving():
     assert (ci.low, ci.high) == pytest.approx((row["ttft_p99_low"], row["ttft_p99_high"]))
     with pytest.raises(ValueError, match="gpus must be"):
         fastsim.disaggregation_search(sc, gpus=1, slo={"ttft_p99": 1.0})
+
+
+def test_the_experiment_runs_quick_and_its_findings_follow_its_intervals(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "disaggregation.py"
+    spec = importlib.util.spec_from_file_location("disaggregation_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table, best = mod.main(["--quick", "--out", str(tmp_path)])
+    assert (tmp_path / "disaggregation.csv").exists()
+    assert set(table["workload"]) == {"prefill-heavy", "decode-heavy"}
+    co = table[table["config"] == "co-located"]
+    assert (co["diff_vs_colocated"] == 0).all()
+    assert ((table["ci_low"] <= table["estimate"]) & (table["estimate"] <= table["ci_high"])).all()
+    for name, b in best.items():
+        part = table[(table["workload"] == name)]
+        if b is not None:   # the best configuration meets every SLO: its intervals lie below the limits
+            for m, limit in mod.SLO.items():
+                assert part[(part["config"] == b) & (part["metric"] == m)]["ci_high"].iloc[0] <= limit
