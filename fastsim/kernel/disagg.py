@@ -101,9 +101,11 @@ def _handoffs(n, fbp, db):
 
 
 @njit_noalloc
-def _init_pool(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full, ws):
+def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
-    does), each measuring from ``ws``; returns `_simulate`'s code."""
+    does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
+    plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
+    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
     w0 = fb.wi[0]
     for r in range(nrep):
@@ -173,7 +175,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     m = _handoffs(n, fbp, db)
     warmup = ipar_d[I_WARMUP]
     ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
-    rc = _init_pool(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar_d, fpar_d, lat_d, nrep_d, fbd, full_d,
+    rc = _init_pool(n, (arrival, prompt, output, prio, sjfk, pgrp, plen), ipar_d, fpar_d, lat_d, nrep_d, fbd, full_d,
                     ws)
     if rc < 0:
         return rc
