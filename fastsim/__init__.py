@@ -30,7 +30,8 @@ from ._sweep import SweepResult, sweep
 from ._compare import CompareResult, compare
 from ._capacity import CapacityResult, capacity
 from ._fleet import Fleet
-from ._disagg import Disaggregated, DisaggregationSearchResult, disaggregation_search
+from ._disagg import Disaggregated
+from ._disagg_search import DisaggregationSearchResult, disaggregation_search
 from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)

@@ -826,7 +826,7 @@ class Scenario:
             from ._fleet import Fleet
 
             if not isinstance(self.fleet, (Fleet, Disaggregated)):
-                raise ValueError(f"fleet must be None, a fastsim.Fleet or a fastsim.Disaggregated, got "
+                raise ValueError(f"fleet must be None or a fastsim.Fleet (or a fastsim.Disaggregated), got "
                                  f"{self.fleet!r}")
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))

@@ -1,8 +1,12 @@
 """Disaggregated prefill and decode (`Disaggregated`): a prefill pool and a
 decode pool behind their routers, the KV crossing a link between them, run
 by `replicate`/`compare` like one replica (`run_disagg`, the compiled
-`kernel.disagg`); the xPyD search (`disaggregation_search`).
+`kernel.disagg`). The xPyD search: `fastsim._disagg_search`.
 Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
+
+This module imports neither `_config` nor `_deployment` (which import it
+back, `Scenario` checking its ``fleet``): a server is recognised by what it
+has, and `_replicate` packs the pools' records.
 """
 
 from __future__ import annotations
@@ -10,21 +14,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from . import kernel as K
-from ._config import EngineConfig, Scenario
 from ._fleet import Fleet, _FleetWorker
 from ._latency import LatencyModel
 from ._validation import check_float, check_int
 from .kernel import disagg
 
-__all__ = ["Disaggregated", "DisaggregationSearchResult", "disaggregation_search", "run_disagg"]
+__all__ = ["Disaggregated", "run_disagg"]
 
 
 def _as_fleet(name, pool):
@@ -39,11 +40,9 @@ def _server(name, server):
     """``(engine, latency, deployment)`` of a pool's server, or None for the scenario's."""
     if server is None:
         return None
-    from ._deployment import Deployment
-
-    if isinstance(server, Deployment):
+    if type(server).__name__ == "Deployment" and hasattr(server, "spec"):   # (`fastsim.Deployment`)
         return server.engine, server.latency, server
-    if (isinstance(server, tuple) and len(server) == 2 and isinstance(server[0], EngineConfig)
+    if (isinstance(server, tuple) and len(server) == 2 and type(server[0]).__name__ == "EngineConfig"
             and isinstance(server[1], LatencyModel)):
         return server[0], server[1], None
     raise ValueError(f"{name} must be None (the scenario's engine and latency), a fastsim.Deployment or an "
@@ -123,9 +122,8 @@ class Disaggregated:
             srv = _server("server", s)
             if srv is not None and srv[2] is not None:
                 dep = srv[2]
-                from ._deployment import DTYPES, KV_DTYPES
-
-                kb = KV_DTYPES[dep.kv_cache_dtype] or DTYPES[dep.dtype]
+                tp = dep.tensor_parallel_size
+                kb = dep.kv_bytes_per_token // dep.spec.kv_bytes_per_token(tp, 1)   # (bytes an element)
                 return float(dep.spec.kv_bytes_per_token(1, kb))
         return 0.0   # (an instant link: the bytes do not matter)
 
@@ -137,7 +135,7 @@ class Disaggregated:
     def label(self) -> str:
         return f"{self.prefill.replicas}P{self.decode.replicas}D"
 
-    def pool_scenarios(self, scenario: Scenario) -> tuple[Scenario, Scenario]:
+    def pool_scenarios(self, scenario) -> tuple:
         """The prefill and the decode pool as fleet scenarios of their own (the workload and SLOs the
         scenario's)."""
         out = []
@@ -153,7 +151,7 @@ def _tp(server) -> int:
     return int(srv[2].tensor_parallel_size) if srv is not None and srv[2] is not None else 1
 
 
-def check_disagg_scenario(scenario: Scenario) -> None:
+def check_disagg_scenario(scenario) -> None:
     """What a disaggregated scenario cannot be yet: ValueError naming the parameter."""
     dis = scenario.fleet
     w = scenario.workload
@@ -239,16 +237,15 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
                           wm_i, wm_f, out_row, extra_row)
 
 
-def run_disagg(scenario, packed, k0, k1, rep0, nrep, threads=1):
+def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     """Rows (``nrep`` x (`COLUMNS` + `DISAGG_COLUMNS`)) of replications
     ``rep0 ..`` of a disaggregated scenario, on ``threads`` threads; each
-    replication keyed by its index alone."""
-    from ._replicate import pack_scenario
-
+    replication keyed by its index alone. ``packed``: the scenario's records
+    (its workload); ``pools``: the prefill and the decode pool's
+    (`pool_scenarios`, packed)."""
     dis = scenario.fleet
     check_disagg_scenario(scenario)
-    sp, sd = dis.pool_scenarios(scenario)
-    pk_p, pk_d = pack_scenario(sp), pack_scenario(sd)
+    pk_p, pk_d = pools
     link = _link_record(dis)
     out = np.empty((nrep, K.N_COLUMNS + K.N_DISAGG_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
@@ -271,150 +268,3 @@ def run_disagg(scenario, packed, k0, k1, rep0, nrep, threads=1):
             for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
                 f.result()
     return out
-
-
-# ------------------------------------------------------------------------------
-# The xPyD search
-
-@dataclass(eq=False)
-class DisaggregationSearchResult:
-    """Result of :func:`disaggregation_search`.
-
-    Attributes
-    ----------
-    best : str or None
-        The configuration (``"xPyD"`` or ``"co-located"``) that meets every
-        SLO with the most room (smallest largest ratio of a metric's upper
-        confidence bound to its limit); None when none is proven to meet them.
-    table : pandas.DataFrame
-        One row per configuration: ``config``, ``prefill``, ``decode``,
-        ``replicas`` (co-located), ``gpus``; for each SLO metric its mean and
-        interval, and its paired difference from co-located serving (same
-        replications, common random numbers) with an interval; ``meets``;
-        ``cost_per_hour`` when a GPU-hour price is given.
-    results : dict of str to ReplicateResult
-        Each configuration's replications.
-    slo : dict
-    confidence : float
-    seed : object
-    elapsed_s : float
-    """
-
-    best: str | None
-    table: pd.DataFrame
-    results: dict
-    slo: dict
-    confidence: float
-    seed: object
-    elapsed_s: float = 0.0
-
-    def summary(self) -> pd.DataFrame:
-        return self.table
-
-    to_frame = summary
-
-    def confidence_interval(self, config: str, metric: str):
-        """The interval of one configuration's metric."""
-        if config not in self.results:
-            raise ValueError(f"config must be one of {', '.join(self.results)}, got {config!r}")
-        return self.results[config].confidence_interval(metric, self.confidence)
-
-    def __repr__(self):
-        return f"DisaggregationSearchResult(best={self.best!r}, configurations={len(self.results)})"
-
-
-def _splits(gpus, tp_p, tp_d):
-    """Every (P, D) >= 1 whose GPUs fit ``gpus``, each P with the most decode replicas left."""
-    out = []
-    p = 1
-    while p * tp_p + tp_d <= gpus:
-        out.append((p, (gpus - p * tp_p) // tp_d))
-        p += 1
-    return out
-
-
-def disaggregation_search(scenario: Scenario, gpus: int, slo: dict, *, confidence: float = 0.95,
-                          n_replications: int = 100, seed=0, router: str = "jsq",
-                          n_threads: int | None = None) -> DisaggregationSearchResult:
-    """The best split of ``gpus`` GPUs between a prefill and a decode pool
-    (xPyD), beside co-located serving on the same GPUs, on common random numbers.
-
-    Parameters
-    ----------
-    scenario : Scenario
-        The traffic (its workload), the co-located server (its engine and
-        latency) and, as ``scenario.fleet``, a `Disaggregated` template (its
-        link, servers and routers; its pool sizes are what is searched), or
-        None: both pools the scenario's server, an instant link.
-    gpus : int
-        The GPU budget (>= 2); a replica takes its server's tensor-parallel size.
-    slo : dict
-        ``{metric: upper limit}`` (as `capacity`'s), e.g. ``{"ttft_p99": 1.0}``.
-    confidence : float
-        Level of the intervals; a configuration meets the SLOs when every
-        metric's interval lies below its limit.
-    n_replications : int
-        Replications per configuration (the same for all: paired).
-    seed : int or SeedSequence
-        The seed every configuration runs with.
-    router : str
-        The co-located fleet's router (and both pools', without a template).
-    n_threads : int, optional
-        Threads for each `replicate`.
-
-    Returns
-    -------
-    DisaggregationSearchResult
-    """
-    from ._capacity import _check_slo
-    from ._replicate import replicate
-    from ._stats import check_confidence_level, mean_interval
-
-    if not isinstance(scenario, Scenario):
-        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
-    gpus = check_int("gpus", gpus, low=2)
-    slo = _check_slo(slo)
-    confidence = check_confidence_level(confidence)
-    n_replications = check_int("n_replications", n_replications, low=2)
-    template = scenario.fleet
-    if template is None:
-        template = Disaggregated(prefill=Fleet(1, router=router), decode=Fleet(1, router=router))
-    elif not isinstance(template, Disaggregated):
-        raise ValueError(f"scenario.fleet must be None or a fastsim.Disaggregated (the template), got {template!r}")
-    t0 = time.perf_counter()
-    configs = {"co-located": dataclasses.replace(scenario, fleet=Fleet(replicas=gpus, router=router))}
-    shape = {"co-located": (0, 0, gpus)}
-    for p, d in _splits(gpus, _tp(template.prefill_server), _tp(template.decode_server)):
-        dis = dataclasses.replace(template, prefill=dataclasses.replace(template.prefill, replicas=p),
-                                  decode=dataclasses.replace(template.decode, replicas=d))
-        configs[dis.label()] = dataclasses.replace(scenario, fleet=dis)
-        shape[dis.label()] = (p, d, dis.gpus())
-    if len(configs) == 1:
-        raise ValueError(f"gpus must leave room for one prefill and one decode replica, got {gpus!r}")
-    results = {k: replicate(sc, n_replications, seed=seed, confidence_level=confidence, n_threads=n_threads,
-                            progress=False) for k, sc in configs.items()}
-    base = results["co-located"].per_replication
-    rows = []
-    for k, res in results.items():
-        p, d, g = shape[k]
-        row = {"config": k, "prefill": p, "decode": d, "replicas": g if k == "co-located" else 0, "gpus": g}
-        ok, room = True, 0.0
-        for m, limit in slo.items():
-            x = res.per_replication[m].to_numpy()
-            est, lo, hi, _, _ = mean_interval(x, confidence)
-            dd = mean_interval(x - base[m].to_numpy(), confidence)
-            row.update({m: est, f"{m}_low": lo, f"{m}_high": hi, f"{m}_vs_colocated": dd[0],
-                        f"{m}_vs_colocated_low": dd[1], f"{m}_vs_colocated_high": dd[2]})
-            ok = ok and bool(hi <= limit)
-            room = max(room, hi / limit) if np.isfinite(hi) else math.inf
-        row["meets"] = ok
-        row["slo_ratio"] = room
-        price = template.gpu_hour_price
-        row["cost_per_hour"] = g * price if price is not None else np.nan
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    feasible = table[table["meets"]]
-    best = None if feasible.empty else str(feasible.sort_values(["slo_ratio", "gpus"], kind="stable")
-                                           ["config"].iloc[0])
-    return DisaggregationSearchResult(best=best, table=table, results=results, slo=slo, confidence=confidence,
-                                      seed=seed, elapsed_s=time.perf_counter() - t0)

@@ -1148,7 +1148,8 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     if _is_disagg(scenario):
         from ._disagg import run_disagg
 
-        return run_disagg(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
+        pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
+        return run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, _thread_count(n_threads))
     if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
         from ._fleet import run_fleet
 
