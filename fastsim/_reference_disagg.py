@@ -56,7 +56,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         there), ``first_token_s`` (prefill), ``decode_first_token_s``,
         ``ready_s`` (its KV at the decode replica), ``finish_s``,
         ``num_preemptions`` (both sides), ``num_tokens``, ``prefill_replica``,
-        ``decode_replica`` (-1: none).
+        ``decode_replica`` (-1: none), ``prefill_finish_s`` (when the prefill
+        replica let it go, freeing its blocks), ``decode_blocks_end`` (each
+        decode replica's blocks in use at the end).
     """
     e_p, l_p, n_p, router_p = prefill
     e_d, l_d, n_d, router_d = decode
@@ -123,5 +125,6 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         "num_tokens": tokens,
         "prefill_replica": np.array(pre["replica"], dtype=np.int64),
         "decode_replica": np.array(owner, dtype=np.int64),
+        "prefill_finish_s": np.array(pre["finish_s"], dtype=np.float64),
         "decode_blocks_end": [rep.blocks_used for rep in reps],
     }

@@ -89,7 +89,7 @@ def test_one_prefill_one_decode_replica_is_the_hand_computed_case(bw, lat, kvb, 
 def _same(per, ref):
     status = ref["status"].astype(np.int64) + K.ST_COMPLETED
     assert np.array_equal(per["status"].astype(np.int64), status)
-    for k in ("first_token_s", "decode_first_token_s", "ready_s", "finish_s"):
+    for k in ("first_token_s", "decode_first_token_s", "ready_s", "finish_s", "prefill_finish_s"):
         assert np.array_equal(per[k], ref[k], equal_nan=True), k
     for k in ("num_preemptions", "num_tokens", "prefill_replica", "decode_replica"):
         assert np.array_equal(per[k], ref[k]), k
@@ -164,6 +164,7 @@ def test_conservation_across_pools(name):
         assert np.isfinite(per["first_token_s"][handed]).all() and np.isnan(per["ready_s"][~handed]).all()
         # one place at a time: prefill blocks freed at t1 <= arrival at the decode replica < its first token there
         done = per["status"] == K.ST_COMPLETED
+        assert np.array_equal(per["prefill_finish_s"][handed], per["first_token_s"][handed])
         assert (per["first_token_s"][handed] <= per["ready_s"][handed]).all()
         assert (per["ready_s"][handed & done] < per["decode_first_token_s"][handed & done]).all()
         assert (per["num_tokens"][done] == np.asarray(stream[2])[done]).all()

@@ -409,4 +409,5 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     per["num_tokens"] = np.array([fbd.wi[d][WI_G * n + j] if d >= 0 else fbp.wi[r][WI_G * n + k]
                                   for d, j, r, k in zip(fbd.owner, fbd.local, fbp.owner, fbp.local)], np.int64)
     per["decode_first_token_s"][fbd.owner < 0] = np.nan
+    per["prefill_finish_s"] = np.array([fbp.wf[r][WF_FINISH * n + k] for r, k in zip(fbp.owner, fbp.local)])
     return per, row, extra
