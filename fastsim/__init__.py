@@ -34,6 +34,8 @@ from ._fleet import Fleet
 from ._rate_schedule import RateSchedule
 from ._autoscaler import Autoscaler
 from ._autoscale_run import AutoscaleRun, simulate_autoscaled
+from ._disagg import Disaggregated
+from ._disagg_search import DisaggregationSearchResult, disaggregation_search
 from ._fleet_capacity import FleetCapacityResult, fleet_capacity
 from ._plot import plot_sweep
 from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fastsim.testing...)
@@ -41,7 +43,7 @@ from . import analytical, testing  # noqa: E402  (fastsim.analytical.predict, fa
 __version__ = "0.1.0"
 
 __all__ = [
-    "RateSchedule", "Autoscaler", "AutoscaleRun", "simulate_autoscaled",
+    "RateSchedule", "Autoscaler", "AutoscaleRun", "simulate_autoscaled", "Disaggregated", "DisaggregationSearchResult", "disaggregation_search",
     "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
     "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
     "LogNormalPredictor", "Roofline",

@@ -841,9 +841,10 @@ class Scenario:
         within these limits (all completed requests count if neither is set).
     name : str, optional
         A label used in tables.
-    fleet : Fleet, optional
+    fleet : Fleet or Disaggregated, optional
         Several replicas of this server behind a router (`fastsim.Fleet`);
-        the workload is then the fleet's. None: one replica.
+        the workload is then the fleet's. None: one replica. A
+        `fastsim.Disaggregated`: a prefill pool and a decode pool.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -859,10 +860,12 @@ class Scenario:
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         if self.fleet is not None:
+            from ._disagg import Disaggregated
             from ._fleet import Fleet
 
-            if not isinstance(self.fleet, Fleet):
-                raise ValueError(f"fleet must be None or a fastsim.Fleet, got {self.fleet!r}")
+            if not isinstance(self.fleet, (Fleet, Disaggregated)):
+                raise ValueError(f"fleet must be None or a fastsim.Fleet (or a fastsim.Disaggregated), got "
+                                 f"{self.fleet!r}")
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,

@@ -190,6 +190,15 @@ class _FleetWorker:
         fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
         return fb, self.wm[0][:need_i], self.wm[1][:need_f]
 
+    def uniform_buffers(self, n, need_i, need_f):
+        """`buffers` for identical replicas, each workspace ``need_i``/``need_f``
+        entries, stated in the buffers' sizes (as `cluster.fill_records` does)."""
+        sizes = np.empty((self.nrep, 2), np.int64)
+        sizes[:, 0], sizes[:, 1] = need_i, need_f
+        fb, wm_i, wm_f = self.buffers(n, sizes)
+        fb.size[:self.nrep] = sizes
+        return fb, wm_i, wm_f
+
 
 def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     arrays = K.scenario_arrays(packed, lat=False)

@@ -77,6 +77,7 @@ class _Request:
     ph: int = 0       # async scheduling: output placeholders (tokens of steps in flight)
     num_cached: int = 0   # block_hash_caching: its leading blocks already cached
     turns_left: int = -1  # sessions: turns of its session after it (-1: none, or its departure handled)
+    remote_k: int = 0     # disaggregated decode side: prompt tokens whose KV arrived from a prefill replica
 
     def __post_init__(self):
         self.gaps: list[float] = []  # inter-token gaps, in order
@@ -662,7 +663,7 @@ class _Reference:
     def first_chunk(self, w: _Request, h: int, B: int) -> int:
         """need = P + g - h * bs; the chunk s a budget B gives it (chunked prefill),
         or the whole need (chunked prefill off; the caller checks need <= B)."""
-        need = w.P + w.g - h * self.e.block_size
+        need = w.P + w.g - h * self.e.block_size - w.remote_k
         return min(need, B) if self.e.enable_chunked_prefill else need
 
     def could_schedule(self, w: _Request) -> bool:
@@ -776,7 +777,7 @@ class _Reference:
                 s = self.first_chunk(w, h, B)
                 if s > B:
                     break     # chunked prefill off: "if need > B stop admitting in this step"
-                if self.blocks_for(s) > self.capacity_for(w, h):
+                if self.blocks_for(w.remote_k + s) > self.capacity_for(w, h):
                     break     # "if ceil(s / bs) exceeds the free capacity for w, stop admitting"
                 if e.scheduler_reserve_full_isl and self.blocks_for(w.P + w.g) - h > self.capacity_for(w, h):
                     break     # spec, "Full-input admission gate"
@@ -788,6 +789,7 @@ class _Reference:
                     w.cached_tokens = h * e.block_size   # at its first admission
                 w.ever_scheduled = True
                 self.claim_hits(w, h)
+                w.k += w.remote_k   # spec, "Disaggregated prefill and decode": the loaded KV
                 self.allocate_to(w, w.k + s)
                 scheduled[w] = s
                 B -= s
@@ -818,6 +820,7 @@ class _Reference:
             return
         self.free_all_blocks(v)
         v.k = 0
+        v.remote_k = 0      # the loaded KV is gone with its blocks: recomputed here
         self.waiting.add_preempted(v)
 
     def schedule_static(self) -> dict:

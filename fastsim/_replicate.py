@@ -215,7 +215,7 @@ def pack_scenario(scenario: Scenario) -> dict:
                   lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
                   prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
     f = scenario.fleet
-    if f is not None:   # the fleet's record (`kernel.layout.FL_*`), router and size
+    if f is not None and not _is_disagg(scenario):   # the fleet's record (`kernel.layout.FL_*`), router and size
         fleet = np.zeros(K.N_FLEET)
         fleet[K.FL_STALENESS] = f.router_staleness_s
         fleet[K.FL_LATENCY] = f.routing_latency_s
@@ -231,6 +231,23 @@ def pack_scenario(scenario: Scenario) -> dict:
         if f.autoscaler is not None:   # the policy's record (`kernel.layout.AS_*`)
             packed.update(apar=f.autoscaler._record())
     return packed
+
+
+def _is_disagg(scenario) -> bool:
+    """Whether the scenario is a disaggregated server (`fastsim.Disaggregated`, run by `_disagg.run_disagg`)."""
+    from ._disagg import Disaggregated
+
+    return isinstance(scenario.fleet, Disaggregated)
+
+
+def _extra_columns(scenario) -> tuple:
+    """The columns after `COLUMNS` of the scenario's rows: a fleet's load balance (and an autoscaler's
+    GPU-hours and SLO-violation minutes), a disaggregated server's."""
+    if scenario.fleet is None:
+        return ()
+    if _is_disagg(scenario):
+        return K.DISAGG_COLUMNS
+    return _fleet_columns(scenario)
 
 
 def as_seed_sequence(seed) -> np.random.SeedSequence:
@@ -895,7 +912,7 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     _check_backend(backend)
     if scenario.fleet is not None and backend != "numba":
         raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
-    if scenario.fleet is not None and scenario.fleet.autoscaler is not None:
+    if scenario.fleet is not None and getattr(scenario.fleet, "autoscaler", None) is not None:
         from ._autoscale import check_autoscaled
         check_autoscaled(scenario)
     noise = scenario.latency.noise
@@ -905,6 +922,10 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
                                   "them); set jitter_sd=0 and stall_prob=0")
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
+    if _is_disagg(scenario):
+        from ._disagg import check_disagg_scenario
+
+        check_disagg_scenario(scenario)
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
         if not isinstance(precision, dict) or not precision:
@@ -1135,7 +1156,7 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
 def _make_result(scenario, data, ids, confidence_level, seed, backend, precision, elapsed_s, interrupted=False):
     """A ReplicateResult from the kernel's rows (``ids``: their replication numbers, None for 0..n-1)."""
     # One frame from typed columns (14 astype assignments cost ~1 ms a call).
-    columns = K.COLUMNS + _fleet_columns(scenario)
+    columns = K.COLUMNS + _extra_columns(scenario)
     per_rep = pd.DataFrame({c: data[:, j].astype(np.int64) if c in _INT_COLUMNS else data[:, j]
                             for j, c in enumerate(columns)}, index=None if ids is None else pd.Index(ids))
     if ids is not None:
@@ -1143,7 +1164,7 @@ def _make_result(scenario, data, ids, confidence_level, seed, backend, precision
     per_rep.index.name = "replication"
     return ReplicateResult(scenario=scenario, per_replication=per_rep, confidence_level=confidence_level,
                            seed=seed, backend=backend, precision=precision, elapsed_s=elapsed_s,
-                           metrics=K.METRICS + _fleet_columns(scenario),
+                           metrics=K.METRICS + _extra_columns(scenario),
                            interrupted=interrupted)
 
 
@@ -1251,6 +1272,11 @@ def _run_threads(work, chunks, n_threads, stop, bar):
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
+    if _is_disagg(scenario):
+        from ._disagg import run_disagg
+
+        pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
+        return run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, _thread_count(n_threads))
     if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
         from ._fleet import run_fleet
 

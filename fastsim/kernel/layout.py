@@ -267,3 +267,21 @@ AUTOSCALE_COLUMNS = ("gpu_hours", "slo_violation_minutes", "replicas_mean", "rep
 N_AUTOSCALE_COLUMNS = len(AUTOSCALE_COLUMNS)
 # `autoscale._simulate_autoscaled`: the window table is full (the caller grows it and runs again)
 AS_WINDOWS_FULL = -900
+
+# --- disaggregated prefill and decode (`disagg`) ------------------------------
+# The decode router's random stream: the purpose after the prefill router's.
+S_ROUTE_DECODE = S_ROUTE + 1
+# The link's float record ``link``: each decode replica's inbound bandwidth
+# (bytes per second; inf: instant), a transfer's fixed latency, the KV bytes
+# of one prompt token, and the decode router's prefix-affinity load cap.
+DL_BANDWIDTH, DL_LATENCY, DL_KV_BYTES, DL_LOAD_CAP = 0, 1, 2, 3
+N_DLINK = 4
+# The disaggregated server's columns after `COLUMNS`: the decode side's first
+# token (what vLLM's proxy returns), the KV transfer (hand-off to arrival at
+# the decode replica, waiting for the link included), and each pool's time averages.
+DISAGG_COLUMNS = ("ttft_decode_mean", "ttft_decode_p50", "ttft_decode_p90", "ttft_decode_p95", "ttft_decode_p99",
+                  "kv_transfer_mean", "kv_transfer_p50", "kv_transfer_p99",
+                  "prefill_batch_occupancy_mean", "decode_batch_occupancy_mean",
+                  "prefill_kv_utilization_mean", "decode_kv_utilization_mean",
+                  "prefill_queue_depth_mean", "decode_queue_depth_mean")
+N_DISAGG_COLUMNS = len(DISAGG_COLUMNS)

@@ -663,10 +663,11 @@ def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < mns:
         w = _q_peek(batch.q, batch.qs, req.key, policy, req.status)
-        s = _first_chunk(req.prompt[w] + req.g[w], budget, chunked)
+        kw = req.k[w]   # (tokens whose KV arrived from elsewhere, a disaggregated decode side; else 0)
+        s = _first_chunk(req.prompt[w] + req.g[w] - kw, budget, chunked)
         if s < 0:
             break
-        nb = _blocks_of(s, bs, bsh)
+        nb = _blocks_of(kw + s, bs, bsh)
         if _admission_blocks(req.prompt[w] + req.g[w], nb, ipar, bs, bsh) > free:
             break
         _start_running(w, nb, batch.q, batch.qs, req.key, policy, req.status, req.ever, req.blocks)
@@ -1210,10 +1211,11 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         elif hashing:
             if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
                 h_w = _pool_hits(w, req, cache.pool, bs, jmax)
-        s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs, budget, chunked)
+        kw = 0 if caching or hashing else req.k[w]   # (KV that arrived from elsewhere: `_schedule_fast`)
+        s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs - kw, budget, chunked)
         if s < 0:
             break
-        nb = _blocks_of(s, bs, bsh)
+        nb = _blocks_of(kw + s, bs, bsh)
         # (with the full-input gate, the blocks of the whole input beyond its hits)
         nb_gate = _admission_blocks(req.prompt[w] + req.g[w] - h_w * bs, nb, ipar, bs, bsh)
         if caching:

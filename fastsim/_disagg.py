@@ -1,0 +1,273 @@
+"""Disaggregated prefill and decode (`Disaggregated`): a prefill pool and a
+decode pool behind their routers, the KV crossing a link between them, run
+by `replicate`/`compare` like one replica (`run_disagg`, the compiled
+`kernel.disagg`). The xPyD search: `fastsim._disagg_search`.
+Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
+
+This module imports neither `_config` nor `_deployment` (which import it
+back, `Scenario` checking its ``fleet``): a server is recognised by what it
+has, and `_replicate` packs the pools' records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernel as K
+from ._fleet import Fleet, _FleetWorker
+from ._latency import LatencyModel
+from ._validation import check_float, check_int
+from .kernel import disagg
+
+__all__ = ["Disaggregated", "run_disagg"]
+
+
+def _as_fleet(name, pool):
+    if isinstance(pool, Fleet):
+        if pool.mixed or pool.autoscaler is not None:
+            raise ValueError(f"{name} must be a fleet of identical replicas without an autoscaler (a pool's server "
+                             f"is set by {name}_server), got {pool!r}")
+        return pool
+    if isinstance(pool, (int, np.integer)) and not isinstance(pool, bool):
+        return Fleet(replicas=check_int(name, pool, low=1))
+    raise ValueError(f"{name} must be an int >= 1 (replicas behind a 'jsq' router) or a fastsim.Fleet, got {pool!r}")
+
+
+def _server(name, server):
+    """``(engine, latency, deployment)`` of a pool's server, or None for the scenario's."""
+    if server is None:
+        return None
+    if type(server).__name__ == "Deployment" and hasattr(server, "spec"):   # (`fastsim.Deployment`)
+        return server.engine, server.latency, server
+    if (isinstance(server, tuple) and len(server) == 2 and type(server[0]).__name__ == "EngineConfig"
+            and isinstance(server[1], LatencyModel)):
+        return server[0], server[1], None
+    raise ValueError(f"{name} must be None (the scenario's engine and latency), a fastsim.Deployment or an "
+                     f"(EngineConfig, LatencyModel) pair, got {server!r}")
+
+
+@dataclass(frozen=True)
+class Disaggregated:
+    """A prefill pool and a decode pool, the KV of each prompt crossing a link.
+
+    Parameters
+    ----------
+    prefill, decode : int or Fleet
+        Each pool's replicas and router (an int: that many behind ``"jsq"``).
+        The prefill pool's router may be stale and add a routing latency
+        (`Fleet`); the decode router sees live state at each hand-off and adds
+        none (the link's latency is the decode side's).
+    link_bandwidth_gbps : float
+        Bandwidth of each decode replica's inbound link, in gigabits per
+        second (a NIC's figure, e.g. 400 for 400G InfiniBand); ``inf``: an
+        instant transfer. Transfers into one replica go one at a time.
+    link_latency_s : float
+        A fixed latency added to every transfer.
+    kv_bytes_per_token : float, optional
+        KV bytes one prompt token moves (all layers and ranks). Default: the
+        model's, from a `Deployment` given as ``prefill_server`` or
+        ``decode_server``; required otherwise unless the link is instant.
+    prefill_server, decode_server : None, Deployment or (EngineConfig, LatencyModel)
+        Each pool's server (another GPU or TP); None: the scenario's engine
+        and latency.
+    gpu_hour_price : float, optional
+        Price of one GPU-hour, a user input (the search reports costs).
+    """
+
+    prefill: object = 1
+    decode: object = 1
+    link_bandwidth_gbps: float = math.inf
+    link_latency_s: float = 0.0
+    kv_bytes_per_token: float | None = None
+    prefill_server: object = None
+    decode_server: object = None
+    gpu_hour_price: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "prefill", _as_fleet("prefill", self.prefill))
+        object.__setattr__(self, "decode", _as_fleet("decode", self.decode))
+        if self.decode.router_staleness_s != 0.0:
+            raise ValueError(f"decode.router_staleness_s must be 0 (the decode router sees live state at each "
+                             f"hand-off), got {self.decode.router_staleness_s!r}")
+        if self.decode.routing_latency_s != 0.0:
+            raise ValueError(f"decode.routing_latency_s must be 0 (use link_latency_s), got "
+                             f"{self.decode.routing_latency_s!r}")
+        bw = self.link_bandwidth_gbps
+        if not (isinstance(bw, (int, float, np.integer, np.floating)) and not isinstance(bw, bool) and bw > 0
+                and not math.isnan(bw)):
+            raise ValueError(f"link_bandwidth_gbps must be a number > 0 (inf: an instant link), got {bw!r}")
+        object.__setattr__(self, "link_bandwidth_gbps", float(bw))
+        object.__setattr__(self, "link_latency_s", check_float("link_latency_s", self.link_latency_s, low=0))
+        object.__setattr__(self, "kv_bytes_per_token", check_float("kv_bytes_per_token", self.kv_bytes_per_token,
+                                                                   low=0, low_open=True, optional=True))
+        p, d = _server("prefill_server", self.prefill_server), _server("decode_server", self.decode_server)
+        if self.kv_bytes_per_token is None and math.isfinite(bw):
+            if not any(s is not None and s[2] is not None for s in (p, d)):
+                raise ValueError("kv_bytes_per_token is needed for a finite link_bandwidth_gbps when neither "
+                                 "prefill_server nor decode_server is a fastsim.Deployment (got None)")
+        object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
+                                                               optional=True))
+
+    # ---- derived -----------------------------------------------------------------------------------
+
+    def kv_bytes(self) -> float:
+        """KV bytes per prompt token the link carries: given, or the model's (one copy, all layers:
+        tensor parallelism splits it across ranks, it does not add to it)."""
+        if self.kv_bytes_per_token is not None:
+            return self.kv_bytes_per_token
+        for s in (self.prefill_server, self.decode_server):
+            srv = _server("server", s)
+            if srv is not None and srv[2] is not None:
+                dep = srv[2]
+                tp = dep.tensor_parallel_size
+                kb = dep.kv_bytes_per_token // dep.spec.kv_bytes_per_token(tp, 1)   # (bytes an element)
+                return float(dep.spec.kv_bytes_per_token(1, kb))
+        return 0.0   # (an instant link: the bytes do not matter)
+
+    def gpus(self) -> int:
+        """GPUs of both pools (replicas times each server's tensor-parallel size)."""
+        return (self.prefill.replicas * _tp(self.prefill_server)
+                + self.decode.replicas * _tp(self.decode_server))
+
+    def label(self) -> str:
+        return f"{self.prefill.replicas}P{self.decode.replicas}D"
+
+    def pool_scenarios(self, scenario) -> tuple:
+        """The prefill and the decode pool as fleet scenarios of their own (the workload and SLOs the
+        scenario's)."""
+        out = []
+        for fleet, server in ((self.prefill, self.prefill_server), (self.decode, self.decode_server)):
+            srv = _server("server", server)
+            e, lat = (srv[0], srv[1]) if srv is not None else (scenario.engine, scenario.latency)
+            out.append(dataclasses.replace(scenario, engine=e, latency=lat, fleet=fleet))
+        return tuple(out)
+
+
+def _tp(server) -> int:
+    srv = _server("server", server)
+    return int(srv[2].tensor_parallel_size) if srv is not None and srv[2] is not None else 1
+
+
+def check_disagg_scenario(scenario) -> None:
+    """What a disaggregated scenario cannot be yet: ValueError naming the parameter."""
+    dis = scenario.fleet
+    w = scenario.workload
+    if w.horizon_s is not None:
+        raise ValueError(f"workload.horizon_s must be None for a disaggregated server (it runs every request to "
+                         f"its end), got {w.horizon_s!r}")
+    if w.max_concurrency is not None:
+        raise ValueError(f"workload.max_concurrency must be None for a disaggregated server (a closed loop "
+                         f"across two pools is not modelled), got {w.max_concurrency!r}")
+    sp, sd = dis.pool_scenarios(scenario)
+    for pool, sc in (("prefill", sp), ("decode", sd)):
+        e = sc.engine
+        if e.async_scheduling:
+            raise ValueError(f"{pool} engine: async_scheduling must be False for a disaggregated server (the "
+                             f"reference fleet lacks it), got True")
+        if e.block_hash_caching:
+            raise ValueError(f"{pool} engine: block_hash_caching must be False for a disaggregated server, got True")
+        noise = sc.latency.noise
+        if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
+            raise ValueError(f"{pool} latency: per-step noise (jitter_sd, stall_prob) must be 0 for a "
+                             f"disaggregated server, got {noise!r}")
+    e = sd.engine
+    for name, bad in (("enable_prefix_caching", e.enable_prefix_caching), ("priority_preemption",
+                                                                            e.priority_preemption)):
+        if bad:
+            raise ValueError(f"decode engine: {name} must be False (a request whose KV arrived from the prefill "
+                             f"side is admitted at its computed tokens only without it), got True")
+    if e.scheduler == "static":
+        raise ValueError("decode engine: scheduler must be 'continuous' for a disaggregated server, got 'static'")
+
+
+# ------------------------------------------------------------------------------
+# Running replications
+
+def _link_record(dis: Disaggregated) -> np.ndarray:
+    link = np.zeros(K.N_DLINK)
+    link[K.DL_BANDWIDTH] = dis.link_bandwidth_gbps * 1e9 / 8.0   # (bytes per second)
+    link[K.DL_LATENCY] = dis.link_latency_s
+    link[K.DL_KV_BYTES] = dis.kv_bytes()
+    link[K.DL_LOAD_CAP] = dis.decode.prefix_load_cap
+    return link
+
+
+class _DisaggWorker:
+    """One thread's buffers: each pool's (`_fleet._FleetWorker`) and the hand-off's."""
+
+    def __init__(self, num_requests, dis, ngroups):
+        self.p = _FleetWorker(num_requests, dis.prefill.replicas, ngroups)
+        self.d = _FleetWorker(num_requests, dis.decode.replicas, ngroups)
+        self.db = None
+        self.nrep_d = dis.decode.replicas
+
+    def hand_off(self, n):
+        if self.db is None or self.db.t1.size < n:
+            self.db = disagg.disagg_buffers(n + n // 4, self.nrep_d)
+        db = self.db
+        return db._replace(t1=db.t1[:n], ready=db.ready[:n], order=db.order[:n], scratch=db.scratch[:n])
+
+
+def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row):
+    arrays = K.scenario_arrays(packed, lat=False)
+    buf = worker.p.buf
+    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
+    arrival, prompt, output, prio, sjfk, pgrp, plen = (c[:n] for c in buf.requests)
+    ones = np.ones(n, np.int64)
+    lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
+    lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)
+    ipar_p, ipar_d = pk_p["ipar"], pk_d["ipar"]
+    need_p = K._ws_need(np.int64(n), prompt, ones, pgrp, plen, ipar_p)
+    need_d = K._ws_need(np.int64(n), prompt, output, pgrp, plen, ipar_d)
+    fbp, _, _ = worker.p.uniform_buffers(n, *need_p)
+    fbd, wm_i, wm_f = worker.d.uniform_buffers(n, *need_d)
+    db = worker.hand_off(n)
+    rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
+                                 ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
+                                 np.int64(dis.prefill.replicas), fbp, K.engine_variant(ipar_p),
+                                 ipar_d, fpar_d, lat_d, np.int64(pk_d["router"]), np.int64(dis.decode.replicas), fbd,
+                                 K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1), np.int64(rep), db)
+    if rc < 0:
+        raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
+    disagg._reduce_disagg(np.int64(n), arrival, output, ipar_d, fpar_d, np.int64(dis.prefill.replicas),
+                          np.int64(dis.decode.replicas), np.float64(pk_p["fleet"][K.FL_LATENCY]), fbp, fbd, db,
+                          wm_i, wm_f, out_row, extra_row)
+
+
+def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
+    """Rows (``nrep`` x (`COLUMNS` + `DISAGG_COLUMNS`)) of replications
+    ``rep0 ..`` of a disaggregated scenario, on ``threads`` threads; each
+    replication keyed by its index alone. ``packed``: the scenario's records
+    (its workload); ``pools``: the prefill and the decode pool's
+    (`pool_scenarios`, packed)."""
+    dis = scenario.fleet
+    check_disagg_scenario(scenario)
+    pk_p, pk_d = pools
+    link = _link_record(dis)
+    out = np.empty((nrep, K.N_COLUMNS + K.N_DISAGG_COLUMNS))
+    ngroups = int(scenario.workload.prefix_groups or 0)
+    threads = max(1, min(threads, nrep))
+    local = threading.local()
+
+    def work(lo, hi):
+        worker = getattr(local, "worker", None)
+        if worker is None:
+            worker = local.worker = _DisaggWorker(scenario.workload.num_requests, dis, ngroups)
+        for j in range(lo, hi):
+            _one(worker, rep0 + j, k0, k1, packed, pk_p, pk_d, link, dis, out[j, :K.N_COLUMNS],
+                 out[j, K.N_COLUMNS:])
+
+    if threads == 1:
+        work(0, nrep)
+    else:
+        size = -(-nrep // (4 * threads))
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
+                f.result()
+    return out

@@ -1,0 +1,413 @@
+"""Disaggregated prefill and decode, in compiled code.
+
+Two pools of replicas, each a fleet's buffers (`cluster.FleetBuffers`):
+the prefill pool runs the stream with every output capped at one token
+(`cluster._simulate_fleet`, its router and all); each request that
+completed there is then handed, in order of its first token ``t1`` (ties
+by request index), to the decode replica the decode router picks from the
+decode pool's state at ``t1`` (`cluster._look`, `router._route`), arriving
+there when its KV has crossed that replica's inbound link (`_transfer`)
+with its prompt's KV but the last token already computed (the engine's
+admission starts it there: `replica._schedule_fast`, `_admit_waiting`).
+Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
+
+Why the prefill pool runs first, whole: nothing on the decode side acts on
+the prefill side in this model (a prefill replica frees a request's blocks
+at its first token), so its run is the same whenever the hand-offs happen;
+the hand-offs then happen in time order, each decode replica advanced to
+the hand-off's time, as a fleet's arrivals are.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from .._numba_options import njit_noalloc
+from .cluster import _call, _look, _simulate_fleet
+from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
+                     A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
+                     DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
+                     F_TTFT_SLO, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, N_ACC,
+                     N_HIST, N_IPAR, ST_COMPLETED, _COL)
+from .metrics import _mean, _percentiles, _reduce
+from .replica import STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, STEP_NO_STRETCH, _hand, _simulate, _state_dims
+from .rng import _seed_streams
+from .router import _needs_state, _reads_kv, _route
+from .workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBT, RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
+                        WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
+
+#: The hand-off's buffers (`disagg_buffers`), per request of the stream:
+#: its prefill first token ``t1`` (nan: it never completed there), its KV's
+#: arrival at its decode replica ``ready``, the hand-off order and a sort's
+#: scratch; per decode replica the time its link is free; the routers'
+#: random streams (the decode router's at purpose `layout.S_ROUTE_DECODE`).
+DisaggBuffers = namedtuple("DisaggBuffers", ("t1", "ready", "order", "scratch", "link_free", "rstate"))
+
+
+@njit_noalloc
+def _sort_by_time(m, key, order, scratch):
+    """Sort ``order[:m]`` (request indices, ascending) by ``key``, ties
+    keeping the index order: a bottom-up merge sort (stable)."""
+    width = 1
+    src, dst = order, scratch
+    while width < m:
+        lo = 0
+        while lo < m:
+            mid = min(lo + width, m)
+            hi = min(lo + 2 * width, m)
+            a, b, o = lo, mid, lo
+            while a < mid and b < hi:
+                if key[src[b]] < key[src[a]]:
+                    dst[o] = src[b]
+                    b += 1
+                else:
+                    dst[o] = src[a]
+                    a += 1
+                o += 1
+            while a < mid:
+                dst[o] = src[a]
+                a += 1
+                o += 1
+            while b < hi:
+                dst[o] = src[b]
+                b += 1
+                o += 1
+            lo = hi
+        src, dst = dst, src
+        width *= 2
+    if src is not order:
+        for e in range(m):
+            order[e] = src[e]
+
+
+@njit_noalloc
+def _handoffs(n, fbp, db):
+    """The requests that completed on the prefill side into ``db.order``,
+    sorted by their first token (ties: by index); returns how many."""
+    m = 0
+    for i in range(n):
+        r, j = fbp.owner[i], fbp.local[i]
+        wi, wf = fbp.wi[r], fbp.wf[r]
+        if wi[WI_STATUS * n + j] == ST_COMPLETED:
+            db.t1[i] = wf[WF_FIRST * n + j]
+            db.order[m] = i
+            m += 1
+        else:
+            db.t1[i] = np.nan
+    _sort_by_time(m, db.t1, db.order, db.scratch)
+    return m
+
+
+@njit_noalloc
+def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
+    """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
+    does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
+    plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
+    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
+    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
+    w0 = fb.wi[0]
+    for r in range(nrep):
+        for j in range(N_IPAR):
+            fb.rip[r, j] = ipar[j]
+        w = fb.wi[r]
+        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):
+            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
+                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
+        if rc < 0:
+            return rc
+        fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
+        fb.wf[r][WF_HEAD * n + A_WINDOW_START] = ws
+        for c in range(fb.load.shape[1]):
+            fb.load[r, c] = 0.0
+    for g in range(fb.table.size):
+        fb.table[g] = -1
+    return 0
+
+
+@njit_noalloc
+def _transfer(link, link_free, d, t1, p):
+    """When the KV of a prompt of ``p`` tokens, handed off at ``t1``, has
+    reached decode replica ``d``: its inbound link carries one transfer at a
+    time, in hand-off order."""
+    start = max(t1, link_free[d])
+    link_free[d] = start + p * link[DL_KV_BYTES] / link[DL_BANDWIDTH]
+    return link_free[d] + link[DL_LATENCY]
+
+
+@njit_noalloc(entry=True)
+def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
+                     ipar_p, fpar_p, lat_p, fleet_p, router_p, nrep_p, fbp, full_p,
+                     ipar_d, fpar_d, lat_d, router_d, nrep_d, fbd, full_d,
+                     link, key0, key1, rep, db):
+    """Run a disaggregated server over the requests ``0..n-1`` of its stream, to the end.
+
+    Parameters
+    ----------
+    n, arrival, prompt, output, prio, sjfk, pgrp, plen : int, 1-D arrays
+        The stream (`workload._draw_workload`), sorted by arrival.
+    ones : 1-D int array
+        ``n`` ones: the prefill side's outputs.
+    ipar_p, fpar_p, lat_p, fleet_p, router_p, nrep_p, fbp, full_p
+        The prefill pool: its parameter records, its fleet record and
+        router (`cluster._simulate_fleet`'s), replicas, buffers and engine.
+    ipar_d, fpar_d, lat_d, router_d, nrep_d, fbd, full_d
+        The decode pool: the same, without a fleet record (live state, no
+        routing latency); ``ipar_d``'s warm-up is the stream's.
+    link : 1-D float array
+        The link's record (`layout.DL_*`).
+    key0, key1, rep : int
+        The routers' random streams' keys.
+    db : DisaggBuffers
+        The hand-off's buffers (`disagg_buffers`).
+
+    Returns
+    -------
+    int
+        0, or the first negative code of `replica._simulate` or `_hand`.
+    """
+    rc = _simulate_fleet(n, arrival, prompt, ones, prio, sjfk, pgrp, plen, ipar_p, fpar_p, lat_p, fleet_p,
+                         router_p, nrep_p, key0, key1, rep, fbp, full_p)
+    if rc < 0:
+        return rc
+    m = _handoffs(n, fbp, db)
+    warmup = ipar_d[I_WARMUP]
+    ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
+    rc = _init_pool(n, (arrival, prompt, output, prio, sjfk, pgrp, plen), ipar_d, fpar_d, lat_d, nrep_d, fbd, full_d,
+                    ws)
+    if rc < 0:
+        return rc
+    _seed_streams(key0, key1, rep, db.rstate)
+    rstate = db.rstate[1:]   # (its `S_ROUTE` entry is purpose `S_ROUTE_DECODE`)
+    for d in range(nrep_d):
+        db.link_free[d] = 0.0
+    for i in range(n):
+        fbd.owner[i] = -1
+        db.ready[i] = np.nan
+    reads = _needs_state(router_d) and nrep_d > 1
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router_d) else 0)
+    nblk = ipar_d[I_NUM_GPU_BLOCKS]
+    cap = link[DL_LOAD_CAP]
+    measured = warmup == 0
+    for e in range(m):
+        i = db.order[e]
+        t1 = db.t1[i]
+        if not measured and i >= warmup:   # the decode pool's warm-up: hand-offs before the first measured one
+            measured = True
+            for r in range(nrep_d):
+                w = fbd.wi[r]
+                fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+        if reads:
+            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, nblk, what)
+            if rc < 0:
+                return rc
+        d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
+        at = _transfer(link, db.link_free, d, t1, prompt[i])
+        ri = fbd.rs_i
+        j = _hand(n, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
+                  fbd.wi[d], fbd.wf[d], full_d, at, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+        if j < 0:
+            return j
+        fbd.wi[d][WI_K * n + j] = prompt[i] - 1   # its KV but the last token's: vLLM recomputes that one
+        fbd.owner[i] = d
+        fbd.local[i] = j
+        db.ready[i] = at
+    for r in range(nrep_d):
+        rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
+        if rc < 0:
+            return rc
+    return 0
+
+
+@njit_noalloc
+def _gather_pool(n, fb, nrep, share, macc, pool, wm_i, wm_f, m):
+    """A pool's run-level figures into the server's ``macc`` (occupancy and
+    KV use weighted by ``share``, 1 / all replicas; the rest totals or
+    maxima) and its own time integrals into ``pool`` (occupancy, KV use:
+    means over the pool; queue: total); its inter-token gaps appended to
+    the server's from entry ``m``; returns the new count."""
+    o_wv = WF_HEAD * n + N_ACC
+    o_ww = WI_HEAD * n + N_HIST
+    for r in range(nrep):
+        wi, wf = fb.wi[r], fb.wf[r]
+        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        for j in (A_OCC_INT, A_KV_INT):
+            macc[j] += acc[j] * share
+        for j in (A_QUEUE_INT, A_L_INT, A_STEPS, A_BLOCKS_END, A_HIT_TOK, A_QUERY_TOK):
+            macc[j] += acc[j]
+        for j in (A_MAX_BLOCKS, A_MAX_SWAP, A_END):
+            macc[j] = max(macc[j], acc[j])
+        pool[0] += acc[A_OCC_INT] / nrep
+        pool[1] += acc[A_KV_INT] / nrep
+        pool[2] += acc[A_QUEUE_INT]
+        k = np.int64(acc[A_N_ITL])
+        for e in range(k):
+            wm_i[o_ww + m + e] = wi[o_ww + e]
+            wm_f[o_wv + m + e] = wf[o_wv + e]
+        m += k
+    return m
+
+
+@njit_noalloc
+def _merge_requests(n, fbp, fbd, wm_i, wm_f, swap):
+    """Each request's status, preemptions, first token and finish into the
+    server's workspace: the decode side's where it got there (preemptions
+    of both sides), else the prefill side's."""
+    for i in range(n):
+        r, j = fbp.owner[i], fbp.local[i]
+        wi, wf = fbp.wi[r], fbp.wf[r]
+        st, npre, first, fin = wi[WI_STATUS * n + j], wi[WI_NPRE * n + j], wf[WF_FIRST * n + j], wf[WF_FINISH * n + j]
+        nsw = wi[WI_NSWAP * n + j] if swap else 0
+        d = fbd.owner[i]
+        if d >= 0:
+            k = fbd.local[i]
+            wi, wf = fbd.wi[d], fbd.wf[d]
+            st, first, fin = wi[WI_STATUS * n + k], wf[WF_FIRST * n + k], wf[WF_FINISH * n + k]
+            npre += wi[WI_NPRE * n + k]
+            if swap:
+                nsw += wi[WI_NSWAP * n + k]
+        wm_i[WI_STATUS * n + i] = st
+        wm_i[WI_NPRE * n + i] = npre
+        if swap:
+            wm_i[WI_NSWAP * n + i] = nsw
+        wm_f[WF_FIRST * n + i] = first
+        wm_f[WF_FINISH * n + i] = fin
+
+
+C_WINDOW = _COL["window_s"]
+
+
+@njit_noalloc(entry=True)
+def _reduce_disagg(n, arrival, output, ipar, fpar, nrep_p, nrep_d, lag, fbp, fbd, db, wm_i, wm_f, row, extra):
+    """The server's metrics row (`metrics._reduce` over every request, with
+    the decode side's first token, then TTFT and goodput again with the
+    prefill side's) and its own columns (`layout.DISAGG_COLUMNS`) into
+    ``extra``. ``ipar``/``fpar``: the decode pool's records with the
+    stream's warm-up; ``lag``: the prefill pool's routing latency."""
+    swap = ipar[I_SWAP] == 1
+    macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
+    for j in range(N_ACC):
+        macc[j] = 0.0
+    pool = extra[8:14]   # (integrals, divided by the window below)
+    for j in range(6):
+        pool[j] = 0.0
+    share = 1.0 / (nrep_p + nrep_d)
+    m = _gather_pool(n, fbp, nrep_p, share, macc, extra[8:14:2], wm_i, wm_f, 0)
+    m = _gather_pool(n, fbd, nrep_d, share, macc, extra[9:14:2], wm_i, wm_f, m)
+    macc[A_N_ITL] = m
+    macc[A_WINDOW_START] = fbd.wf[0][WF_HEAD * n + A_WINDOW_START]
+    for i in range(n):   # requests in transit (to a prefill replica, on a link) are in the system
+        macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
+        if fbd.owner[i] >= 0:
+            macc[A_L_INT] += db.ready[i] - db.t1[i]
+    _merge_requests(n, fbp, fbd, wm_i, wm_f, swap)
+    _reduce(n, arrival, output, ipar, fpar, wm_i, wm_f, row)
+    for c in range(5):
+        extra[c] = row[C_TTFT_MEAN + c]   # the decode side's first token
+    window = row[C_WINDOW]
+    for c in range(8, 14):
+        extra[c] = extra[c] / window if window > 0 else np.nan
+    _client_ttft(n, arrival, output, ipar, fpar, db, wm_i, wm_f, window, row, extra)
+
+
+@njit_noalloc
+def _client_ttft(n, arrival, output, ipar, fpar, db, wm_i, wm_f, window, row, extra):
+    """TTFT with the prefill side's first token (what the client sees), the
+    goodput with it and the decode side's TPOT, and the KV transfer times,
+    over the measured requests, into ``row`` and ``extra``."""
+    status = wm_i[WI_STATUS * n:(WI_STATUS + 1) * n]
+    first_d = wm_f[WF_FIRST * n:(WF_FIRST + 1) * n]
+    finish = wm_f[WF_FINISH * n:(WF_FINISH + 1) * n]
+    ones = wm_i[WI_ONES * n:(WI_ONES + 1) * n]
+    hist = wm_i[WI_HEAD * n:WI_HEAD * n + N_HIST]
+    v = wm_f[WF_LAST * n:(WF_LAST + 1) * n]   # (scratch: `_reduce` is done with it)
+    has_ttft = ipar[I_HAS_TTFT_SLO] == 1
+    has_tpot = ipar[I_HAS_TPOT_SLO] == 1
+    overhead = fpar[F_TTFT_OVERHEAD]
+    n_done = 0
+    n_good = 0
+    for i in range(ipar[I_WARMUP], n):
+        if status[i] != ST_COMPLETED:
+            continue
+        a = db.t1[i] - arrival[i] + overhead
+        v[n_done] = a
+        n_done += 1
+        ok = not (has_ttft and a > fpar[F_TTFT_SLO])
+        if output[i] > 1 and has_tpot and (finish[i] - first_d[i]) / (output[i] - 1) > fpar[F_TPOT_SLO]:
+            ok = False
+        if ok:
+            n_good += 1
+    row[C_TTFT_MEAN] = _mean(v, n_done)
+    _percentiles(v, ones, n_done, hist, 50.0, 90.0, 95.0, 99.0, 4, row, C_TTFT_MEAN + 1)
+    if window > 0:
+        row[C_GOODPUT] = n_good / window
+    m = 0
+    for i in range(ipar[I_WARMUP], n):
+        if not np.isnan(db.ready[i]):
+            v[m] = db.ready[i] - db.t1[i]
+            m += 1
+    extra[5] = _mean(v, m)
+    _percentiles(v, ones, m, hist, 50.0, 99.0, 0.0, 0.0, 2, extra, 6)
+
+
+def disagg_buffers(n, nrep_d):
+    """The hand-off's buffers for streams of at most ``n`` requests."""
+    from .layout import N_STREAMS
+    return DisaggBuffers(np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64),
+                         np.zeros(nrep_d), np.empty(N_STREAMS + 2, np.uint64))
+
+
+# ------------------------------------------------------------------------------
+# From Python
+
+def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
+                           rep=0):
+    """Simulate a disaggregated server over one given request stream.
+
+    ``prefill``: (ipar, fpar, lat, fleet record, router code, replicas);
+    ``decode``: (ipar, fpar, lat, router code, replicas); ``link``: the
+    record `layout.DL_*`. Returns a dict of per-request arrays (as
+    `_reference_disagg.simulate_disagg_reference`'s), the metrics row and
+    the disaggregated columns (`layout.DISAGG_COLUMNS`)."""
+    from .cluster import _ngroups, fleet_buffers
+    from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
+    from .replica import engine_variant
+    from .workspace import WI_G, _ws_need
+    stream = (np.array(arrival, dtype=np.float64),) + tuple(
+        np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
+    n = stream[0].size
+    ipar_p, fpar_p, lat_p, fleet_p, router_p, nrep_p = prefill
+    ipar_d, fpar_d, lat_d, router_d, nrep_d = decode
+    ones = np.ones(n, np.int64)
+    full_p, full_d = engine_variant(ipar_p), engine_variant(ipar_d)
+    ng = _ngroups(stream[5])
+    need_p = _ws_need(np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
+    need_d = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
+    fbp = fleet_buffers(n, nrep_p, *need_p, ng)
+    fbd = fleet_buffers(n, nrep_d, *need_d, ng)
+    db = disagg_buffers(n, nrep_d)
+    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
+    rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
+                          ipar_p, fpar_p, lat_p, np.asarray(fleet_p, np.float64), np.int64(router_p),
+                          np.int64(nrep_p), fbp, full_p, ipar_d, fpar_d, lat_d, np.int64(router_d), np.int64(nrep_d),
+                          fbd, full_d, np.asarray(link, np.float64), np.uint64(key0), np.uint64(key1), np.int64(rep),
+                          db)
+    if rc < 0:
+        raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
+    wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
+    row, extra = np.empty(N_COLUMNS), np.empty(N_DISAGG_COLUMNS)
+    _reduce_disagg(np.int64(n), arrival, output, ipar_d, fpar_d, np.int64(nrep_p), np.int64(nrep_d),
+                   np.float64(fleet_p[FL_LATENCY]), fbp, fbd, db, wm_i, wm_f, row, extra)
+    per = {"status": wm_i[WI_STATUS * n:(WI_STATUS + 1) * n].astype(np.int8),
+           "first_token_s": db.t1.copy(),
+           "decode_first_token_s": wm_f[WF_FIRST * n:(WF_FIRST + 1) * n].copy(),
+           "ready_s": db.ready.copy(), "finish_s": wm_f[WF_FINISH * n:(WF_FINISH + 1) * n].copy(),
+           "num_preemptions": wm_i[WI_NPRE * n:(WI_NPRE + 1) * n].copy(),
+           "prefill_replica": fbp.owner.copy(), "decode_replica": fbd.owner.copy()}
+    per["num_tokens"] = np.array([fbd.wi[d][WI_G * n + j] if d >= 0 else fbp.wi[r][WI_G * n + k]
+                                  for d, j, r, k in zip(fbd.owner, fbd.local, fbp.owner, fbp.local)], np.int64)
+    per["decode_first_token_s"][fbd.owner < 0] = np.nan
+    per["prefill_finish_s"] = np.array([fbp.wf[r][WF_FINISH * n + k] for r, k in zip(fbp.owner, fbp.local)])
+    return per, row, extra
