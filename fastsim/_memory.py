@@ -5,20 +5,29 @@ The engine (``kernel.replica._simulate``) works in two flat arrays whose sizes
 inside the kernel with no overflow check, and the kernel itself has no
 bounds checks: a product that wraps negative leaves the workspace too small
 and the engine writes past it (a segfault on valid input). This
-module restates those sizes with Python's exact integers (`ws_sizes`, a
-mirror of ``_ws_sizes`` that ``tests/test_memory.py`` holds equal to the
-kernel's) and bounds the data-dependent dimensions from the scenario's laws
-(`workspace_bound`), so that a scenario whose sizes do not fit int64 is
-refused with a ValueError naming its parameters before any kernel runs.
+module runs the kernel's own statement of the layout
+(``kernel.workspace._int_sizes``, ``_float_sizes``) as Python, in exact
+integers (`ws_sizes`, `layout`), and bounds the data-dependent dimensions
+from the scenario's laws (`workspace_bound`), so that a scenario whose
+sizes do not fit int64 is refused with a ValueError naming its parameters
+before any kernel runs.
 
-Then `check_run_memory` estimates what a run keeps resident (per thread:
-the request arrays and the workspace; the result table, and its DataFrame
+Then `check_run_memory` estimates what a run keeps resident (`estimate`:
+per thread, the request arrays and the workspace, of which only the
+segments the scenario's options write count, in the pages they touch
+(`resident_segments`, `granule`: huge pages where NumPy gets them); a
+fleet's replica rows (`_fleet_parts`); the result table and its DataFrame
 copy) and compares it with the memory available (`available_memory`:
 ``FASTSIM_MEMORY_LIMIT``, else the cgroup limit and ``MemAvailable``);
 too much is a ValueError naming the parameter that costs most, and the
-estimate. A workspace that a drawn replication grows beyond what the
-machine can reserve is refused by `CheckedBuffers` (a ValueError, where
-NumPy would raise MemoryError or the OS would kill the process).
+estimate. The estimate is exact where the layout fixes the sizes and
+estimated where a run decides them (the inter-token gap samples,
+`gap_entries`; a block pool's caching structures, counted whole);
+``tests/test_memory_estimate.py`` holds it against measured peak resident
+memory. A fleet whose replica rows could not even be reserved is refused
+too (`check_fleet_memory`), and a workspace that a drawn replication grows
+beyond what the machine can reserve by `CheckedBuffers` (a ValueError,
+where NumPy would raise MemoryError or the OS would kill the process).
 """
 
 from __future__ import annotations
@@ -38,17 +47,18 @@ INT64_MAX = 2 ** 63 - 1
 #: Share of the available memory a run may plan to use (the rest: Python,
 #: NumPy, pandas, Numba's compiled code, and the estimate's slack).
 MEMORY_SHARE = 0.8
-#: Inter-token gap entries a request is assumed to keep resident (see
-#: `gap_entries`) when the latency model has no context term: they
-#: are weighted samples, one per distinct step duration, so far fewer than
-#: the tokens, which only bound them (the arrays are sized by that bound,
-#: but pages never written cost address space only). Measured with
-#: `kernel.replica._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
-#: request (A10G default model, rates 1 to 40/s, outputs 128 and lognormal
-#: up to a 609-token mean). With a context term every step's duration
-#: differs: up to 87 per request (128-token outputs at 1 req/s), so there
-#: the estimate counts the output tokens.
-GAP_ENTRIES_PER_REQUEST = 8
+#: Inter-token gap entries a request is assumed to write (`gap_entries`)
+#: when the latency model has no context term: they are weighted samples,
+#: one per distinct step duration, so far fewer than the tokens, which only
+#: bound them (the arrays are sized by that bound, but pages never written
+#: cost address space only). Measured with `kernel.replica._simulate`'s
+#: entry count: 0.2 to 4.4 per request over 20,000 requests (A10G default
+#: model, rates 1 to 40/s, outputs 128 and lognormal up to a 609-token
+#: mean); 0.1 to 1.8 over the scenarios of tests/test_memory_estimate.py.
+#: With a context term every step's duration differs: up to 87 per request
+#: (128-token outputs at 1 req/s), so there the estimate counts the output
+#: tokens.
+GAP_ENTRIES_PER_REQUEST = 5
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20,
           "MIB": 2 ** 20, "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30, "T": 2 ** 40, "TB": 2 ** 40,
@@ -387,7 +397,7 @@ ROWS_WALKED = 256
 def _written_bytes(sizes, written, unit, leave_out=(), rows=1):
     """Resident bytes of an array of ``rows`` rows (one by default), each
     laid out as ``sizes`` (``{segment: entries}``, in order), whose segments
-    have their first ``written[segment]`` entries written (those in
+    have their first ``written[segment]`` entries written (those named in
     ``leave_out`` not counted): the pages of ``unit`` bytes (the array's
     `granule`) that the written stretches touch, the array starting on a
     page (of many rows, the first `ROWS_WALKED` counted, the rest in proportion)."""
@@ -467,18 +477,15 @@ def resident_segments(scenario, n=None):
     return tuple(out)
 
 
-def _workspace_bytes(scenario, n_layout, n_written, rows=1, leave_outs=((),)):
+def _workspace_bytes(scenario, n_layout, n_written, rows=1):
     """Resident bytes of ``rows`` workspaces laid out for ``n_layout``
     requests, each written by a replica of ``n_written`` requests (a
     fleet's rows: laid out for the whole stream); in one allocation each
-    for ``wi`` and ``wf`` (their `granule`). One figure for each tuple of
-    segments left out in ``leave_outs``."""
-    totals = [0] * len(leave_outs)
+    for ``wi`` and ``wf`` (their `granule`)."""
+    total = 0
     for sizes, written in zip(layout(*_dims(scenario, n_layout)), resident_segments(scenario, n_written)):
-        unit = granule(8 * rows * sum(sizes.values()))
-        for j, leave_out in enumerate(leave_outs):
-            totals[j] += _written_bytes(sizes, written, unit, leave_out, rows)
-    return totals
+        total += _written_bytes(sizes, written, granule(8 * rows * sum(sizes.values())), rows=rows)
+    return total
 
 
 def _column_bytes(entries, columns=1):
@@ -507,9 +514,11 @@ def estimate(scenario, n_replications=0, threads=1):
     parts.append((threads * _column_bytes(n, 7), "request arrays", nreq))
     if scenario.fleet is not None:
         return parts + [(threads * b, part, param) for b, part, param in _fleet_parts(scenario)]
-    whole, no_prefix, no_pool = _workspace_bytes(scenario, n, n, leave_outs=((), PREFIX_TABLE_SEGMENTS,
-                                                                             BLOCK_POOL_SEGMENTS))
-    prefix, pool = whole - no_prefix, whole - no_pool
+    whole = _workspace_bytes(scenario, n, n)
+    # (the parts of their own at their entries' bytes: they may share pages with the rest)
+    wi, _ = resident_segments(scenario, n)
+    prefix, pool = (8 * sum(wi[k] for k in names if k in wi) for names in (PREFIX_TABLE_SEGMENTS,
+                                                                            BLOCK_POOL_SEGMENTS))
     parts.append((threads * (whole - prefix - pool), "engine workspace", nreq))
     if scenario.engine.enable_prefix_caching:
         parts.append((threads * prefix, "prefix-cache table", "prefix_groups"))
@@ -529,7 +538,7 @@ def _fleet_parts(scenario):
     w = scenario.workload
     nrep, n = scenario.fleet.replicas, w.num_requests
     share = -(-n // nrep)
-    rows, = _workspace_bytes(scenario, n, share, rows=nrep)
+    rows = _workspace_bytes(scenario, n, share, rows=nrep)
     # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
     # replica writing its share of its rows; the stream's owner and local index columns
     streams = sum(_written_bytes({"row": n}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
@@ -590,9 +599,9 @@ def check_memory(parts, what="this run"):
 
 
 def check_run_memory(scenario, n_replications=0, threads=1, what="this run"):
-    """`check_int64`, then `check_memory` of the `estimate` (a fleet's:
-    `check_fleet_memory`); the estimate in bytes."""
-    if scenario.fleet is not None:
+    """`check_int64`, then `check_memory` of the `estimate` (a fleet's
+    replications: `check_fleet_memory`); the estimate in bytes."""
+    if scenario.fleet is not None and n_replications:
         return check_fleet_memory(scenario, n_replications, threads, what)
     check_int64(scenario)
     return check_memory(estimate(scenario, n_replications, threads), what)
