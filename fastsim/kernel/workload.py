@@ -265,7 +265,7 @@ def _draw_arrivals(ipar, fpar, state, arr_times, arrival):
 Laws = namedtuple("Laws", ("lcomp", "lpar", "ltab", "lrange"))
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _draw_lengths(state, i, row0, ipar, laws, lognormals, trace, prompt, output):
     """Prompt and output length of request ``i``: from the laws (a law of
     one lognormal component, (median, sigma) in ``lognormals``, drawn here
@@ -294,7 +294,7 @@ def _draw_lengths(state, i, row0, ipar, laws, lognormals, trace, prompt, output)
     output[i] = trace[row, 1]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _draw_priority(state, i, ipar, prio_val, prio_cdf, prompt, output, prio):
     """Priority class of request ``i``: its length band's (``I_PRIO_BAND``),
     else drawn from the classes' law, else the one class."""
@@ -310,7 +310,7 @@ def _draw_priority(state, i, ipar, prio_val, prio_cdf, prompt, output, prio):
         prio[i] = prio_val[0]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _draw_sjf_key(state, i, ipar, fpar, pred_edges, prompt, output, sjfk):
     """SJF key q_i of request ``i``: its true length L_i (output, prompt or
     total, ``I_SJF_KEY``), or a predictor's (``I_PREDICTOR``)."""
@@ -334,7 +334,7 @@ def _draw_sjf_key(state, i, ipar, fpar, pred_edges, prompt, output, sjfk):
         sjfk[i] = base
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _draw_prefix(state, i, ipar, laws, prompt, pgrp, plen):
     """Prefix group (-1: none) and prefix length min(L, P_i - 1) of request ``i``."""
     if ipar[I_PREFIX] == 1:
@@ -391,6 +391,8 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
     _seed_streams(key0, key1, rep, state)
     n, row0 = _draw_arrivals(ipar, fpar, state, arr_times, arrival)
     laws = Laws(lcomp, lpar, ltab, lrange)
+    # (the per-request phases are inlined into this loop: called, each would
+    # take its arrays as seven words apiece, a few times the drawing's cost)
     # A law of one lognormal component (the usual case) is drawn in
     # `_draw_lengths` itself, from the same stream as `_sample_length`
     # would: that call, with its table arguments, is a noticeable share of
