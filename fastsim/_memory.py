@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 
 import numpy as np
 
@@ -224,8 +225,26 @@ def law_max(law) -> int:
     return hi
 
 
+#: `_lengths` of each workload alive (a workload is frozen; a run's memory
+#: check asks for its lengths on every call, a trace's over all its rows).
+_LENGTHS = weakref.WeakKeyDictionary()
+
+
 def _lengths(workload):
     """(largest prompt, largest output, mean output, mean prompt) the workload can draw."""
+    try:
+        return _LENGTHS[workload]
+    except (KeyError, TypeError):
+        pass
+    got = _lengths_of(workload)
+    try:
+        _LENGTHS[workload] = got
+    except TypeError:   # (not weakly referable)
+        pass
+    return got
+
+
+def _lengths_of(workload):
     if workload.lengths is not None:
         p, o = workload.lengths.prompt_len, workload.lengths.output_len
         return int(p.max()), int(o.max()), float(o.mean()), float(p.mean())
@@ -470,9 +489,10 @@ def resident_segments(scenario, n=None):
     n = scenario.workload.num_requests if n is None else n
     used = _options(scenario.engine)
     si, sf = layout(*_dims(scenario, n))
+    gaps = gap_entries(scenario, n) if n else 0
     out = []
     for seg in (si, sf):
-        out.append({k: (gap_entries(scenario, n) if n and k in GAP_SEGMENTS else v) for k, v in seg.items()
+        out.append({k: (gaps if k in GAP_SEGMENTS else v) for k, v in seg.items()
                     if used.get(WRITTEN_ONLY_WITH.get(k), True)})
     return tuple(out)
 
@@ -493,6 +513,11 @@ def _column_bytes(entries, columns=1):
     return columns * (8 * entries + granule(8 * entries)) if entries else 0
 
 
+#: `estimate`'s parts for each scenario alive, by (replications, threads): a
+#: scenario is frozen, and a run's memory check asks again on every call.
+_ESTIMATES = weakref.WeakKeyDictionary()
+
+
 def estimate(scenario, n_replications=0, threads=1):
     """Bytes a run keeps resident, by part: ``[(bytes, part, parameter), ...]``.
 
@@ -503,6 +528,20 @@ def estimate(scenario, n_replications=0, threads=1):
     pool parts of their own; for the run: the result table
     (``n_replications`` x the kernel's columns, float64) and its DataFrame
     copy. A fleet (`Scenario.fleet`): `_fleet_parts`."""
+    key = (n_replications, threads)
+    try:
+        return list(_ESTIMATES[scenario][key])
+    except (KeyError, TypeError):
+        pass
+    parts = _estimate(scenario, n_replications, threads)
+    try:
+        _ESTIMATES.setdefault(scenario, {})[key] = tuple(parts)
+    except TypeError:   # (not weakly referable)
+        pass
+    return parts
+
+
+def _estimate(scenario, n_replications, threads):
     w = scenario.workload
     n = w.num_requests
     nreq = "num_requests" if w.users is None else "users"
