@@ -41,7 +41,8 @@ def test_layout_is_the_kernels(name):
 #: engine has is written by at least one of them).
 PROBES = {
     "common": S(workload=W(arrival_rate=20.0, num_requests=3000)),
-    "lognormal, context term": S(workload=W(arrival_rate=10.0, num_requests=3000, output_len=fastsim.LogNormal(100, 1.0)),
+    "lognormal, context term": S(workload=W(arrival_rate=10.0, num_requests=3000,
+                                            output_len=fastsim.LogNormal(100, 1.0)),
                                  latency=fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3,
                                                               prefill_per_token_s=3e-5, ctx_per_token_s=2e-7)),
     "priority": S(engine=E(policy="priority"),
