@@ -248,8 +248,17 @@ def _lengths_of(workload):
     if workload.lengths is not None:
         p, o = workload.lengths.prompt_len, workload.lengths.output_len
         return int(p.max()), int(o.max()), float(o.mean()), float(p.mean())
-    return (law_max(workload.prompt_len), law_max(workload.output_len), workload.output_len.mean(),
-            workload.prompt_len.mean())
+    p_hi, o_hi = law_max(workload.prompt_len), law_max(workload.output_len)
+    return p_hi, o_hi, _law_mean(workload.output_len, o_hi), _law_mean(workload.prompt_len, p_hi)
+
+
+def _law_mean(law, hi):
+    """A length law's mean, at most ``hi`` (its largest draw); ``hi`` where
+    the mean overflows (a lognormal of an extreme sigma)."""
+    try:
+        return min(float(law.mean()), float(hi))
+    except (OverflowError, ValueError):
+        return float(hi)
 
 
 def workspace_bound(scenario):
