@@ -5,20 +5,29 @@ The engine (``kernel.replica._simulate``) works in two flat arrays whose sizes
 inside the kernel with no overflow check, and the kernel itself has no
 bounds checks: a product that wraps negative leaves the workspace too small
 and the engine writes past it (a segfault on valid input). This
-module restates those sizes with Python's exact integers (`ws_sizes`, a
-mirror of ``_ws_sizes`` that ``tests/test_memory.py`` holds equal to the
-kernel's) and bounds the data-dependent dimensions from the scenario's laws
-(`workspace_bound`), so that a scenario whose sizes do not fit int64 is
-refused with a ValueError naming its parameters before any kernel runs.
+module runs the kernel's own statement of the layout
+(``kernel.workspace._int_sizes``, ``_float_sizes``) as Python, in exact
+integers (`ws_sizes`, `layout`), and bounds the data-dependent dimensions
+from the scenario's laws (`workspace_bound`), so that a scenario whose
+sizes do not fit int64 is refused with a ValueError naming its parameters
+before any kernel runs.
 
-Then `check_run_memory` estimates what a run keeps resident (per thread:
-the request arrays and the workspace; the result table, and its DataFrame
+Then `check_run_memory` estimates what a run keeps resident (`estimate`:
+per thread, the request arrays and the workspace, of which only the
+segments the scenario's options write count, in the pages they touch
+(`resident_segments`, `granule`: huge pages where NumPy gets them); a
+fleet's replica rows (`_fleet_parts`); the result table and its DataFrame
 copy) and compares it with the memory available (`available_memory`:
 ``FASTSIM_MEMORY_LIMIT``, else the cgroup limit and ``MemAvailable``);
 too much is a ValueError naming the parameter that costs most, and the
-estimate. A workspace that a drawn replication grows beyond what the
-machine can reserve is refused by `CheckedBuffers` (a ValueError, where
-NumPy would raise MemoryError or the OS would kill the process).
+estimate. The estimate is exact where the layout fixes the sizes and
+estimated where a run decides them (the inter-token gap samples,
+`gap_entries`; a block pool's caching structures, counted whole);
+``tests/test_memory_estimate.py`` holds it against measured peak resident
+memory. A fleet whose replica rows could not even be reserved is refused
+too (`check_fleet_memory`), and a workspace that a drawn replication grows
+beyond what the machine can reserve by `CheckedBuffers` (a ValueError,
+where NumPy would raise MemoryError or the OS would kill the process).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import weakref
 
 import numpy as np
 
@@ -38,17 +48,18 @@ INT64_MAX = 2 ** 63 - 1
 #: Share of the available memory a run may plan to use (the rest: Python,
 #: NumPy, pandas, Numba's compiled code, and the estimate's slack).
 MEMORY_SHARE = 0.8
-#: Inter-token gap entries a request is assumed to keep resident (see
-#: `_workspace_resident`) when the latency model has no context term: they
-#: are weighted samples, one per distinct step duration, so far fewer than
-#: the tokens, which only bound them (the arrays are sized by that bound,
-#: but pages never written cost address space only). Measured with
-#: `kernel.replica._simulate`'s entry count, 20,000 requests: 0.2 to 4.4 per
-#: request (A10G default model, rates 1 to 40/s, outputs 128 and lognormal
-#: up to a 609-token mean). With a context term every step's duration
-#: differs: up to 87 per request (128-token outputs at 1 req/s), so there
-#: the estimate counts the output tokens.
-GAP_ENTRIES_PER_REQUEST = 8
+#: Inter-token gap entries a request is assumed to write (`gap_entries`)
+#: when the latency model has no context term: they are weighted samples,
+#: one per distinct step duration, so far fewer than the tokens, which only
+#: bound them (the arrays are sized by that bound, but pages never written
+#: cost address space only). Measured with `kernel.replica._simulate`'s
+#: entry count: 0.2 to 4.4 per request over 20,000 requests (A10G default
+#: model, rates 1 to 40/s, outputs 128 and lognormal up to a 609-token
+#: mean); 0.1 to 1.8 over the scenarios of tests/test_memory_estimate.py.
+#: With a context term every step's duration differs: up to 87 per request
+#: (128-token outputs at 1 req/s), so there the estimate counts the output
+#: tokens.
+GAP_ENTRIES_PER_REQUEST = 5
 
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20,
           "MIB": 2 ** 20, "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30, "T": 2 ** 40, "TB": 2 ** 40,
@@ -214,12 +225,40 @@ def law_max(law) -> int:
     return hi
 
 
+#: `_lengths` of each workload alive (a workload is frozen; a run's memory
+#: check asks for its lengths on every call, a trace's over all its rows).
+_LENGTHS = weakref.WeakKeyDictionary()
+
+
 def _lengths(workload):
-    """(largest prompt, largest output, mean output) the workload can draw."""
+    """(largest prompt, largest output, mean output, mean prompt) the workload can draw."""
+    try:
+        return _LENGTHS[workload]
+    except (KeyError, TypeError):
+        pass
+    got = _lengths_of(workload)
+    try:
+        _LENGTHS[workload] = got
+    except TypeError:   # (not weakly referable)
+        pass
+    return got
+
+
+def _lengths_of(workload):
     if workload.lengths is not None:
         p, o = workload.lengths.prompt_len, workload.lengths.output_len
-        return int(p.max()), int(o.max()), float(o.mean())
-    return law_max(workload.prompt_len), law_max(workload.output_len), workload.output_len.mean()
+        return int(p.max()), int(o.max()), float(o.mean()), float(p.mean())
+    p_hi, o_hi = law_max(workload.prompt_len), law_max(workload.output_len)
+    return p_hi, o_hi, _law_mean(workload.output_len, o_hi), _law_mean(workload.prompt_len, p_hi)
+
+
+def _law_mean(law, hi):
+    """A length law's mean, at most ``hi`` (its largest draw); ``hi`` where
+    the mean overflows (a lognormal of an extreme sigma)."""
+    try:
+        return min(float(law.mean()), float(hi))
+    except (OverflowError, ValueError):
+        return float(hi)
 
 
 def workspace_bound(scenario):
@@ -228,12 +267,13 @@ def workspace_bound(scenario):
     the dimensions ``n`` (requests), ``ncnt`` (the dense prefix table:
     groups x prefix blocks), ``nheld`` (prefix references), ``nitl``
     (gap samples: the output tokens of measured requests, each capped at
-    the KV cache), ``cap`` (seats)."""
+    the KV cache), ``cap`` (seats), ``nbp`` (the block pool's blocks) and
+    ``nbt`` (the entries of the requests' block lists)."""
     e, w = scenario.engine, scenario.workload
     n = w.num_requests
     bs = e.block_size
     kv = e.num_gpu_blocks * bs
-    p_hi, o_hi, _ = _lengths(w)
+    p_hi, o_hi, _, _ = _lengths(w)
     nreq = "num_requests" if w.users is None else "users (num_requests = users x per-user cap)"
     dims = {"n": (n, nreq), "cap": (max(1, min(e.max_num_seqs, n)), "max_num_seqs"),
             "nitl": (max((n - w.warmup_requests) * min(o_hi, kv), 1),
@@ -246,6 +286,12 @@ def workspace_bound(scenario):
     dims["ncnt"] = (ncnt, "prefix_groups, prefix_len and block_size (the dense prefix table: groups x "
                           "prefix blocks)")
     dims["nheld"] = (nheld, f"{nreq}, prefix_len and block_size (prefix references: requests x prefix blocks)")
+    nbp = nbt = 0
+    if e.enable_prefix_caching and e.block_hash_caching:
+        nbp = e.usable_gpu_blocks
+        nbt = n * min(-(-(p_hi + o_hi) // bs), nbp)
+    dims["nbp"] = (nbp, "num_gpu_blocks (the block pool of caching by block hash)")
+    dims["nbt"] = (nbt, f"{nreq}, prompt_len, output_len and block_size (each request's block list)")
     return dims
 
 
@@ -256,73 +302,336 @@ def check_int64(scenario):
     workspace)."""
     d = workspace_bound(scenario)
     bs = scenario.engine.block_size
-    need_i, need_f = ws_sizes(d["n"][0], bs, d["cap"][0], d["ncnt"][0], d["nheld"][0], d["nitl"][0])
+    need_i, need_f = ws_sizes(d["n"][0], bs, d["cap"][0], d["ncnt"][0], d["nheld"][0], d["nitl"][0],
+                              d["nbp"][0], d["nbt"][0])
     if max(need_i, need_f) * 8 <= INT64_MAX:
         return
-    # the term that overflows: the largest of the data-dependent ones
-    name = max(("ncnt", "nheld", "nitl", "n"), key=lambda k: d[k][0] * (3 if k == "ncnt" else 1))
+    # the term that overflows: the largest of the data-dependent ones (as the layout counts them)
+    weight = {"ncnt": 3, "nbp": 14}
+    name = max(("ncnt", "nheld", "nitl", "n", "nbp", "nbt"), key=lambda k: d[k][0] * weight.get(k, 1))
     bound, params = d[name]
     advice = {"ncnt": "reduce prefix_groups or prefix_len, or raise block_size",
               "nheld": "reduce num_requests or prefix_len, or raise block_size",
               "nitl": "reduce num_requests or output_len (its largest draw), or the KV cache "
                       "(num_gpu_blocks * block_size)",
-              "n": "reduce num_requests"}[name]
+              "n": "reduce num_requests",
+              "nbp": "reduce num_gpu_blocks",
+              "nbt": "reduce num_requests, prompt_len or output_len, or raise block_size"}[name]
     raise ValueError(f"this scenario's engine workspace is too large for the kernel's 64-bit sizes: "
                      f"{params} allow up to {bound} entries (workspace up to {format_bytes(8 * max(need_i, need_f))}); "
                      f"{advice}")
 
 
-def _typical_prefix(scenario):
-    """(dense prefix table entries, prefix references) estimated: the groups
+def _typical_prefix(scenario, n=None):
+    """(dense prefix table entries, prefix references of ``n`` requests:
+    ``num_requests`` by default) estimated: the groups
     at their number, the prefix blocks at the prefix law's mean (its bound
     for an unbounded law would be 2**40 tokens: a lognormal's tail, which
     the draws reach only as often as the law says)."""
     e, w = scenario.engine, scenario.workload
     if not (e.enable_prefix_caching and w.prefix_groups > 0):
         return 1, 1
-    p_hi, _, _ = _lengths(w)
+    p_hi, _, _, _ = _lengths(w)
     jmax = max(1, int(math.ceil(min(w.prefix_len.mean(), p_hi - 1))) // e.block_size)
-    return max(w.prefix_groups * jmax, 1), max(w.num_requests * jmax, 1)
+    return max(w.prefix_groups * jmax, 1), max((w.num_requests if n is None else n) * jmax, 1)
 
 
-def _workspace_resident(scenario, n):
-    """The workspace entries (int64, float64) a replication keeps resident,
-    estimated: the exact sizes, with the gap samples counted as
-    `GAP_ENTRIES_PER_REQUEST` per request, or the mean output tokens with a
-    context term (or the mean, if smaller), and
-    the prefix dimensions at `_typical_prefix`."""
+# ------------------------------------------------------------------------------
+# What a replication keeps resident
+
+#: Bytes of a memory page.
+PAGE = 4096
+#: NumPy advises the kernel to back arrays of this many bytes or more with
+#: transparent huge pages (where the kernel's THP mode is ``madvise``).
+HUGEPAGE_MIN_ARRAY = 4 * 2 ** 20
+
+#: The segments of the workspace (`kernel.workspace`'s ``WI_*`` and ``WF_*``
+#: names, in their order; their sizes: `layout`).
+WI_SEGMENTS = tuple(sorted((k for k in vars(K.workspace) if k.startswith("WI_") and k != "WI_HEAD"),
+                           key=lambda k: getattr(K.workspace, k)))
+WF_SEGMENTS = tuple(sorted((k for k in vars(K.workspace) if k.startswith("WF_") and k != "WF_HEAD"),
+                           key=lambda k: getattr(K.workspace, k)))
+
+#: Segments the engine writes only when the scenario uses an option (by
+#: name: `_options`); the others it may write in any run. A workspace is
+#: ``np.empty``: the pages of a segment never written cost address space
+#: only. (`tests/test_memory_estimate.py` fills a workspace with a sentinel
+#: and checks that no run writes a segment this table leaves out.)
+WRITTEN_ONLY_WITH = {
+    "WI_NSWAP": "full", "WI_CTOK": "full", "WI_FPRE": "full", "WI_HOFF": "full", "WI_PRIVATE": "full",
+    "WI_NENT": "full", "WF_SWAPPED": "full", "WF_SKEY": "full",   # the full engine (`replica.engine_variant`)
+    "WI_SWAPQ": "swap", "WF_SWAPPED_SINCE": "swap",               # preemption_mode="swap"
+    "WF_KEY": "keyed",                                            # a keyed waiting queue (priority, SJF, aging)
+}
+#: The inter-token gap samples: of their room (the output tokens, the
+#: layout's bound) a run writes far fewer (`gap_entries`).
+GAP_SEGMENTS = ("WI_ITL_W", "WF_ITL_V")
+#: Segments by the part of the estimate they belong to (the rest: the engine workspace).
+PREFIX_TABLE_SEGMENTS = ("WI_CNT", "WI_LPREV", "WI_LNEXT")
+BLOCK_POOL_SEGMENTS = ("WI_QPREV", "WI_QNEXT", "WI_REF", "WI_BHASH", "WI_DPREV", "WI_DNEXT",
+                       "WI_HUSED", "WI_HKEY", "WI_HHEAD", "WI_HTAIL")
+
+
+@functools.lru_cache(maxsize=None)
+def _python_layout():
+    from ._numba_options import python_version
+
+    return python_version(K.workspace._int_sizes), python_version(K.workspace._float_sizes)
+
+
+@functools.lru_cache(maxsize=256)   # (a run's memory check asks for the same dimensions on every call)
+def layout(n, bs, cap, ncnt, nheld, nitl, nbp=0, nbt=0):
+    """``({segment: entries} of wi, of wf)`` for the dimensions
+    `kernel.workspace._ws_dims` gives, in the layout's order: the kernel's
+    own statement of the layout (`kernel.workspace._int_sizes`,
+    `_float_sizes`) run as Python, in Python integers."""
+    int_sizes, float_sizes = _python_layout()
+    si = int_sizes(int(n), int(bs), int(cap), int(ncnt), int(nheld), int(nitl), int(nbp), int(nbt))
+    sf = float_sizes(int(n), int(cap), int(nitl))
+    return dict(zip(WI_SEGMENTS, si)), dict(zip(WF_SEGMENTS, sf))
+
+
+@functools.lru_cache(maxsize=None)
+def _huge_page():
+    """The transparent huge page's bytes where NumPy's large arrays get them
+    (THP ``always``, or ``madvise`` and NumPy's advice on), else None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read().split("[")[1].split("]")[0]
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
+            size = int(f.read())
+    except (OSError, IndexError, ValueError):
+        return None
+    try:
+        from numpy._core.multiarray import _get_madvise_hugepage
+    except ImportError:
+        try:   # (NumPy 1)
+            from numpy.core.multiarray import _get_madvise_hugepage
+        except ImportError:
+            def _get_madvise_hugepage():
+                return True   # (the larger figure: an estimate that errs high)
+    if mode == "always" or (mode == "madvise" and _get_madvise_hugepage()):
+        return size
+    return None
+
+
+def granule(nbytes):
+    """The bytes in which an array of ``nbytes`` becomes resident: a huge
+    page (`_huge_page`) for a large one where they apply, else a page."""
+    huge = _huge_page()
+    return huge if huge is not None and nbytes >= HUGEPAGE_MIN_ARRAY else PAGE
+
+
+#: Rows of a fleet's workspaces `_written_bytes` walks (more: scaled from these).
+ROWS_WALKED = 256
+
+
+def _written_bytes(sizes, written, unit, leave_out=(), rows=1):
+    """Resident bytes of an array of ``rows`` rows (one by default), each
+    laid out as ``sizes`` (``{segment: entries}``, in order), whose segments
+    have their first ``written[segment]`` entries written (those named in
+    ``leave_out`` not counted): the pages of ``unit`` bytes (the array's
+    `granule`) that the written stretches touch, the array starting on a
+    page (of many rows, the first `ROWS_WALKED` counted, the rest in proportion)."""
+    stretches, o = [], 0
+    for k, s in sizes.items():
+        w = written.get(k, 0)
+        if w > 0 and k not in leave_out:
+            stretches.append((8 * o, 8 * (o + w)))
+        o += s
+    pages, last, walked = 0, -1, min(rows, ROWS_WALKED)
+    for r in range(walked):
+        base = 8 * o * r
+        for a, b in stretches:
+            first, end = (base + a) // unit, (base + b - 1) // unit
+            if end > last:
+                pages += end - max(first, last + 1) + 1
+                last = end
+    return pages * unit * rows // walked
+
+
+def _options(engine):
+    """The options of `WRITTEN_ONLY_WITH` the engine uses."""
+    full = (engine.scheduler == "static" or engine.priority_preemption or engine.preemption_mode == "swap"
+            or engine.enable_prefix_caching)
+    keyed = engine.policy != "fcfs" or engine.priority_aging_s is not None or engine.priority_preemption
+    return {"full": full, "swap": engine.preemption_mode == "swap", "keyed": keyed}
+
+
+def gap_entries(scenario, n):
+    """The inter-token gap samples a replication of ``n`` requests writes,
+    estimated: `GAP_ENTRIES_PER_REQUEST` per measured request when the
+    latency model has no context term, else the mean output tokens (each
+    step's duration differs; never more than the output tokens)."""
     e, w = scenario.engine, scenario.workload
-    d = workspace_bound(scenario)
-    _, _, o_mean = _lengths(w)
-    kv = e.num_gpu_blocks * e.block_size
-    nitl_mean = max(1, int(min(o_mean, kv) * (n - w.warmup_requests)))
-    per_request = nitl_mean if scenario.latency.ctx_per_token_s > 0 else GAP_ENTRIES_PER_REQUEST * n + 1
-    resident = min(d["nitl"][0], per_request, nitl_mean)
-    ncnt, nheld = _typical_prefix(scenario)
-    return ws_sizes(n, e.block_size, min(d["cap"][0], max(n, 1)), ncnt, nheld, resident)
+    tokens = _gap_room(scenario, n)
+    if scenario.latency.ctx_per_token_s > 0:
+        return tokens
+    return min(tokens, GAP_ENTRIES_PER_REQUEST * max(n - w.warmup_requests, 0) + 1)
+
+
+def _gap_room(scenario, n):
+    """The gap samples' room (the layout's ``nitl``) of ``n`` requests at the mean output length."""
+    e, w = scenario.engine, scenario.workload
+    _, _, o_mean, _ = _lengths(w)
+    return max(1, int(min(o_mean, e.kv_capacity_tokens) * max(n - w.warmup_requests, 0)))
+
+
+def _dims(scenario, n):
+    """The layout's dimensions (`kernel.workspace._ws_dims`'s, with ``n``
+    and the block size) of a replication of ``n`` requests, estimated: the
+    gap samples' room and the block lists at the mean lengths, the prefix
+    dimensions at `_typical_prefix`."""
+    e, w = scenario.engine, scenario.workload
+    bs = e.block_size
+    ncnt, nheld = _typical_prefix(scenario, n)
+    nbp = nbt = 0
+    if e.enable_prefix_caching and e.block_hash_caching:
+        _, _, o_mean, p_mean = _lengths(w)
+        nbp = e.usable_gpu_blocks
+        nbt = n * min(int(math.ceil((p_mean + o_mean) / bs)) + 1, nbp)
+    return n, bs, max(1, min(e.max_num_seqs, n)), ncnt, nheld, _gap_room(scenario, n), nbp, nbt
+
+
+def resident_segments(scenario, n=None):
+    """``({segment: entries} of wi, of wf)`` a replication of ``scenario``
+    (``n`` requests: ``num_requests`` by default) writes, estimated: the
+    layout's sizes (`layout`) at `_dims`, less the segments its options
+    never write (`WRITTEN_ONLY_WITH`), the gap samples at `gap_entries`.
+    (The engine writes each segment from its start.)"""
+    n = scenario.workload.num_requests if n is None else n
+    used = _options(scenario.engine)
+    si, sf = layout(*_dims(scenario, n))
+    gaps = gap_entries(scenario, n) if n else 0
+    out = []
+    for seg in (si, sf):
+        out.append({k: (gaps if k in GAP_SEGMENTS else v) for k, v in seg.items()
+                    if used.get(WRITTEN_ONLY_WITH.get(k), True)})
+    return tuple(out)
+
+
+def _workspace_bytes(scenario, n_layout, n_written, rows=1):
+    """Resident bytes of ``rows`` workspaces laid out for ``n_layout``
+    requests, each written by a replica of ``n_written`` requests (a
+    fleet's rows: laid out for the whole stream); in one allocation each
+    for ``wi`` and ``wf`` (their `granule`)."""
+    total = 0
+    for sizes, written in zip(layout(*_dims(scenario, n_layout)), resident_segments(scenario, n_written)):
+        total += _written_bytes(sizes, written, granule(8 * rows * sum(sizes.values())), rows=rows)
+    return total
+
+
+def _column_bytes(entries, columns=1):
+    """Resident bytes of ``columns`` arrays of ``entries`` int64 or float64 entries, each written in full."""
+    return columns * (8 * entries + granule(8 * entries)) if entries else 0
+
+
+#: `estimate`'s parts for each scenario alive, by (replications, threads): a
+#: scenario is frozen, and a run's memory check asks again on every call.
+_ESTIMATES = weakref.WeakKeyDictionary()
 
 
 def estimate(scenario, n_replications=0, threads=1):
     """Bytes a run keeps resident, by part: ``[(bytes, part, parameter), ...]``.
 
     Per thread: the request arrays (7 columns of ``num_requests``) and the
-    engine's workspace (`_workspace_resident`; its dense prefix table a part
-    of its own); for the run: the result table (``n_replications`` x the
-    kernel's columns, float64) and its DataFrame copy."""
+    engine's workspace (`_workspace_bytes`: the layout's exact sizes, of
+    the segments the scenario's options write, the inter-token gap
+    samples estimated, in whole pages), its dense prefix table and its block
+    pool parts of their own; for the run: the result table
+    (``n_replications`` x the kernel's columns, float64) and its DataFrame
+    copy. A fleet (`Scenario.fleet`): `_fleet_parts`."""
+    key = (n_replications, threads)
+    try:
+        return list(_ESTIMATES[scenario][key])
+    except (KeyError, TypeError):
+        pass
+    parts = _estimate(scenario, n_replications, threads)
+    try:
+        _ESTIMATES.setdefault(scenario, {})[key] = tuple(parts)
+    except TypeError:   # (not weakly referable)
+        pass
+    return parts
+
+
+def _estimate(scenario, n_replications, threads):
     w = scenario.workload
     n = w.num_requests
     nreq = "num_requests" if w.users is None else "users"
     parts = []
     if n_replications:
-        parts.append((2 * 8 * n_replications * K.N_COLUMNS, "result tables", "n_replications"))
+        ncol = K.N_COLUMNS + (len(K.FLEET_COLUMNS) if scenario.fleet is not None else 0)
+        parts.append((2 * 8 * n_replications * ncol, "result tables", "n_replications"))
     threads = max(1, min(threads, n_replications or 1))
-    parts.append((threads * 7 * 8 * n, "request arrays", nreq))
-    wi, wf = _workspace_resident(scenario, n)
-    prefix = 3 * _typical_prefix(scenario)[0] * 8
-    parts.append((threads * 8 * (wi + wf) - threads * prefix, "engine workspace", nreq))
-    if prefix > 8:
+    parts.append((threads * _column_bytes(n, 7), "request arrays", nreq))
+    if scenario.fleet is not None:
+        return parts + [(threads * b, part, param) for b, part, param in _fleet_parts(scenario)]
+    whole = _workspace_bytes(scenario, n, n)
+    # (the parts of their own at their entries' bytes: they may share pages with the rest)
+    wi, _ = resident_segments(scenario, n)
+    prefix, pool = (8 * sum(wi[k] for k in names if k in wi) for names in (PREFIX_TABLE_SEGMENTS,
+                                                                            BLOCK_POOL_SEGMENTS))
+    parts.append((threads * (whole - prefix - pool), "engine workspace", nreq))
+    if scenario.engine.enable_prefix_caching:
         parts.append((threads * prefix, "prefix-cache table", "prefix_groups"))
+        if scenario.engine.block_hash_caching:
+            parts.append((threads * pool, "block pool", "num_gpu_blocks"))
     return parts
+
+
+def _fleet_parts(scenario):
+    """A fleet's parts of one thread (`_fleet._FleetWorker`): each replica
+    a row of workspaces laid out for the whole stream (`kernel.cluster`),
+    of which it writes each segment's first entries as a replica of its
+    share of the requests would (the routers balance the load: an equal
+    share); the rows' streams; and the workspace of the stream's merged
+    results (`cluster._reduce_fleet`: the per-request columns, gap samples
+    and reduction scratch)."""
+    w = scenario.workload
+    nrep, n = scenario.fleet.replicas, w.num_requests
+    share = -(-n // nrep)
+    rows = _workspace_bytes(scenario, n, share, rows=nrep)
+    # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
+    # replica writing its share of its rows; the stream's owner and local index columns
+    streams = sum(_written_bytes({"row": n}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
+                  for c in (1, 6)) + _column_bytes(n, 2)
+    merged = 0
+    for sizes, written in zip(layout(*_dims(scenario, n)), resident_segments(scenario, n)):
+        head = K.workspace.WI_HEAD if next(iter(sizes)).startswith("WI") else K.workspace.WF_HEAD
+        keep = {k: v for k, v in written.items() if getattr(K.workspace, k) < head
+                or k in GAP_SEGMENTS or k in ("WI_HIST", "WF_ACC")}
+        merged += _written_bytes(sizes, keep, granule(8 * sum(sizes.values())))
+    return [(merged + streams + 8 * nrep * (K.N_IPAR + K.N_LOAD), "fleet's streams and results", "num_requests"),
+            (rows, "replica workspaces", "replicas")]
+
+
+def fleet_address_space(scenario):
+    """Bytes of address space one thread of a fleet's run reserves in its
+    larger allocation (``wi``'s or ``wf``'s rows, `_fleet._FleetWorker`):
+    each of the ``replicas`` rows a workspace laid out for the whole stream
+    (the gap samples' room at the mean output tokens), with the quarter to
+    spare the worker grows by. (Pages never written cost address space
+    only; but an allocation larger than the machine's memory and swap is
+    refused by the OS's default overcommit heuristic.)"""
+    n = scenario.workload.num_requests
+    si, sf = layout(*_dims(scenario, n))
+    return scenario.fleet.replicas * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
+
+
+def check_fleet_memory(scenario, n_replications, threads, what="replicate"):
+    """`check_int64`; then refuse a fleet whose replicas' rows cannot be
+    reserved (`fleet_address_space` beyond this machine's memory and swap,
+    where NumPy would raise MemoryError), or whose `estimate` exceeds the
+    memory available (`check_memory`)."""
+    check_int64(scenario)
+    space, limit = fleet_address_space(scenario), reservable_memory()
+    if limit is not None and space > limit:
+        f = scenario.fleet
+        raise ValueError(f"{what}: a fleet of {f.replicas} replicas over {scenario.workload.num_requests} "
+                         f"requests reserves an array of about {format_bytes(space)} (each replica a "
+                         f"workspace laid out for the whole stream), more than this machine's memory and swap "
+                         f"({format_bytes(limit)}); reduce replicas or num_requests")
+    return check_memory(estimate(scenario, n_replications, threads), what)
 
 
 def check_memory(parts, what="this run"):
@@ -342,7 +651,10 @@ def check_memory(parts, what="this run"):
 
 
 def check_run_memory(scenario, n_replications=0, threads=1, what="this run"):
-    """`check_int64`, then `check_memory` of the `estimate`; the estimate in bytes."""
+    """`check_int64`, then `check_memory` of the `estimate` (a fleet's
+    replications: `check_fleet_memory`); the estimate in bytes."""
+    if scenario.fleet is not None and n_replications:
+        return check_fleet_memory(scenario, n_replications, threads, what)
     check_int64(scenario)
     return check_memory(estimate(scenario, n_replications, threads), what)
 

@@ -952,9 +952,7 @@ def _check_replicate_memory(scenario, n_replications, backend, n_threads):
     before anything is allocated: ValueError naming the parameter."""
     from . import _memory
 
-    if scenario.fleet is not None:
-        return   # (a fleet's replicas touch only the pages of the requests they get)
-    if backend == "numba":
+    if backend == "numba":   # (a fleet's too: `_memory.check_fleet_memory`)
         _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), "replicate")
         return
     if backend == "cuda":

@@ -40,9 +40,10 @@ def test_bound_holds_every_drawn_replication(name):
     for rep in range(20):
         args, p = stream(sc, rep)
         n, a, pr, o, c, q, grp, plen = args
-        cap, ncnt, nheld, nitl, _, _, _ = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])
+        cap, ncnt, nheld, nitl, _, nbp, nbt = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])
         assert n <= bound["n"][0] and cap <= bound["cap"][0] and ncnt <= bound["ncnt"][0]
         assert nheld <= bound["nheld"][0] and nitl <= bound["nitl"][0]
+        assert nbp <= bound["nbp"][0] and nbt <= bound["nbt"][0]
 
 
 def _refused_fast(call, match):

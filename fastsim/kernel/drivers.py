@@ -241,13 +241,48 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
 def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab,
                lrange, trace, prio_val, prio_cdf, pred_edges, out, state, arrival, prompt, output, prio,
                sjfk, pgrp, plen, wi, wf, need, rlat, rfpar, full, draw, ws_need, simulate, reduce):
-    """`run_chunk` compiled, on the buffers `ChunkBuffers.arrays` gives;
-    each replication runs on its own records ``rlat``, ``rfpar`` (its per-run
-    latency effects and step-noise key, `latency._draw_run_latency`);
-    ``draw``, ``ws_need``, ``simulate``, ``reduce``: `_entry_pointers`.
-    Returns the number of replications done: ``nrep``, or fewer when the
-    next one needs a larger workspace (its sizes are then in ``need``), or
-    `_simulate`'s negative code."""
+    """`run_chunk` compiled, on the buffers `ChunkBuffers.arrays` gives.
+
+    An entry point (called from Python through `run_on`), whose arguments
+    are the scenario's packed arrays, the thread's buffers and the compiled
+    entries it calls, each listed below.
+
+    Parameters
+    ----------
+    rep0, nrep : int64
+        The first replication and how many.
+    key0, key1 : uint64
+        The run's seed keys (each replication's streams: these and its index).
+    ipar, fpar, lat : arrays
+        The parameter records (`layout.I_*`, `F_*`, `L_*`).
+    arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges : arrays
+        The workload's tables, as `workload._draw_workload` takes them.
+    out : float64 array (nrep, N_COLUMNS)
+        The replications' rows of metrics.
+    state : uint64 array
+        Scratch of the random streams.
+    arrival, prompt, output, prio, sjfk, pgrp, plen : arrays
+        A replication's requests, drawn into them.
+    wi, wf : int64, float64 arrays
+        The engine's workspace (`workspace`), at least as large as a
+        replication needs, else the chunk stops before it.
+    need : int64 array (2)
+        Where the sizes a replication needs are left when it stops.
+    rlat, rfpar : float64 arrays
+        Each replication's own latency and float records (its per-run
+        latency effects and step-noise key, `latency._draw_run_latency`).
+    full : None or int
+        The engine (`replica.engine_variant`).
+    draw, ws_need, simulate, reduce : compiled entries
+        `_draw_workload`, `_ws_need`, `_simulate`, `_reduce` (`_entry_pointers`).
+
+    Returns
+    -------
+    int
+        The number of replications done: ``nrep``, or fewer when the next
+        one needs a larger workspace (its sizes are then in ``need``), or
+        `_simulate`'s negative code.
+    """
     for j in range(nrep):
         n = draw(rep0 + j, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
                  prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)

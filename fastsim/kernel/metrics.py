@@ -6,6 +6,7 @@ goodput, blocking, and the time averages.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 
@@ -281,46 +282,20 @@ def _mean(x, m):
     return s / m
 
 
-@njit_noalloc(entry=True)
-def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
-    """Per-replication metrics of the measured requests (``docs/engine-model.md``)
-    from the workspace ``wi``/``wf`` that `_simulate` filled."""
-    status = wi[WI_STATUS * n:(WI_STATUS + 1) * n]
-    npre = wi[WI_NPRE * n:(WI_NPRE + 1) * n]
-    nswap = wi[WI_NSWAP * n:(WI_NSWAP + 1) * n]
-    ones = wi[WI_ONES * n:(WI_ONES + 1) * n]
-    first_t = wf[WF_FIRST * n:(WF_FIRST + 1) * n]
-    finish_t = wf[WF_FINISH * n:(WF_FINISH + 1) * n]
-    acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
-    # The measured requests' TTFT, E2E and TPOT go to columns the ended run
-    # no longer needs (last-token times; tokens computed and KV blocks, int64
-    # read as doubles): the engine wrote them, so they are resident already,
-    # where a scratch of their own would add 24 bytes a request.
-    ttft = wf[WF_LAST * n:(WF_LAST + 1) * n]
-    e2e = wi[WI_K * n:(WI_K + 1) * n].view(np.float64)
-    tpot = wi[WI_BLOCKS * n:(WI_BLOCKS + 1) * n].view(np.float64)
-    n_itl = np.int64(acc[A_N_ITL])
-    o = WI_HEAD * n
-    hist = wi[o:o + N_HIST]
-    itl_w = wi[o + N_HIST:o + N_HIST + n_itl]
-    o = WF_HEAD * n + N_ACC
-    itl_v = wf[o:o + n_itl]
-    warmup = ipar[I_WARMUP]
-    swap = ipar[I_SWAP] == 1
-    has_ttft = ipar[I_HAS_TTFT_SLO] == 1
-    has_tpot = ipar[I_HAS_TPOT_SLO] == 1
-    ttft_slo = fpar[F_TTFT_SLO]
-    tpot_slo = fpar[F_TPOT_SLO]
-    overhead = fpar[F_TTFT_OVERHEAD]
-    nm = max(n - warmup, 0)
-    n_done = 0
-    n_tpot = 0
-    n_good = 0
-    out_tokens = 0
-    n_rej_meas = 0
-    n_drop_meas = 0
-    pre_meas = 0
-    swap_meas = 0
+#: A replication's outcome per request, as the engine left it (`_reduce`'s
+#: views of the workspace's per-request columns).
+Outcomes = namedtuple("Outcomes", ("status", "npre", "nswap", "first_t", "finish_t"))
+#: The measured requests' latency samples, and the unit weights their
+#: percentiles take (`_reduce` puts them in columns the ended run no longer needs).
+LatencySamples = namedtuple("LatencySamples", ("ttft", "e2e", "tpot", "ones"))
+
+
+@njit_noalloc
+def _tally_run(n, arrival, out, swap, end, row):
+    """The whole run's counts of requests by status, preemptions and swaps,
+    and the sojourn sum (Little's law), into their columns of ``row``;
+    return the sends never made (sessions: requests that did not arrive)."""
+    c_pend = 0
     c_done = 0
     c_long = 0
     c_adm = 0
@@ -328,13 +303,9 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
     c_unf = 0
     c_pre = 0
     c_swap = 0
-    c_pend = 0
-    end = acc[A_END]
     sojourn = 0.0
     for i in range(n):
-        ones[i] = 1
-    for i in range(n):
-        st = status[i]
+        st = out.status[i]
         if st == ST_COMPLETED:
             c_done += 1
         elif st == ST_REJECTED_TOO_LONG:
@@ -348,53 +319,92 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
         elif st == ST_PENDING:
             c_pend += 1   # (sessions: a send never made; it did not arrive)
             continue
-        ns = nswap[i] if swap else 0   # (written by the engine only with swap preemption)
-        c_pre += npre[i]
-        c_swap += ns
+        c_pre += out.npre[i]
+        c_swap += out.nswap[i] if swap else 0   # (written by the engine only with swap preemption)
         # Little's law bookkeeping: sojourn of every accepted request, from
         # arrival to completion, drop, or the end of the run.
         if st == ST_COMPLETED or st == ST_DROPPED:
-            sojourn += finish_t[i] - arrival[i]
+            sojourn += out.finish_t[i] - arrival[i]
         elif st == ST_UNFINISHED:
             sojourn += end - arrival[i]
-        if i < warmup:
-            continue
-        pre_meas += npre[i]
-        swap_meas += ns
+    c0 = C_N_ARRIVED
+    row[c0 + 1] = c_done
+    row[c0 + 2] = c_long + c_adm
+    row[c0 + 3] = c_long
+    row[c0 + 4] = c_adm
+    row[c0 + 5] = c_drop
+    row[c0 + 6] = c_unf
+    row[c0 + 7] = c_pre
+    row[c0 + 8] = c_swap
+    row[c0 + 17] = sojourn
+    return c_pend
+
+
+@njit_noalloc
+def _tally_measured(n, arrival, output, out, ipar, fpar, smp):
+    """The measured requests' (from ``I_WARMUP`` on) latency samples into
+    ``smp`` (TTFT and E2E of those completed, TPOT of those with two
+    tokens or more); return (completed, TPOT samples, within the SLOs,
+    output tokens, rejected, dropped, preemptions, swaps) among them."""
+    swap = ipar[I_SWAP] == 1
+    has_ttft = ipar[I_HAS_TTFT_SLO] == 1
+    has_tpot = ipar[I_HAS_TPOT_SLO] == 1
+    ttft_slo = fpar[F_TTFT_SLO]
+    tpot_slo = fpar[F_TPOT_SLO]
+    overhead = fpar[F_TTFT_OVERHEAD]
+    n_done = 0
+    n_tpot = 0
+    n_good = 0
+    out_tokens = 0
+    n_rej = 0
+    n_drop = 0
+    pre = 0
+    swaps = 0
+    for i in range(ipar[I_WARMUP], n):
+        st = out.status[i]
+        pre += out.npre[i]
+        swaps += out.nswap[i] if swap else 0
         if st == ST_REJECTED_TOO_LONG or st == ST_REJECTED_ADMISSION:
-            n_rej_meas += 1
+            n_rej += 1
         elif st == ST_DROPPED:
-            n_drop_meas += 1
+            n_drop += 1
         elif st == ST_COMPLETED:
-            a = first_t[i] - arrival[i] + overhead
-            e = finish_t[i] - arrival[i] + overhead
-            ttft[n_done] = a
-            e2e[n_done] = e
+            a = out.first_t[i] - arrival[i] + overhead
+            e = out.finish_t[i] - arrival[i] + overhead
+            smp.ttft[n_done] = a
+            smp.e2e[n_done] = e
             n_done += 1
             out_tokens += output[i]
             ok = not (has_ttft and a > ttft_slo)
             if output[i] > 1:
-                tp = (finish_t[i] - first_t[i]) / (output[i] - 1)
-                tpot[n_tpot] = tp
+                tp = (out.finish_t[i] - out.first_t[i]) / (output[i] - 1)
+                smp.tpot[n_tpot] = tp
                 n_tpot += 1
                 if has_tpot and tp > tpot_slo:
                     ok = False
             if ok:
                 n_good += 1
-    nm = max(nm - c_pend, 0)   # (sessions refuse warm-up: the sends never made are not measured)
+    return n_done, n_tpot, n_good, out_tokens, n_rej, n_drop, pre, swaps
 
-    row[C_TTFT_MEAN] = _mean(ttft, n_done)
+
+@njit_noalloc
+def _latency_stats(smp, n_done, n_tpot, itl_v, itl_w, hist, row):
+    """Means and percentiles of TTFT, TPOT, ITL (weighted gap samples
+    ``itl_v``, ``itl_w``) and E2E into ``row``; ``hist``: scratch."""
+    row[C_TTFT_MEAN] = _mean(smp.ttft, n_done)
     # percentiles by selection (each reorders its array; the means come first)
-    _percentiles(ttft, ones, n_done, hist, 50.0, 90.0, 95.0, 99.0, 4, row, C_TTFT_MEAN + 1)
-    row[C_TPOT_MEAN] = _mean(tpot, n_tpot)
-    _percentiles(tpot, ones, n_tpot, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_TPOT_MEAN + 1)
-    _weighted_stats(itl_v, itl_w, n_itl, row, C_ITL_MEAN, hist)
-    row[C_E2E_MEAN] = _mean(e2e, n_done)
-    _percentiles(e2e, ones, n_done, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_E2E_MEAN + 1)
-    # The window closes at the horizon, or else at the end of the drained run
-    # (its last completion) as the client sees it.
-    window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else end + overhead
-    window = window_end - acc[A_WINDOW_START] if nm > 0 else 0.0
+    _percentiles(smp.ttft, smp.ones, n_done, hist, 50.0, 90.0, 95.0, 99.0, 4, row, C_TTFT_MEAN + 1)
+    row[C_TPOT_MEAN] = _mean(smp.tpot, n_tpot)
+    _percentiles(smp.tpot, smp.ones, n_tpot, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_TPOT_MEAN + 1)
+    _weighted_stats(itl_v, itl_w, itl_v.size, row, C_ITL_MEAN, hist)
+    row[C_E2E_MEAN] = _mean(smp.e2e, n_done)
+    _percentiles(smp.e2e, smp.ones, n_done, hist, 50.0, 99.0, 0.0, 0.0, 2, row, C_E2E_MEAN + 1)
+
+
+@njit_noalloc
+def _time_averages(window, n_done, out_tokens, n_good, acc, row):
+    """Throughputs, goodput and the time averages over the measurement
+    window (nan without one)."""
     if window > 0.0:
         row[C_REQ_TPUT] = n_done / window
         row[C_OUT_TPUT] = out_tokens / window
@@ -409,33 +419,72 @@ def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
         row[C_OCC] = np.nan
         row[C_QUEUE] = np.nan
         row[C_KV] = np.nan
+
+
+@njit_noalloc
+def _per_measured(nm, n_rej, n_drop, pre, swaps, row):
+    """Blocking and drop probabilities, preemptions and swaps per measured
+    request (nan without one)."""
     if nm > 0:
-        row[C_BLOCKING] = n_rej_meas / nm
-        row[C_DROP] = n_drop_meas / nm
-        row[C_PREEMPT] = pre_meas / nm
-        row[C_SWAPS] = swap_meas / nm
+        row[C_BLOCKING] = n_rej / nm
+        row[C_DROP] = n_drop / nm
+        row[C_PREEMPT] = pre / nm
+        row[C_SWAPS] = swaps / nm
     else:
         row[C_BLOCKING] = np.nan
         row[C_DROP] = np.nan
         row[C_PREEMPT] = np.nan
         row[C_SWAPS] = np.nan
+
+
+@njit_noalloc
+def _run_columns(n, nm, window, acc, row):
+    """The prefix-cache hit rate and the run's figures from its accumulators."""
     row[C_HIT] = acc[A_HIT_TOK] / acc[A_QUERY_TOK] if acc[A_QUERY_TOK] > 0 else np.nan
     c0 = C_N_ARRIVED
-    row[c0 + 0] = n - c_pend
-    row[c0 + 1] = c_done
-    row[c0 + 2] = c_long + c_adm
-    row[c0 + 3] = c_long
-    row[c0 + 4] = c_adm
-    row[c0 + 5] = c_drop
-    row[c0 + 6] = c_unf
-    row[c0 + 7] = c_pre
-    row[c0 + 8] = c_swap
+    row[c0 + 0] = n
     row[c0 + 9] = nm
     row[c0 + 10] = acc[A_STEPS]
     row[c0 + 11] = acc[A_MAX_BLOCKS]
     row[c0 + 12] = acc[A_BLOCKS_END]
     row[c0 + 13] = acc[A_MAX_SWAP]
     row[c0 + 14] = window
-    row[c0 + 15] = end
+    row[c0 + 15] = acc[A_END]
     row[c0 + 16] = acc[A_L_INT]
-    row[c0 + 17] = sojourn
+
+
+@njit_noalloc(entry=True)
+def _reduce(n, arrival, output, ipar, fpar, wi, wf, row):
+    """Per-replication metrics of the measured requests (``docs/engine-model.md``)
+    from the workspace ``wi``/``wf`` that `_simulate` filled, into ``row``
+    (`layout.COLUMNS`)."""
+    out = Outcomes(wi[WI_STATUS * n:(WI_STATUS + 1) * n], wi[WI_NPRE * n:(WI_NPRE + 1) * n],
+                   wi[WI_NSWAP * n:(WI_NSWAP + 1) * n], wf[WF_FIRST * n:(WF_FIRST + 1) * n],
+                   wf[WF_FINISH * n:(WF_FINISH + 1) * n])
+    # The measured requests' TTFT, E2E and TPOT go to columns the ended run
+    # no longer needs (last-token times; tokens computed and KV blocks, int64
+    # read as doubles): the engine wrote them, so they are resident already,
+    # where a scratch of their own would add 24 bytes a request.
+    smp = LatencySamples(wf[WF_LAST * n:(WF_LAST + 1) * n], wi[WI_K * n:(WI_K + 1) * n].view(np.float64),
+                         wi[WI_BLOCKS * n:(WI_BLOCKS + 1) * n].view(np.float64), wi[WI_ONES * n:(WI_ONES + 1) * n])
+    acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+    n_itl = np.int64(acc[A_N_ITL])
+    o = WI_HEAD * n
+    hist = wi[o:o + N_HIST]
+    itl_w = wi[o + N_HIST:o + N_HIST + n_itl]
+    o = WF_HEAD * n + N_ACC
+    itl_v = wf[o:o + n_itl]
+    for i in range(n):
+        smp.ones[i] = 1
+    c_pend = _tally_run(n, arrival, out, ipar[I_SWAP] == 1, acc[A_END], row)
+    n_done, n_tpot, n_good, out_tokens, n_rej, n_drop, pre, swaps = _tally_measured(n, arrival, output, out, ipar,
+                                                                                    fpar, smp)
+    _latency_stats(smp, n_done, n_tpot, itl_v, itl_w, hist, row)
+    nm = max(n - ipar[I_WARMUP] - c_pend, 0)   # (sessions refuse warm-up: the sends never made are not measured)
+    # The window closes at the horizon, or else at the end of the drained run
+    # (its last completion) as the client sees it.
+    window_end = fpar[F_HORIZON] if ipar[I_HAS_HORIZON] == 1 else acc[A_END] + fpar[F_TTFT_OVERHEAD]
+    window = window_end - acc[A_WINDOW_START] if nm > 0 else 0.0
+    _time_averages(window, n_done, out_tokens, n_good, acc, row)
+    _per_measured(nm, n_rej, n_drop, pre, swaps, row)
+    _run_columns(n - c_pend, nm, window, acc, row)

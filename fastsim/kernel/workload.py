@@ -7,14 +7,17 @@ prefix groups, each from a random stream of its own (`layout.S_*`).
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .layout import (ARRIVAL_SCHEDULE, F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK, F_TRACE_WINDOW,
-    F_USER_REQUESTS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY, I_THINK_EXP, I_HAS_HORIZON, I_PRIO_BAND, I_SJF_KEY, I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_TRACE_MODE,
-    I_USERS_HI, I_USERS_LO, I_USER_CAP, I_SESSIONS, I_TRACE_HASH, I_BLOCK_SIZE, SESSIONS_USERS, S_ARRIVAL, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, S_PREDICT,
-    S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE, S_TRACE_ROW, S_USERS)
+from .layout import (ARRIVAL_SCHEDULE, F_BURSTINESS, F_HORIZON, F_PRED_ACCURACY, F_PRED_SIGMA, F_RATE, F_THINK,
+    F_TRACE_WINDOW, F_USER_REQUESTS, I_ARRIVAL_KIND, I_BLOCK_SIZE, I_HAS_HORIZON, I_MAX_CONCURRENCY,
+    I_NORMALIZE_ARRIVALS, I_NUM_REQUESTS, I_PREDICTOR, I_PREFIX, I_PRIO_BAND, I_SESSIONS, I_SJF_KEY, I_THINK_EXP,
+    I_TRACE_HASH, I_TRACE_MODE, I_USERS_HI, I_USERS_LO, I_USER_CAP, SESSIONS_USERS, S_ARRIVAL, S_OUTPUT_COMPONENT,
+    S_OUTPUT_VALUE, S_PREDICT, S_PREFIX_GROUP, S_PREFIX_LEN, S_PRIORITY, S_PROMPT_COMPONENT, S_PROMPT_VALUE,
+    S_TRACE_ROW, S_USERS)
 from .rng import _gamma, _normal, _poisson, _seed_streams, _uniform
 
 _MAX_LEN_FLOAT = 2.0 ** 40  # longer draws are rejected as too long anyway
@@ -170,6 +173,78 @@ def _trace_window_arrivals(ipar, fpar, state, arr_times, arrival):
 
 
 @njit_noalloc
+def _given_arrivals(ipar, fpar, arr_times, arrival):
+    """Given arrival times (``I_ARRIVAL_KIND`` 1), up to the horizon; return their count."""
+    has_h = ipar[I_HAS_HORIZON] == 1
+    n = 0
+    for i in range(ipar[I_NUM_REQUESTS]):
+        if has_h and arr_times[i] >= fpar[F_HORIZON]:
+            break
+        arrival[i] = arr_times[i]
+        n += 1
+    return n
+
+
+@njit_noalloc
+def _closed_loop_arrivals(ipar, fpar, state, arrival):
+    """A pure closed loop's wanted times (``I_ARRIVAL_KIND`` 4); return their count.
+
+    Requests 0..c-1 go at once; request k >= c holds the think time of the
+    (k - c)-th departure (fixed, or exponential of that mean), which
+    `arrivals._release_seats` turns into a send time."""
+    c = ipar[I_MAX_CONCURRENCY]
+    think = fpar[F_THINK]
+    n_cap = ipar[I_NUM_REQUESTS]
+    for i in range(n_cap):
+        if i < c:
+            arrival[i] = 0.0
+        elif ipar[I_THINK_EXP] == 1:
+            arrival[i] = -math.log(_uniform(state, S_ARRIVAL)) * think
+        else:
+            arrival[i] = think
+    return n_cap
+
+
+@njit_noalloc
+def _renewal_arrivals(ipar, fpar, state, arrival):
+    """Renewal arrivals (``I_ARRIVAL_KIND`` 0), up to the horizon; return their count.
+
+    Gaps ~ Gamma(shape=burstiness, mean=1/rate) (exponential if 1). By
+    default the first request arrives at time 0. `vllm bench serve` instead
+    sums n gaps (the first included) and rescales them so that the last
+    request is sent at exactly n / rate."""
+    n_cap = ipar[I_NUM_REQUESTS]
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    rate = fpar[F_RATE]
+    shape = fpar[F_BURSTINESS]
+    normalize = ipar[I_NORMALIZE_ARRIVALS] == 1
+    t = 0.0
+    n = 0
+    for i in range(n_cap):
+        if i > 0 or normalize:
+            if shape == 1.0:
+                t += -math.log(_uniform(state, S_ARRIVAL)) / rate
+            else:
+                t += _gamma(state, S_ARRIVAL, shape) / (shape * rate)
+        if has_h and t >= horizon and not normalize:
+            break
+        arrival[i] = t
+        n += 1
+    if normalize:
+        # As vLLM, rescale only when the last delay is positive (very
+        # bursty gamma gaps can all underflow to 0: everything at t = 0).
+        factor = (n_cap / rate) / arrival[n_cap - 1] if arrival[n_cap - 1] > 0.0 else 1.0
+        n = 0
+        for i in range(n_cap):
+            arrival[i] = arrival[i] * factor
+            if has_h and arrival[i] >= horizon:
+                break
+            n += 1
+    return n
+
+
+@njit_noalloc
 def _schedule_time(sched, s):
     """Lambda^{-1}(s) of a rate schedule's table ``sched`` (`layout.ARRIVAL_SCHEDULE`):
     the first time t at which the integral of the rate over [0, t] reaches
@@ -227,146 +302,176 @@ def _schedule_arrivals(ipar, fpar, state, sched, arrival):
     return n
 
 
+@njit_noalloc
+def _draw_arrivals(ipar, fpar, state, arr_times, arrival):
+    """The arrival times of a replication, by ``I_ARRIVAL_KIND``; return
+    (their count, the trace row of request 0: a trace window's first)."""
+    kind = ipar[I_ARRIVAL_KIND]
+    if kind == ARRIVAL_SCHEDULE:
+        return _schedule_arrivals(ipar, fpar, state, arr_times, arrival), 0
+    if kind == 3:
+        return _trace_window_arrivals(ipar, fpar, state, arr_times, arrival)
+    if kind == 1:
+        return _given_arrivals(ipar, fpar, arr_times, arrival), 0
+    if kind == 2:
+        return _multi_user_arrivals(ipar, fpar, state, arrival), 0
+    if kind == 4:
+        return _closed_loop_arrivals(ipar, fpar, state, arrival), 0
+    return _renewal_arrivals(ipar, fpar, state, arrival), 0
+
+
+#: The length laws of a workload (`_replicate.pack_scenario`'s tables):
+#: components (kind, table start, table rows), their parameters, the
+#: tables' (value, cdf) rows, and the component ranges [lo, hi) of the
+#: prompt, output, prefix-length and prefix-group laws.
+Laws = namedtuple("Laws", ("lcomp", "lpar", "ltab", "lrange"))
+
+
+@njit_noalloc(inline="llvm")
+def _draw_lengths(state, i, row0, ipar, laws, lognormals, trace, prompt, output):
+    """Prompt and output length of request ``i``: from the laws (a law of
+    one lognormal component, (median, sigma) in ``lognormals``, drawn here
+    from the stream `_sample_length` would use) or from a trace row."""
+    mode = ipar[I_TRACE_MODE]
+    if mode == 0:
+        p_med, p_sig, o_med, o_sig = lognormals
+        lr = laws.lrange
+        if p_med > 0.0:
+            prompt[i] = _lognormal_length(state, S_PROMPT_VALUE, p_med, p_sig)
+        else:
+            prompt[i] = _sample_length(state, S_PROMPT_COMPONENT, S_PROMPT_VALUE, lr[0], lr[1],
+                                       laws.lcomp, laws.lpar, laws.ltab, i)
+        if o_med > 0.0:
+            output[i] = _lognormal_length(state, S_OUTPUT_VALUE, o_med, o_sig)
+        else:
+            output[i] = _sample_length(state, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE, lr[2], lr[3],
+                                       laws.lcomp, laws.lpar, laws.ltab, i)
+        return
+    nrows = trace.shape[0]
+    if mode == 1:
+        row = (row0 + i) % nrows
+    else:
+        row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
+    prompt[i] = trace[row, 0]
+    output[i] = trace[row, 1]
+
+
+@njit_noalloc(inline="llvm")
+def _draw_priority(state, i, ipar, prio_val, prio_cdf, prompt, output, prio):
+    """Priority class of request ``i``: its length band's (``I_PRIO_BAND``),
+    else drawn from the classes' law, else the one class."""
+    npri = prio_val.size
+    band = ipar[I_PRIO_BAND]
+    if band != 0:
+        # the class of its length band: the first upper edge above the length
+        blen = prompt[i] if band == 1 else (output[i] if band == 2 else prompt[i] + output[i])
+        prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, blen + 0.5)]
+    elif npri > 1:
+        prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
+    else:
+        prio[i] = prio_val[0]
+
+
+@njit_noalloc(inline="llvm")
+def _draw_sjf_key(state, i, ipar, fpar, pred_edges, prompt, output, sjfk):
+    """SJF key q_i of request ``i``: its true length L_i (output, prompt or
+    total, ``I_SJF_KEY``), or a predictor's (``I_PREDICTOR``)."""
+    key = ipar[I_SJF_KEY]
+    base = output[i] if key == 0 else (prompt[i] if key == 1 else prompt[i] + output[i])
+    if ipar[I_PREDICTOR] == 1:
+        sjfk[i] = _lognormal_length(state, S_PREDICT, float(base), fpar[F_PRED_SIGMA])
+    elif ipar[I_PREDICTOR] == 2:
+        # bucket classifier: buckets [e_b, e_{b+1}) with e_0 = 1 (pred_edges =
+        # e_0 .. e_{B-1}); right with probability F_PRED_ACCURACY, else a
+        # uniformly drawn other bucket; the key is its lower edge
+        nb = pred_edges.size
+        b = 0
+        while b + 1 < nb and base >= pred_edges[b + 1]:
+            b += 1
+        if nb > 1 and _uniform(state, S_PREDICT) >= fpar[F_PRED_ACCURACY]:
+            o = min(np.int64(_uniform(state, S_PREDICT) * (nb - 1)), nb - 2)
+            b = o + 1 if o >= b else o
+        sjfk[i] = np.int64(pred_edges[b])
+    else:
+        sjfk[i] = base
+
+
+@njit_noalloc(inline="llvm")
+def _draw_prefix(state, i, ipar, laws, prompt, pgrp, plen):
+    """Prefix group (-1: none) and prefix length min(L, P_i - 1) of request ``i``."""
+    if ipar[I_PREFIX] == 1:
+        lr = laws.lrange
+        pgrp[i] = _sample_length(state, S_PREFIX_GROUP, S_PREFIX_GROUP, lr[6], lr[7],
+                                 laws.lcomp, laws.lpar, laws.ltab, i)
+        ln = _sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lr[4], lr[5], laws.lcomp, laws.lpar, laws.ltab, i)
+        plen[i] = min(ln, prompt[i] - 1)
+    else:
+        pgrp[i] = -1
+        plen[i] = 0
+
+
 @njit_noalloc(entry=True)
 def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange,
                    trace, prio_val, prio_cdf, pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen):
     """Fill the request arrays of replication ``rep``; return the arrival count.
 
-    ``sjfk`` gets the SJF keys q_i: the true length L_i (output, prompt or
-    total, I_SJF_KEY), or with a lognormal length predictor
-    ceil(L_i * exp(sigma * Z_i)), Z_i standard
-    normal from the dedicated stream S_PREDICT (so the other columns do not
-    depend on the predictor). ``pgrp`` and ``plen`` get the prefix group
-    (-1: none) and the prefix length min(L, P_i - 1) (streams of their own)."""
+    An entry point (called from Python, the drivers and the GPU kernel),
+    whose arguments are the packed scenario's arrays
+    (`_replicate.pack_scenario`, `drivers.scenario_arrays`) and the buffers
+    it fills; each draw comes from a random stream of its own, so a column
+    does not depend on the options that draw the others.
+
+    Parameters
+    ----------
+    rep : int64
+        The replication's index (with the keys, the random streams' counter).
+    key0, key1 : uint64
+        The run's seed keys.
+    ipar, fpar : int64, float64 arrays
+        The parameter records (``layout.I_*``, ``layout.F_*``).
+    arr_times : float64 array
+        Given arrival times, or a trace's (kinds 1 and 3).
+    lcomp, lpar, ltab, lrange : arrays
+        The length laws (`Laws`).
+    trace : int64 array (rows, 2)
+        A trace's (prompt, output) rows (``I_TRACE_MODE`` 1: in order, 2: sampled).
+    prio_val, prio_cdf : arrays
+        The priority classes and their cumulative probabilities (or band edges).
+    pred_edges : float64 array
+        The bucket predictor's lower edges.
+    state : uint64 array
+        Scratch: the random streams' state (N_STREAMS + 1 words).
+    arrival, prompt, output, prio, sjfk, pgrp, plen : arrays of at least I_NUM_REQUESTS
+        Filled: arrival times; prompt and output lengths; priority classes;
+        SJF keys q_i (the true length L_i: output, prompt or total,
+        ``I_SJF_KEY``; with a lognormal length predictor
+        ceil(L_i * exp(sigma * Z_i)), Z_i standard normal from the dedicated
+        stream S_PREDICT, so the other columns do not depend on the
+        predictor); prefix group (-1: none) and prefix length
+        min(L, P_i - 1), from streams of their own.
+    """
     _seed_streams(key0, key1, rep, state)
-    n_cap = ipar[I_NUM_REQUESTS]
-    has_h = ipar[I_HAS_HORIZON] == 1
-    horizon = fpar[F_HORIZON]
-    n = 0
-    row0 = 0   # the trace row of request 0 (a trace window's first)
-    if ipar[I_ARRIVAL_KIND] == 3:
-        n, row0 = _trace_window_arrivals(ipar, fpar, state, arr_times, arrival)
-    elif ipar[I_ARRIVAL_KIND] == 1:
-        for i in range(n_cap):
-            if has_h and arr_times[i] >= horizon:
-                break
-            arrival[i] = arr_times[i]
-            n += 1
-    elif ipar[I_ARRIVAL_KIND] == 2:
-        n = _multi_user_arrivals(ipar, fpar, state, arrival)
-    elif ipar[I_ARRIVAL_KIND] == ARRIVAL_SCHEDULE:
-        n = _schedule_arrivals(ipar, fpar, state, arr_times, arrival)
-    elif ipar[I_ARRIVAL_KIND] == 4:
-        # a pure closed loop: requests 0..c-1 go at once; request k >= c
-        # holds the think time of the (k - c)-th departure (fixed, or
-        # exponential of that mean), which `arrivals._release_seats` turns
-        # into a send time
-        c = ipar[I_MAX_CONCURRENCY]
-        think = fpar[F_THINK]
-        for i in range(n_cap):
-            if i < c:
-                arrival[i] = 0.0
-            elif ipar[I_THINK_EXP] == 1:
-                arrival[i] = -math.log(_uniform(state, S_ARRIVAL)) * think
-            else:
-                arrival[i] = think
-        n = n_cap
-    else:
-        rate = fpar[F_RATE]
-        shape = fpar[F_BURSTINESS]
-        normalize = ipar[I_NORMALIZE_ARRIVALS] == 1
-        t = 0.0
-        # Gaps ~ Gamma(shape=burstiness, mean=1/rate) (exponential if 1). By
-        # default the first request arrives at time 0. `vllm bench serve`
-        # instead sums n gaps (the first included) and rescales them so that
-        # the last request is sent at exactly n / rate.
-        for i in range(n_cap):
-            if i > 0 or normalize:
-                if shape == 1.0:
-                    t += -math.log(_uniform(state, S_ARRIVAL)) / rate
-                else:
-                    t += _gamma(state, S_ARRIVAL, shape) / (shape * rate)
-            if has_h and t >= horizon and not normalize:
-                break
-            arrival[i] = t
-            n += 1
-        if normalize:
-            # As vLLM, rescale only when the last delay is positive (very
-            # bursty gamma gaps can all underflow to 0: everything at t = 0).
-            factor = (n_cap / rate) / arrival[n_cap - 1] if arrival[n_cap - 1] > 0.0 else 1.0
-            n = 0
-            for i in range(n_cap):
-                arrival[i] = arrival[i] * factor
-                if has_h and arrival[i] >= horizon:
-                    break
-                n += 1
+    n, row0 = _draw_arrivals(ipar, fpar, state, arr_times, arrival)
     n_starts = n
     if ipar[I_SESSIONS] != 0:
-        n = n_cap   # (every request a send of some session's turn: `_draw_sessions`)
-    mode = ipar[I_TRACE_MODE]
-    nrows = trace.shape[0]
-    npri = prio_val.size
-    # A law of one lognormal component (the usual case) is drawn here, from
-    # the same stream as `_sample_length` would: that call, with its table
-    # arguments, is a noticeable share of the drawing's time.
+        n = ipar[I_NUM_REQUESTS]   # (every request a send of some session's turn: `_draw_sessions`)
+    laws = Laws(lcomp, lpar, ltab, lrange)
+    # (the per-request phases are inlined into this loop: called, each would
+    # take its arrays as seven words apiece, a few times the drawing's cost)
+    # A law of one lognormal component (the usual case) is drawn in
+    # `_draw_lengths` itself, from the same stream as `_sample_length`
+    # would: that call, with its table arguments, is a noticeable share of
+    # the drawing's time.
     p_med, p_sig, o_med, o_sig = -1.0, 0.0, -1.0, 0.0
-    if mode == 0:
+    if ipar[I_TRACE_MODE] == 0:
         p_med, p_sig = _one_lognormal(lrange[0], lrange[1], lcomp, lpar)
         o_med, o_sig = _one_lognormal(lrange[2], lrange[3], lcomp, lpar)
+    lognormals = (p_med, p_sig, o_med, o_sig)
     for i in range(n):
-        if mode == 0:
-            if p_med > 0.0:
-                prompt[i] = _lognormal_length(state, S_PROMPT_VALUE, p_med, p_sig)
-            else:
-                prompt[i] = _sample_length(state, S_PROMPT_COMPONENT, S_PROMPT_VALUE,
-                                           lrange[0], lrange[1], lcomp, lpar, ltab, i)
-            if o_med > 0.0:
-                output[i] = _lognormal_length(state, S_OUTPUT_VALUE, o_med, o_sig)
-            else:
-                output[i] = _sample_length(state, S_OUTPUT_COMPONENT, S_OUTPUT_VALUE,
-                                           lrange[2], lrange[3], lcomp, lpar, ltab, i)
-        else:
-            if mode == 1:
-                row = (row0 + i) % nrows
-            else:
-                row = min(np.int64(_uniform(state, S_TRACE_ROW) * nrows), nrows - 1)
-            prompt[i] = trace[row, 0]
-            output[i] = trace[row, 1]
-        band = ipar[I_PRIO_BAND]
-        if band != 0:
-            # the class of its length band: the first upper edge above the length
-            blen = prompt[i] if band == 1 else (output[i] if band == 2 else prompt[i] + output[i])
-            prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, blen + 0.5)]
-        elif npri > 1:
-            prio[i] = prio_val[_search_cdf(prio_cdf, 0, npri, _uniform(state, S_PRIORITY))]
-        else:
-            prio[i] = prio_val[0]
-        key = ipar[I_SJF_KEY]
-        base = output[i] if key == 0 else (prompt[i] if key == 1 else prompt[i] + output[i])
-        if ipar[I_PREDICTOR] == 1:
-            sjfk[i] = _lognormal_length(state, S_PREDICT, float(base), fpar[F_PRED_SIGMA])
-        elif ipar[I_PREDICTOR] == 2:
-            # bucket classifier: buckets [e_b, e_{b+1}) with e_0 = 1 (pred_edges =
-            # e_0 .. e_{B-1}); right with probability F_PRED_ACCURACY, else a
-            # uniformly drawn other bucket; the key is its lower edge
-            nb = pred_edges.size
-            b = 0
-            while b + 1 < nb and base >= pred_edges[b + 1]:
-                b += 1
-            if nb > 1 and _uniform(state, S_PREDICT) >= fpar[F_PRED_ACCURACY]:
-                o = min(np.int64(_uniform(state, S_PREDICT) * (nb - 1)), nb - 2)
-                b = o + 1 if o >= b else o
-            sjfk[i] = np.int64(pred_edges[b])
-        else:
-            sjfk[i] = base
-        if ipar[I_PREFIX] == 1:
-            pgrp[i] = _sample_length(state, S_PREFIX_GROUP, S_PREFIX_GROUP, lrange[6], lrange[7],
-                                     lcomp, lpar, ltab, i)
-            ln = _sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lrange[4], lrange[5], lcomp, lpar, ltab, i)
-            plen[i] = min(ln, prompt[i] - 1)
-        else:
-            pgrp[i] = -1
-            plen[i] = 0
+        _draw_lengths(state, i, row0, ipar, laws, lognormals, trace, prompt, output)
+        _draw_priority(state, i, ipar, prio_val, prio_cdf, prompt, output, prio)
+        _draw_sjf_key(state, i, ipar, fpar, pred_edges, prompt, output, sjfk)
+        _draw_prefix(state, i, ipar, laws, prompt, pgrp, plen)
     if ipar[I_SESSIONS] != 0:
         _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
                        lrange)
