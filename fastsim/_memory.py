@@ -579,6 +579,17 @@ def _estimate(scenario, n_replications, threads):
     return parts
 
 
+def _fleet_replicas(fleet) -> int:
+    """The replica rows a fleet's run holds: its replicas (a mixed fleet's
+    listed ones), an autoscaler's most, a disaggregated server's two pools."""
+    if hasattr(fleet, "prefill") and hasattr(fleet, "decode"):   # (`fastsim.Disaggregated`)
+        return _fleet_replicas(fleet.prefill) + _fleet_replicas(fleet.decode)
+    scaler = getattr(fleet, "autoscaler", None)
+    if scaler is not None:
+        return int(scaler.max_replicas)
+    return int(getattr(fleet, "n_replicas", fleet.replicas))
+
+
 def _fleet_parts(scenario):
     """A fleet's parts of one thread (`_fleet._FleetWorker`): each replica
     a row of workspaces laid out for the whole stream (`kernel.cluster`),
@@ -588,7 +599,7 @@ def _fleet_parts(scenario):
     results (`cluster._reduce_fleet`: the per-request columns, gap samples
     and reduction scratch)."""
     w = scenario.workload
-    nrep, n = scenario.fleet.replicas, w.num_requests
+    nrep, n = _fleet_replicas(scenario.fleet), w.num_requests
     share = -(-n // nrep)
     rows = _workspace_bytes(scenario, n, share, rows=nrep)
     # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
@@ -615,7 +626,7 @@ def fleet_address_space(scenario):
     refused by the OS's default overcommit heuristic.)"""
     n = scenario.workload.num_requests
     si, sf = layout(*_dims(scenario, n))
-    return scenario.fleet.replicas * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
+    return _fleet_replicas(scenario.fleet) * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
 
 
 def check_fleet_memory(scenario, n_replications, threads, what="replicate"):
@@ -627,7 +638,7 @@ def check_fleet_memory(scenario, n_replications, threads, what="replicate"):
     space, limit = fleet_address_space(scenario), reservable_memory()
     if limit is not None and space > limit:
         f = scenario.fleet
-        raise ValueError(f"{what}: a fleet of {f.replicas} replicas over {scenario.workload.num_requests} "
+        raise ValueError(f"{what}: a fleet of {_fleet_replicas(f)} replicas over {scenario.workload.num_requests} "
                          f"requests reserves an array of about {format_bytes(space)} (each replica a "
                          f"workspace laid out for the whole stream), more than this machine's memory and swap "
                          f"({format_bytes(limit)}); reduce replicas or num_requests")
