@@ -215,7 +215,7 @@ class Deployment:
         return self.num_gpu_blocks * self.block_size
 
     def _check_fits(self):
-        g, tp = self.gpu, self.tensor_parallel_size
+        g = self.gpu
         avail = self.available_kv_bytes
         if avail <= 0:
             need = self.non_kv_bytes

@@ -271,3 +271,29 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
             for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
                 f.result()
     return out
+
+
+def simulate_disagg_requests(scenario, requests):
+    """Status codes (`kernel.layout.ST_*`), the client's first-token and the
+    decode side's finish times of each request of one given stream (columns
+    as `fastsim.sample_requests` gives them) served by the scenario's
+    disaggregated server: what the stability check counts. The routers'
+    random streams are those of replication 0 of seed keys 0."""
+    from ._replicate import pack_scenario
+    dis = scenario.fleet
+    a = np.asarray(requests["arrival_s"], np.float64)
+    o = np.asarray(requests["output_len"], np.int64)
+
+    def col(name, default):
+        return np.asarray(requests[name], np.int64) if name in requests else default
+
+    stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
+              col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
+              col("prefix_len", np.zeros(a.size, np.int64)))
+    pk_p, pk_d = (pack_scenario(s) for s in dis.pool_scenarios(scenario))
+    lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], 0, 0, 0)
+    lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], 0, 0, 0)
+    per = disagg.simulate_disagg_stream(
+        *stream, (pk_p["ipar"], fpar_p, lat_p, pk_p["fleet"], pk_p["router"], dis.prefill.replicas),
+        (pk_d["ipar"], fpar_d, lat_d, pk_d["router"], dis.decode.replicas), _link_record(dis))[0]
+    return per["status"].astype(np.int64), per["first_token_s"], per["finish_s"]

@@ -463,7 +463,7 @@ def gap_entries(scenario, n):
     estimated: `GAP_ENTRIES_PER_REQUEST` per measured request when the
     latency model has no context term, else the mean output tokens (each
     step's duration differs; never more than the output tokens)."""
-    e, w = scenario.engine, scenario.workload
+    w = scenario.workload
     tokens = _gap_room(scenario, n)
     if scenario.latency.ctx_per_token_s > 0:
         return tokens

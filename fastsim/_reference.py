@@ -956,6 +956,51 @@ class _Reference:
         self.ingest_at(t_end)
         self.t = t_end
 
+    def form_batch(self, gpu_free: float):
+        """Async scheduling: schedule a batch at the clock, to run once the GPU
+        is free (at ``gpu_free``); return (scheduled, its end, when the GPU is
+        free after it, its outputs [(request, emits)])."""
+        scheduled = self.schedule_continuous()
+        self.check_invariants()
+        if scheduled:
+            start = max(self.t, gpu_free)
+            end = start + self.step_time(scheduled)
+            gpu_free = end
+            self.log_step(end, scheduled, start)
+        else:
+            end = self.t     # an empty batch runs nothing
+        outputs = []
+        # vLLM's _update_after_schedule: k advances now; a request whose
+        # known tokens (placeholders included) are all computed emits a
+        # token at the batch's end and holds a placeholder until then.
+        for r, s in scheduled.items():
+            r.k += s
+            emits = r.k == r.P + r.g + r.ph
+            if emits:
+                r.ph += 1
+            outputs.append((r, emits))
+        return scheduled, end, gpu_free, outputs
+
+    def apply_batch(self, outputs) -> None:
+        """Async scheduling: a batch's output at its end (the clock): its
+        tokens emitted, blocks full of known tokens cached, completions."""
+        for r, emits in outputs:
+            if not emits or r.status != _IN_SYSTEM:
+                continue
+            r.ph -= 1
+            r.emit(self.t)
+            running = r in self.running
+            if running and self.hashing:
+                self.cache_full_blocks(r, r.k - r.ph)
+            if r.g == r.O:
+                # A request preempted while this step ran completes from the
+                # waiting queue (its blocks were freed when it was preempted).
+                if running:
+                    self.running.remove(r)
+                else:
+                    self.waiting.remove(r)
+                self.leave(r, COMPLETED, self.t)
+
     def run_async(self) -> float:
         """Spec, "Async scheduling": vLLM's engine core with a batch queue of 2
         (``EngineCore.step_with_batch_queue``). A batch is scheduled at the clock
@@ -969,26 +1014,7 @@ class _Reference:
             self.ingest_until(self.t, inclusive=True)
             self.abandon()
             if self.running or len(self.waiting) > 0:
-                scheduled = self.schedule_continuous()
-                self.check_invariants()
-                if scheduled:
-                    start = max(self.t, gpu_free)
-                    d = self.step_time(scheduled)
-                    end = start + d
-                    gpu_free = end
-                    self.log_step(end, scheduled, start)
-                else:
-                    end = self.t     # an empty batch runs nothing
-                outputs = []
-                # vLLM's _update_after_schedule: k advances now; a request whose
-                # known tokens (placeholders included) are all computed emits a
-                # token at the batch's end and holds a placeholder until then.
-                for r, s in scheduled.items():
-                    r.k += s
-                    emits = r.k == r.P + r.g + r.ph
-                    if emits:
-                        r.ph += 1
-                    outputs.append((r, emits))
+                scheduled, end, gpu_free, outputs = self.form_batch(gpu_free)
                 in_flight.append((end, outputs))
                 if scheduled and len(in_flight) < 2:
                     continue      # the only batch in flight: schedule the next one now
@@ -1000,22 +1026,7 @@ class _Reference:
             # Wait for the oldest batch and apply its output at its end.
             end, outputs = in_flight.pop(0)
             self.t = max(self.t, end)
-            for r, emits in outputs:
-                if not emits or r.status != _IN_SYSTEM:
-                    continue
-                r.ph -= 1
-                r.emit(self.t)
-                running = r in self.running
-                if running and self.hashing:
-                    self.cache_full_blocks(r, r.k - r.ph)
-                if r.g == r.O:
-                    # A request preempted while this step ran completes from the
-                    # waiting queue (its blocks were freed when it was preempted).
-                    if running:
-                        self.running.remove(r)
-                    else:
-                        self.waiting.remove(r)
-                    self.leave(r, COMPLETED, self.t)
+            self.apply_batch(outputs)
             if self.horizon is not None and self.t >= self.horizon:
                 break     # steps still in flight leave their requests unfinished
         self.check_invariants()

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import _IN_SYSTEM, COMPLETED, UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key
+from ._reference import UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
            "prefix_affinity", "session_affinity")
@@ -129,22 +129,7 @@ class _PausedReplica(_Reference):
                 self.ingest_until(self.t, inclusive=True)
                 self.abandon()
                 if self.running or len(self.waiting) > 0:
-                    scheduled = self.schedule_continuous()
-                    self.check_invariants()
-                    if scheduled:
-                        start = max(self.t, self.gpu_free)
-                        end = start + self.step_time(scheduled)
-                        self.gpu_free = end
-                        self.log_step(end, scheduled, start)
-                    else:
-                        end = self.t     # an empty batch runs nothing
-                    outputs = []
-                    for r, s in scheduled.items():   # (vLLM's _update_after_schedule)
-                        r.k += s
-                        emits = r.k == r.P + r.g + r.ph
-                        if emits:
-                            r.ph += 1
-                        outputs.append((r, emits))
+                    scheduled, end, self.gpu_free, outputs = self.form_batch(self.gpu_free)
                     q.append((end, outputs))
                     if scheduled and len(q) < 2:
                         continue      # the only batch in flight: schedule the next one now
@@ -162,20 +147,7 @@ class _PausedReplica(_Reference):
                 return
             q.pop(0)
             self.t = max(self.t, end)
-            for r, emits in outputs:
-                if not emits or r.status != _IN_SYSTEM:
-                    continue
-                r.ph -= 1
-                r.emit(self.t)
-                running = r in self.running
-                if running and self.hashing:
-                    self.cache_full_blocks(r, r.k - r.ph)
-                if r.g == r.O:
-                    if running:
-                        self.running.remove(r)
-                    else:
-                        self.waiting.remove(r)
-                    self.leave(r, COMPLETED, self.t)
+            self.apply_batch(outputs)
             self.to_schedule = True
             if self.horizon is not None and self.t >= self.horizon:
                 self.done = True

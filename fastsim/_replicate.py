@@ -188,7 +188,9 @@ def pack_scenario(scenario: Scenario) -> dict:
         tab_rows.extend(zip(np.arange(w.prefix_groups, dtype=float), gcdf))
         comps.append((KIND_EMPIRICAL, start, w.prefix_groups, 0.0, 0.0, 1.0))
         lrange[7] = len(comps)
-    ipar[K.I_CACHING] = int(e.enable_prefix_caching)
+    # The prefix-group cache with no prefix group to share holds nothing: its steps are those of
+    # caching off, request for request (`simulate_requests` turns it on for a stream with groups)
+    ipar[K.I_CACHING] = int(e.enable_prefix_caching and (e.block_hash_caching or w.prefix_groups > 0))
     ipar[K.I_BLOCK_HASH] = int(e.enable_prefix_caching and e.block_hash_caching)
     if trace_hashing(scenario):
         # a replayed trace's block identities: each row's steps (`_traces.parent_steps`) after the tables
@@ -564,6 +566,9 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
             from ._traces import stream_parents
 
             grp, plen = stream_parents(hashes, p, w.request_trace.block_size, scenario.engine.block_size)
+        if scenario.engine.enable_prefix_caching and (grp >= 0).any():
+            packed["ipar"] = packed["ipar"].copy()
+            packed["ipar"][K.I_CACHING] = 1   # (the stream's own prefix groups: `pack_scenario`)
         from ._memory import check_stream_memory
 
         check_stream_memory(a.size, p, o, grp, plen, packed["ipar"])
@@ -702,10 +707,14 @@ class ReplicateResult:
 
             simulate = simulate_requests
             if self.scenario.fleet is not None:   # (the fleet serves the stream, not one replica)
+                from ._disagg import simulate_disagg_requests
                 from ._fleet import simulate_fleet_requests
 
                 def simulate(sc, req, backend="numba"):
-                    st, first, finish = simulate_fleet_requests(sc, pack_scenario(sc), req)
+                    if _is_disagg(sc):
+                        st, first, finish = simulate_disagg_requests(sc, req)
+                    else:
+                        st, first, finish = simulate_fleet_requests(sc, pack_scenario(sc), req)
                     return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})
             self._stability = check_stability(self.scenario, self.seed,
                                               self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,

@@ -298,3 +298,15 @@ def test_the_experiment_runs_quick_and_its_findings_follow_its_intervals(tmp_pat
         if b is not None:   # the best configuration meets every SLO: its intervals lie below the limits
             for m, limit in mod.SLO.items():
                 assert part[(part["config"] == b) & (part["metric"] == m)]["ci_high"].iloc[0] <= limit
+
+
+def test_the_stability_check_runs_the_stream_through_the_disaggregated_server():
+    """`summary()` checks stability by simulating the replications' streams
+    again: through both pools (a single replica at the server's rate would
+    call a light load overloaded)."""
+    sc = fastsim.Scenario(engine=ENGINE, workload=fastsim.Workload(
+        arrival_rate=6.0, num_requests=120, prompt_len=fastsim.Uniform(20, 200), output_len=fastsim.Uniform(5, 60)),
+        fleet=fastsim.Disaggregated(prefill=1, decode=2))
+    res = fastsim.replicate(sc, n_replications=4, seed=1)
+    assert not res.stability.overloaded
+    assert "ttft_decode_mean" in res.summary().index

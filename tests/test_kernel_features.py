@@ -511,3 +511,29 @@ def test_new_options_conserve_requests_and_blocks(name, horizon_s, tight_kv_scen
         assert (pr["n_swaps"] > 0).any() and (pr["max_swap_blocks_used"] > 0).any()
     if "prefix_groups" in workload:
         assert (pr["prefix_hit_rate"] > 0).all()
+
+
+def test_the_prefix_group_cache_with_nothing_to_share_runs_as_caching_off():
+    """The prefix-group cache registers only group prefixes: with no prefix
+    group its steps are caching off's, request for request (checked against
+    the reference, which keeps the cache literally), so the kernel takes
+    caching off's fast steps; a given stream with groups is cached."""
+    sc = fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=120, max_num_batched_tokens=256,
+                                    enable_prefix_caching=True),
+        workload=fastsim.Workload(arrival_rate=12.0, num_requests=150, prompt_len=fastsim.Uniform(10, 300),
+                                  output_len=fastsim.Uniform(1, 150), warmup_requests=5))
+    stream = fastsim.sample_requests(sc, seed=2)
+    fast = fastsim.simulate_requests(sc, stream)
+    pd.testing.assert_frame_equal(fast, fastsim.simulate_requests(sc, stream, backend="reference"), check_exact=True)
+    off = sc.replace(**{"engine.enable_prefix_caching": False})
+    pd.testing.assert_frame_equal(fast, fastsim.simulate_requests(off, stream), check_exact=True)
+    assert fast["num_preemptions"].sum() > 0
+    pd.testing.assert_frame_equal(fastsim.replicate(sc, 4, seed=2).per_replication,
+                                  fastsim.replicate(off, 4, seed=2).per_replication, check_exact=True)
+    grouped = stream.assign(prefix_group=np.arange(len(stream)) % 2,
+                            prefix_len=np.minimum(stream["prompt_len"] - 1, 32))
+    cached = fastsim.simulate_requests(sc, grouped)
+    assert cached["cached_tokens"].sum() > 0
+    pd.testing.assert_frame_equal(cached, fastsim.simulate_requests(sc, grouped, backend="reference"),
+                                  check_exact=True)

@@ -33,18 +33,18 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import _advance, _call, _observe
+from .cluster import _advance, _call, _observe, _set_up_uniform
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_HAS_HORIZON,
                      I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV,
-                     LOAD_WAITING, N_IPAR, REP_DRAINING, REP_OFF, REP_PROVISIONING, REP_SERVING,
+                     LOAD_WAITING, REP_DRAINING, REP_OFF, REP_PROVISIONING, REP_SERVING,
                      ST_COMPLETED, W_ARRIVALS, W_DESIRED, W_DRAINING, W_IN_SYSTEM, W_METRIC, W_PROVISIONING,
                      W_QUEUE, W_SERVING, W_SLO_MET, W_T)
-from .replica import STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, STEP_NO_STRETCH, _hand, _simulate, _state_dims
+from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _needs_state, _reads_kv, _route
-from .workspace import N_RI, RI_DIM_CAP, RI_DIM_NBT, RI_N_KNOWN, WF_FINISH, WF_FIRST, WI_STATUS
+from .workspace import N_RI, RI_N_KNOWN, WF_FINISH, WF_FIRST, WI_STATUS
 
 #: An autoscaled fleet's own buffers: per row its state (`layout.REP_*`),
 #: when its replica was started, when it serves (provisioning), its
@@ -219,21 +219,10 @@ def _set_up(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat,
     """Every row set up empty (as `cluster._simulate_fleet`), the first
     ``initial_replicas`` serving; returns the first negative code, else 0."""
     m = np.int64(apar[AS_MAX])
-    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
-    w0 = fb.wi[0]
+    rc = _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, m, fb, full)
+    if rc < 0:
+        return rc
     for r in range(m):
-        for j in range(N_IPAR):
-            fb.rip[r, j] = ipar[j]
-        w = fb.wi[r]
-        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):
-            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
-                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
-        if rc < 0:
-            return rc
-        fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
-        for c in range(fb.load.shape[1]):
-            fb.load[r, c] = 0.0
         ab.state[r] = REP_SERVING if r < apar[AS_INITIAL] else REP_OFF
         ab.since[r] = 0.0
         ab.ready[r] = 0.0

@@ -41,7 +41,7 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
 from .router import _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
-from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_HELD, RI_DIM_CAP, RI_DIM_JMAX, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
+from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_HELD, RI_DIM_CAP, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
                         RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
                         WI_NSWAP, WI_STATUS)
 
@@ -267,6 +267,34 @@ def _look_at(fb, r, n, full, t, what):
     rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
     _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
     return rc
+
+
+@njit_noalloc
+def _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full):
+    """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
+    ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
+    states every row's layout), router's view and prefix-group table
+    cleared; the warm-up count of each the whole capacity (unknown until
+    the fleet's first measured request). Returns the first negative code of
+    `_simulate`, else 0. (Autoscaled and disaggregated fleets set up so.)"""
+    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
+    w0 = fb.wi[0]
+    for r in range(nrep):
+        for j in range(N_IPAR):
+            fb.rip[r, j] = ipar[j]
+        w = fb.wi[r]
+        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
+            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
+                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
+        if rc < 0:
+            return rc
+        fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
+        for c in range(fb.load.shape[1]):
+            fb.load[r, c] = 0.0
+    for g in range(fb.table.size):
+        fb.table[g] = -1
+    return 0
 
 
 @njit_noalloc(entry=True)

@@ -25,17 +25,17 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import _call, _look, _simulate_fleet
+from .cluster import _call, _look, _set_up_uniform, _simulate_fleet
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
                      F_TTFT_SLO, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, N_ACC,
-                     N_HIST, N_IPAR, ST_COMPLETED, _COL)
+                     N_HIST, ST_COMPLETED, _COL)
 from .metrics import _mean, _percentiles, _reduce
-from .replica import STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, STEP_NO_STRETCH, _hand, _simulate, _state_dims
+from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _needs_state, _reads_kv, _route
-from .workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBT, RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
+from .workspace import (N_RI, RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
 #: The hand-off's buffers (`disagg_buffers`), per request of the stream:
@@ -106,24 +106,11 @@ def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
     plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
-    w0 = fb.wi[0]
+    rc = _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full)
+    if rc < 0:
+        return rc
     for r in range(nrep):
-        for j in range(N_IPAR):
-            fb.rip[r, j] = ipar[j]
-        w = fb.wi[r]
-        for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):
-            w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
-                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
-        if rc < 0:
-            return rc
-        fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
         fb.wf[r][WF_HEAD * n + A_WINDOW_START] = ws
-        for c in range(fb.load.shape[1]):
-            fb.load[r, c] = 0.0
-    for g in range(fb.table.size):
-        fb.table[g] = -1
     return 0
 
 
