@@ -273,13 +273,13 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     return out
 
 
-def simulate_disagg_requests(scenario, requests):
+def simulate_disagg_requests(scenario, pools, requests):
     """Status codes (`kernel.layout.ST_*`), the client's first-token and the
     decode side's finish times of each request of one given stream (columns
     as `fastsim.sample_requests` gives them) served by the scenario's
-    disaggregated server: what the stability check counts. The routers'
-    random streams are those of replication 0 of seed keys 0."""
-    from ._replicate import pack_scenario
+    disaggregated server (``pools``: its `pool_scenarios`, packed): what the
+    stability check counts. The routers' random streams are those of
+    replication 0 of seed keys 0."""
     dis = scenario.fleet
     a = np.asarray(requests["arrival_s"], np.float64)
     o = np.asarray(requests["output_len"], np.int64)
@@ -290,7 +290,7 @@ def simulate_disagg_requests(scenario, requests):
     stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
               col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
               col("prefix_len", np.zeros(a.size, np.int64)))
-    pk_p, pk_d = (pack_scenario(s) for s in dis.pool_scenarios(scenario))
+    pk_p, pk_d = pools
     lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], 0, 0, 0)
     lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], 0, 0, 0)
     per = disagg.simulate_disagg_stream(

@@ -510,14 +510,16 @@ def resident_segments(scenario, n=None):
     return tuple(out)
 
 
-def _workspace_bytes(scenario, n_layout, n_written, rows=1):
+def _workspace_bytes(scenario, n_layout, n_written, rows=1, small_pages=False):
     """Resident bytes of ``rows`` workspaces laid out for ``n_layout``
     requests, each written by a replica of ``n_written`` requests (a
-    fleet's rows: laid out for the whole stream); in one allocation each
-    for ``wi`` and ``wf`` (their `granule`)."""
+    fleet's rows: laid out for the whole stream, on ordinary pages,
+    `_fleet._small_pages`); in one allocation each for ``wi`` and ``wf``
+    (their `granule`)."""
     total = 0
     for sizes, written in zip(layout(*_dims(scenario, n_layout)), resident_segments(scenario, n_written)):
-        total += _written_bytes(sizes, written, granule(8 * rows * sum(sizes.values())), rows=rows)
+        unit = PAGE if small_pages else granule(8 * rows * sum(sizes.values()))
+        total += _written_bytes(sizes, written, unit, rows=rows)
     return total
 
 
@@ -601,7 +603,7 @@ def _fleet_parts(scenario):
     w = scenario.workload
     nrep, n = _fleet_replicas(scenario.fleet), w.num_requests
     share = -(-n // nrep)
-    rows = _workspace_bytes(scenario, n, share, rows=nrep)
+    rows = _workspace_bytes(scenario, n, share, rows=nrep, small_pages=True)
     # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
     # replica writing its share of its rows; the stream's owner and local index columns
     streams = sum(_written_bytes({"row": n}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)

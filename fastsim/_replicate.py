@@ -384,7 +384,8 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
     base = Scenario(engine=EngineConfig(max_num_seqs=4, num_gpu_blocks=64),
                     workload=Workload(arrival_rate=1.0, num_requests=8, prompt_len=LogNormal(64, 0.5),
                                       output_len=LogNormal(16, 0.5)))
-    scenarios = {"common": base, "full": base.replace(**{"engine.enable_prefix_caching": True})}
+    scenarios = {"common": base, "full": base.replace(**{"engine.enable_prefix_caching": True,
+                                                          "engine.block_hash_caching": True})}
     rows = []
     for name in (("common", "full") if engine == "both" else (engine,)):
         sc = scenarios[name]
@@ -712,7 +713,8 @@ class ReplicateResult:
 
                 def simulate(sc, req, backend="numba"):
                     if _is_disagg(sc):
-                        st, first, finish = simulate_disagg_requests(sc, req)
+                        pools = tuple(pack_scenario(s) for s in sc.fleet.pool_scenarios(sc))
+                        st, first, finish = simulate_disagg_requests(sc, pools, req)
                     else:
                         st, first, finish = simulate_fleet_requests(sc, pack_scenario(sc), req)
                     return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})

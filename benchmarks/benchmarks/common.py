@@ -21,9 +21,12 @@ def reference_workload(num_requests=1000):
 
 
 def full_engine_workload(num_requests=1000):
-    """The reference workload with prefix caching: its first run compiles the
-    engine with every option (`kernel.replica._simulate`'s ``full``), not the common one."""
-    return reference_workload(num_requests).replace(**{"engine.enable_prefix_caching": True})
+    """The reference workload with prefix caching by block hash (vLLM V1's):
+    its first run compiles the engine with every option
+    (`kernel.replica._simulate`'s ``full``), not the common one. (The
+    prefix-group cache with no group to share runs as caching off.)"""
+    return reference_workload(num_requests).replace(**{"engine.enable_prefix_caching": True,
+                                                       "engine.block_hash_caching": True})
 
 
 def output_length_scenario(median, num_requests=1000):
