@@ -162,8 +162,10 @@ def measured():
 #: caching structures are counted whole though a pool that starts counted
 #: writes them only after its first preemption. Below 1: huge pages that a
 #: stretch's alignment makes it straddle (`_written_bytes` places the array
-#: at a page's start).
-LOW, HIGH = 0.9, 2.5
+#: at a page's start): up to a 2 MiB page per array more than the estimate,
+#: 15 % of the smallest runs here (a block pool with shared prefixes measured
+#: 0.85x its estimate once in three runs).
+LOW, HIGH = 0.8, 2.5
 
 
 @pytest.mark.parametrize("name", list(GRID))
