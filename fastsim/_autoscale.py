@@ -6,15 +6,13 @@ time: `fastsim._autoscale_run`.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from . import kernel as K
 from .kernel import autoscale as A
 from .kernel import cluster
-from ._fleet import _FleetWorker
+from ._fleet import _FleetWorker, run_replications
 
 __all__ = ["run_autoscaled", "check_autoscaled"]
 
@@ -110,21 +108,6 @@ def run_autoscaled(scenario, packed, k0, k1, rep0, nrep, threads=1):
     scaler = scenario.fleet.autoscaler
     full = K.engine_variant(packed["ipar"])
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS + K.N_AUTOSCALE_COLUMNS))
-    threads = max(1, min(threads, nrep))
-    local = threading.local()
-
-    def work(lo, hi):
-        worker = getattr(local, "worker", None)
-        if worker is None:
-            worker = local.worker = _Worker(scenario.workload.num_requests, scaler.max_replicas)
-        for j in range(lo, hi):
-            _one(worker, rep0 + j, k0, k1, packed, scaler, full, out[j])
-
-    if threads == 1:
-        work(0, nrep)
-    else:
-        size = -(-nrep // (4 * threads))
-        with ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
-                f.result()
+    run_replications(nrep, threads, lambda: _Worker(scenario.workload.num_requests, scaler.max_replicas),
+                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, scaler, full, out[j]))
     return out

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import kernel as K
-from ._fleet import Fleet, _FleetWorker
+from ._fleet import Fleet, _FleetWorker, run_replications
 from ._latency import LatencyModel
 from ._validation import check_float, check_int
 from .kernel import disagg
@@ -252,24 +250,9 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     link = _link_record(dis)
     out = np.empty((nrep, K.N_COLUMNS + K.N_DISAGG_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
-    threads = max(1, min(threads, nrep))
-    local = threading.local()
-
-    def work(lo, hi):
-        worker = getattr(local, "worker", None)
-        if worker is None:
-            worker = local.worker = _DisaggWorker(scenario.workload.num_requests, dis, ngroups)
-        for j in range(lo, hi):
-            _one(worker, rep0 + j, k0, k1, packed, pk_p, pk_d, link, dis, out[j, :K.N_COLUMNS],
-                 out[j, K.N_COLUMNS:])
-
-    if threads == 1:
-        work(0, nrep)
-    else:
-        size = -(-nrep // (4 * threads))
-        with ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
-                f.result()
+    run_replications(nrep, threads, lambda: _DisaggWorker(scenario.workload.num_requests, dis, ngroups),
+                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, pk_p, pk_d, link, dis, out[j, :K.N_COLUMNS],
+                                       out[j, K.N_COLUMNS:]))
     return out
 
 

@@ -270,15 +270,26 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
+    run_replications(nrep, threads, lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups),
+                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS],
+                                       out[j, K.N_COLUMNS:]))
+    return out
+
+
+def run_replications(nrep, threads, make_worker, one):
+    """``one(worker, j)`` for the replications j = 0 .. nrep-1 on ``threads``
+    threads (the kernels release the GIL), in chunks of a quarter of a
+    thread's share; each thread with a worker of its own (``make_worker()``:
+    its buffers). Fleets, autoscaled fleets and disaggregated servers run so."""
     threads = max(1, min(threads, nrep))
     local = threading.local()
 
     def work(lo, hi):
         worker = getattr(local, "worker", None)
         if worker is None:
-            worker = local.worker = _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups)
+            worker = local.worker = make_worker()
         for j in range(lo, hi):
-            _one(worker, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
+            one(worker, j)
 
     if threads == 1:
         work(0, nrep)
@@ -287,7 +298,6 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
         with ThreadPoolExecutor(threads) as pool:
             for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
                 f.result()
-    return out
 
 
 def simulate_fleet_requests(scenario, packed, requests):
