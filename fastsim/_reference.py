@@ -1011,8 +1011,11 @@ class _Reference:
         in_flight: list[tuple[float, list]] = []   # (end, [(request, emits)]) oldest first
         gpu_free = 0.0
         while True:
-            self.ingest_until(self.t, inclusive=True)
+            # (sessions, spec "Sessions": the completions applied at t send first, then the
+            # ingestion's rejections at t, then the abandonments at t)
+            self.ingest_at(self.t)
             self.abandon()
+            self.session_sends(self.t)
             if self.running or len(self.waiting) > 0:
                 scheduled, end, gpu_free, outputs = self.form_batch(gpu_free)
                 in_flight.append((end, outputs))
@@ -1021,12 +1024,15 @@ class _Reference:
             elif not in_flight:
                 if self.next_arrival >= len(self.arrivals):
                     break         # drained
+                if self.arrivals[self.next_arrival].arrival == math.inf:
+                    break         # (sessions: no turn left to send)
                 self.t = max(self.t, self.arrivals[self.next_arrival].arrival)
                 continue
             # Wait for the oldest batch and apply its output at its end.
             end, outputs = in_flight.pop(0)
             self.t = max(self.t, end)
             self.apply_batch(outputs)
+            self.session_sends(self.t)
             if self.horizon is not None and self.t >= self.horizon:
                 break     # steps still in flight leave their requests unfinished
         self.check_invariants()

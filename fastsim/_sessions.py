@@ -85,7 +85,6 @@ def check_scenario(scenario) -> None:
     """Refuse the engine features sessions are not simulated with (`Scenario.__post_init__`)."""
     e = scenario.engine
     for name, bad, allowed in (
-            ("async_scheduling", e.async_scheduling, "False"),
             ("policy", e.policy == "sjf", "'fcfs' or 'priority'"),
             ("preemption_mode", e.preemption_mode == "swap", "'recompute'"),
             ("priority_aging_s", e.priority_aging_s is not None, "None"),

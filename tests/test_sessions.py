@@ -225,7 +225,6 @@ def test_bad_session_workloads(wkw, match):
 
 
 @pytest.mark.parametrize("ekw, match", [
-    (dict(async_scheduling=True), "async_scheduling"),
     (dict(policy="sjf"), "policy"),
     (dict(preemption_mode="swap", swap_space_blocks=10), "preemption_mode"),
     (dict(enable_prefix_caching=True, block_hash_caching=False), "block_hash_caching"),

@@ -374,6 +374,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free,
                                                                       reserved, n_run, n_wait, jmax, caching)
                     n_held = 0
+                    if sessions:   # (their turns left at t: `_session_sends`'s async order)
+                        _session_sends(n, req, ipar, fpar, nxt, t, sess)
                     rl = _compact_run(batch.run, rl, req.status)
                 t_vis = t
                 n_oth = _rebuild(batch.run, rl, batch.oth)
@@ -391,6 +393,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                                   n_run, n_wait, jmax, caching)
                 n_held = 0
+                if sessions:
+                    # (async: the turns that finished at t send now, after the sends of the departures
+                    # at t_in just handled and before those of the ingestion at t, made at the next step)
+                    _session_sends(n, req, ipar, fpar, nxt, t, sess)
                 if mode == MODE_SLOW_STEP:
                     rl = _compact_run(batch.run, rl, req.status)
         ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
