@@ -245,15 +245,13 @@ def fleet_members(scenario, packed):
 
 def check_members(scenario):
     """What the reference fleet cannot yet check, refused for every replica
-    of a mixed fleet as `replicate` refuses it for the scenario's engine."""
+    of a mixed fleet as `replicate` refuses it for the scenario's engine.
+    (vLLM V1's rules, async scheduling and caching by block hash, run per
+    replica, each replica on its own: `tests/test_fleet_mixed_v1.py`.)"""
     fleet = scenario.fleet
     if fleet is None or not fleet.mixed:
         return
     for k, (engine, latency) in enumerate(fleet.replicas):
-        for name in ("async_scheduling", "block_hash_caching"):
-            if getattr(engine, name):
-                raise NotImplementedError(f"fleets with {name}=True are not implemented yet (the reference fleet "
-                                          f"that checks the kernel's lacks it); replicas[{k}] sets it")
         noise = getattr(latency, "noise", None)
         if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
             raise NotImplementedError(f"fleets with per-step noise are not implemented yet; replicas[{k}]'s "

@@ -163,9 +163,11 @@ class _PausedReplica(_Reference):
         """(in the system, waiting, running, KV blocks not free), as the router sees them."""
         waiting = len(self.waiting) + len(self.swapped) + self.handed - self.next_arrival
         running = len(self.running)
-        # (KV in use: caching by block hash counts cached free blocks as free, as vLLM's usage does)
+        # (KV in use: caching by block hash counts cached free blocks as free, as vLLM's usage does,
+        # and of the usable blocks: vLLM's usage leaves the null block out, so that replicas with and
+        # without it compare alike in a mixed fleet)
         free = self.pool.num_free() if self.hashing else self.plain_free()
-        return waiting + running, waiting, running, self.e.num_gpu_blocks - free
+        return waiting + running, waiting, running, self.usable_blocks - free
 
 
 def _choose(router, i, grp, views, table, rng, cap):

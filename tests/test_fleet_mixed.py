@@ -117,9 +117,6 @@ def test_mixed_fleets_are_refused_where_they_are_not_defined():
         fastsim.Fleet(replicas=[])
     with pytest.raises(ValueError, match="one ttft_overhead_s"):
         fastsim.Fleet(replicas=[MEMBERS[1], (BASE.engine, dataclasses.replace(LAT, ttft_overhead_s=0.05))])
-    with pytest.raises(NotImplementedError, match=r"async_scheduling=True .* replicas\[1\]"):
-        fastsim.replicate(BASE.replace(fleet=fastsim.Fleet(replicas=[
-            MEMBERS[1], (fastsim.EngineConfig(async_scheduling=True), LAT)])), n_replications=2)
 
 
 def test_a_deployment_entry_is_its_engine_and_latency():
