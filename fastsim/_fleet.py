@@ -200,6 +200,35 @@ class _FleetWorker:
         return fb, wm_i, wm_f
 
 
+_M64 = (1 << 64) - 1
+
+
+def replica_step_noise_key(key: int, r: int) -> int:
+    """The step-noise key of replica ``r`` of a fleet whose replication's
+    step-noise key is ``key`` (``docs/engine-model.md``, "Fleets"): replica
+    0 keeps it (a fleet of one replica is the engine), replica r >= 1 gets
+    ``mix64(key + r * 0xD1B54A32D192ED03)`` (SplitMix64's finaliser), so the
+    replicas' step noises are independent streams."""
+    if r == 0:
+        return key
+    z = (key + r * 0xD1B54A32D192ED03) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def set_replica_noise_keys(lats):
+    """Give each replica's latency record (a row of ``lats``, the
+    replication's, its step-noise key in place) its own step-noise key
+    (`replica_step_noise_key`); with no per-step noise, nothing changes."""
+    for r in range(1, lats.shape[0]):
+        if lats[r, K.L_NOISE] == 0.0:
+            continue
+        key = (int(lats[r, K.L_KEY_HI]) << 32) | int(lats[r, K.L_KEY_LO])
+        key = replica_step_noise_key(key, r)
+        lats[r, K.L_KEY_HI], lats[r, K.L_KEY_LO] = float(key >> 32), float(key & 0xFFFFFFFF)
+
+
 def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     arrays = K.scenario_arrays(packed, lat=False)
     buf = worker.buf
@@ -213,6 +242,7 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
         # the replication's latency records: its per-run effects, shared by the replicas of a kind
         lats[rows], fpars[rows] = K.run_records(lat0, fpar0, k0, k1, rep)
         sizes[rows] = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
     fb, wm_i, wm_f = worker.buffers(n, sizes)
     cluster.fill_records(fb, ipars, fpars, lats, sizes)
     rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
@@ -243,27 +273,11 @@ def fleet_members(scenario, packed):
     return rows, [(p["ipar"], p["fpar"], p["lat"], np.array(rs)) for p, rs in kinds.values()]
 
 
-def check_members(scenario):
-    """What the reference fleet cannot yet check, refused for every replica
-    of a mixed fleet as `replicate` refuses it for the scenario's engine.
-    (vLLM V1's rules, async scheduling and caching by block hash, run per
-    replica, each replica on its own: `tests/test_fleet_mixed_v1.py`.)"""
-    fleet = scenario.fleet
-    if fleet is None or not fleet.mixed:
-        return
-    for k, (engine, latency) in enumerate(fleet.replicas):
-        noise = getattr(latency, "noise", None)
-        if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
-            raise NotImplementedError(f"fleets with per-step noise are not implemented yet; replicas[{k}]'s "
-                                      f"latency model has it")
-
-
 def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     """Rows (``nrep`` x (`COLUMNS` + `FLEET_COLUMNS`)) of replications
     ``rep0 ..`` of a fleet scenario, on ``threads`` threads (the kernels
     release the GIL); each replication keyed by its index alone."""
     fleet = scenario.fleet
-    check_members(scenario)
     members = fleet_members(scenario, packed)
     full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
@@ -318,6 +332,7 @@ def simulate_fleet_requests(scenario, packed, requests):
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
     for _, fpar0, lat0, rs in kinds:
         lats[rs], fpars[rs] = K.run_records(lat0, fpar0, 0, 0, 0)
+    set_replica_noise_keys(lats)
     st, first, finish = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"], packed["router"],
                                                       nrep)[:3]
     return np.asarray(st), first, finish

@@ -19,6 +19,7 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key
+from ._reference_noise import StepNoiseDraws, run_latency
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
            "prefix_affinity", "session_affinity")
@@ -31,6 +32,12 @@ def _mix64(z: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
+
+
+def _replica_key(key: int, r: int) -> int:
+    """Replica r's step-noise key: the replication's for replica 0, else
+    SplitMix64's finaliser of ``key + r * 0xD1B54A32D192ED03``."""
+    return key if r == 0 else _mix64((key + r * 0xD1B54A32D192ED03) & _M64)
 
 
 class _RouterStream:
@@ -54,8 +61,8 @@ class _PausedReplica(_Reference):
     (spec: a step is applied only when its end is reached; one that ends
     later stays in flight)."""
 
-    def __init__(self, engine: EngineConfig, latency: LatencyModel, horizon_s):
-        super().__init__([], engine, latency, horizon_s)
+    def __init__(self, engine: EngineConfig, latency: LatencyModel, horizon_s, step_noise=None):
+        super().__init__([], engine, latency, horizon_s, step_noise)
         self.in_flight = None       # (scheduled, t_end) of the step in flight
         self.done = False           # the horizon is reached
         self.handed = 0
@@ -218,6 +225,12 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     fleet) replica ``r`` with ``engine[r]`` and ``latency[r]`` when they are
     lists.
 
+    A stochastic latency model (``noise``) runs as replication
+    ``seed_keys[2]`` of the keys ``seed_keys[:2]`` has it
+    (`_reference_noise.run_latency`): its per-run effects shared by the
+    replicas of one model, and per-step noise drawn per replica, replica
+    r >= 1 from its own key (spec, "Fleets").
+
     Returns a dict of per-request arrays, by the fleet's request index:
     ``status`` (the reference's codes), ``first_token_s``, ``finish_s``,
     ``num_preemptions``, ``num_tokens``, ``replica``.
@@ -231,7 +244,12 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     if len(engines) != replicas or len(latencies) != replicas:
         raise ValueError(f"a mixed fleet needs an engine and a latency model per replica ({replicas}), got "
                          f"{len(engines)} and {len(latencies)}")
-    reps = [_PausedReplica(e, lat, horizon_s) for e, lat in zip(engines, latencies)]
+    noises = [None] * replicas
+    for r, lat in enumerate(latencies):
+        latencies[r], steps = run_latency(lat, *(int(k) for k in seed_keys))
+        if steps is not None:
+            noises[r] = StepNoiseDraws(_replica_key(steps.key, r), steps.sd, steps.p, steps.mean)
+    reps = [_PausedReplica(e, lat, horizon_s, nz) for e, lat, nz in zip(engines, latencies, noises)]
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=13)   # (the kernel's S_ROUTE: after its 13 streams)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)

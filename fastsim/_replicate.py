@@ -927,10 +927,12 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         from ._autoscale import check_autoscaled
         check_autoscaled(scenario)
     noise = scenario.latency.noise
-    if scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
-        raise NotImplementedError("fleets with per-step noise (StepNoise jitter_sd or stall_prob) are not "
-                                  "implemented yet (the per-run effects are: a replication's replicas share "
-                                  "them); set jitter_sd=0 and stall_prob=0")
+    # (a plain fleet gives each replica a step-noise stream of its own, `_fleet.set_replica_noise_keys`)
+    if (scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0)
+            and (_is_disagg(scenario) or getattr(scenario.fleet, "autoscaler", None) is not None)):
+        raise NotImplementedError("disaggregated servers and autoscaled fleets with per-step noise (StepNoise "
+                                  "jitter_sd or stall_prob) are not implemented yet (the per-run effects are: "
+                                  "a replication's replicas share them); set jitter_sd=0 and stall_prob=0")
     if backend in ("numba", "cuda"):
         check_kernel_supports(scenario.engine)
     if _is_disagg(scenario):

@@ -16,6 +16,7 @@ router.
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fastsim
@@ -140,4 +141,97 @@ def test_a_v1_mixed_fleet_loses_nothing():
     counts = ["n_completed", "n_rejected", "n_dropped", "n_unfinished"]
     assert (a["n_arrived"] == a[counts].sum(axis=1)).all()
     assert (a["n_arrived"] == 300).all()
+    assert a.equals(b)
+
+
+#: Per-step noise: jitter and stalls, with and without per-run effects.
+NOISY = dataclasses.replace(LAT, noise=fastsim.StepNoise(jitter_sd=0.3, stall_prob=0.02, stall_mean_s=0.05))
+NOISY_SLOW = dataclasses.replace(SLOW, noise=fastsim.StepNoise(jitter_sd=0.1, speed_sd=0.2))
+
+
+def _run_records(members, rep):
+    """The replication's latency and float records per replica, as
+    `_fleet._one` makes them: per-run effects drawn per model, then a
+    step-noise key of its own per replica."""
+    from fastsim._fleet import set_replica_noise_keys
+    stream, (ipars, fpars, lats) = _records(members, rep)
+    for r in range(len(members)):
+        lats[r], fpars[r] = K.run_records(lats[r], fpars[r], 11, 12, rep)
+    set_replica_noise_keys(lats)
+    return stream, ipars, fpars, lats
+
+
+def _agree_noisy(members, rep, router, staleness=0.0, latency=0.0):
+    stream, ipars, fpars, lats = _run_records(members, rep)
+    nrep = len(members)
+    st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
+        *stream, ipars, fpars, lats, _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep, 11, 12, rep)
+    ref = simulate_fleet_reference(*stream, [e for e, _ in members], [lat for _, lat in members], nrep, router,
+                                   horizon_s=BASE.workload.horizon_s, staleness_s=staleness,
+                                   routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, rep))
+    assert np.array_equal(owner, ref["replica"])
+    assert np.array_equal(st, _kernel_status(ref["status"]))
+    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
+    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
+    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+    return owner, first
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_kernel_noisy_mixed_fleet_is_the_reference_bit_for_bit(router):
+    """Per-step noise per replica (each its own stream), per-run effects
+    per model, under async scheduling and caching by block hash and not."""
+    members = [(V1_ALL[0], NOISY), (ASYNC_TIGHT[0], NOISY_SLOW), (SYNC_HASH_32[0], NOISY), (SYNC_PLAIN[0], LAT)]
+    used = set()
+    for rep, (staleness, latency) in enumerate(((0.0, 0.0), (0.3, 0.005))):
+        owner, _ = _agree_noisy(members, rep, router, staleness, latency)
+        used |= set(owner.tolist())
+    assert len(used) >= 2
+
+
+def test_replicas_draw_their_own_step_noise():
+    """Two identical noisy replicas under round robin: the same requests on
+    the same replica index get other times than with the noise of replica 0
+    copied to replica 1 (the replicas' streams differ), and a noiseless
+    model gives none of that (the keys change nothing without noise)."""
+    from fastsim._fleet import replica_step_noise_key, set_replica_noise_keys
+    members = [(SYNC_PLAIN[0], NOISY)] * 2
+    stream, ipars, fpars, lats = _run_records(members, 0)
+    k0 = (int(lats[0, K.L_KEY_HI]) << 32) | int(lats[0, K.L_KEY_LO])
+    k1 = (int(lats[1, K.L_KEY_HI]) << 32) | int(lats[1, K.L_KEY_LO])
+    assert k1 == replica_step_noise_key(k0, 1) != k0
+    shared = lats.copy()
+    shared[1] = shared[0]
+    rr = K.ROUTER_CODES["round_robin"]
+    own = C.simulate_fleet_stream(*stream, ipars, fpars, lats, _fleet_record(), rr, 2)
+    same = C.simulate_fleet_stream(*stream, ipars, fpars, shared, _fleet_record(), rr, 2)
+    on1 = own[5] == 1
+    assert np.array_equal(own[1][~on1], same[1][~on1])   # replica 0 unchanged
+    assert not np.array_equal(own[1][on1], same[1][on1])   # replica 1's noise its own
+    quiet = np.array([K.run_records(r, f, 11, 12, 0)[0] for r, f in zip(_records([(SYNC_PLAIN[0], LAT)] * 2, 0)[1][2],
+                                                                        fpars)])
+    before = quiet.copy()
+    set_replica_noise_keys(quiet)
+    assert np.array_equal(quiet, before)
+
+
+def test_a_noisy_fleet_of_one_replica_is_the_engine():
+    """`replicate` of a fleet of one replica with per-step noise gives the
+    engine's rows (same metrics, bit for bit)."""
+    sc = BASE.replace(latency=NOISY, engine=V1_ALL[0], **{"workload.num_requests": 200})
+    one = fastsim.replicate(sc, n_replications=3, seed=4).per_replication
+    fleet = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=1, router="jsq")), n_replications=3,
+                              seed=4).per_replication
+    cols = [c for c in one.columns if c in fleet.columns]
+    assert len(cols) > 20
+    pd.testing.assert_frame_equal(one[cols], fleet[cols], check_exact=True)
+
+
+def test_a_noisy_uniform_fleet_runs_and_loses_nothing():
+    sc = BASE.replace(latency=NOISY, engine=V1_ALL[0], fleet=fastsim.Fleet(replicas=3, router="jsq"),
+                      **{"workload.num_requests": 300})
+    a = fastsim.replicate(sc, n_replications=4, seed=2, n_threads=1).per_replication
+    b = fastsim.replicate(sc, n_replications=4, seed=2, n_threads=2).per_replication
+    counts = ["n_completed", "n_rejected", "n_dropped", "n_unfinished"]
+    assert (a["n_arrived"] == a[counts].sum(axis=1)).all() and (a["n_arrived"] == 300).all()
     assert a.equals(b)
