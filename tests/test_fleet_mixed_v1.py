@@ -115,12 +115,15 @@ def test_kernel_v1_mixed_fleet_random_members(seed):
     _agree(members, seed, router, float(rng.choice([0.0, 0.3])), float(rng.choice([0.0, 0.005])))
 
 
+@pytest.mark.parametrize("noisy", [False, True], ids=["deterministic", "step-noise"])
 @pytest.mark.parametrize("v1", [True, False], ids=["v1-rules", "synchronous"])
-def test_a_mixed_fleet_of_identical_entries_is_the_uniform_fleet(v1):
+def test_a_mixed_fleet_of_identical_entries_is_the_uniform_fleet(v1, noisy):
     """Under vLLM's rules (async scheduling, the gate, the null block,
-    caching by block hash) and without them, `replicate`'s rows of a mixed
-    fleet of four identical entries equal the uniform fleet's."""
-    sc = BASE.replace(engine=eng(v1, v1, v1, max_num_seqs=6, num_gpu_blocks=120), **{"workload.num_requests": 300})
+    caching by block hash) and without them, with per-step noise and
+    without, `replicate`'s rows of a mixed fleet of four identical entries
+    equal the uniform fleet's."""
+    sc = BASE.replace(engine=eng(v1, v1, v1, max_num_seqs=6, num_gpu_blocks=120), latency=NOISY if noisy else LAT,
+                      **{"workload.num_requests": 300})
     for router in ("jsq", "least_kv", "prefix_affinity", "power_of_two"):
         uniform = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=4, router=router)), n_replications=3,
                                     seed=7)
