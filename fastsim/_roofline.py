@@ -486,6 +486,10 @@ class RooflineLatency(LatencyModel):
                              "use per-step noise (jitter_sd, stall_prob) or the regression model "
                              "(RooflineLatency.regression)")
 
+    def __hash__(self):
+        # (the roofline's efficiencies are a dict: hash its repr, as equal rooflines print alike)
+        return hash((self.regression, repr(self.roofline)))
+
     @property
     def regression(self) -> LatencyModel:
         """The regression mapping of the roofline (:meth:`Roofline.to_latency_model`)."""

@@ -148,3 +148,11 @@ def test_regression_record_is_unchanged():
     """The regression model's record has the roofline off (the kernel takes its old branch)."""
     rec = fastsim.LatencyModel.default()._params()
     assert rec.size == K.N_LAT and rec[K.L_ROOF] == 0.0
+
+
+def test_roofline_latency_is_hashable_and_compares_by_value(deployments):
+    a = deployments["dense"].latency
+    b = fastsim.Deployment(model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A10G", max_num_seqs=12,
+                           max_num_batched_tokens=192).latency
+    assert a == b and hash(a) == hash(b)
+    assert a != deployments["tp2"].latency

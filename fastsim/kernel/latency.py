@@ -14,6 +14,15 @@ to or from CPU swap space) lasts::
 added in that order (the reference simulator adds the same terms in the
 same order, so the two agree to the last bit).
 
+With ``lat[L_ROOF]`` 1.0 (``fastsim.RooflineLatency``) the step is a roofline
+of its composition instead (`_roofline_time`: weight GEMMs at the step's token
+count, MoE experts touched, attention, LM head, all-reduces, overheads), plus
+the same context and swap terms; it also reads the prefill chunks' causal
+pairs and count (``pairs2``, ``n_pfs``). A pure decode step's part before the
+context term depends on ``n_dec`` alone and is tabulated in ``dec_cost``
+(`_fill_decode_costs`), so `_decode_step_time` and `_context_slope` give the
+stretch the same linear form as the regression model's.
+
 A stochastic model (``lat[L_NOISE]`` or ``lat[L_RUN]`` not 0.0;
 ``fastsim._latency.StepNoise``) adds two kinds of noise:
 
