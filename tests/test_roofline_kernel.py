@@ -156,3 +156,13 @@ def test_roofline_latency_is_hashable_and_compares_by_value(deployments):
                            max_num_batched_tokens=192).latency
     assert a == b and hash(a) == hash(b)
     assert a != deployments["tp2"].latency
+
+
+def test_deployment_latency_is_the_kernel_roofline(deployments):
+    dep = deployments["dense"]
+    assert isinstance(dep.latency, fastsim.RooflineLatency)
+    assert type(dep.regression_latency) is fastsim.LatencyModel
+    assert dep.latency.regression == dep.regression_latency
+    # pure decode steps: the mapping is fitted to them, the roofline is them
+    b = np.arange(1, 13)
+    assert np.allclose(dep.latency.step_time(b, 0, 0), dep.roofline.decode_step(b, 0), rtol=1e-12)
