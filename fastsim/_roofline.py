@@ -352,8 +352,17 @@ class Roofline:
                           **mapping) -> "RooflineLatency":
         """This roofline as the kernel evaluates it, step by step (a :class:`RooflineLatency`).
 
-        Its regression fields hold :meth:`to_latency_model`'s mapping (``mapping``: its
-        operating range), for what needs the regression form (``.regression``).
+        Parameters
+        ----------
+        swap_s_per_block : float
+            Time to move one KV block to or from CPU swap space (as :class:`LatencyModel`'s).
+        ttft_overhead_s : float
+            Client-side time added to first-token and completion times (as :class:`LatencyModel`'s).
+        noise : StepNoise, optional
+            Per-step noise only (per-run effects are refused).
+        **mapping
+            The operating range of :meth:`to_latency_model`, whose mapping the result's
+            regression fields hold (``.regression``) for what needs the regression form.
         """
         reg = self.to_latency_model(ttft_overhead_s=ttft_overhead_s, **mapping)
         return RooflineLatency(base_s=reg.base_s, decode_scale_s=reg.decode_scale_s, decode_alpha=reg.decode_alpha,
@@ -499,6 +508,7 @@ class RooflineLatency(LatencyModel):
                             calibration=self.calibration, noise=self.noise)
 
     def deterministic(self) -> "RooflineLatency":
+        """The same roofline without its noise (``noise=None``)."""
         return replace(self, noise=None)
 
     def _params(self) -> np.ndarray:
