@@ -99,10 +99,13 @@ def sweep_table(r_cal, reps):
     for row in sweep.itertuples(index=False):
         s = pd.Series(row._asdict())
         dep = a10g_deployment(util=float(s.gpu_memory_utilization), seqs=int(s.max_num_seqs))
-        lat_un = dep.latency
-        lat_cal = r_cal.to_latency_model(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=2048,
-                                         max_context=2048, ttft_overhead_s=preset.ttft_overhead_s)
-        for name, lat in (("roofline", lat_un), ("roofline+A10G corrections", lat_cal), ("preset", preset)):
+        rng = dict(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=2048, max_context=2048,
+                   ttft_overhead_s=preset.ttft_overhead_s)
+        models = (("roofline", dep.latency), ("roofline, regression mapping", dep.regression_latency),
+                  ("roofline+A10G corrections", r_cal.to_kernel_latency(**rng)),
+                  ("roofline+A10G corrections, regression mapping", r_cal.to_latency_model(**rng)),
+                  ("preset", preset))
+        for name, lat in models:
             sc = scenario_for(s, lat, True, v1=True, warm=warm_prefix_cache(s, sweep))
             sc = sc.replace(engine=dataclasses.replace(dep.engine, **V1_RULES))
             res = fastsim.replicate(sc, reps, seed=1, n_threads=1, progress=False)
@@ -168,7 +171,10 @@ def block_hashes(token_ids, block_size=16):
 #: ``Deployment``'s.
 RTX_VARIANTS = {"sync": (False, False, "numba"), "sync+groups": (False, "groups", "numba"),
                 "v1": (True, False, "numba"), "v1+cache": (True, "hash", "reference"),
-                "v1+cache, vLLM's blocks": (True, "hash", "reference")}
+                "v1+cache, vLLM's blocks": (True, "hash", "reference"),
+                "v1+cache, regression mapping": (True, "hash", "reference")}
+#: Every variant runs the roofline evaluated per step (``Deployment.latency``) but the one named
+#: "regression mapping" (``Deployment.regression_latency``, the roofline mapped onto the regression form).
 
 
 def rtx_replay(variant="v1+cache"):
@@ -196,12 +202,13 @@ def rtx_replay(variant="v1+cache"):
                          "output_len": wl.output_toks})
     if caching == "groups":
         reqs["prefix_group"], reqs["prefix_len"] = prefix_groups(wl.input_tok_ids)
-    sc = fastsim.Scenario(engine=engine, latency=dep.latency,
+    lat = dep.regression_latency if variant.endswith("regression mapping") else dep.latency
+    sc = fastsim.Scenario(engine=engine, latency=lat,
                           workload=fastsim.Workload(arrival_rate=10.0, num_requests=len(reqs)))
     step_log = None
     if backend == "reference":
         a, p, o = (reqs[c].to_numpy() for c in ("arrival_s", "prompt_len", "output_len"))
-        res = simulate_reference(a, p, o, np.zeros(a.size, np.int64), engine, dep.latency,
+        res = simulate_reference(a, p, o, np.zeros(a.size, np.int64), engine, lat,
                                  block_hashes=block_hashes(wl.input_tok_ids, engine.block_size),
                                  hash_block_size=engine.block_size)
         c0 = dep.latency.ttft_overhead_s

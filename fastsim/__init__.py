@@ -23,7 +23,7 @@ from ._latency import LatencyModel, StepNoise
 from ._traces import RequestTrace
 from ._hardware import GPU
 from ._deployment import Deployment
-from ._roofline import Roofline
+from ._roofline import Roofline, RooflineLatency
 from ._replicate import (METRIC_DESCRIPTIONS, Interrupted, ReplicateResult, compile_kernels, replicate, sample_requests,
                          simulate_requests)
 from ._stats import ConfidenceInterval
@@ -46,7 +46,7 @@ __all__ = [
     "RateSchedule", "Autoscaler", "AutoscaleRun", "simulate_autoscaled", "Disaggregated", "DisaggregationSearchResult", "disaggregation_search",
     "BucketPredictor", "CapacityResult", "Fleet", "FleetCapacityResult", "fleet_capacity", "CompareResult", "ConfidenceInterval", "Deployment", "Empirical",
     "EngineConfig", "Exponential", "Fixed", "GPU", "Gamma", "Geometric", "Histogram", "Interrupted", "LatencyModel", "StepNoise", "LengthDistribution", "LengthTrace", "LogNormal",
-    "LogNormalPredictor", "Roofline",
+    "LogNormalPredictor", "Roofline", "RooflineLatency",
     "METRIC_DESCRIPTIONS", "Mixture", "ReplicateResult", "RequestClasses", "RequestTrace", "Scenario", "Sessions", "SweepResult", "Truncated", "Uniform", "Workload",
     "capacity", "compare", "compile_kernels", "plot_sweep", "replicate", "sample_requests", "sharegpt_lengths",
     "simulate_requests", "sweep", "testing", "analytical",

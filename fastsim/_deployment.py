@@ -87,9 +87,12 @@ class Deployment:
     num_gpu_blocks : int
         KV blocks per rank, as vLLM computes them.
     engine : EngineConfig
-    latency : LatencyModel
-        The roofline step-time model (:class:`fastsim.Roofline`) mapped onto
-        the kernel's regression form over this deployment's operating range.
+    latency : RooflineLatency
+        The roofline step-time model (:class:`fastsim.Roofline`), evaluated
+        by the kernel at every step.
+    regression_latency : LatencyModel
+        The roofline mapped onto the kernel's regression form over this
+        deployment's operating range.
 
     Examples
     --------
@@ -291,7 +294,15 @@ class Deployment:
 
     @cached_property
     def latency(self):
-        """The roofline mapped onto the kernel's step-time form (a :class:`LatencyModel`)."""
+        """The roofline evaluated by the kernel at every step (a :class:`fastsim.RooflineLatency`;
+        its ``.regression`` is :attr:`regression_latency`)."""
+        return self.roofline.to_kernel_latency(max_num_seqs=self.max_num_seqs,
+                                               max_num_batched_tokens=self.max_num_batched_tokens,
+                                               max_context=min(self.max_model_len, 8192))
+
+    @cached_property
+    def regression_latency(self):
+        """The roofline mapped onto the kernel's regression form (a :class:`LatencyModel`)."""
         return self.roofline.to_latency_model(max_num_seqs=self.max_num_seqs,
                                               max_num_batched_tokens=self.max_num_batched_tokens,
                                               max_context=min(self.max_model_len, 8192))

@@ -127,7 +127,7 @@ class StepNoise:
         r[L.L_PREFILL_MU - o] = self.prefill_log_mean
         r[L.L_PREFILL_SD - o] = self.prefill_sd
         r[L.L_OVERHEAD_SD - o] = self.overhead_sd
-        r[L.L_CHOL - o:] = self.cholesky().ravel()
+        r[L.L_CHOL - o:L.N_LAT_REGRESSION - o] = self.cholesky().ravel()
         return r
 
 

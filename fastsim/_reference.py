@@ -239,6 +239,38 @@ class _BlockPool:
         assert sum(len(lst) for lst in self.cached.values()) == sum(h is not None for h in self.hash)
 
 
+def _roofline_step_time(rec, n_decode, n_prefill_tokens, n_context_tokens, pairs2, n_prefill_seqs, n_swap):
+    """The roofline's step time (`fastsim.RooflineLatency`) from its coefficient record ``rec``
+    (the kernel's latency record, read by slot): in plain Python, the terms in the order the
+    docstring of `RooflineLatency` states them."""
+    from .kernel import layout as K
+
+    def gemm(o, rows):
+        return rec[o] + max(rec[o + 1] * rows, rec[o + 2] + rec[o + 3] * rows)
+
+    t = float(n_decode + n_prefill_tokens)
+    rows = float(n_decode + n_prefill_seqs)
+    d = float(rec[K.L_R_OVER]) + float(rec[K.L_R_PER_SEQ]) * rows
+    for j in range(int(rec[K.L_R_NGEMM])):
+        d += float(gemm(K.L_R_GEMM + 4 * j, t))
+    e = float(rec[K.L_R_MOE_E])
+    if e > 0.0 and t > 0.0:
+        touched = e * (1.0 - float(rec[K.L_R_MOE_Q]) ** t)
+        m = t * float(rec[K.L_R_MOE_K]) / touched
+        d += touched * float(gemm(K.L_R_MOE_GEMM, m) + gemm(K.L_R_MOE_GEMM + 4, m))
+    if n_decode > 0:
+        d += float(rec[K.L_R_GA_T0])
+    if n_prefill_tokens > 0:
+        d += float(rec[K.L_R_CA_T0]) + float(rec[K.L_R_CA_PAIR]) * pairs2
+    if rows > 0.0:
+        d += float(gemm(K.L_R_LM, rows))
+    d += float(rec[K.L_R_AR_T0]) + float(rec[K.L_R_AR_TOK]) * t
+    d += float(rec[K.L_CTX]) * n_context_tokens
+    if n_swap > 0:
+        d += float(rec[K.L_SWAP]) * n_swap
+    return d
+
+
 class _Reference:
     """The state of one run and the operations of the spec on it."""
 
@@ -247,6 +279,8 @@ class _Reference:
                  think_time_s: float = 0.0):
         self.e = engine
         self.latency = latency
+        # the roofline's coefficients (`RooflineLatency._params`), read by `_roofline_step_time`
+        self.roof = latency._params() if getattr(latency, "roofline", None) is not None else None
         self.step_noise = step_noise   # per-step jitter and stalls (`_reference_noise.StepNoiseDraws`)
         self.horizon = horizon_s
         self.requests = requests
@@ -897,6 +931,8 @@ class _Reference:
         n_decode = 0
         n_prefill_tokens = 0
         n_context_tokens = 0
+        pairs2 = 0      # the roofline: twice the prefill chunks' causal query-key pairs
+        n_prefill_seqs = 0
         for r, s in scheduled.items():
             # decoding: "one token, g >= 1, k = P + g - 1". Literal reading: the
             # last 1-token chunk of a recompute (g >= 1) also counts as decoding,
@@ -906,10 +942,17 @@ class _Reference:
                 n_decode += 1
             else:
                 n_prefill_tokens += s
+                if s > 0:
+                    pairs2 += s * (2 * r.k + s + 1)
+                    n_prefill_seqs += 1
             n_context_tokens += r.k + s
         # ... + swap_s_per_block * n_swap_blocks, added last.
-        d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
-                                         self.pending_swap_blocks))
+        if self.roof is not None:
+            d = _roofline_step_time(self.roof, n_decode, n_prefill_tokens, n_context_tokens, pairs2,
+                                    n_prefill_seqs, self.pending_swap_blocks)
+        else:
+            d = float(self.latency.step_time(n_decode, n_prefill_tokens, n_context_tokens,
+                                             self.pending_swap_blocks))
         if self.step_noise is not None:   # step k's noise, k = the steps before it
             d = self.step_noise.apply(d, self.num_steps)
         self.pending_swap_blocks = 0

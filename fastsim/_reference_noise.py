@@ -100,6 +100,8 @@ def run_latency(latency: LatencyModel, key0: int, key1: int, rep: int):
     if noise.per_step:
         steps = StepNoiseDraws(_stream_start(key0, key1, rep, _PURPOSE_STEP), noise.jitter_sd,
                                noise.stall_prob, noise.stall_mean_s)
+    if not noise.per_run:   # (the model itself: a roofline stays one, `fastsim.RooflineLatency`)
+        return replace(latency, noise=None), steps
     base, scale, alpha = latency.base_s, latency.decode_scale_s, latency.decode_alpha
     prefill, over = latency.prefill_per_token_s, latency.ttft_overhead_s
     ctx, swap = latency.ctx_per_token_s, latency.swap_s_per_block

@@ -16,10 +16,13 @@ Per step and per tensor-parallel rank, from the batch's composition:
 The efficiencies ``eta`` and fixed latencies ``t0`` of the four kernel
 families are fitted to vLLM kernel microbenchmarks on five GPUs
 (``experiments/fit_roofline.py`` -> ``fastsim/data/roofline_efficiencies.json``);
-a GPU without microbenchmarks borrows those of its ``roofline_class``. The
-simulation kernel still has the regression form of :class:`LatencyModel`;
-:meth:`Roofline.to_latency_model` maps the roofline onto it over an
-operating range and reports the mapping's error.
+a GPU without microbenchmarks borrows those of its ``roofline_class``.
+
+The simulation kernel evaluates the roofline itself, per step
+(:meth:`Roofline.to_kernel_latency`, a :class:`RooflineLatency`; what
+``Deployment(...).latency`` gives); :meth:`Roofline.to_latency_model` maps
+it onto the kernel's regression form instead, over an operating range, and
+reports the mapping's error.
 """
 
 from __future__ import annotations
@@ -289,6 +292,84 @@ class Roofline:
         (c0, c1), _ = nnls(np.column_stack([np.ones_like(levels), levels]) * w[:, None], med * w)
         return replace(self, step_overhead_s=float(c0), per_seq_overhead_s=float(c1), time_scale=1.0)
 
+    # ---- the kernel's roofline record ---------------------------------------------------------
+
+    def _gemm_entry(self, n, k, mult, weight_bytes=None):
+        """The kernel's GEMM entry (t0, a, b, c) of an (rows x k) @ (k x n) GEMM run ``mult`` times
+        per step and scaled by ``time_scale``: its time is t0 + max(a rows, b + c rows) (`_gemm`)."""
+        wb = self.weight_bytes if weight_bytes is None else weight_bytes
+        eta_c, eta_m, t0 = self.eff["gemm"]
+        peak = self.gpu.peak_flops("fp8" if wb == 1 else "bfloat16")
+        bw = self.gpu.bandwidth_bytes_s
+        f = mult * self.time_scale
+        return (f * t0, f * 2.0 * n * k / (eta_c * peak), f * wb * float(n) * k / (eta_m * bw),
+                f * 2.0 * (n + k) / (eta_m * bw))
+
+    def kernel_record(self) -> dict:
+        """The roofline's coefficients as the kernel reads them (``kernel.layout`` ``L_R_*``
+        and ``L_CTX``), by slot name: every time multiplied by the layers it runs in and by
+        ``time_scale``."""
+        sp, tp, g = self.model, self.tensor_parallel_size, self.gpu
+        L = float(sp.num_hidden_layers)
+        s = self.time_scale
+        h, hd = sp.hidden_size, sp.head_dim
+        q = sp.num_attention_heads // tp * hd
+        kv = sp.kv_heads_per_rank(tp) * hd
+        gemms = [self._gemm_entry(q + 2 * kv, h, L), self._gemm_entry(h, q, L)]
+        moe = (0.0, 0.0, 0.0)
+        expert = [(0.0,) * 4, (0.0,) * 4]
+        if sp.is_moe:
+            e, k = sp.num_experts, sp.num_experts_per_tok
+            im = sp.moe_intermediate_size // tp
+            gemms.append(self._gemm_entry(e, h, L))   # the router
+            if sp.shared_expert_intermediate_size:
+                ish = sp.shared_expert_intermediate_size // tp
+                gemms += [self._gemm_entry(2 * ish, h, L), self._gemm_entry(h, ish, L)]
+            moe = (float(e), float(k), 1.0 - k / e)
+            expert = [self._gemm_entry(2 * im, h, L), self._gemm_entry(h, im, L)]
+        else:
+            i = sp.intermediate_size // tp
+            gemms += [self._gemm_entry(2 * i, h, L), self._gemm_entry(h, i, L)]
+        eta_ga, t0_ga = self.eff["gen_attn"]
+        eta_ca, t0_ca = self.eff["ctx_attn"]
+        kv_layer = 2 * sp.kv_heads_per_rank(tp) * hd * self.kv_bytes
+        ar_t0 = ar_tok = 0.0
+        if tp > 1:
+            eta_l, t0_l = self.eff["allreduce"]
+            ar_t0 = 2 * L * s * t0_l
+            ar_tok = 2 * L * s * h * 2 * 2 * (tp - 1) / tp / (eta_l * g.interconnect_gbs * 1e9)
+        return {
+            "over": self.step_overhead_s, "per_seq": self.per_seq_overhead_s, "gemms": gemms,
+            "moe_e": moe[0], "moe_k": moe[1], "moe_q": moe[2], "expert": expert,
+            "ga_t0": L * s * t0_ga, "ctx": s * L * kv_layer / (eta_ga * g.bandwidth_bytes_s),
+            "ca_t0": L * s * t0_ca,
+            "ca_pair": s * L * 4.0 * (sp.num_attention_heads // tp) * hd / (eta_ca * g.peak_flops("bfloat16")) / 2,
+            "lm": self._gemm_entry(sp.padded_vocab() // tp, h, 1.0, weight_bytes=2),
+            "ar_t0": ar_t0, "ar_tok": ar_tok,
+        }
+
+    def to_kernel_latency(self, *, swap_s_per_block=0.0, ttft_overhead_s=0.0, noise=None,
+                          **mapping) -> "RooflineLatency":
+        """This roofline as the kernel evaluates it, step by step (a :class:`RooflineLatency`).
+
+        Parameters
+        ----------
+        swap_s_per_block : float
+            Time to move one KV block to or from CPU swap space (as :class:`LatencyModel`'s).
+        ttft_overhead_s : float
+            Client-side time added to first-token and completion times (as :class:`LatencyModel`'s).
+        noise : StepNoise, optional
+            Per-step noise only (per-run effects are refused).
+        **mapping
+            The operating range of :meth:`to_latency_model`, whose mapping the result's
+            regression fields hold (``.regression``) for what needs the regression form.
+        """
+        reg = self.to_latency_model(ttft_overhead_s=ttft_overhead_s, **mapping)
+        return RooflineLatency(base_s=reg.base_s, decode_scale_s=reg.decode_scale_s, decode_alpha=reg.decode_alpha,
+                               prefill_per_token_s=reg.prefill_per_token_s, ctx_per_token_s=reg.ctx_per_token_s,
+                               ttft_overhead_s=ttft_overhead_s, swap_s_per_block=swap_s_per_block,
+                               calibration=reg.calibration, noise=noise, roofline=self)
+
     # ---- mapping onto the kernel's regression form ----------------------------------------------
 
     def to_latency_model(self, *, max_num_seqs=256, max_num_batched_tokens=8192, max_context=8192,
@@ -372,3 +453,138 @@ def _decode_gaps(df):
         prefill |= (t[0] > lo) & (t[0] <= hi)        # a first token arrived with this gap
     keep = ~prefill & (hi > lo) & (n >= 1)
     return n[keep], ctx[keep], (hi - lo)[keep]
+
+
+@dataclass(frozen=True)
+class RooflineLatency(LatencyModel):
+    """A :class:`Roofline` evaluated by the simulation kernel at every step.
+
+    Build it with :meth:`Roofline.to_kernel_latency` (``Deployment(...).latency``).
+    A step of ``n_decode`` decoders, ``n_prefill_tokens`` prefill tokens in
+    chunks of ``s_i`` tokens after ``k_i`` cached ones, and
+    ``n_context_tokens`` KV tokens (as for :class:`LatencyModel`) lasts::
+
+        over + per_seq * rows + sum_g gemm_g(t) + touched(t) * expert(t k / touched(t))
+             + ga_t0 [n_decode > 0] + (ca_t0 + ca_pair * sum_i s_i (2 k_i + s_i + 1)) [prefill]
+             + lm_head(rows) + ar_t0 + ar_tok * t + ctx * n_context_tokens + swap_s_per_block * n_swap_blocks
+
+    with ``t = n_decode + n_prefill_tokens`` the step's tokens, ``rows`` the
+    scheduled sequences, each GEMM ``t0 + max(a rows, b + c rows)`` and
+    ``touched(t) = E (1 - (1 - k/E)^t)`` (:meth:`Roofline.kernel_record`),
+    added in this order. The decode attention's memory term charges every
+    context token of the step (the prefill chunks' contexts too, which their
+    attention reads as well; :meth:`Roofline.step_time` charges the decoders'
+    only). The regression fields are :meth:`Roofline.to_latency_model`'s
+    mapping (``regression``); the kernel does not read them.
+
+    Parameters
+    ----------
+    roofline : Roofline
+        The step-time model.
+    """
+
+    roofline: Roofline = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.roofline, Roofline):
+            raise ValueError(f"roofline must be a fastsim.Roofline, got {type(self.roofline).__name__}")
+        if self.noise is not None and self.noise.per_run:
+            raise ValueError("noise: per-run effects (speed_sd, prefill_sd, overhead_sd, the calibration's "
+                             "covariance) scale the regression coefficients and do not apply to the roofline; "
+                             "use per-step noise (jitter_sd, stall_prob) or the regression model "
+                             "(RooflineLatency.regression)")
+
+    def __hash__(self):
+        # (the roofline's efficiencies are a dict: hash its repr, as equal rooflines print alike)
+        return hash((self.regression, repr(self.roofline)))
+
+    @property
+    def regression(self) -> LatencyModel:
+        """The regression mapping of the roofline (:meth:`Roofline.to_latency_model`)."""
+        return LatencyModel(base_s=self.base_s, decode_scale_s=self.decode_scale_s, decode_alpha=self.decode_alpha,
+                            prefill_per_token_s=self.prefill_per_token_s, ctx_per_token_s=self.ctx_per_token_s,
+                            ttft_overhead_s=self.ttft_overhead_s, swap_s_per_block=self.swap_s_per_block,
+                            calibration=self.calibration, noise=self.noise)
+
+    def deterministic(self) -> "RooflineLatency":
+        """The same roofline without its noise (``noise=None``)."""
+        return replace(self, noise=None)
+
+    def _params(self) -> np.ndarray:
+        """The latency record: the regression slots 0.0 but for the context slope and the swap
+        term, the noise slots, then the roofline's (`kernel.layout` ``L_R_*``)."""
+        from .kernel import layout as K
+
+        out = super()._params()
+        rec = self.roofline.kernel_record()
+        if len(rec["gemms"]) > K.N_R_GEMM:
+            raise ValueError(f"roofline: {len(rec['gemms'])} GEMM entries, the kernel holds {K.N_R_GEMM}")
+        out[K.L_BASE] = 0.0
+        out[K.L_DECODE_SCALE] = 0.0
+        out[K.L_DECODE_ALPHA] = 1.0
+        out[K.L_PREFILL] = 0.0
+        out[K.L_CTX] = rec["ctx"]
+        out[K.L_ROOF] = 1.0
+        out[K.L_R_OVER] = rec["over"]
+        out[K.L_R_PER_SEQ] = rec["per_seq"]
+        out[K.L_R_NGEMM] = len(rec["gemms"])
+        out[K.L_R_MOE_E], out[K.L_R_MOE_K], out[K.L_R_MOE_Q] = rec["moe_e"], rec["moe_k"], rec["moe_q"]
+        out[K.L_R_GA_T0] = rec["ga_t0"]
+        out[K.L_R_CA_T0] = rec["ca_t0"]
+        out[K.L_R_CA_PAIR] = rec["ca_pair"]
+        out[K.L_R_AR_T0] = rec["ar_t0"]
+        out[K.L_R_AR_TOK] = rec["ar_tok"]
+        out[K.L_R_LM:K.L_R_LM + 4] = rec["lm"]
+        out[K.L_R_MOE_GEMM:K.L_R_MOE_GEMM + 8] = np.concatenate(rec["expert"])
+        for j, e in enumerate(rec["gemms"]):
+            out[K.L_R_GEMM + 4 * j:K.L_R_GEMM + 4 * j + 4] = e
+        return out
+
+    def step_time(self, num_decode, num_prefill_tokens=0, num_context_tokens=0, num_swap_blocks=0, *,
+                  prefill_pairs2=None, num_prefill_seqs=None):
+        """The kernel's step time (vectorised over array arguments).
+
+        Parameters
+        ----------
+        num_decode, num_prefill_tokens, num_context_tokens, num_swap_blocks : array_like of int
+            As for :meth:`LatencyModel.step_time`.
+        prefill_pairs2 : array_like of int, optional
+            Twice the causal query-key pairs of the prefill chunks, ``sum s (2 k + s + 1)``;
+            by default one fresh chunk, ``n (n + 1)``.
+        num_prefill_seqs : array_like of int, optional
+            Prefilling sequences; by default one if there are prefill tokens.
+
+        Returns
+        -------
+        numpy.ndarray or float
+            Step duration in seconds.
+        """
+        rec = self.roofline.kernel_record()
+        nd = np.asarray(num_decode, dtype=float)
+        npf = np.asarray(num_prefill_tokens, dtype=float)
+        nc = np.asarray(num_context_tokens, dtype=float)
+        nsw = np.asarray(num_swap_blocks, dtype=float)
+        p2 = npf * (npf + 1.0) if prefill_pairs2 is None else np.asarray(prefill_pairs2, dtype=float)
+        nps = (npf > 0).astype(float) if num_prefill_seqs is None else np.asarray(num_prefill_seqs, dtype=float)
+
+        def gemm(e, r):
+            return e[0] + np.maximum(e[1] * r, e[2] + e[3] * r)
+
+        t = nd + npf
+        rows = nd + nps
+        d = rec["over"] + rec["per_seq"] * rows
+        for e in rec["gemms"]:
+            d = d + gemm(e, t)
+        if rec["moe_e"] > 0:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                touched = rec["moe_e"] * (1.0 - rec["moe_q"] ** t)
+                m = t * rec["moe_k"] / touched
+                d = d + np.where(t > 0, touched * (gemm(rec["expert"][0], m) + gemm(rec["expert"][1], m)), 0.0)
+        d = d + np.where(nd > 0, rec["ga_t0"], 0.0)
+        d = d + np.where(npf > 0, rec["ca_t0"] + rec["ca_pair"] * p2, 0.0)
+        d = d + np.where(rows > 0, gemm(rec["lm"], rows), 0.0)
+        d = d + (rec["ar_t0"] + rec["ar_tok"] * t)
+        d = d + rec["ctx"] * nc
+        d = d + np.where(nsw > 0, self.swap_s_per_block * nsw, 0.0)
+        return d[()] if d.ndim == 0 else d

@@ -14,6 +14,15 @@ to or from CPU swap space) lasts::
 added in that order (the reference simulator adds the same terms in the
 same order, so the two agree to the last bit).
 
+With ``lat[L_ROOF]`` 1.0 (``fastsim.RooflineLatency``) the step is a roofline
+of its composition instead (`_roofline_time`: weight GEMMs at the step's token
+count, MoE experts touched, attention, LM head, all-reduces, overheads), plus
+the same context and swap terms; it also reads the prefill chunks' causal
+pairs and count (``pairs2``, ``n_pfs``). A pure decode step's part before the
+context term depends on ``n_dec`` alone and is tabulated in ``dec_cost``
+(`_fill_decode_costs`), so `_decode_step_time` and `_context_slope` give the
+stretch the same linear form as the regression model's.
+
 A stochastic model (``lat[L_NOISE]`` or ``lat[L_RUN]`` not 0.0;
 ``fastsim._latency.StepNoise``) adds two kinds of noise:
 
@@ -40,7 +49,9 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .layout import (F_TTFT_OVERHEAD, L_BASE, L_CHOL, L_CTX, L_DECODE_ALPHA, L_DECODE_SCALE, L_JITTER_SD,
                      L_JITTER_SHIFT, L_KEY_HI, L_KEY_LO, L_NOISE, L_OVERHEAD_SD, L_PREFILL, L_PREFILL_MU,
-                     L_PREFILL_SD, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
+                     L_PREFILL_SD, L_R_AR_T0, L_R_AR_TOK, L_R_CA_PAIR, L_R_CA_T0, L_R_GA_T0, L_R_GEMM,
+                     L_R_LM, L_R_MOE_E, L_R_MOE_GEMM, L_R_MOE_K, L_R_MOE_Q, L_R_NGEMM, L_R_OVER, L_R_PER_SEQ,
+                     L_ROOF, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
                      S_RUN_EFFECTS, S_STEP_NOISE)
 from .rng import _GOLDEN, _mix64, _uniform
 
@@ -50,6 +61,12 @@ def _fill_decode_costs(lat, dec_cost):
     """The decode term by decoder count, ``dec_cost[b]`` for b = 0 .. size - 1
     (0.0 for b < 2), computed once per replication: a power per step would
     cost more than the rest of the step."""
+    if lat[L_ROOF] != 0.0:
+        # the roofline: the whole duration of a pure decode step less its
+        # context term (`_step_time` takes it from here: the same bits)
+        for b in range(dec_cost.size):
+            dec_cost[b] = _roofline_time(lat, b, 0, 0, 0)
+        return
     dec_cost[0] = 0.0
     if dec_cost.size > 1:
         dec_cost[1] = 0.0
@@ -60,19 +77,66 @@ def _fill_decode_costs(lat, dec_cost):
 
 
 @njit_noalloc(inline="llvm")
-def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k):
+def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k, pairs2, n_pfs):
     """Duration of step ``k`` of a run (counted from 0, a float), a step of
     ``n_dec`` decoders, ``n_pf`` prefill tokens and ``n_ctx`` context tokens
-    that moves ``n_swap`` blocks to or from swap space."""
-    d = lat[L_BASE]
-    if n_dec > 1:
-        d += dec_cost[n_dec]
-    d += lat[L_PREFILL] * n_pf
+    that moves ``n_swap`` blocks to or from swap space. ``pairs2`` (twice
+    the causal query-key pairs of the prefill chunks) and ``n_pfs`` (the
+    prefilling sequences) are read by the roofline only (0 for the
+    regression model, and in steps without prefill)."""
+    if lat[L_ROOF] != 0.0:
+        if n_pf == 0:
+            d = dec_cost[n_dec]   # (`_fill_decode_costs`: the same function, once per replication)
+        else:
+            d = _roofline_time(lat, n_dec, n_pf, pairs2, n_pfs)
+    else:
+        d = lat[L_BASE]
+        if n_dec > 1:
+            d += dec_cost[n_dec]
+        d += lat[L_PREFILL] * n_pf
     d += lat[L_CTX] * n_ctx
     if n_swap > 0:
         d += lat[L_SWAP] * n_swap   # the swap term last (docs/engine-model.md)
     if lat[L_NOISE] != 0.0:
         d = _step_noise(lat, d, k)   # (a call: the rare case stays out of the loop's registers)
+    return d
+
+
+@njit_noalloc(inline="llvm")
+def _gemm_entry(lat, o, rows):
+    """A GEMM entry of the roofline record at slot ``o`` for ``rows`` rows:
+    its fixed time plus the larger of its compute and memory times."""
+    return lat[o] + max(lat[o + 1] * rows, lat[o + 2] + lat[o + 3] * rows)
+
+
+@njit_noalloc
+def _roofline_time(lat, n_dec, n_pf, pairs2, n_pfs):
+    """The roofline's duration of a step less its context term (which
+    `_step_time` adds, as for the regression model): the per-step and
+    per-sequence overheads, the weight GEMMs at the step's token count, the
+    MoE experts the tokens touch (expected distinct experts of E for t tokens
+    with k each, E (1 - (1 - k/E)^t), each running t k / touched rows), the
+    decode and prefill attention's fixed times and the prefill's causal
+    pairs, the LM head over the scheduled sequences, the all-reduces; added
+    in this order (the reference simulator adds the same terms in the same
+    order, `fastsim._reference._roofline_step_time`)."""
+    t = float(n_dec + n_pf)
+    rows = float(n_dec + n_pfs)
+    d = lat[L_R_OVER] + lat[L_R_PER_SEQ] * rows
+    for g in range(int(lat[L_R_NGEMM])):
+        d += _gemm_entry(lat, L_R_GEMM + 4 * g, t)
+    e = lat[L_R_MOE_E]
+    if e > 0.0 and t > 0.0:
+        touched = e * (1.0 - lat[L_R_MOE_Q] ** t)
+        m = t * lat[L_R_MOE_K] / touched
+        d += touched * (_gemm_entry(lat, L_R_MOE_GEMM, m) + _gemm_entry(lat, L_R_MOE_GEMM + 4, m))
+    if n_dec > 0:
+        d += lat[L_R_GA_T0]
+    if n_pf > 0:
+        d += lat[L_R_CA_T0] + lat[L_R_CA_PAIR] * pairs2
+    if rows > 0.0:
+        d += _gemm_entry(lat, L_R_LM, rows)
+    d += lat[L_R_AR_T0] + lat[L_R_AR_TOK] * t
     return d
 
 

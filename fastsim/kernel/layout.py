@@ -91,7 +91,28 @@ L_PREFILL_SD = 17
 L_OVERHEAD_SD = 18   # sd of the per-run client overhead (normal about ttft_overhead_s, at least 0)
 L_CHOL = 19          # 5 x 5 lower Cholesky factor (row-major) of the covariance of
 N_CAL = 5            # (base_s, decode_scale_s, decode_alpha, prefill_per_token_s, ttft_overhead_s)
-N_LAT = L_CHOL + N_CAL * N_CAL
+N_LAT_REGRESSION = L_CHOL + N_CAL * N_CAL
+# the roofline step time (`latency._roofline_time`, `fastsim.RooflineLatency`); L_ROOF 0.0: the
+# regression model above. Every time below is already multiplied by the layers it runs in and by
+# the time scale. A GEMM entry (t0, a, b, c) of t rows costs t0 + max(a * t, b + c * t) (compute
+# bound or memory bound); the roofline's L_CTX is the decode attention's cost per KV token.
+L_ROOF = N_LAT_REGRESSION   # 1.0: the roofline
+L_R_OVER = L_ROOF + 1       # fixed time of every step (s)
+L_R_PER_SEQ = L_ROOF + 2    # time per scheduled sequence (s)
+L_R_NGEMM = L_ROOF + 3      # number of weight-GEMM entries at L_R_GEMM (at most N_R_GEMM)
+L_R_MOE_E = L_ROOF + 4      # MoE: experts (0.0: dense)
+L_R_MOE_K = L_ROOF + 5      # MoE: experts per token
+L_R_MOE_Q = L_ROOF + 6      # MoE: 1 - k / E (a token misses a given expert)
+L_R_GA_T0 = L_ROOF + 7      # decode attention's fixed time (steps with a decoder)
+L_R_CA_T0 = L_ROOF + 8      # prefill attention's fixed time (steps with prefill tokens)
+L_R_CA_PAIR = L_ROOF + 9    # prefill attention's time per doubled causal query-key pair
+L_R_AR_T0 = L_ROOF + 10     # tensor-parallel all-reduces' fixed time (0.0 without TP)
+L_R_AR_TOK = L_ROOF + 11    # all-reduces' time per token
+L_R_LM = L_ROOF + 12        # the LM head's GEMM entry (4 slots), rows = scheduled sequences
+L_R_MOE_GEMM = L_ROOF + 16  # the two GEMM entries of one expert (8 slots), rows = tokens per expert
+L_R_GEMM = L_ROOF + 24      # the weight-GEMM entries, 4 slots each, rows = the step's tokens
+N_R_GEMM = 8
+N_LAT = L_R_GEMM + 4 * N_R_GEMM
 
 # --- named codes, shared by Python (`fastsim/_replicate.py`) and the kernel ---
 # ipar[I_POLICY]: the waiting queue's order

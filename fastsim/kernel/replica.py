@@ -66,7 +66,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
                      I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP,
                      I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
-                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING)
+                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING, L_ROOF)
 from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
                          _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted,
                          _pool_hits, _pool_init, _pool_queued_hits, _pool_session_lists, _pool_take, _preempted)
@@ -343,7 +343,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if counted and async_on:
                     _count_scheduled(req, batch.oth, n_oth, cache.pool, t, lag, bs)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4])
+                pairs2, n_pfs = 0, 0
+                if n_pf > 0 and lat[L_ROOF] != 0.0:
+                    pairs2, n_pfs = _prefill_work(req, batch.oth, n_oth, ipar, full)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4], pairs2, n_pfs)
                 mode = MODE_FAST_STEP
                 n_in_queue = n_wait
             else:
@@ -364,7 +367,10 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
                             and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
                         return -3
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4])
+                pairs2, n_pfs = 0, 0
+                if n_pf > 0 and lat[L_ROOF] != 0.0:
+                    pairs2, n_pfs = _prefill_work(req, batch.run, n_run, ipar, full)
+                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs)
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
             if not ran:   # only preemptions happened, or (async) only held requests run
@@ -1268,6 +1274,28 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
     return free, budget, n_wait, n_run
 
 
+@njit_noalloc
+def _prefill_work(req, lst, m, ipar, full):
+    """What the roofline reads of a step's prefill chunks (`latency._roofline_time`):
+    twice their causal query-key pairs, sum of s (2 k + s + 1) over chunks of
+    s tokens after k, and their number; over ``lst[:m]``, classified as
+    `_composition` does (called only when the step has prefill tokens)."""
+    static = False if full is None else ipar[I_STATIC] == 1
+    pairs2 = 0
+    n_pfs = 0
+    for jj in range(m):
+        r = lst[jj]
+        s = req.sched[r]
+        if s == 0:
+            continue
+        if s == 1 and req.g[r] >= 1 and (req.k[r] == req.prompt[r] + req.g[r] - 1
+                                         or (static and req.g[r] == req.output[r])):
+            continue
+        pairs2 += s * (2 * req.k[r] + s + 1)
+        n_pfs += 1
+    return pairs2, n_pfs
+
+
 @njit_noalloc(inline="llvm")
 def _composition(req, batch, n_run, static):
     """The batch composition of a slow step: (decoders, prefill tokens, context tokens)."""
@@ -1507,7 +1535,7 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
     while j + 1 < last:
         if (has_h and t >= horizon) or t >= t_stop:
             break
-        d = _step_time(lat, rec.dec_cost, n_run, 0, n_ctx, 0, acc5[4])
+        d = _step_time(lat, rec.dec_cost, n_run, 0, n_ctx, 0, acc5[4], 0, 0)
         t_end = t + d
         if t_end > t_stop:
             break
