@@ -17,7 +17,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import COMPLETED, _Request, queue_key
+from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
 from ._reference_cluster import ROUTERS, _choose, _PausedReplica, _RouterStream, simulate_fleet_reference
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
@@ -96,6 +96,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                        group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(e_d.policy, j, at, int(prio[i]), int(sjfk[i]), e_d.priority_aging_s))
         req.remote_k = p - 1     # the prompt's KV but its last token, as vLLM's connector leaves it
+        if e_d.enable_prefix_caching and e_d.block_hash_caching:
+            # the prompt's block identities, as the prefill side's: its blocks are cached here too
+            req.idents = prompt_block_identities(j, p, e_d.block_size, req.group, req.prefix_len)
         rep.hand(req)
         decode_of[i] = req
         owner[i] = d
