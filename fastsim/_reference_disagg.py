@@ -58,7 +58,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         ``num_preemptions`` (both sides), ``num_tokens``, ``prefill_replica``,
         ``decode_replica`` (-1: none), ``prefill_finish_s`` (when the prefill
         replica let it go, freeing its blocks), ``decode_blocks_end`` (each
-        decode replica's blocks in use at the end).
+        decode replica's blocks in use at the end), ``decode_cached_tokens``
+        (the prompt tokens a request found cached on its decode replica at
+        its first admission there; nan: never handed).
     """
     e_p, l_p, n_p, router_p = prefill
     e_d, l_d, n_d, router_d = decode
@@ -130,4 +132,5 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         "decode_replica": np.array(owner, dtype=np.int64),
         "prefill_finish_s": np.array(pre["finish_s"], dtype=np.float64),
         "decode_blocks_end": [rep.blocks_used for rep in reps],
+        "decode_cached_tokens": np.array([math.nan if r is None else r.cached_tokens for r in decode_of]),
     }
