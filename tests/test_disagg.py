@@ -248,7 +248,10 @@ def test_bad_parameters_are_named(kwargs, match):
 
 
 @pytest.mark.parametrize("engine, match", [
-    (fastsim.EngineConfig(num_gpu_blocks=500, enable_prefix_caching=True), "enable_prefix_caching must be False"),
+    (fastsim.EngineConfig(num_gpu_blocks=500, enable_prefix_caching=True, block_hash_caching=False),
+     "enable_prefix_caching=True needs block_hash_caching=True"),
+    (fastsim.EngineConfig(num_gpu_blocks=500, policy="priority", priority_preemption=True),
+     "priority_preemption must be False"),
     (fastsim.EngineConfig(num_gpu_blocks=500, scheduler="static"), "scheduler must be 'continuous'"),
 ])
 def test_what_the_decode_side_cannot_be_is_refused_before_running(engine, match):
