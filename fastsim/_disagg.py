@@ -76,6 +76,14 @@ class Disaggregated:
         and latency.
     gpu_hour_price : float, optional
         Price of one GPU-hour, a user input (the search reports costs).
+
+    Notes
+    -----
+    Either pool's engine may follow vLLM V1's rules (``async_scheduling``,
+    ``scheduler_reserve_full_isl``, ``null_block``, prefix caching by block
+    hash); the decode pool's may not cache by prefix-group entries
+    (``block_hash_caching=False`` with ``enable_prefix_caching=True``).
+    Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
     """
 
     prefill: object = 1
