@@ -195,6 +195,8 @@ def test_replicate_runs_vllm_defaults_in_both_pools_reproducibly():
     assert (f["blocks_used_at_end"] == 0).all()
     assert (f["prefix_hit_rate"] > 0).all()            # shared prefixes hit
     assert (f["ttft_decode_mean"] > f["ttft_mean"]).all()
+    assert not a.stability.overloaded                  # (its streams run again through both pools)
+    assert "ttft_decode_mean" in a.summary().index
     sync = fastsim.replicate(_scenario(_engine(False, False, max_num_seqs=32, num_gpu_blocks=3000), dis), 6, seed=4)
     assert sync.per_replication["prefix_hit_rate"].isna().all()   # (no caching: no hit rate)
     assert not a.per_replication.equals(sync.per_replication)
