@@ -208,3 +208,24 @@ def test_the_decode_side_refuses_prefix_group_caching():
     dis = fastsim.Disaggregated(decode_server=(de, fastsim.LatencyModel(base_s=0.01)))
     with pytest.raises(ValueError, match="decode engine: enable_prefix_caching=True needs block_hash_caching=True"):
         fastsim.replicate(_scenario(_engine(False, False, num_gpu_blocks=500), dis), 2, seed=0)
+
+
+@pytest.mark.parametrize("async_on", [False, True])
+def test_a_transferred_prompt_finds_its_prefix_cached_on_the_decode_side(async_on):
+    """Two requests of one prefix group (64 tokens: 4 blocks of 16), the
+    second after the first has left both pools: on the prefill replica and on
+    the decode replica it finds the first's 4 prefix blocks cached (the decode
+    side cached the first's transferred prompt), and nothing without caching."""
+    stream = ([0.0, 1.0], [100, 100], [4, 4], [0, 0], [0, 0], [0, 0], [64, 64])
+    lp, ld = fastsim.LatencyModel(base_s=0.1), fastsim.LatencyModel(base_s=0.02)
+    for hashing, expect in ((True, [0, 64]), (False, [0, 0])):
+        eng = _engine(async_on, hashing, max_num_seqs=4, num_gpu_blocks=100)
+        per, row, _ = _kernel(stream, eng, lp, 1, "jsq", eng, ld, 1, "jsq", kvb=1.0, bw=math.inf, lat=0.0)
+        ref = simulate_disagg_reference(*stream, prefill=(eng, lp, 1, "jsq"), decode=(eng, ld, 1, "jsq"),
+                                        kv_bytes_per_token=1.0, link_bandwidth=math.inf)
+        _same(per, ref)
+        assert list(ref["decode_cached_tokens"]) == expect
+        assert per["finish_s"][0] < 1.0          # (the first has left before the second arrives)
+        # both pools' hit tokens over both pools' queried prompts: 64 on each side, of 2 x 2 x 100
+        hit = dict(zip(K.COLUMNS, row))["prefix_hit_rate"]
+        assert hit == pytest.approx(128 / 400, rel=1e-12) if hashing else np.isnan(hit)
