@@ -76,6 +76,14 @@ class Disaggregated:
         and latency.
     gpu_hour_price : float, optional
         Price of one GPU-hour, a user input (the search reports costs).
+
+    Notes
+    -----
+    Either pool's engine may follow vLLM V1's rules (``async_scheduling``,
+    ``scheduler_reserve_full_isl``, ``null_block``, prefix caching by block
+    hash); the decode pool's may not cache by prefix-group entries
+    (``block_hash_caching=False`` with ``enable_prefix_caching=True``).
+    Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
     """
 
     prefill: object = 1
@@ -164,22 +172,18 @@ def check_disagg_scenario(scenario) -> None:
                          f"across two pools is not modelled), got {w.max_concurrency!r}")
     sp, sd = dis.pool_scenarios(scenario)
     for pool, sc in (("prefill", sp), ("decode", sd)):
-        e = sc.engine
-        if e.async_scheduling:
-            raise ValueError(f"{pool} engine: async_scheduling must be False for a disaggregated server (the "
-                             f"reference fleet lacks it), got True")
-        if e.block_hash_caching:
-            raise ValueError(f"{pool} engine: block_hash_caching must be False for a disaggregated server, got True")
         noise = sc.latency.noise
         if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
             raise ValueError(f"{pool} latency: per-step noise (jitter_sd, stall_prob) must be 0 for a "
                              f"disaggregated server, got {noise!r}")
     e = sd.engine
-    for name, bad in (("enable_prefix_caching", e.enable_prefix_caching), ("priority_preemption",
-                                                                            e.priority_preemption)):
-        if bad:
-            raise ValueError(f"decode engine: {name} must be False (a request whose KV arrived from the prefill "
-                             f"side is admitted at its computed tokens only without it), got True")
+    if e.enable_prefix_caching and not e.block_hash_caching:
+        raise ValueError("decode engine: enable_prefix_caching=True needs block_hash_caching=True (caching by "
+                         "block hash: the transferred prompt's blocks are cached there; synthetic prefix-group "
+                         "entries are not modelled on the decode side), got block_hash_caching=False")
+    if e.priority_preemption:
+        raise ValueError("decode engine: priority_preemption must be False (a request whose KV arrived from the "
+                         "prefill side is admitted at its computed tokens only without it), got True")
     if e.scheduler == "static":
         raise ValueError("decode engine: scheduler must be 'continuous' for a disaggregated server, got 'static'")
 

@@ -697,7 +697,7 @@ class _Reference:
     def first_chunk(self, w: _Request, h: int, B: int) -> int:
         """need = P + g - h * bs; the chunk s a budget B gives it (chunked prefill),
         or the whole need (chunked prefill off; the caller checks need <= B)."""
-        need = w.P + w.g - h * self.e.block_size - w.remote_k
+        need = w.P + w.g - max(h * self.e.block_size, w.remote_k)
         return min(need, B) if self.e.enable_chunked_prefill else need
 
     def could_schedule(self, w: _Request) -> bool:
@@ -811,7 +811,8 @@ class _Reference:
                 s = self.first_chunk(w, h, B)
                 if s > B:
                     break     # chunked prefill off: "if need > B stop admitting in this step"
-                if self.blocks_for(w.remote_k + s) > self.capacity_for(w, h):
+                # (a disaggregated decode side's loaded KV covers its hits: h * bs <= P - 1)
+                if self.blocks_for(max(h * e.block_size, w.remote_k) + s) - h > self.capacity_for(w, h):
                     break     # "if ceil(s / bs) exceeds the free capacity for w, stop admitting"
                 if e.scheduler_reserve_full_isl and self.blocks_for(w.P + w.g) - h > self.capacity_for(w, h):
                     break     # spec, "Full-input admission gate"
@@ -823,7 +824,7 @@ class _Reference:
                     w.cached_tokens = h * e.block_size   # at its first admission
                 w.ever_scheduled = True
                 self.claim_hits(w, h)
-                w.k += w.remote_k   # spec, "Disaggregated prefill and decode": the loaded KV
+                w.k = max(w.k, w.remote_k)   # spec, "Disaggregated prefill and decode": the loaded KV
                 self.allocate_to(w, w.k + s)
                 scheduled[w] = s
                 B -= s

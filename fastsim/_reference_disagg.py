@@ -17,7 +17,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import COMPLETED, _Request, queue_key
+from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
 from ._reference_cluster import ROUTERS, _choose, _PausedReplica, _RouterStream, simulate_fleet_reference
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
@@ -58,7 +58,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         ``num_preemptions`` (both sides), ``num_tokens``, ``prefill_replica``,
         ``decode_replica`` (-1: none), ``prefill_finish_s`` (when the prefill
         replica let it go, freeing its blocks), ``decode_blocks_end`` (each
-        decode replica's blocks in use at the end).
+        decode replica's blocks in use at the end), ``decode_cached_tokens``
+        (the prompt tokens a request found cached on its decode replica at
+        its first admission there; nan: never handed).
     """
     e_p, l_p, n_p, router_p = prefill
     e_d, l_d, n_d, router_d = decode
@@ -96,6 +98,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                        group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(e_d.policy, j, at, int(prio[i]), int(sjfk[i]), e_d.priority_aging_s))
         req.remote_k = p - 1     # the prompt's KV but its last token, as vLLM's connector leaves it
+        if e_d.enable_prefix_caching and e_d.block_hash_caching:
+            # the prompt's block identities, as the prefill side's: its blocks are cached here too
+            req.idents = prompt_block_identities(j, p, e_d.block_size, req.group, req.prefix_len)
         rep.hand(req)
         decode_of[i] = req
         owner[i] = d
@@ -127,4 +132,5 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         "decode_replica": np.array(owner, dtype=np.int64),
         "prefill_finish_s": np.array(pre["finish_s"], dtype=np.float64),
         "decode_blocks_end": [rep.blocks_used for rep in reps],
+        "decode_cached_tokens": np.array([math.nan if r is None else r.cached_tokens for r in decode_of]),
     }

@@ -18,6 +18,15 @@ from fastsim.kernel import disagg as D
 ROUTERS = tuple(K.ROUTER_CODES)
 COL = {c: j for j, c in enumerate(K.COLUMNS)}
 
+#: vLLM V1's switches, all off: the synchronous model these hand-computed and reference cases are written
+#: for, whatever `EngineConfig`'s defaults (vLLM's rules: `test_disagg_v1.py`)
+SYNC = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False, enable_prefix_caching=False,
+            block_hash_caching=False)
+
+
+def _sync(**kw):
+    return fastsim.EngineConfig(**{**SYNC, **kw})
+
 
 def _packed(engine, latency, workload=None):
     wl = workload or fastsim.Workload(arrival_rate=1.0, num_requests=10, prompt_len=fastsim.Uniform(5, 20),
@@ -41,7 +50,7 @@ def _hand_stream():
     return (arrival, prompt, output, [0, 0, 0], [0, 0, 0], [-1, -1, -1], [0, 0, 0])
 
 
-ENGINE = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=1000)
+ENGINE = _sync(max_num_seqs=8, num_gpu_blocks=1000)
 
 
 @pytest.mark.parametrize("bw, lat, kvb, expect", [
@@ -102,17 +111,17 @@ WORKLOAD = fastsim.Workload(arrival_rate=8.0, num_requests=70, prompt_len=fastsi
 
 #: (prefill engine, prefill replicas, decode engine, decode replicas, bandwidth, latency, staleness, lag)
 CONFIGS = {
-    "instant-link": (fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=300), 2,
-                     fastsim.EngineConfig(max_num_seqs=16, num_gpu_blocks=600), 3, math.inf, 0.0, 0.0, 0.0),
-    "finite-link": (fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200, max_num_batched_tokens=256), 1,
-                    fastsim.EngineConfig(max_num_seqs=16, num_gpu_blocks=600), 2, 2e6, 0.003, 0.0, 0.01),
+    "instant-link": (_sync(max_num_seqs=8, num_gpu_blocks=300), 2,
+                     _sync(max_num_seqs=16, num_gpu_blocks=600), 3, math.inf, 0.0, 0.0, 0.0),
+    "finite-link": (_sync(max_num_seqs=4, num_gpu_blocks=200, max_num_batched_tokens=256), 1,
+                    _sync(max_num_seqs=16, num_gpu_blocks=600), 2, 2e6, 0.003, 0.0, 0.01),
     # a decode cache too small for its load: preemption by recomputation of requests that came with KV
-    "tight-decode-kv": (fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=300), 2,
-                        fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=45, max_num_batched_tokens=128), 2,
+    "tight-decode-kv": (_sync(max_num_seqs=8, num_gpu_blocks=300), 2,
+                        _sync(max_num_seqs=8, num_gpu_blocks=45, max_num_batched_tokens=128), 2,
                         5e6, 0.001, 0.0, 0.0),
     # a stale prefill router; swap preemption on the decode side (the full engine)
-    "stale-swap": (fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=120), 3,
-                   fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=50, preemption_mode="swap",
+    "stale-swap": (_sync(max_num_seqs=4, num_gpu_blocks=120), 3,
+                   _sync(max_num_seqs=6, num_gpu_blocks=50, preemption_mode="swap",
                                         swap_space_blocks=30), 2, 1e7, 0.0, 0.3, 0.0),
 }
 
@@ -179,8 +188,8 @@ def test_a_request_too_long_for_the_decode_side_is_rejected_there():
     """A prompt the prefill side takes but the decode side cannot hold ends
     rejected (once), with its prefill first token recorded."""
     stream = ([0.0, 0.5], [40, 300], [5, 5], [0, 0], [0, 0], [-1, -1], [0, 0])
-    small = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=10, max_model_len=160, max_num_batched_tokens=160)
-    big = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=100)
+    small = _sync(max_num_seqs=4, num_gpu_blocks=10, max_model_len=160, max_num_batched_tokens=160)
+    big = _sync(max_num_seqs=4, num_gpu_blocks=100)
     per, row, _ = _kernel(stream, big, fastsim.LatencyModel(base_s=0.1), 1, "jsq", small,
                           fastsim.LatencyModel(base_s=0.05), 1, "jsq", kvb=1.0, bw=math.inf, lat=0.0)
     ref = simulate_disagg_reference(*stream, prefill=(big, fastsim.LatencyModel(base_s=0.1), 1, "jsq"),
@@ -198,7 +207,7 @@ def test_a_request_too_long_for_the_decode_side_is_rejected_there():
 def _scenario(dis, **kw):
     wl = fastsim.Workload(arrival_rate=6.0, num_requests=120, prompt_len=fastsim.Uniform(100, 1500),
                           output_len=fastsim.Uniform(10, 200), warmup_requests=5)
-    return fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=32, num_gpu_blocks=3000), workload=wl,
+    return fastsim.Scenario(engine=_sync(max_num_seqs=32, num_gpu_blocks=3000), workload=wl,
                             fleet=dis, **kw)
 
 
@@ -248,8 +257,11 @@ def test_bad_parameters_are_named(kwargs, match):
 
 
 @pytest.mark.parametrize("engine, match", [
-    (fastsim.EngineConfig(num_gpu_blocks=500, enable_prefix_caching=True), "enable_prefix_caching must be False"),
-    (fastsim.EngineConfig(num_gpu_blocks=500, scheduler="static"), "scheduler must be 'continuous'"),
+    (_sync(num_gpu_blocks=500, enable_prefix_caching=True, block_hash_caching=False),
+     "enable_prefix_caching=True needs block_hash_caching=True"),
+    (_sync(num_gpu_blocks=500, policy="priority", priority_preemption=True),
+     "priority_preemption must be False"),
+    (_sync(num_gpu_blocks=500, scheduler="static"), "scheduler must be 'continuous'"),
 ])
 def test_what_the_decode_side_cannot_be_is_refused_before_running(engine, match):
     dis = fastsim.Disaggregated(decode_server=(engine, fastsim.LatencyModel(base_s=0.01)))

@@ -8,14 +8,18 @@ by request index), to the decode replica the decode router picks from the
 decode pool's state at ``t1`` (`cluster._look`, `router._route`), arriving
 there when its KV has crossed that replica's inbound link (`_transfer`)
 with its prompt's KV but the last token already computed (the engine's
-admission starts it there: `replica._schedule_fast`, `_admit_waiting`).
+admission starts it there: `replica._schedule_fast`, `_admit_waiting`,
+which with caching by block hash first references the prompt's blocks
+that replica holds cached and caches the rest: the KV loaded covers them).
 Semantics: ``docs/engine-model.md``, "Disaggregated prefill and decode".
 
 Why the prefill pool runs first, whole: nothing on the decode side acts on
 the prefill side in this model (a prefill replica frees a request's blocks
 at its first token), so its run is the same whenever the hand-offs happen;
 the hand-offs then happen in time order, each decode replica advanced to
-the hand-off's time, as a fleet's arrivals are.
+the hand-off's time, as a fleet's arrivals are. This holds under async
+scheduling and caching by block hash too: each replica's pipeline and
+block pool are its own (`pipeline`, `block_pool`).
 """
 
 from __future__ import annotations

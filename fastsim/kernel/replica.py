@@ -1223,11 +1223,13 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         elif hashing:
             if cache.pool.pst[1] == 1:   # (a counted pool has no hits: `block_pool`)
                 h_w = _pool_hits(w, req, cache.pool, bs, jmax)
-        kw = 0 if caching or hashing else req.k[w]   # (KV that arrived from elsewhere: `_schedule_fast`)
-        s = _first_chunk(req.prompt[w] + req.g[w] - h_w * bs - kw, budget, chunked)
+        # (KV that arrived from elsewhere, `_schedule_fast`: a disaggregated decode side's, which covers
+        # its hits, h_w * bs <= P - 1; else 0)
+        kw = max(h_w * bs, 0 if caching else req.k[w])
+        s = _first_chunk(req.prompt[w] + req.g[w] - kw, budget, chunked)
         if s < 0:
             break
-        nb = _blocks_of(kw + s, bs, bsh)
+        nb = _blocks_of(kw + s, bs, bsh) - h_w
         # (with the full-input gate, the blocks of the whole input beyond its hits)
         nb_gate = _admission_blocks(req.prompt[w] + req.g[w] - h_w * bs, nb, ipar, bs, bsh)
         if caching:
@@ -1254,7 +1256,7 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
                 if not req.ever[w]:
                     cache.ctok[w] = h_w * bs       # at its first admission
                 free -= _pool_claim(w, h_w, req, cache.pool, bs, jmax)
-                req.k[w] = h_w * bs
+                req.k[w] = kw
                 _pool_take(w, nb, req, cache.pool)
                 free -= nb
                 _pool_cache_full(w, min(req.k[w] + s, _known_tokens(req, w, t, lag)), req, cache.pool, bs, jmax)
@@ -1262,7 +1264,7 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
                 req.blocks[w] = nb
                 free -= nb
                 if ipar[I_ASYNC] == 1:
-                    _count_cached(w, min(s, _known_tokens(req, w, t, lag)), cache.pool, bs)
+                    _count_cached(w, min(kw + s, _known_tokens(req, w, t, lag)), cache.pool, bs)
         else:
             req.blocks[w] = nb
             free -= nb
