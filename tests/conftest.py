@@ -20,6 +20,11 @@ from fastsim import kernel as K
 # for any seed.
 Z = 5.0
 
+#: The synchronous engine of the exact queueing checks: vLLM V1's four rules off
+#: (`EngineConfig`'s defaults are vLLM 0.22's, all on).
+SYNC = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
+            enable_prefix_caching=False)
+
 
 def t_point(dof):
     """The point of Student's t with ``dof`` degrees of freedom whose upper tail is the normal tail
