@@ -23,6 +23,9 @@ from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_time
 POLICIES = ("fcfs", "priority", "sjf")
 #: `EngineConfig`'s vLLM V1 switches whose ``None`` means vLLM 0.22's default.
 _VLLM_SWITCHES = ("enable_prefix_caching", "block_hash_caching", "scheduler_reserve_full_isl", "async_scheduling")
+#: vLLM V1's four rules off (`EngineConfig.synchronous`).
+SYNCHRONOUS_RULES = {"async_scheduling": False, "scheduler_reserve_full_isl": False, "null_block": False,
+                     "enable_prefix_caching": False}
 SJF_KEYS = ("output", "prompt", "total")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
 #: histogram of this many entries).
@@ -273,6 +276,23 @@ class EngineConfig:
         group_cache = self.enable_prefix_caching and not self.block_hash_caching
         default("async_scheduling", not (static or swap or self.priority_preemption is True or group_cache))
         s(self, "defaulted", tuple(defaulted))
+
+    @classmethod
+    def synchronous(cls, **kwargs) -> "EngineConfig":
+        """The engine with vLLM V1's four rules off: the synchronous loop, no
+        admission gate, no null block, no prefix caching (the model of the
+        exact queueing-theory checks and of ``fastsim.analytical``).
+
+        Parameters
+        ----------
+        **kwargs
+            Any other `EngineConfig` field (a V1 switch given here wins).
+
+        Returns
+        -------
+        EngineConfig
+        """
+        return cls(**{**SYNCHRONOUS_RULES, **kwargs})
 
     def replace(self, **changes) -> "EngineConfig":
         """A copy with some fields changed; the switches that took vLLM's
