@@ -45,8 +45,8 @@ TARGET_BLOCKING_ABS = 0.02
 
 def scenario(lam, c, kv, n, warm):
     return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=c, num_gpu_blocks=kv // 16, block_size=16,
-                                    admission="kv_reservation"),
+        engine=fastsim.EngineConfig.synchronous(max_num_seqs=c, num_gpu_blocks=kv // 16, block_size=16,
+                                                admission="kv_reservation"),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=n, warmup_requests=warm,
                                   prompt_len=fastsim.LogNormal(median=256, sigma=0.55),
                                   output_len=fastsim.LogNormal(median=128, sigma=0.70)),

@@ -108,7 +108,7 @@ def clopper_pearson(k, n, level=0.95):
 
 def one_seat(lam, law, num_requests, warmup, **engine):
     return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=1, **engine),
+        engine=fastsim.EngineConfig.synchronous(max_num_seqs=1, **engine),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=num_requests, prompt_len=1, output_len=law,
                                   warmup_requests=warmup),
         latency=fastsim.LatencyModel.constant(STEP))

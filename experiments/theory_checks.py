@@ -37,7 +37,7 @@ def main(argv=None):
         for law in (fastsim.Fixed(10), fastsim.Uniform(1, 19), fastsim.LogNormal(8, 0.8)):
             lam = rho / (law.mean() * STEP)
             sc = fastsim.Scenario(
-                engine=fastsim.EngineConfig(max_num_seqs=1),
+                engine=fastsim.EngineConfig.synchronous(max_num_seqs=1),
                 workload=fastsim.Workload(arrival_rate=lam, num_requests=n_requests, prompt_len=1, output_len=law,
                                           warmup_requests=warmup),
                 latency=fastsim.LatencyModel.constant(STEP))
@@ -51,7 +51,7 @@ def main(argv=None):
                       (4, 3.0, fastsim.Uniform(10, 30)), (8, 6.0, fastsim.Fixed(40))):
         lam = a / (law.mean() * STEP)
         sc = fastsim.Scenario(
-            engine=fastsim.EngineConfig(max_num_seqs=c, admission="queue_limit", max_waiting=0),
+            engine=fastsim.EngineConfig.synchronous(max_num_seqs=c, admission="queue_limit", max_waiting=0),
             workload=fastsim.Workload(arrival_rate=lam, num_requests=n_requests, prompt_len=1, output_len=law,
                                       warmup_requests=min(100, warmup)),
             latency=fastsim.LatencyModel.constant(STEP))

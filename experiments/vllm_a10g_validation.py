@@ -104,7 +104,12 @@ COVERAGE_TARGET = 0.90
 #: vLLM 0.22's V1 rules as ``EngineConfig`` switches (``docs/engine-model.md``, "vLLM V1 rules"). The
 #: fourth, prefix caching by block hash, matters here only between runs (distinct prompts, no
 #: preemption): :func:`warm_prefix_cache`.
-V1_RULES = {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True}
+V1_RULES = {"async_scheduling": True, "scheduler_reserve_full_isl": True, "null_block": True,
+            "enable_prefix_caching": False}
+#: The synchronous engine (`EngineConfig`'s defaults are vLLM 0.22's, all on). Both keep prefix
+#: caching off: the replayed prompts share nothing, and a warm cache is `warm_lengths`'s.
+SYNC_RULES = {"async_scheduling": False, "scheduler_reserve_full_isl": False, "null_block": False,
+              "enable_prefix_caching": False}
 
 #: The A10G preset's fitted client overhead and noise before the V1 refit (synchronous engine, every
 #: run cold; ``experiments/fit_noise.py --rules sync --no-warm``), kept to reproduce the "before" rows.
@@ -160,7 +165,7 @@ def scenario_for(row: pd.Series, latency: fastsim.LatencyModel, normalize_arriva
     engine = fastsim.EngineConfig(
         max_num_seqs=int(row.max_num_seqs), num_gpu_blocks=int(row.kv_cache_blocks),
         max_num_batched_tokens=int(row.max_num_batched_tokens), block_size=int(row.block_size),
-        max_model_len=int(row.max_model_len), **(V1_RULES if v1 else {}))
+        max_model_len=int(row.max_model_len), **(V1_RULES if v1 else SYNC_RULES))
     lengths = warm_lengths(int(row.block_size)) if warm else fastsim.sharegpt_lengths("replay")
     workload = fastsim.Workload(arrival_rate=float(row.arrival_rate), num_requests=NUM_REQUESTS,
                                 lengths=lengths, warmup_requests=0,

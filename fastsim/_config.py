@@ -21,6 +21,11 @@ from ._validation import (MAX_CLOCK_S, MAX_COUNT, MAX_TOKENS, check_arrival_time
                           check_float, check_int, check_probabilities)
 
 POLICIES = ("fcfs", "priority", "sjf")
+#: `EngineConfig`'s vLLM V1 switches whose ``None`` means vLLM 0.22's default.
+_VLLM_SWITCHES = ("enable_prefix_caching", "block_hash_caching", "scheduler_reserve_full_isl", "async_scheduling")
+#: vLLM V1's four rules off (`EngineConfig.synchronous`).
+SYNCHRONOUS_RULES = {"async_scheduling": False, "scheduler_reserve_full_isl": False, "null_block": False,
+                     "enable_prefix_caching": False}
 SJF_KEYS = ("output", "prompt", "total")
 #: Largest block_size (vLLM's are 1-256; the kernel's workspace holds a
 #: histogram of this many entries).
@@ -135,33 +140,44 @@ class EngineConfig:
         Aging for ``policy="priority"`` or ``"sjf"``: every this-many seconds
         since its arrival make a request one priority class (sjf: one token
         of predicted length) more urgent.
-    enable_prefix_caching : bool
-        Share the cached full KV blocks of a prefix group's shared prefix
-        across requests (vLLM's automatic prefix caching); freed blocks stay
-        cached until evicted (LRU).
+    enable_prefix_caching : bool, optional
+        vLLM's automatic prefix caching: full KV blocks are identified by the
+        hash of their tokens and of the blocks before them, so requests that
+        share a prefix share its blocks, a recomputed request finds its own
+        cached blocks, and freed blocks stay cached until evicted (LRU).
+        ``None`` (the default): on, as in vLLM 0.22, unless the engine cannot
+        have it (``scheduler="static"`` or ``preemption_mode="swap"``).
     length_predictor : LogNormalPredictor or BucketPredictor, optional
         With ``policy="sjf"``: order by predicted output lengths (the SJF
         keys ``q_i``) instead of the true ones (``None``).
-    async_scheduling : bool
+    async_scheduling : bool, optional
         vLLM V1's asynchronous scheduling (a batch queue of 2): step ``k+1``
         is scheduled when step ``k`` starts, so it sees arrivals, tokens and
         freed blocks one step late, and a request whose in-flight token is
-        its last is not scheduled again. ``False``: the synchronous loop.
-    scheduler_reserve_full_isl : bool
+        its last is not scheduled again. ``False``: the synchronous loop
+        (which the exact queueing-theory checks need). ``None`` (the
+        default): on, as in vLLM 0.22, unless the engine needs the
+        synchronous loop (``scheduler="static"``, ``preemption_mode="swap"``,
+        ``priority_preemption=True``, or the prefix-group cache
+        ``block_hash_caching=False``).
+    scheduler_reserve_full_isl : bool, optional
         vLLM's full-input admission gate: a waiting request is admitted only
         if the blocks for its whole known sequence (prompt plus the tokens
         generated so far, less its cached blocks) are free, not only those of
-        its first chunk.
+        its first chunk. ``None`` (the default): on, as in vLLM 0.22, unless
+        ``scheduler="static"``.
     null_block : bool
-        vLLM reserves one KV block (block 0, the null block): ``True`` makes
-        ``num_gpu_blocks`` the count vLLM reports, with ``num_gpu_blocks - 1``
-        usable; ``False``: all ``num_gpu_blocks`` are usable.
-    block_hash_caching : bool
-        With ``enable_prefix_caching``: vLLM V1's cache by block hash (any
-        identical chain of full blocks is shared, a recomputed request finds
-        its own cached blocks, blocks are cached when scheduled, one LRU
-        queue of free and cached blocks) instead of the prefix-group entries.
-        Transitional: it is to become what ``enable_prefix_caching`` means.
+        vLLM reserves one KV block (block 0, the null block): ``True`` (the
+        default, as vLLM) makes ``num_gpu_blocks`` the count vLLM reports,
+        with ``num_gpu_blocks - 1`` usable; ``False``: all ``num_gpu_blocks``
+        are usable.
+    block_hash_caching : bool, optional
+        With ``enable_prefix_caching``: ``True`` (what ``None``, the default,
+        means) is vLLM's cache by block hash above. ``False`` is fastsim's
+        prefix-group approximation: only a prefix group's shared prefix is
+        cached (one entry per group), and a recomputed request does not find
+        its own blocks. It is much faster when prefixes are shared (see
+        ``docs/performance.md``) but is not what vLLM does.
     sjf_key : {"output", "prompt", "total"}
         With ``policy="sjf"``: the length the SJF key is (or, with a
         ``length_predictor``, predicts): the output, the prompt, or both.
@@ -169,9 +185,12 @@ class EngineConfig:
     Notes
     -----
     See ``docs/engine-model.md`` for the exact semantics of every option.
+    The defaults are vLLM 0.22's serving defaults (its V1 engine:
     ``async_scheduling``, ``scheduler_reserve_full_isl``, ``null_block`` and
-    ``block_hash_caching`` follow vLLM 0.22's V1 scheduler and are off by
-    default for now (the synchronous model).
+    ``enable_prefix_caching`` by block hash on). A switch left at ``None`` is
+    resolved when the object is built, to vLLM's default where this engine
+    supports it, else off; :meth:`replace` resolves it again for the new
+    engine, where ``dataclasses.replace`` would keep the resolved value.
     """
 
     max_num_seqs: int = 256
@@ -189,13 +208,15 @@ class EngineConfig:
     swap_space_blocks: int = 0
     priority_preemption: bool = False
     priority_aging_s: float | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
     length_predictor: LogNormalPredictor | BucketPredictor | None = None
-    async_scheduling: bool = False
-    scheduler_reserve_full_isl: bool = False
-    null_block: bool = False
-    block_hash_caching: bool = False
+    async_scheduling: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
+    null_block: bool = True
+    block_hash_caching: bool | None = None
     sjf_key: str = "output"
+    #: The switches that were ``None`` and took vLLM's default (`replace`).
+    defaulted: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         s = object.__setattr__
@@ -227,15 +248,74 @@ class EngineConfig:
                                                  low=0, low_open=True, optional=True))
         s(self, "max_model_len", check_int("max_model_len", self.max_model_len, low=2, high=MAX_TOKENS,
                                            optional=True))
+        self._resolve_vllm_defaults()
         self._check_scheduler_features()
         self._check_v1_rules()
+
+    def _resolve_vllm_defaults(self):
+        """Give each V1 switch left at ``None`` vLLM 0.22's default where this
+        engine supports it, else ``False`` (as vLLM turns off what a
+        configuration cannot have)."""
+        s = object.__setattr__
+        for name in _VLLM_SWITCHES:
+            value = getattr(self, name)
+            if value is not None:
+                s(self, name, check_bool(name, value))
+        static = self.scheduler == "static"
+        swap = self.preemption_mode == "swap"
+        defaulted = []
+
+        def default(name, supported):
+            if getattr(self, name) is None:
+                s(self, name, bool(supported))
+                defaulted.append(name)
+
+        default("enable_prefix_caching", not (static or swap))
+        default("block_hash_caching", self.enable_prefix_caching)
+        default("scheduler_reserve_full_isl", not static)
+        group_cache = self.enable_prefix_caching and not self.block_hash_caching
+        default("async_scheduling", not (static or swap or self.priority_preemption is True or group_cache))
+        s(self, "defaulted", tuple(defaulted))
+
+    @classmethod
+    def synchronous(cls, **kwargs) -> "EngineConfig":
+        """The engine with vLLM V1's four rules off: the synchronous loop, no
+        admission gate, no null block, no prefix caching (the model of the
+        exact queueing-theory checks and of ``fastsim.analytical``).
+
+        Parameters
+        ----------
+        **kwargs
+            Any other `EngineConfig` field (a V1 switch given here wins).
+
+        Returns
+        -------
+        EngineConfig
+        """
+        return cls(**{**SYNCHRONOUS_RULES, **kwargs})
+
+    def replace(self, **changes) -> "EngineConfig":
+        """A copy with some fields changed; the switches that took vLLM's
+        default (``None``) take it again for the new engine.
+
+        Parameters
+        ----------
+        **changes
+            Fields and their new values, as for ``dataclasses.replace``.
+
+        Returns
+        -------
+        EngineConfig
+        """
+        for name in self.defaulted:
+            changes.setdefault(name, None)
+        return dataclasses.replace(self, **changes)
 
     def _check_v1_rules(self):
         """vLLM V1's rules (``docs/engine-model.md``, "vLLM V1 rules"): booleans, and
         only where they have defined semantics."""
         s = object.__setattr__
-        for name in ("async_scheduling", "scheduler_reserve_full_isl", "null_block", "block_hash_caching"):
-            s(self, name, check_bool(name, getattr(self, name)))
+        s(self, "null_block", check_bool("null_block", self.null_block))
         if self.null_block and self.num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 with null_block=True (one block is the null "
                              f"block), got num_gpu_blocks={self.num_gpu_blocks}")
@@ -266,7 +346,6 @@ class EngineConfig:
         s(self, "priority_preemption", check_bool("priority_preemption", self.priority_preemption))
         s(self, "priority_aging_s", check_float("priority_aging_s", self.priority_aging_s,
                                                 low=0, low_open=True, optional=True))
-        s(self, "enable_prefix_caching", check_bool("enable_prefix_caching", self.enable_prefix_caching))
         lp = self.length_predictor
         if lp is not None:
             if not isinstance(lp, (LogNormalPredictor, BucketPredictor)):
@@ -866,6 +945,7 @@ class Scenario:
             if not isinstance(self.fleet, (Fleet, Disaggregated)):
                 raise ValueError(f"fleet must be None or a fastsim.Fleet (or a fastsim.Disaggregated), got "
                                  f"{self.fleet!r}")
+        self._fit_engine_defaults()
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,
@@ -888,6 +968,19 @@ class Scenario:
             if isinstance(p, Fixed) and isinstance(o, Fixed) and p.value + o.value > e.max_model_len:
                 raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
                                  f"got {p.value} + {o.value}")
+
+    def _fit_engine_defaults(self):
+        """Switch off the vLLM defaults (`EngineConfig.defaulted`) that this
+        scenario's features do not support, as vLLM turns off what a
+        configuration cannot have; a switch set by the user stays, and the
+        feature's own check names it."""
+        e = self.engine
+        off = [name for name in _scenario_unsupported(self) if name in e.defaulted]
+        if off:
+            fitted = e.replace(**{name: False for name in off})
+            # (still vLLM's default, as far as a later `replace` is concerned)
+            object.__setattr__(fitted, "defaulted", e.defaulted)
+            object.__setattr__(self, "engine", fitted)
 
     def _check_step_durations(self):
         """Refuse a latency model whose longest step (a full batch: every
@@ -931,7 +1024,11 @@ class Scenario:
         for head, sub in nested.items():
             if head not in ("engine", "workload", "latency"):
                 raise ValueError(f"unknown scenario section {head!r}; use engine, workload or latency")
-            top[head] = dataclasses.replace(top.get(head, getattr(self, head)), **sub)
+            base = top.get(head, getattr(self, head))
+            top[head] = base.replace(**sub) if isinstance(base, EngineConfig) else dataclasses.replace(base, **sub)
+        if "engine" not in top:
+            # (the vLLM defaults the old scenario's features switched off come back)
+            top["engine"] = self.engine.replace()
         return dataclasses.replace(self, **top)
 
     @classmethod
@@ -939,6 +1036,15 @@ class Scenario:
         """Build a scenario from a dict with ``engine``, ``workload``, ``latency``
         and ``slo`` tables (the layout of a ``fastsim run`` TOML file)."""
         return _scenario_from_dict(config, base_dir=base_dir)
+
+
+def _scenario_unsupported(scenario) -> tuple:
+    """The `EngineConfig` switches a scenario's features cannot have on."""
+    fleet = scenario.fleet
+    if fleet is not None and getattr(fleet, "autoscaler", None) is not None:
+        # (a row reused by a new replica would keep the cache of the one that left)
+        return ("enable_prefix_caching",)
+    return ()
 
 
 _LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical,
@@ -954,7 +1060,7 @@ TABLES = ("engine", "workload", "latency", "slo", "run", "name", "deployment", "
 
 
 def _field_names(cls, skip=()):
-    return [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in skip]
 
 
 def table_keys(table: str) -> list[str]:

@@ -370,9 +370,10 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
     Parameters
     ----------
     engine : {"both", "common", "full"}
-        ``"common"``: the engine most scenarios use. ``"full"``: the one that
-        static batching, active priority preemption, swap preemption and
-        prefix caching need. ``"both"``: the two.
+        ``"full"``: the engine of prefix caching (on by default, as in vLLM),
+        static batching, active priority preemption and swap preemption.
+        ``"common"``: the smaller one of every other scenario (prefix caching
+        off). ``"both"``: the two.
 
     Returns
     -------
@@ -381,7 +382,7 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
         or load its kernels and run them on 8 requests).
     """
     check_choice("engine", engine, ("both", "common", "full"))
-    base = Scenario(engine=EngineConfig(max_num_seqs=4, num_gpu_blocks=64),
+    base = Scenario(engine=EngineConfig(max_num_seqs=4, num_gpu_blocks=64, enable_prefix_caching=False),
                     workload=Workload(arrival_rate=1.0, num_requests=8, prompt_len=LogNormal(64, 0.5),
                                       output_len=LogNormal(16, 0.5)))
     scenarios = {"common": base, "full": base.replace(**{"engine.enable_prefix_caching": True,

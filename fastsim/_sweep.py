@@ -46,7 +46,7 @@ def _check_key(scenario: Scenario, key, where: str) -> str:
     if head not in _SECTIONS:
         raise ValueError(f"{where} {key!r}: unknown scenario section {head!r}; use engine, workload or "
                          f"latency (e.g. 'workload.arrival_rate')")
-    names = [f.name for f in dataclasses.fields(type(getattr(scenario, head)))]
+    names = [f.name for f in dataclasses.fields(type(getattr(scenario, head))) if f.init]
     if rest not in names:
         raise ValueError(f"{where} {key!r} is not a scenario parameter; {head} parameters are "
                          f"{', '.join(names)}")

@@ -170,6 +170,9 @@ def _check_supported(scenario: Scenario, model: str):
         bad.append(f"policy={e.policy!r} (the chain is order-blind; waiting times assume FCFS)")
     if e.max_queue_delay_s is not None:
         bad.append("max_queue_delay_s (abandonment is not modelled)")
+    if e.async_scheduling:
+        bad.append("async_scheduling=True (the models are of the synchronous loop; set "
+                   "engine.async_scheduling=False)")
     if w.users is not None:
         bad.append("a multi-user workload (the models need Poisson arrivals)")
     elif w.arrival_times is not None:
@@ -213,7 +216,7 @@ class _Inputs:
         self.o2S = _conv(self.pP, self.pO * kO.astype(float) ** 2)
         # never-fits / max_model_len: a request of size s can ever be admitted
         s = np.arange(self.pS.size)
-        fits = (s - 1 + e.block_size - 1) // e.block_size <= e.num_gpu_blocks
+        fits = (s - 1 + e.block_size - 1) // e.block_size <= e.usable_gpu_blocks
         if e.max_model_len is not None:
             fits &= s <= e.max_model_len
         if not e.enable_chunked_prefill:
@@ -222,7 +225,7 @@ class _Inputs:
         self.admission = e.admission
         self.engine = e
         self.max_waiting = e.max_waiting
-        self.K = e.num_gpu_blocks * e.block_size
+        self.K = e.usable_gpu_blocks * e.block_size
         self.n_meas = w.num_requests - w.warmup_requests
 
     def step(self, b):
@@ -746,9 +749,9 @@ def _ctmc_inputs(inp: _Inputs, max_levels: int):
     """Size law of the scenario in KV units of ``g = m * block_size`` tokens (``L <= max_levels``
     units), per-unit mean service times by batch size, and the Erlang phase count."""
     e = inp.engine
-    mblk = max(1, -(-e.num_gpu_blocks // int(max_levels)))
+    mblk = max(1, -(-e.usable_gpu_blocks // int(max_levels)))
     g = mblk * e.block_size
-    L = e.num_gpu_blocks // mblk
+    L = e.usable_gpu_blocks // mblk
     s = np.arange(inp.pS.size)
     fits = inp.fits & (s <= inp.K)
     # mean-preserving rounding: s/g tokens split between floor and ceil (>= 1 unit, <= L)

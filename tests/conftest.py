@@ -20,6 +20,22 @@ from fastsim import kernel as K
 # for any seed.
 Z = 5.0
 
+#: The synchronous engine of the exact queueing checks: vLLM V1's four rules off
+#: (`EngineConfig`'s defaults are vLLM 0.22's, all on).
+SYNC = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
+            enable_prefix_caching=False)
+#: `EngineConfig`'s defaults before they became vLLM 0.22's: the synchronous
+#: loop, no null block, and (with ``enable_prefix_caching=True``) the
+#: prefix-group cache: the model the hand-computed cases were derived in.
+LEGACY = {**SYNC, "block_hash_caching": False}
+
+
+def legacy_engine(**kw):
+    """An `EngineConfig` with `LEGACY`'s switches unless ``kw`` sets them."""
+    from fastsim import EngineConfig
+
+    return EngineConfig(**{**LEGACY, **kw})
+
 
 def t_point(dof):
     """The point of Student's t with ``dof`` degrees of freedom whose upper tail is the normal tail

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import fastsim
-from conftest import Z, within
+from conftest import SYNC, Z, within
 from fastsim._queueing import erlang_b
 from fastsim.analytical import (birth_death_stationary, length_pmf, mm1_stationary, mmc_stationary,
                                 predict)
@@ -61,6 +61,7 @@ def test_length_pmf_moments():
 
 
 def scenario(lam=1.0, c=4, kv=4096, **engine):
+    engine = {**SYNC, **engine}
     return fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=c, num_gpu_blocks=kv // 16, admission="kv_reservation", **engine),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=2000, warmup_requests=200,
@@ -139,7 +140,8 @@ def test_light_load_matches_simulation_roughly():
 
 
 @pytest.mark.parametrize("change", [{"engine.policy": "sjf"}, {"engine.scheduler": "static"},
-                                    {"engine.max_queue_delay_s": 1.0}, {"workload.burstiness": 0.5}])
+                                    {"engine.max_queue_delay_s": 1.0}, {"workload.burstiness": 0.5},
+                                    {"engine.async_scheduling": True}])
 def test_unsupported_features_raise(change):
     with pytest.raises(ValueError, match="cannot represent"):
         predict(scenario().replace(**change))

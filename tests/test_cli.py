@@ -126,7 +126,7 @@ def test_every_table_lists_its_allowed_keys():
     ("[engine]\nmax_num_seqs = 256\n[workload]\narrival_rate = 1.0\n", "every value in the file is a default"),
     ("[slo]\nttft_s = 500\n", "[slo] ttft_s = 500 is in seconds (500 s); if you meant 500 ms, write ttft_s = 0.5"),
     ("[slo]\ntpot_s = 50\n", "[slo] tpot_s = 50 is in seconds (50 s); if you meant 50 ms, write tpot_s = 0.05"),
-    ("[workload]\nprefix_groups = 4\nprefix_len = 32\n",
+    ("[engine]\nenable_prefix_caching = false\n[workload]\nprefix_groups = 4\nprefix_len = 32\n",
      "[workload] prefix_groups is set but [engine] enable_prefix_caching = false"),
 ])
 def test_warnings(tmp_path, capsys, text, warning):
@@ -147,7 +147,7 @@ def test_demo_table_has_no_nan_or_pointless_zero_rows(capsys):
     out = capsys.readouterr().out
     assert "nan" not in out
     assert "[0, 0]" not in out
-    assert "not applicable here: prefix_hit_rate (enable_prefix_caching = false)" in out
+    assert "not applicable here: prefix_hit_rate (no prefix_groups)" in out
     assert "zero in every replication: " in out and "preemptions_per_request" in out
     goodput = next(line for line in out.splitlines() if line.startswith("goodput"))
     assert goodput.endswith("req/s  (TTFT <= 500 ms and TPOT <= 50 ms)")
@@ -197,7 +197,7 @@ def test_compare(tmp_path, small, capsys):
                  "--no-progress", "--format", "json"]) == 0
     res = capsys.readouterr()
     assert [r["metric"] for r in json.loads(res.out)] == ["ttft_mean", "prefix_hit_rate"]
-    assert "--metrics prefix_hit_rate: cannot apply to this scenario (enable_prefix_caching = false)" in res.err
+    assert "--metrics prefix_hit_rate: cannot apply to this scenario (no prefix_groups)" in res.err
 
 
 def test_capacity(small, tmp_path, capsys):

@@ -21,17 +21,20 @@ from test_reference_agreement import GRID, LATENCIES, scenario
 # Mechanisms of the reference-agreement grid that the common engine has, and
 # a few more: priority aging, SJF on predicted lengths, bursty arrivals with
 # a horizon, prefix groups without caching, trace rows, multi-user arrivals.
-BASE = scenario({}, LATENCIES["a10g"])
-CASES = {f"{name}/{lat}": scenario(GRID[name], LATENCIES[lat])
+# (prefix caching, on by default as in vLLM, is an option of the full engine)
+COMMON = {"enable_prefix_caching": False}
+BASE = scenario(COMMON, LATENCIES["a10g"])
+CASES = {f"{name}/{lat}": scenario({**COMMON, **GRID[name]}, LATENCIES[lat])
          for name in GRID if "static" not in name for lat in ("a10g", "full")}
 CASES.update({
-    "priority-aging": scenario({"policy": "priority", "priority_aging_s": 0.5}, LATENCIES["full"]),
-    "sjf-lognormal-predictor": scenario({"policy": "sjf", "length_predictor": fastsim.LogNormalPredictor(0.5)},
-                                        LATENCIES["a10g"]),
-    "sjf-bucket-predictor": scenario({"policy": "sjf", "length_predictor": fastsim.BucketPredictor((32, 128), 0.8)},
+    "priority-aging": scenario({**COMMON, "policy": "priority", "priority_aging_s": 0.5}, LATENCIES["full"]),
+    "sjf-lognormal-predictor": scenario({**COMMON, "policy": "sjf",
+                                         "length_predictor": fastsim.LogNormalPredictor(0.5)}, LATENCIES["a10g"]),
+    "sjf-bucket-predictor": scenario({**COMMON, "policy": "sjf",
+                                      "length_predictor": fastsim.BucketPredictor((32, 128), 0.8)},
                                      LATENCIES["a10g"]),
-    "bursty-horizon-abandonment": scenario({"max_queue_delay_s": 0.4}, LATENCIES["a10g"], horizon_s=20.0,
-                                           burstiness=4.0),
+    "bursty-horizon-abandonment": scenario({**COMMON, "max_queue_delay_s": 0.4}, LATENCIES["a10g"],
+                                           horizon_s=20.0, burstiness=4.0),
     "prefix-groups-without-caching": BASE.replace(**{"workload.prefix_groups": 3, "workload.prefix_len": 32}),
     "trace-rows": fastsim.Scenario(engine=BASE.engine, latency=BASE.latency, workload=fastsim.Workload(
         arrival_rate=6.0, num_requests=150, lengths=fastsim.sharegpt_lengths("sample"))),
@@ -108,8 +111,9 @@ def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
     kernel = fastsim.simulate_requests(sc, stream, backend="numba")
     pd.testing.assert_frame_equal(kernel, fastsim.simulate_requests(sc, stream, backend="reference"),
                                   check_exact=True)
-    plain = sc.replace(**{f"engine.{k}": v for k, v in fastsim.EngineConfig().__dict__.items()
-                          if k in engine and k not in ("num_gpu_blocks", "policy")})
+    off = {"scheduler": "continuous", "priority_preemption": False, "preemption_mode": "recompute",
+           "swap_space_blocks": 0, "enable_prefix_caching": False}
+    plain = sc.replace(**{f"engine.{k}": off[k] for k in engine if k in off})
     assert not kernel.equals(fastsim.simulate_requests(plain, stream, backend="numba"))
     res = fastsim.replicate(sc, n_replications=3, seed=0)
     assert res.estimate("request_throughput") > 0

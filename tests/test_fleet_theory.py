@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from conftest import Z, within
+from conftest import SYNC, Z, within
 from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import cluster as C
@@ -34,7 +34,7 @@ def fleet_mg1(rho, law, replicas, router, num_requests=4000, warmup=600):
     """N single-seat replicas, each offered load rho (the fleet's rate N times one's)."""
     lam = replicas * rho / (law.mean() * STEP)
     return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=1),
+        engine=fastsim.EngineConfig(**SYNC, max_num_seqs=1),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=num_requests, prompt_len=1, output_len=law,
                                   warmup_requests=warmup),
         latency=fastsim.LatencyModel.constant(STEP),
@@ -107,7 +107,7 @@ def test_fleet_capacity_brackets_the_exact_answer():
     replicas with mean TTFT <= 0.085 s is 4."""
     law = fastsim.Fixed(10)
     sc = fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=1),
+        engine=fastsim.EngineConfig(**SYNC, max_num_seqs=1),
         workload=fastsim.Workload(arrival_rate=20.0, num_requests=2000, prompt_len=1, output_len=law,
                                   warmup_requests=300),
         latency=fastsim.LatencyModel.constant(STEP),

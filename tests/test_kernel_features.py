@@ -280,7 +280,8 @@ def test_swap_agrees_with_bursty_arrivals_and_a_horizon(seed):
 
 def test_swap_with_no_space_is_the_recompute_run():
     """docs/engine-model.md: swap_space_blocks=0 falls back to recompute, bit for bit."""
-    rec = scenario({}, swap_latency("full"))
+    # (swap preemption runs on the synchronous loop, without prefix caching)
+    rec = scenario({"async_scheduling": False, "enable_prefix_caching": False}, swap_latency("full"))
     sw = scenario({"preemption_mode": "swap", "swap_space_blocks": 0}, swap_latency("full"))
     stream = fastsim.sample_requests(rec, seed=3)
     a, b = fastsim.simulate_requests(rec, stream), fastsim.simulate_requests(sw, stream)
@@ -520,7 +521,7 @@ def test_the_prefix_group_cache_with_nothing_to_share_runs_as_caching_off():
     caching off's fast steps; a given stream with groups is cached."""
     sc = fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=120, max_num_batched_tokens=256,
-                                    enable_prefix_caching=True),
+                                    enable_prefix_caching=True, block_hash_caching=False, async_scheduling=False),
         workload=fastsim.Workload(arrival_rate=12.0, num_requests=150, prompt_len=fastsim.Uniform(10, 300),
                                   output_len=fastsim.Uniform(1, 150), warmup_requests=5))
     stream = fastsim.sample_requests(sc, seed=2)

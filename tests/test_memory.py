@@ -156,7 +156,8 @@ def test_huge_output_draw_is_refused_not_allocated():
     # the issue's PiB request: the gap samples' room is the measured output
     # tokens, each capped at the KV cache (here 2**39 tokens); the estimate
     # cannot see a draw, the checked buffers refuse it
-    sc = fastsim.Scenario(engine=fastsim.EngineConfig(num_gpu_blocks=2 ** 35, block_size=16),
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(num_gpu_blocks=2 ** 35, block_size=16,
+                                                      enable_prefix_caching=False),   # (no block pool)
                           workload=fastsim.Workload(num_requests=4, output_len=fastsim.LogNormal(2 ** 39, 0.1)))
     _refused_fast(lambda: fastsim.replicate(sc, 2, seed=0, n_threads=1),
                   r"a replication needs an engine workspace of .* TiB, more than this machine can reserve")

@@ -185,7 +185,7 @@ def test_estimate_names_its_parts():
 
 
 FLEET_BOMB = S(workload=W(arrival_rate=1e4, num_requests=10 ** 6), fleet=fastsim.Fleet(replicas=10 ** 4))
-POOL_BOMB = S(engine=E(enable_prefix_caching=True, block_hash_caching=True, num_gpu_blocks=2 ** 35),
+POOL_BOMB = S(engine=E(enable_prefix_caching=True, block_hash_caching=True, num_gpu_blocks=2 ** 35, null_block=False),
               workload=W(num_requests=100))
 
 

@@ -64,10 +64,17 @@ def assert_same(sc, seed, replication=0):
     return fast
 
 
+#: The engine's vLLM V1 rules: vLLM 0.22's defaults (`EngineConfig`'s), or all
+#: four off (the synchronous loop).
+RULES = {"vllm-0.22": {}, "sync": dict(async_scheduling=False, scheduler_reserve_full_isl=False,
+                                       null_block=False, enable_prefix_caching=False)}
+
+
+@pytest.mark.parametrize("rules", list(RULES))
 @pytest.mark.parametrize("latency", list(LATENCIES))
 @pytest.mark.parametrize("name", list(GRID))
-def test_kernel_and_reference_agree_request_by_request(name, latency):
-    sc = scenario(GRID[name], LATENCIES[latency])
+def test_kernel_and_reference_agree_request_by_request(name, latency, rules):
+    sc = scenario({**RULES[rules], **GRID[name]}, LATENCIES[latency])
     out = assert_same(sc, seed=2024)
     assert (out["status"] == "completed").any()
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from fastsim._config import EngineConfig
+from conftest import legacy_engine
 from fastsim._latency import LatencyModel
 from fastsim._reference import COMPLETED, NOT_ARRIVED, UNFINISHED, simulate_reference
 from fastsim._validation import KERNEL_PENDING_OPTIONS, check_kernel_supports
@@ -35,7 +35,7 @@ def run(reqs, engine, latency=ONE, horizon_s=None, **kw):
 
 def tight(policy="fcfs", **kw):
     # block_size 4, 4 blocks (16 tokens); see tests/test_reference_unit.py::_tight_kv.
-    return EngineConfig(block_size=4, num_gpu_blocks=4, policy=policy, **kw)
+    return legacy_engine(block_size=4, num_gpu_blocks=4, policy=policy, **kw)
 
 
 # =========================================================== swap preemption
@@ -124,7 +124,7 @@ def test_swapped_queue_resumes_in_arrival_order():
     # queue's head is R2 (arrival order, not swap-out order), then R3 needs 3 > 1.
     # R0 completes at 13 -> R3 resumes at 13. Swapped times 12 - 5 and 13 - 5;
     # R2 needs 7 more tokens (done at 19), R3 likewise from 13 (done at 20).
-    eng = EngineConfig(block_size=4, num_gpu_blocks=8, max_num_seqs=8, preemption_mode="swap",
+    eng = legacy_engine(block_size=4, num_gpu_blocks=8, max_num_seqs=8, preemption_mode="swap",
                        swap_space_blocks=16)
     r = run([(0.0, 4, 13), (0.0, 4, 12), (0.0, 4, 12), (0.0, 4, 12)], eng)
     assert r["num_swaps"].tolist() == [0, 0, 1, 1]
@@ -145,7 +145,7 @@ def test_swap_during_chunked_prefill_resumes_the_prompt(mode, finish):
     #   swapped in, s = 4 then 2 -> k = 12 = P: its token at 14.
     #   recompute: it restarts its 12 tokens whenever it gets back in, and is
     #   preempted again as R0 grows; from t=12 alone: 3 steps -> 15.
-    eng = EngineConfig(block_size=4, num_gpu_blocks=4, max_num_seqs=2, max_num_batched_tokens=4,
+    eng = legacy_engine(block_size=4, num_gpu_blocks=4, max_num_seqs=2, max_num_batched_tokens=4,
                        preemption_mode=mode, swap_space_blocks=8 if mode == "swap" else 0)
     r = run([(0.0, 4, 12), (0.0, 12, 1)], eng)
     assert r["finish_s"].tolist() == [12.0, finish]
@@ -161,7 +161,7 @@ def test_priority_preemption_for_a_seat():
     #   token at 3, done at 4. t=4: R0 recomputes P + g = 6 tokens -> 3rd token at 5,
     #   then 6, 7 -> done at 7.
     # Without: R0 done at 5, R1 runs [5, 7).
-    eng = EngineConfig(max_num_seqs=1, policy="priority", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=1, policy="priority", priority_preemption=True)
     r = run([(0.0, 4, 5, 1), (1.5, 4, 2, 0)], eng)
     assert r["finish_s"].tolist() == [7.0, 4.0]
     assert r["first_token_s"].tolist() == [1.0, 3.0]
@@ -177,7 +177,7 @@ def test_priority_preemption_for_kv_blocks():
     # t=1: phase 0 preempts R0 (a seat is free, the blocks are not); R1 done at 2.
     # t=2: R0 recomputes 6 tokens (2 blocks) -> 2nd token at 3, 3rd at 4.
     # Without: R0 decodes to 3; R1 waits, runs [3, 4).
-    eng = EngineConfig(block_size=4, num_gpu_blocks=2, policy="priority", priority_preemption=True)
+    eng = legacy_engine(block_size=4, num_gpu_blocks=2, policy="priority", priority_preemption=True)
     r = run([(0.0, 5, 3, 1), (0.5, 4, 1, 0)], eng)
     assert r["finish_s"].tolist() == [4.0, 2.0] and r["num_preemptions"].tolist() == [1, 0]
     r = run([(0.0, 5, 3, 1), (0.5, 4, 1, 0)], dataclasses.replace(eng, priority_preemption=False))
@@ -185,14 +185,14 @@ def test_priority_preemption_for_kv_blocks():
 
 
 def test_equal_keys_never_preempt_each_other():
-    eng = EngineConfig(max_num_seqs=1, policy="priority", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=1, policy="priority", priority_preemption=True)
     r = run([(0.0, 4, 5, 0), (1.5, 4, 2, 0)], eng)
     assert r["finish_s"].tolist() == [5.0, 7.0] and r["total_preemptions"] == 0
 
 
 def test_priority_preemption_only_when_the_head_cannot_be_scheduled():
     # max_num_seqs 2: R1 (c=0) finds a free seat and blocks: no preemption.
-    eng = EngineConfig(max_num_seqs=2, policy="priority", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=2, policy="priority", priority_preemption=True)
     r = run([(0.0, 4, 5, 1), (1.5, 4, 2, 0)], eng)
     assert r["total_preemptions"] == 0 and r["finish_s"].tolist() == [5.0, 4.0]
 
@@ -201,7 +201,7 @@ def test_priority_preemption_considers_only_the_head_and_preempts_least_urgent_f
     # max_num_seqs 2. R0 (c=2), R1 (c=1) at 0 (P=4, O=6); R2 (c=0, P=4, O=1) at 2.5
     # (ingested at 3). t=3: head R2 has no seat -> victim = largest key = R0; R2 now
     # has a seat -> stop (R1 keeps running). R2 done at 4.
-    eng = EngineConfig(max_num_seqs=2, policy="priority", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=2, policy="priority", priority_preemption=True)
     r = run([(0.0, 4, 6, 2), (0.0, 4, 6, 1), (2.5, 4, 1, 0)], eng)
     assert r["num_preemptions"].tolist() == [1, 0, 0]
     assert r["finish_s"][2] == 4.0 and r["finish_s"][1] == 6.0
@@ -210,7 +210,7 @@ def test_priority_preemption_considers_only_the_head_and_preempts_least_urgent_f
 def test_sjf_with_priority_preemption_uses_predicted_lengths_and_largest_key_victims():
     # sjf_key as the priority: R0 (key 10) running alone when R1 (key 2) arrives
     # (max_num_seqs 1): the seat case above with keys instead of classes.
-    eng = EngineConfig(max_num_seqs=1, policy="sjf", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=1, policy="sjf", priority_preemption=True)
     r = run([(0.0, 4, 5), (1.5, 4, 2)], eng, sjf_key=[10, 2])
     assert r["finish_s"].tolist() == [7.0, 4.0] and r["num_preemptions"].tolist() == [1, 0]
     # KV victims: R0 (key 9) admitted at 0, R1 (key 1) at 1 (after arriving at 0.5).
@@ -232,7 +232,7 @@ def test_sjf_with_priority_preemption_uses_predicted_lengths_and_largest_key_vic
     (0.25, [0, 1, 2]),    # e1 = 4.0, e2 = 6.0: R1 has waited long enough
 ])
 def test_aging_raises_the_priority_of_waiting_requests(aging_s, order):
-    eng = EngineConfig(max_num_seqs=1, policy="priority", priority_aging_s=aging_s)
+    eng = legacy_engine(max_num_seqs=1, policy="priority", priority_aging_s=aging_s)
     r = run([(0.0, 4, 3, 0), (0.5, 4, 1, 2), (1.5, 4, 1, 0)], eng)
     assert np.argsort(r["finish_s"]).tolist() == order
     assert sorted(r["finish_s"].tolist()) == [3.0, 4.0, 5.0]
@@ -241,7 +241,7 @@ def test_aging_raises_the_priority_of_waiting_requests(aging_s, order):
 def test_aging_applies_to_sjf_keys():
     # sjf keys (predicted lengths) 5 and 3 tokens; A = 0.25 s per token: R1 arriving
     # 1 s later has key 3 + 6 = 9 > 5 + 2 = 7 (R2 a=0.5): arrival order wins.
-    eng = EngineConfig(max_num_seqs=1, policy="sjf", priority_aging_s=0.25)
+    eng = legacy_engine(max_num_seqs=1, policy="sjf", priority_aging_s=0.25)
     r = run([(0.0, 4, 3), (0.5, 4, 1), (1.5, 4, 1)], eng, sjf_key=[1, 5, 3])
     assert np.argsort(r["finish_s"]).tolist() == [0, 1, 2]
     r = run([(0.0, 4, 3), (0.5, 4, 1), (1.5, 4, 1)], dataclasses.replace(eng, priority_aging_s=None),
@@ -253,7 +253,7 @@ def test_aging_applies_to_sjf_keys():
 def test_sjf_orders_by_the_given_keys():
     # max_num_seqs 1, all at 0: served in ascending key order, ties by index.
     reqs = [(0.0, 4, 5), (0.0, 4, 3), (0.0, 4, 1)]
-    eng = EngineConfig(max_num_seqs=1, policy="sjf")
+    eng = legacy_engine(max_num_seqs=1, policy="sjf")
     assert np.argsort(run(reqs, eng)["finish_s"]).tolist() == [2, 1, 0]        # true lengths
     r = run(reqs, eng, sjf_key=[1, 3, 2])
     assert np.argsort(r["finish_s"]).tolist() == [0, 2, 1]
@@ -272,7 +272,7 @@ def test_prefix_hit_skips_the_cached_blocks():
     # R1 at 5: hit h = 2 -> k = 8, prefill 2 tokens, ctx 8 + 2 = 10:
     #   1 + 0.125 + 0.15625 = 1.28125 -> first token 6.28125; decode -> 7.453125.
     lat = LatencyModel(base_s=1.0, prefill_per_token_s=2.0**-4, ctx_per_token_s=2.0**-6)
-    eng = EngineConfig(block_size=4, enable_prefix_caching=True)
+    eng = legacy_engine(block_size=4, enable_prefix_caching=True)
     reqs = [(0.0, 10, 2), (5.0, 10, 2)]
     r = run(reqs, eng, lat, prefix_group=[0, 0], prefix_len=[8, 8])
     assert r["first_token_s"].tolist() == [1.78125, 6.28125]
@@ -295,7 +295,7 @@ def test_blocks_are_cached_only_once_computed():
     # R0, R1 at 0 (same group, L=8): admitted in the same step, neither hits; at the
     # step's end R0 registers blocks 0, 1 and R1's copies stay private duplicates.
     # R2 at 5 hits both blocks.
-    eng = EngineConfig(block_size=4, enable_prefix_caching=True)
+    eng = legacy_engine(block_size=4, enable_prefix_caching=True)
     r = run([(0.0, 10, 2), (0.0, 10, 2), (5.0, 10, 2)], eng, prefix_group=[0, 0, 0], prefix_len=[8, 8, 8])
     assert r["cached_tokens"].tolist() == [0, 0, 8]
     assert r["max_blocks_used"] == 6          # 3 + 3 private blocks in the first step
@@ -309,7 +309,7 @@ def test_chunked_prefill_caches_full_blocks_as_they_complete():
     #   end: R0 k=10 registers block 1, first token at 2; R1 k=6.
     # t=2: R0 decodes (done at 3); R1 s=4 -> k=10: block 1 exists -> its own stays
     #   private; first token at 3, decode -> done at 4.
-    eng = EngineConfig(block_size=4, max_num_seqs=2, max_num_batched_tokens=6, enable_prefix_caching=True)
+    eng = legacy_engine(block_size=4, max_num_seqs=2, max_num_batched_tokens=6, enable_prefix_caching=True)
     r = run([(0.0, 10, 2), (0.5, 10, 2)], eng, prefix_group=[0, 0], prefix_len=[8, 8])
     assert r["cached_tokens"].tolist() == [0, 4]
     assert r["first_token_s"].tolist() == [2.0, 3.0] and r["finish_s"].tolist() == [3.0, 4.0]
@@ -329,7 +329,7 @@ def test_lru_eviction_of_cached_blocks():
     #       2 new blocks = 1 free + evict (1,0); registers (2,1)
     #                                                     [(0,0), (2,1), (2,0)]
     #   R6 (a=60, G1, P=5, L=4): miss.
-    eng = EngineConfig(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True)
+    eng = legacy_engine(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True)
     reqs = [(10.0 * i, p, 1) for i, p in enumerate([5, 5, 9, 5, 5, 9, 5])]
     r = run(reqs, eng, prefix_group=[0, 1, 2, 1, 0, 2, 1], prefix_len=[4, 4, 8, 4, 4, 8, 4])
     assert r["cached_tokens"].tolist() == [0, 0, 0, 4, 0, 4, 0]
@@ -345,7 +345,7 @@ def test_referenced_cached_blocks_are_never_evicted_and_hits_are_not_free_capaci
     # evictable) and needs 1 new block: none -> waits until R0 completes at 4
     # (R0: token at 1, then k+s = 10, 11, 12 -> 3 blocks). t=4: R0 released:
     # 1 free + 2 evictable; R1 hits 2 (claimed, not capacity) and takes the free one.
-    eng = EngineConfig(block_size=4, num_gpu_blocks=3, enable_prefix_caching=True)
+    eng = legacy_engine(block_size=4, num_gpu_blocks=3, enable_prefix_caching=True)
     r = run([(0.0, 9, 4), (0.5, 9, 1)], eng, prefix_group=[0, 0], prefix_len=[8, 8])
     assert r["finish_s"].tolist() == [4.0, 5.0] and r["cached_tokens"].tolist() == [0, 8]
     assert r["total_preemptions"] == 0
@@ -434,7 +434,7 @@ def test_options_that_cannot_act_change_nothing(policy, horizon_s):
     for name, *pair in inert_variants(policy, o, c, pref):
         out = []
         for overrides, lat, prio, kw in pair:
-            eng = EngineConfig(**BASE, policy=policy, **overrides)
+            eng = legacy_engine(**BASE, policy=policy, **overrides)
             out.append(simulate_reference(a, p, o, prio, eng, lat, horizon_s=horizon_s, **kw))
         assert out[0]["total_preemptions"] > 0, name
         same(*out)
@@ -469,7 +469,7 @@ def test_random_stream_conservation(name, horizon_s):
     step (the reference also asserts both, and every reference count, after each
     scheduling pass); a drained run ends with every block free or cached-evictable."""
     a, p, o, c, pref = random_stream(7)
-    eng = EngineConfig(**{**BASE, **FEATURE_CONFIGS[name]})
+    eng = legacy_engine(**{**BASE, **FEATURE_CONFIGS[name]})
     lat = LatencyModel(**{**vars_of(LAT), "swap_s_per_block": 1e-3})
     q = np.maximum(1, np.round(o * np.exp(0.8 * np.random.default_rng(1).standard_normal(o.size)))).astype(int)
     r = simulate_reference(a, p, o, c, eng, lat, horizon_s=horizon_s, sjf_key=q, **pref)
@@ -523,7 +523,7 @@ def test_hit_rate_without_evictions_is_exact():
     blocks that earlier requests of its group computed, h_i = min(f_i, max f_j)."""
     a, p, o, c, pref = random_stream(11, n=200)
     a = 10.0 * np.arange(a.size)                  # each one alone in the system
-    eng = EngineConfig(max_num_seqs=8, block_size=16, num_gpu_blocks=2000, enable_prefix_caching=True)
+    eng = legacy_engine(max_num_seqs=8, block_size=16, num_gpu_blocks=2000, enable_prefix_caching=True)
     r = simulate_reference(a, p, o, c, eng, LatencyModel.constant(0.01), **pref)
     g, f = pref["prefix_group"], pref["prefix_len"] // 16
     best = {}
@@ -636,7 +636,7 @@ def test_sjf_with_predicted_lengths_against_mg1_theory():
         "lognormal-1.5": np.maximum(1, np.round(o * np.exp(1.5 * rng.standard_normal(n)))).astype(int),
         "random": rng.integers(0, 1000, n),
     }
-    eng = EngineConfig(max_num_seqs=1, policy="sjf")
+    eng = legacy_engine(max_num_seqs=1, policy="sjf")
     f = fcfs_waits(a, o)
     means = {}
     for name, q in keys.items():
@@ -678,7 +678,7 @@ def test_priority_aging_against_mg1_theory():
     f = fcfs_waits(a, o)
     res = {}
     for aging in (None, 0.05):
-        eng = EngineConfig(max_num_seqs=1, policy="priority", priority_aging_s=aging)
+        eng = legacy_engine(max_num_seqs=1, policy="priority", priority_aging_s=aging)
         r = simulate_reference(a, p, o, c, eng, LatencyModel.constant(STEP))
         w = waits(r, a)
         check_kleinrock_on_the_path(o, w, f)
@@ -713,7 +713,7 @@ def test_active_priority_preemption_shields_the_urgent_class():
     low = lam_h * e2 / 2 / (1 - lam_h * es)
     e2d = e2 + 2 * STEP * es + STEP**2
     high = lam_h * e2d / 2 / (1 - lam_h * (es + STEP)) + STEP
-    eng = EngineConfig(max_num_seqs=1, policy="priority", priority_preemption=True)
+    eng = legacy_engine(max_num_seqs=1, policy="priority", priority_preemption=True)
     r = simulate_reference(a, p, o, c, eng, LatencyModel.constant(STEP))
     urgent = c == 0
     f = fcfs_waits(a[urgent], o[urgent])
@@ -740,7 +740,7 @@ def test_swap_beats_recompute_when_transfers_are_cheap():
     for seed in range(4):
         a, p, o, c, _ = random_stream(20 + seed, n=200, with_groups=False)
         for mode, space in (("swap", 200), ("recompute", 0)):
-            eng = EngineConfig(**BASE, preemption_mode=mode, swap_space_blocks=space)
+            eng = legacy_engine(**BASE, preemption_mode=mode, swap_space_blocks=space)
             r = simulate_reference(a, p, o, c, eng, lat)
             assert (r["status"] == COMPLETED).all()
             e2e[mode].append(np.mean(r["finish_s"] - a))
@@ -760,7 +760,7 @@ def test_prefix_caching_hit_rate_grows_with_the_cache_and_cuts_ttft():
     for seed in range(31, 37):
         a, p, o, c, pref = random_stream(seed, n=300)
         for blocks, on in ((40, False), (40, True), (400, True)):
-            eng = EngineConfig(**{**BASE, "num_gpu_blocks": blocks}, enable_prefix_caching=on)
+            eng = legacy_engine(**{**BASE, "num_gpu_blocks": blocks}, enable_prefix_caching=on)
             r = simulate_reference(a, p, o, c, eng, lat, **pref)
             rates.append(r["prefix_hit_rate"])
             ttft.append(np.mean(r["first_token_s"] - a))
@@ -794,7 +794,7 @@ def test_prefix_caching_hit_rate_grows_with_the_cache_and_cuts_ttft():
 ])
 def test_engine_config_rejects_bad_feature_settings(kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        EngineConfig(**kw)
+        legacy_engine(**kw)
 
 
 def test_latency_model_swap_term():
@@ -806,7 +806,7 @@ def test_latency_model_swap_term():
 
 
 def test_reference_rejects_bad_per_request_inputs():
-    eng = EngineConfig(enable_prefix_caching=True)
+    eng = legacy_engine(enable_prefix_caching=True)
     reqs = [(0.0, 10, 2), (1.0, 10, 2)]
     with pytest.raises(ValueError, match="prefix_group and prefix_len must be given together"):
         run(reqs, eng, prefix_group=[0, 0])
@@ -822,16 +822,16 @@ def test_reference_rejects_bad_per_request_inputs():
 
 
 def test_kernel_guard_names_the_pending_option():
-    check_kernel_supports(EngineConfig())
+    check_kernel_supports(legacy_engine())
     for name, cfg in [("preemption_mode", dict(preemption_mode="swap")),
                       ("priority_preemption", dict(policy="priority", priority_preemption=True)),
                       ("priority_aging_s", dict(policy="priority", priority_aging_s=1.0)),
                       ("enable_prefix_caching", dict(enable_prefix_caching=True))]:
         if name not in KERNEL_PENDING_OPTIONS:
-            check_kernel_supports(EngineConfig(**cfg))      # implemented by the kernel now
+            check_kernel_supports(legacy_engine(**cfg))      # implemented by the kernel now
             continue
         with pytest.raises(NotImplementedError, match=f"{name}=.* is not implemented by the numba backend"):
-            check_kernel_supports(EngineConfig(**cfg))
+            check_kernel_supports(legacy_engine(**cfg))
 
 
 # ==================================================== metrics of the backend
@@ -844,7 +844,7 @@ def test_reference_metrics_with_swaps_and_prefix_hits():
     a, p, o, c, pref = random_stream(5)
     for overrides, kw in ((dict(preemption_mode="swap", swap_space_blocks=12), {}),
                           (dict(enable_prefix_caching=True, policy="priority", priority_preemption=True), pref)):
-        sc = fastsim.Scenario(engine=EngineConfig(**BASE, **overrides),
+        sc = fastsim.Scenario(engine=legacy_engine(**BASE, **overrides),
                               workload=fastsim.Workload(num_requests=a.size, warmup_requests=20),
                               latency=LatencyModel(**{**vars_of(LAT), "swap_s_per_block": 2e-3}))
         r = simulate_reference(a, p, o, c, sc.engine, sc.latency, **kw)
@@ -865,7 +865,7 @@ def test_replicate_reference_backend_runs_the_new_options():
     for overrides in (dict(preemption_mode="swap", swap_space_blocks=16),
                       dict(policy="priority", priority_preemption=True, priority_aging_s=0.5),
                       dict(policy="sjf", priority_preemption=True, enable_prefix_caching=True)):
-        sc = fastsim.Scenario(engine=EngineConfig(**BASE, **overrides),
+        sc = fastsim.Scenario(engine=legacy_engine(**BASE, **overrides),
                               workload=fastsim.Workload(arrival_rate=10.0, num_requests=80,
                                                         priorities=(0, 1), priority_probs=(0.5, 0.5)))
         res = fastsim.replicate(sc, n_replications=2, seed=1, backend="reference")

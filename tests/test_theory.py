@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import fastsim
-from conftest import within
+from conftest import SYNC, within
 from fastsim.testing import erlang_b, mg1_mean_wait
 
 STEP = 0.01
@@ -29,7 +29,7 @@ STEP = 0.01
 def mg1_scenario(rho, law, max_num_seqs=1, **engine):
     lam = rho / (law.mean() * STEP)
     return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=max_num_seqs, **engine),
+        engine=fastsim.EngineConfig(**SYNC, max_num_seqs=max_num_seqs, **engine),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=3000, prompt_len=1, output_len=law,
                                   warmup_requests=500),
         latency=fastsim.LatencyModel.constant(STEP))
@@ -55,7 +55,7 @@ def test_mg1_mean_ttft_matches_pollaczek_khinchine(rho, law):
 def test_single_server_loss_system_matches_erlang_b(law):
     a = 0.9  # offered load in Erlangs
     sc = fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=1, admission="queue_limit", max_waiting=0),
+        engine=fastsim.EngineConfig(**SYNC, max_num_seqs=1, admission="queue_limit", max_waiting=0),
         workload=fastsim.Workload(arrival_rate=a / (law.mean() * STEP), num_requests=3000, prompt_len=1,
                                   output_len=law, warmup_requests=100),
         latency=fastsim.LatencyModel.constant(STEP))
@@ -68,7 +68,7 @@ def test_multi_server_loss_system_lies_in_the_erlang_b_bracket():
     c, a, law = 4, 3.0, fastsim.Uniform(10, 30)
     lam = a / (law.mean() * STEP)
     sc = fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=c, admission="queue_limit", max_waiting=0),
+        engine=fastsim.EngineConfig(**SYNC, max_num_seqs=c, admission="queue_limit", max_waiting=0),
         workload=fastsim.Workload(arrival_rate=lam, num_requests=3000, prompt_len=1, output_len=law,
                                   warmup_requests=100),
         latency=fastsim.LatencyModel.constant(STEP))

@@ -7,13 +7,20 @@ import numpy as np
 import fastsim
 from fastsim._numba_options import njit
 
+#: The synchronous engine the speed targets are stated against (commit
+#: 108cbbe's: vLLM V1's four rules off). `EngineConfig`'s defaults are vLLM
+#: 0.22's since the defaults switch; ``benchmarks/v1_rules.py`` times those.
+SYNC = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
+            enable_prefix_caching=False)
+
+
 #: The workload of the performance targets (issue "Performance"): Poisson
 #: 4 req/s, lognormal prompt (median 256, sigma 0.55) and output (median 128,
 #: sigma 0.70), KV-reservation admission over 16,384 tokens, batch 32.
 def reference_workload(num_requests=1000):
     return fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=1024,
-                                    admission="kv_reservation"),
+                                    admission="kv_reservation", **SYNC),
         workload=fastsim.Workload(arrival_rate=4.0, num_requests=num_requests,
                                   prompt_len=fastsim.LogNormal(256, 0.55),
                                   output_len=fastsim.LogNormal(128, 0.70)),
@@ -29,6 +36,16 @@ def full_engine_workload(num_requests=1000):
                                                        "engine.block_hash_caching": True})
 
 
+def sharegpt_vllm_defaults(num_requests=1000):
+    """`sharegpt_80pct` at vLLM 0.22's serving defaults (`EngineConfig`'s):
+    async scheduling, the full-input gate, the null block, caching by block hash."""
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822, max_model_len=2048),
+        workload=fastsim.Workload(arrival_rate=12.0, num_requests=num_requests,
+                                  lengths=fastsim.sharegpt_lengths("sample")),
+        latency=fastsim.LatencyModel.default())
+
+
 def output_length_scenario(median, num_requests=1000):
     """The issue-7 workload with the output median scaled and the arrival rate
     scaled inversely (the same decode load), the KV budget with the lengths
@@ -36,7 +53,7 @@ def output_length_scenario(median, num_requests=1000):
     scale = median / 128
     return fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=32, block_size=16, num_gpu_blocks=int(1024 * max(1.0, scale)),
-                                    admission="kv_reservation"),
+                                    admission="kv_reservation", **SYNC),
         workload=fastsim.Workload(arrival_rate=4.0 / scale, num_requests=num_requests,
                                   prompt_len=fastsim.LogNormal(256, 0.55),
                                   output_len=fastsim.LogNormal(median, 0.70)),
@@ -46,7 +63,7 @@ def output_length_scenario(median, num_requests=1000):
 def sharegpt_80pct(num_requests=1000):
     """ShareGPT lengths, max_num_seqs=64, A10G latency model, ~80% of capacity."""
     return fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822, max_model_len=2048),
+        engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822, max_model_len=2048, **SYNC),
         workload=fastsim.Workload(arrival_rate=12.0, num_requests=num_requests,
                                   lengths=fastsim.sharegpt_lengths("sample")),
         latency=fastsim.LatencyModel.default())
@@ -60,7 +77,7 @@ def sharegpt_static(num_requests=1000):
 
 #: The workloads the benchmark scripts' ``--workload`` option names.
 WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
-             "static": sharegpt_static}
+             "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults}
 
 
 def warm_up():
