@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import fastsim
+from conftest import legacy_engine
 from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 from fastsim._sessions import stream_arrays
@@ -22,7 +23,7 @@ def engine(caching=True, **kw):
     base = dict(num_gpu_blocks=300, block_size=BS, max_num_seqs=6, max_num_batched_tokens=256,
                 enable_prefix_caching=caching, block_hash_caching=caching)
     base.update(kw)
-    return fastsim.EngineConfig(**base)
+    return legacy_engine(**base)   # (the synchronous loop of the hand-computed cases; async: test_sessions_async)
 
 
 def workload(mode="users", turns=None, think=0.3, dist="exponential", n=120, **kw):
