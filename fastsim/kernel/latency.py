@@ -42,7 +42,7 @@ from .layout import (F_TTFT_OVERHEAD, L_BASE, L_CHOL, L_CTX, L_DECODE_ALPHA, L_D
                      L_JITTER_SHIFT, L_KEY_HI, L_KEY_LO, L_NOISE, L_OVERHEAD_SD, L_PREFILL, L_PREFILL_MU,
                      L_PREFILL_SD, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
                      S_RUN_EFFECTS, S_STEP_NOISE)
-from .rng import _GOLDEN, _mix64, _uniform
+from .rng import _GOLDEN, _mix64, _normal_at, _uniform
 
 
 @njit_noalloc
@@ -87,16 +87,16 @@ _unit_jit = njit_noalloc(inline="llvm")(_unit)
 @njit_noalloc
 def _step_noise(lat, d, k):
     """The noisy duration of step ``k`` whose deterministic duration is
-    ``d``: ``d * exp(sd * z + shift)`` (z standard normal by Box-Muller, so
-    the jitter's mean is 1), plus, with probability ``lat[L_STALL_PROB]``,
-    a stall of exponential duration with mean ``lat[L_STALL_MEAN]``. Four
-    uniforms from the run's key and ``k`` (counter-based: step k's draws are
-    the same however the engine reached it)."""
+    ``d``: ``d * exp(sd * z + shift)`` (z standard normal, so the jitter's
+    mean is 1), plus, with probability ``lat[L_STALL_PROB]``, a stall of
+    exponential duration with mean ``lat[L_STALL_MEAN]``. Step k owns the
+    counters c + j * golden, j = 1 .. 4, c = key + 4 k golden (counter-based:
+    its draws are the same however the engine reached it): z is the
+    counter-based ziggurat `rng._normal_at` of counters 1 and 2 (one output
+    almost always), the stall's two uniforms are counters 3 and 4."""
     key = (np.uint64(lat[L_KEY_HI]) << np.uint64(32)) | np.uint64(lat[L_KEY_LO])
     c = key + np.uint64(k) * np.uint64(4) * _GOLDEN
-    u1 = _unit_jit(_mix64(c + _GOLDEN))
-    u2 = _unit_jit(_mix64(c + np.uint64(2) * _GOLDEN))
-    z = math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+    z = _normal_at(c + _GOLDEN, c + np.uint64(2) * _GOLDEN)
     d = d * math.exp(lat[L_JITTER_SD] * z + lat[L_JITTER_SHIFT])
     if lat[L_STALL_PROB] > 0.0:
         u3 = _unit_jit(_mix64(c + np.uint64(3) * _GOLDEN))
