@@ -262,10 +262,16 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
                 mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
-                (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
-                 t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                     n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
-                                     n_held, t_vis, full)
+                if _closed_forms(lat):
+                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                     t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                         n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
+                                         n_held, t_vis, full, False)
+                else:   # per-step noise: a copy of its own (`_noisy_stretches`), out of this loop's code
+                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                     t_vis) = _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved,
+                                               n_run, n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh,
+                                               jmax, n_held, t_vis, full)
                 if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
                     rf[RF_STRETCH_END] = paused
                     break
@@ -759,7 +765,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
 
 @njit_noalloc(inline="llvm")
 def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw,
-               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
+               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, noisy):
     """While every running request is a lazy decoder and nothing else can
     happen (no admission, no abandonment, enough free blocks), run the next
     steps as one stretch, up to the step of the next completion or the one
@@ -775,7 +781,11 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     the one during which the next request arrives (vLLM schedules it before
     it sees the arrival), and the requests that finish at a stretch's end
     are held through the next stretch's first step (its integrals count
-    them); the visibility time ``t_vis`` is returned last."""
+    them); the visibility time ``t_vis`` is returned last.
+
+    ``noisy``: per-step noise (`latency._closed_forms` says no), the steps
+    summed one by one (`stretch._stretch_steps_noisy`); a constant at each
+    call, so that the deterministic engine's inlined copy has none of it."""
     if full is None:
         prio_preempt = False
         caching = False
@@ -788,7 +798,6 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     nblk = ipar[I_NUM_GPU_BLOCKS]
     dstate = dec.dstate
     slope = _context_slope(lat)
-    noisy = not _closed_forms(lat)   # (per-step noise: `_stretch_steps_noisy`)
     while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
                                                                       and not prio_preempt)):
         n_d = dstate[0]
@@ -912,6 +921,15 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if t >= next_a:
             break   # an arrival to ingest first
     return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+
+
+@njit_noalloc
+def _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
+                     n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
+    """`_stretches` with per-step noise, compiled apart (a call from the
+    engine loop)."""
+    return _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait,
+                      nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, True)
 
 
 # ------------------------------------------------------------------------------
