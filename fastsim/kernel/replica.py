@@ -262,12 +262,15 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
                 mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
+                paused = 0.0
                 if _closed_forms(lat):
                     (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
                      t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
                                          n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
                                          n_held, t_vis, full, False)
-                else:   # per-step noise: a copy of its own (`_noisy_stretches`), out of this loop's code
+                elif n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or n_run == ipar[I_MAX_NUM_SEQS]):
+                    # per-step noise: a copy of its own (`_noisy_stretches`), entered only where a stretch may
+                    # follow
                     (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
                      t_vis) = _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved,
                                                n_run, n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh,
@@ -923,11 +926,11 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
                      n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
-    """`_stretches` with per-step noise, compiled apart (a call from the
-    engine loop)."""
+    """`_stretches` with per-step noise: a copy of its own, inlined beside
+    the deterministic one (a call would pass every array of the views)."""
     return _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait,
                       nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, True)
 
