@@ -1,13 +1,15 @@
 """What per-step noise costs in simulation speed (a script, not a test).
 
-    python benchmarks/noise_speed.py [--replications 100] [--rounds 7] [--requests 1000]
+    python benchmarks/noise_speed.py [--replications 100] [--rounds 7] [--requests 1000] [--cpu-time]
 
 One-thread ``replicate`` on the ShareGPT benchmark workload
 (`benchmarks/common.py: sharegpt_80pct`) in one process, variants alternated
 round by round: the deterministic A10G model, its calibrated preset (per-run
 effects only), and the preset with the per-step jitter fitted on the TPOT
 traces (``jitter_sd=0.0119``) and with rare stalls too. Prints each one's
-median time and its ratio to the deterministic model's.
+median time and its ratio to the deterministic model's. ``--cpu-time``
+times the process's CPU time rather than the wall clock (less swayed by
+other work on a shared machine).
 """
 
 import argparse
@@ -39,16 +41,18 @@ def main():
     ap.add_argument("--replications", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--cpu-time", action="store_true", help="time CPU time, not the wall clock")
     args = ap.parse_args()
     vs = variants(args.requests)
     for sc in vs.values():   # compile / load, outside the timing
         fastsim.replicate(sc, n_replications=2, seed=0, n_threads=1)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     times = {k: [] for k in vs}
     for r in range(args.rounds):
         for k in (list(vs) if r % 2 == 0 else list(vs)[::-1]):
-            t0 = time.perf_counter()
+            t0 = clock()
             fastsim.replicate(vs[k], n_replications=args.replications, seed=r, n_threads=1)
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     base = statistics.median(times["deterministic"])
     for k, ts in times.items():
         m = statistics.median(ts)

@@ -59,6 +59,73 @@ class _RunStream:
         return math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
 
 
+# The standard normal by the ziggurat method (Marsaglia and Tsang, 2000), as
+# the kernel's counter-based draw states it (``kernel/rng.py``, `_normal_at`):
+# 256 layers of equal area under f(x) = exp(-x^2 / 2), x >= 0; layer 0 is
+# [0, R] x [0, f(R)] with the tail beyond R, layer i >= 1 [0, x_i] x [f(x_i),
+# f(x_{i+1})]. The tables are computed here again by the same formula.
+_ZIG_LAYERS = 256
+_ZIG_R = 3.6541528853610088   # x_1 (Marsaglia and Tsang)
+
+
+def _ziggurat_tables(r: float = _ZIG_R, layers: int = _ZIG_LAYERS):
+    """(k, w, f): take a 53-bit position m in layer i at once if m < k[i];
+    its abscissa is m * w[i]; f[i] = f(x_i), i = 0 .. layers."""
+    def f(x):
+        return math.exp(-0.5 * x * x)
+
+    v = r * f(r) + math.sqrt(math.pi / 2.0) * math.erfc(r / math.sqrt(2.0))   # a layer's area
+    x = [v / f(r), r]
+    while len(x) < layers:
+        x.append(math.sqrt(-2.0 * math.log(v / x[-1] + f(x[-1]))))
+    x.append(0.0)
+    k = [int(x[i + 1] / x[i] * 2.0 ** 53) for i in range(layers)]
+    w = [x[i] * 2.0 ** -53 for i in range(layers)]
+    return k, w, [f(xi) for xi in x]
+
+
+_ZIG_K, _ZIG_W, _ZIG_F = _ziggurat_tables()
+
+
+def _normal_at(c: int, c2: int) -> float:
+    """A standard normal variate from 64-bit counters ``c`` and ``c2``: the
+    output _mix64(c) gives the layer (bits 0-7), the sign (bit 8) and a
+    53-bit position (bits 11-63); inside the layer's inner rectangle it is
+    taken, else the wedge test, the tail (Marsaglia, 1964) and any retry take
+    their uniforms and outputs in turn from the stream started at _mix64(c2)
+    and advanced by the golden gamma."""
+    z = _mix64(c)
+    s = None
+    while True:
+        i = z & 255
+        neg = (z >> 8) & 1 == 1
+        m = z >> 11
+        x = float(m) * _ZIG_W[i]
+        if m >= _ZIG_K[i]:
+            if s is None:
+                s = _mix64(c2)
+            if i == 0:   # the tail: R + a, a ~ Exp(rate R), taken if 2b > a^2, b ~ Exp(1)
+                while True:
+                    s = (s + _GOLDEN) & _M64
+                    a = -math.log(_unit(_mix64(s))) / _ZIG_R
+                    s = (s + _GOLDEN) & _M64
+                    b = -math.log(_unit(_mix64(s)))
+                    if b + b > a * a:
+                        x = _ZIG_R + a
+                        break
+            else:   # the wedge
+                s = (s + _GOLDEN) & _M64
+                u = _unit(_mix64(s))
+                if not _ZIG_F[i] + u * (_ZIG_F[i + 1] - _ZIG_F[i]) < math.exp(-0.5 * x * x):
+                    x = -1.0
+        if x >= 0.0:
+            return -x if neg else x
+        if s is None:
+            s = _mix64(c2)
+        s = (s + _GOLDEN) & _M64   # rejected: a fresh output for a fresh try
+        z = _mix64(s)
+
+
 class StepNoiseDraws:
     """The per-step noise of one run: ``apply(d, k)`` is the duration of step
     ``k`` (from 0) whose deterministic duration is ``d``."""
@@ -72,9 +139,7 @@ class StepNoiseDraws:
 
     def apply(self, d: float, k: int) -> float:
         c = (self.key + ((k * 4) & _M64) * _GOLDEN) & _M64
-        u1 = _unit(_mix64((c + _GOLDEN) & _M64))
-        u2 = _unit(_mix64((c + 2 * _GOLDEN) & _M64))
-        z = math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
+        z = _normal_at((c + _GOLDEN) & _M64, (c + 2 * _GOLDEN) & _M64)
         d = d * math.exp(self.sd * z + self.shift)
         if self.p > 0.0:
             u3 = _unit(_mix64((c + 3 * _GOLDEN) & _M64))

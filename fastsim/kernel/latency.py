@@ -35,9 +35,11 @@ A stochastic model (``lat[L_NOISE]`` or ``lat[L_RUN]`` not 0.0;
 * **per step**: step k (the k-th step of the run, from 0) lasts
   ``d * exp(sd * z_k - sd^2 / 2)``, plus, with probability ``p``, a stall of
   exponential duration; ``z_k`` and the stall's draws come from the run's
-  step-noise key and k alone (`_step_noise`), so the draws do not depend on
-  how the steps were reached, and common random numbers hold. Steps no longer
-  share a duration: `_closed_forms` says no, and the engine takes them one by one.
+  step-noise key and k alone (`_noisy_duration`: z by a counter-based
+  ziggurat, `rng._normal_at`), so the draws do not depend on how the steps
+  were reached, and common random numbers hold. Steps no longer share a
+  duration: `_closed_forms` says no, and a stretch takes its steps one by
+  one (`stretch._stretch_steps_noisy`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from .layout import (F_TTFT_OVERHEAD, L_BASE, L_CHOL, L_CTX, L_DECODE_ALPHA, L_D
                      L_R_LM, L_R_MOE_E, L_R_MOE_GEMM, L_R_MOE_K, L_R_MOE_Q, L_R_NGEMM, L_R_OVER, L_R_PER_SEQ,
                      L_ROOF, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
                      S_RUN_EFFECTS, S_STEP_NOISE)
-from .rng import _GOLDEN, _mix64, _uniform
+from .rng import _GOLDEN, _mix64, _normal_at, _uniform
 
 
 @njit_noalloc
@@ -151,16 +153,31 @@ _unit_jit = njit_noalloc(inline="llvm")(_unit)
 @njit_noalloc
 def _step_noise(lat, d, k):
     """The noisy duration of step ``k`` whose deterministic duration is
-    ``d``: ``d * exp(sd * z + shift)`` (z standard normal by Box-Muller, so
-    the jitter's mean is 1), plus, with probability ``lat[L_STALL_PROB]``,
-    a stall of exponential duration with mean ``lat[L_STALL_MEAN]``. Four
-    uniforms from the run's key and ``k`` (counter-based: step k's draws are
-    the same however the engine reached it)."""
-    key = (np.uint64(lat[L_KEY_HI]) << np.uint64(32)) | np.uint64(lat[L_KEY_LO])
+    ``d`` (`_noisy_duration` with the run's key; a call, for the engine's
+    steps taken one by one)."""
+    return _noisy_duration(lat, _noise_key(lat), d, k)
+
+
+@njit_noalloc(inline="llvm")
+def _noise_key(lat):
+    """The run's step-noise key, kept in ``lat`` as two 32-bit halves."""
+    return (np.uint64(lat[L_KEY_HI]) << np.uint64(32)) | np.uint64(lat[L_KEY_LO])
+
+
+@njit_noalloc(inline="llvm")
+def _noisy_duration(lat, key, d, k):
+    """The noisy duration of step ``k`` whose deterministic duration is
+    ``d``: ``d * exp(sd * z + shift)`` (z standard normal, so the jitter's
+    mean is 1), plus, with probability ``lat[L_STALL_PROB]``, a stall of
+    exponential duration with mean ``lat[L_STALL_MEAN]``. Step k owns the
+    counters c + j * golden, j = 1 .. 4, c = key + 4 k golden (counter-based:
+    its draws are the same however the engine reached it): z is the
+    counter-based ziggurat `rng._normal_at` of counters 1 and 2 (one output
+    almost always), the stall's two uniforms are counters 3 and 4. Inlined
+    where it is called (`stretch._stretch_steps_noisy`: the key computed
+    once per stretch)."""
     c = key + np.uint64(k) * np.uint64(4) * _GOLDEN
-    u1 = _unit_jit(_mix64(c + _GOLDEN))
-    u2 = _unit_jit(_mix64(c + np.uint64(2) * _GOLDEN))
-    z = math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+    z = _normal_at(c + _GOLDEN, c + np.uint64(2) * _GOLDEN)
     d = d * math.exp(lat[L_JITTER_SD] * z + lat[L_JITTER_SHIFT])
     if lat[L_STALL_PROB] > 0.0:
         u3 = _unit_jit(_mix64(c + np.uint64(3) * _GOLDEN))
@@ -259,6 +276,6 @@ def _closed_forms(lat):
     """Whether a run of pure decode steps has closed forms (the stretch, in
     `stretch`): yes for a deterministic model and for per-run effects (a
     run's steps are then a deterministic function of its batches); no with
-    per-step noise, where each step has a duration of its own and the engine
-    takes the steps one by one."""
+    per-step noise, where each step has a duration of its own and the
+    stretch sums them one by one (`stretch._stretch_steps_noisy`)."""
     return lat[L_NOISE] == 0.0

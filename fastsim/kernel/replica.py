@@ -59,7 +59,7 @@ from .arrivals import (_abandon, _arrivals_during_step, _closed_loop_init, _inge
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs,
-                      _step_time)
+                      _step_noise, _step_time)
 from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, ADMISSION_KV_RESERVATION,
                      F_AGING, F_HORIZON, I_ADMISSION, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_AGING,
@@ -73,7 +73,7 @@ from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
-from .stretch import _elapsed, _kv_weight, _stretch_steps
+from .stretch import _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
@@ -241,9 +241,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     free, reserved, n_run, n_oth, S, sph, n_itl, n_held = _end_fast_step(
                         req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
                         lat, bs, bsh, n_held, full)
-                    # (per-step noise: no closed forms, the next step is taken as a step; a
-                    # closed loop: a completion sends a request, which a stretch cannot see)
-                    mode = MODE_STRETCH if _closed_forms(lat) and not closed else MODE_BETWEEN_STEPS
+                    # (a closed loop: a completion sends a request, which a stretch cannot see)
+                    mode = MODE_STRETCH if not closed else MODE_BETWEEN_STEPS
                 else:
                     free, reserved, n_run, rl, n_oth, n_itl, n_held = _end_slow_step(
                         req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
@@ -263,10 +262,19 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
                 mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
-                (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
-                 t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                     n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
-                                     n_held, t_vis, full)
+                paused = 0.0
+                if _closed_forms(lat):
+                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                     t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
+                                         n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
+                                         n_held, t_vis, full, False)
+                elif n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or n_run == ipar[I_MAX_NUM_SEQS]):
+                    # per-step noise: a copy of its own (`_noisy_stretches`), entered only where a stretch may
+                    # follow
+                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
+                     t_vis) = _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved,
+                                               n_run, n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh,
+                                               jmax, n_held, t_vis, full)
                 if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
                     rf[RF_STRETCH_END] = paused
                     break
@@ -772,7 +780,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
 
 @njit_noalloc(inline="llvm")
 def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw,
-               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
+               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, noisy):
     """While every running request is a lazy decoder and nothing else can
     happen (no admission, no abandonment, enough free blocks), run the next
     steps as one stretch, up to the step of the next completion or the one
@@ -788,7 +796,11 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     the one during which the next request arrives (vLLM schedules it before
     it sees the arrival), and the requests that finish at a stretch's end
     are held through the next stretch's first step (its integrals count
-    them); the visibility time ``t_vis`` is returned last."""
+    them); the visibility time ``t_vis`` is returned last.
+
+    ``noisy``: per-step noise (`latency._closed_forms` says no), the steps
+    summed one by one (`stretch._stretch_steps_noisy`); a constant at each
+    call, so that the deterministic engine's inlined copy has none of it."""
     if full is None:
         prio_preempt = False
         caching = False
@@ -822,7 +834,17 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 hb += req.blocks[batch.zl[j]]
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
-        if async_on:   # an arrival is seen at the schedule after the step it came in
+        if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
+            k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
+            if async_on:
+                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
+                    t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, t_vis, next_a, lat, k0,
+                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
+            else:
+                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
+                    t, kmax, min(next_a, we), dp, slope, n_d, ksum, S, dec.ph, sph, bs, free, t, np.inf, lat, k0,
+                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
+        elif async_on:   # an arrival is seen at the schedule after the step it came in
             kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
                                                            bs, free + hb, t_vis, next_a)
         else:
@@ -842,9 +864,11 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         nm_d = dstate[2]
         if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
             # the stretch lies inside the window or outside it
-            x = _elapsed(kk, d0, dlt)   # its duration, for the integrals
+            x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
             used0 = nblk - free
             if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
+                if noisy:
+                    d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
                 if used0 + dec.ph[sph] + hb > a_max:
                     a_max = used0 + dec.ph[sph] + hb
                 if ws <= t and t_end <= we:
@@ -859,9 +883,11 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
             if ws <= t and t_end <= we:
                 a_occ += x * n_run
                 a_queue += x * n_wait
-                a_kv += (used0 + nb) * x - _kv_weight(s1, s2, d0, dlt)
+                a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
             if nm_d > 0:
-                if _constant_in_step(lat):
+                if noisy:
+                    n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
+                elif _constant_in_step(lat):
                     rec.gapw[n_d] += kk * nm_d
                 else:
                     for jj in range(kk):
@@ -878,6 +904,8 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 free -= dec.ph[sph]
                 used = nblk - free
                 d = dp + slope * (ksum + n_d * (S + 1))
+                if noisy:
+                    d = _step_noise(lat, d, a_steps)
                 t_end = t + d
                 held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
                 a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
@@ -908,6 +936,15 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if t >= next_a:
             break   # an arrival to ingest first
     return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+
+
+@njit_noalloc(inline="llvm")
+def _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
+                     n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
+    """`_stretches` with per-step noise: a copy of its own, inlined beside
+    the deterministic one (a call would pass every array of the views)."""
+    return _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait,
+                      nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, True)
 
 
 # ------------------------------------------------------------------------------

@@ -158,3 +158,65 @@ def _poisson(state, s, mean, cap):
             c += p
         total += k
     return min(total, cap)
+
+
+# A counter-based normal variate: the same ziggurat, its 64-bit outputs from
+# counters rather than a stream's state, so that draw k of a key is a function
+# of the key and k alone (`latency._step_noise`). The first output is
+# _mix64(c) and serves almost every draw (layer, sign and position, as in
+# `_normal`); a draw that falls outside its layer's inner rectangle continues
+# on a stream of its own, started at _mix64(c2) (c2: a second counter of the
+# draw's, given by the caller) and advanced by the golden gamma as `_uniform`.
+# Its f(x_i) are Python's math.exp of the same x_i (recovered exactly from
+# `_ZIG_W`, a power-of-two scaling): the reference simulator computes the
+# tables again in plain Python, and NumPy's exp may differ in the last bit.
+
+_ZIG_FX = np.array([math.exp(-0.5 * x * x) for x in [float(w) * 2.0 ** 53 for w in _ZIG_W] + [0.0]])
+
+@njit_noalloc
+def _normal_at_edge(z, c2):
+    """`_normal_at` past the first output ``z``'s inner rectangle: the
+    ziggurat's wedge test, tail and retries (as `_normal`, `_normal_edge` and
+    `_normal_tail` state them), their uniforms and further outputs taken in
+    turn from the stream started at ``_mix64(c2)``."""
+    s = _mix64(c2)
+    while True:
+        i = np.int64(z & np.uint64(255))
+        neg = (z >> np.uint64(8)) & np.uint64(1) == np.uint64(1)
+        m = z >> np.uint64(11)
+        x = float(m) * _ZIG_W[i]
+        if m >= _ZIG_K[i]:
+            if i == 0:   # the tail beyond R (Marsaglia, 1964)
+                while True:
+                    s = s + _GOLDEN
+                    a = -math.log((float(_mix64(s) >> np.uint64(11)) + 0.5) * _TWO53) / _ZIG_R
+                    s = s + _GOLDEN
+                    b = -math.log((float(_mix64(s) >> np.uint64(11)) + 0.5) * _TWO53)
+                    if b + b > a * a:
+                        x = _ZIG_R + a
+                        break
+            else:   # the wedge: under f with probability (f(x) - f(x_i)) / (f(x_{i+1}) - f(x_i))
+                s = s + _GOLDEN
+                u = (float(_mix64(s) >> np.uint64(11)) + 0.5) * _TWO53
+                if not _ZIG_FX[i] + u * (_ZIG_FX[i + 1] - _ZIG_FX[i]) < math.exp(-0.5 * x * x):
+                    x = -1.0
+        if x >= 0.0:
+            return -x if neg else x
+        s = s + _GOLDEN   # rejected: a fresh output for a fresh try
+        z = _mix64(s)
+
+
+@njit_noalloc(inline="llvm")
+def _normal_at(c, c2):
+    """A standard normal variate from counters ``c`` and ``c2`` alone (the
+    ziggurat method; the same law as `_normal`): ``_mix64(c)`` gives the
+    layer (bits 0-7), the sign (bit 8) and the position (bits 11-63), taken
+    at once inside the layer's inner rectangle (about 99 % of draws); the
+    rest is `_normal_at_edge` (a call). Inlined where it is called."""
+    z = _mix64(c)
+    i = np.int64(z & np.uint64(255))
+    m = z >> np.uint64(11)
+    if m >= _ZIG_K[i]:
+        return _normal_at_edge(z, c2)
+    x = float(m) * _ZIG_W[i]
+    return -x if (z >> np.uint64(8)) & np.uint64(1) == np.uint64(1) else x

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .._numba_options import njit_noalloc
+from .latency import _noise_key, _noisy_duration
 
 
 _UNBOUNDED = 1 << 62
@@ -156,6 +157,47 @@ def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_
             kk += j
             idx = (idx - j) % bs
         lim = min(kmax, kk + _BINADE_AFTER)
+
+
+@njit_noalloc
+def _stretch_steps_noisy(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_prev, lag_limit, lat, k0,
+                         itl_v, itl_w, n_itl, weight):
+    """`_stretch_steps` with per-step noise: step i of the stretch lasts the
+    noisy duration of the run's step ``k0 + i`` (`latency._noisy_duration`
+    of the deterministic one, the bits of a fast step's `_step_time`), the
+    clock their running sum, one addition per step (no binades: the steps
+    differ). The same limits and values, except the fourth: the KV
+    integral's weight W itself, sum of b_i * (t_i - t) (t_i: step i's
+    start), and the fifth, 0.0. With ``weight`` decoders measured, step i's
+    inter-token gap (the clock's difference, as a fast step records it) is
+    written at ``n_itl + i`` of ``itl_v``/``itl_w``, in use once the caller
+    takes the stretch (there is room: an entry per measured token at most;
+    equal neighbours are not merged as `accounting._gap_add` merges them,
+    which saves entries, not results: the steps' gaps differ). A call (the
+    draw's exp is one anyway)."""
+    key = _noise_key(lat)
+    kk = 0
+    nb = 0
+    w = 0.0
+    idx = sph
+    t0 = t
+    while kk < kmax and t < limit and t_prev < lag_limit:
+        c = ph[idx]
+        if nb + c > free:
+            break
+        nb += c
+        w += c * (t - t0)
+        t_prev = t
+        if c_ctx != 0.0:   # (without a context term it would add 0.0)
+            t = t + _noisy_duration(lat, key, d + c_ctx * (ksum + n_d * (S + kk + 1)), k0 + kk)
+        else:
+            t = t + _noisy_duration(lat, key, d, k0 + kk)
+        if weight > 0:
+            itl_v[n_itl + kk] = t - t_prev
+            itl_w[n_itl + kk] = weight
+        kk += 1
+        idx = idx - 1 if idx > 0 else bs - 1
+    return kk, t, nb, w, 0.0, t_prev
 
 
 @njit_noalloc
