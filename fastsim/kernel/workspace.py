@@ -249,7 +249,7 @@ Scalars = namedtuple("Scalars", ("ri", "rf"))
 Stream = namedtuple("Stream", ("arrival", "prompt", "output", "prio", "sjfk", "pgrp", "plen"))
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _carve(stream, dims, wi, wf):
     """The engine's views (`Requests`, `Batch`, `Decoders`, `Swap`,
     `PrefixCache`, `Record`, `Scalars`) of the workspace ``wi``/``wf`` for
