@@ -76,7 +76,7 @@ SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS = range(4)
 N_SEG = 4
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _rows(fb, r):
     """Replica ``r``'s workspace: its rows' first ``size[r]`` entries."""
     return fb.wi[r][:fb.size[r, 0]], fb.wf[r][:fb.size[r, 1]]
@@ -100,20 +100,20 @@ def _advance(fb, r, n, fpar, lat, full, t, what):
     return _call(fb, r, n, fpar, lat, full, t, what)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _ri(fb, r, k):
     """Replica ``r``'s integer scalar ``k`` (`workspace.RI_*`: the last
     ``N_RI`` entries of its workspace), read in place."""
     return fb.wi[r, fb.size[r, 0] - N_RI + k]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _rf(fb, r, k):
     """Replica ``r``'s float scalar ``k`` (`workspace.RF_*`), read in place."""
     return fb.wf[r, fb.size[r, 1] - N_RF + k]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _observe(fb, r, nblk, t=np.inf):
     """Replica ``r``'s state at ``t`` into the router's view: requests in the
     system (handed and not yet gone), waiting (queued, swapped, or handed and
@@ -155,7 +155,7 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what, bound=False):
 # rule by which `_advance` skips a call, as a time, so each look advances
 # exactly the replicas `_look` would.
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _due(fb, r, what, t=np.inf):
     """The first time at which advancing replica ``r`` (`_advance`, with
     ``what``) can change it: never (``inf``) while it has nothing known
@@ -188,7 +188,7 @@ def _due(fb, r, what, t=np.inf):
 # admission control may still make), the bound is -inf: the event queue's
 # due time alone decides, as for the other routers.
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _min_step(lat):
     """A lower bound of every step's duration under the latency record
     ``lat`` (`latency._step_time`: the base plus terms that are not
@@ -202,7 +202,7 @@ def _min_step(lat):
     return max(lat[L_BASE], 0.0)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _after(c, m, dmin):
     """No earlier than ``m`` steps of at least ``dmin`` after ``c`` (>= 0),
     as the engine's clock sums them in floating point: each sum rounds down
@@ -237,7 +237,7 @@ def _segments(fb, r, n):
         k += 1
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _departs(fb, r, n, dmin):
     """The earliest time at which a request can leave replica ``r`` (paused,
     with the requests handed to it so far), ``inf`` if none is in it, or
@@ -286,7 +286,7 @@ def _departs(fb, r, n, dmin):
     return d
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _due_for(fb, r, n, what, t, bound):
     """The replica's key in the event queue: `_due`, or with the departure
     bound (``bound``) the later of it and `_departs`."""
@@ -297,7 +297,7 @@ def _due_for(fb, r, n, what, t, bound):
     return d
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _sift_up(due, ev, nrep, k):
     """Move the replica at heap place ``k`` up to its place (by due time)."""
     r = ev[k]
@@ -313,7 +313,7 @@ def _sift_up(due, ev, nrep, k):
     ev[nrep + r] = k
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _sift_down(due, ev, nrep, k, size):
     """Move the replica at heap place ``k`` down to its place in a heap of ``size``."""
     r = ev[k]
@@ -350,7 +350,7 @@ def _queue_init(fb, nrep, n, what, bound):
     ev[4 * nrep] = 0
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _queue_handed(fb, r, nrep, n, what, bound):
     """Replica ``r`` was handed a request: its due time again, and marked to
     be observed at the router's next look."""
