@@ -6,7 +6,8 @@ state (`router`): each replica is advanced to the arrival's time (a paused
 replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
 can change by then are called, taken from an event queue of due times,
 `_look_due`; power of two choices looks at the two replicas it draws
-only), or, with a stale view
+only; a router that reads requests in the system only leaves a replica
+paused until a request can leave it, `_departs`), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
