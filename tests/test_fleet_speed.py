@@ -1,6 +1,7 @@
 """The fleet's departure bound (`kernel.cluster._departs`): routers that read
 only each replica's requests in the system (JSQ, least outstanding, prefix
-and session affinity) leave a replica paused until a request can leave it.
+and session affinity; power of two choices by its two draws) leave a
+replica paused until a request can leave it.
 That must change no bit: the fleet with the bound is the fleet without it
 (and the reference fleet) per request, over engines where requests queue,
 are preempted, are rejected by admission control, with async scheduling and
@@ -54,7 +55,7 @@ CASES = {
 min_step, after = python_entry(C._min_step), python_entry(C._after)
 step_time, fill_decode_costs = python_entry(KL._step_time), python_entry(KL._fill_decode_costs)
 
-ROUTERS = ("jsq", "least_outstanding", "prefix_affinity", "session_affinity")
+ROUTERS = ("jsq", "least_outstanding", "prefix_affinity", "session_affinity", "power_of_two")
 
 
 def _run(sc, rep, router, nrep, staleness, latency, bound):

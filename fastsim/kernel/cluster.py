@@ -406,9 +406,12 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
 
 
 @njit_noalloc
-def _look_at(fb, r, n, full, t, what):
-    """Replica ``r`` advanced to ``t`` on its own records and observed."""
-    rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+def _look_at(fb, r, n, full, t, what, bound=False):
+    """Replica ``r`` advanced to ``t`` on its own records and observed;
+    ``bound``: not advanced while no request can have left it (`_departs`)."""
+    rc = 0
+    if not bound or t >= _departs(fb, r, n, _min_step(fb.rlat[r])):
+        rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
     _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
     return rc
 
@@ -529,7 +532,11 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     two = reads and live and router == ROUTER_POWER_OF_TWO
     reads = reads and not two
     # routers that read the requests in the system only: replicas left paused until a request can leave
-    bound = reads and _in_system_only(router) and fb.dep.size >= nrep
+    # (power of two choices compares the two drawn by that count)
+    bound = (reads or two) and (two or _in_system_only(router)) and fb.dep.size >= nrep
+    if two and bound:
+        for r in range(nrep):
+            _segments(fb, r, n)
     if reads:
         _queue_init(fb, nrep, n, what, bound)
     k_scrape = 0
@@ -550,9 +557,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                 return rc
         if two:
             a, b = _two_choices(fb.rstate, nrep)
-            rc = _look_at(fb, a, n, full, t, what)
+            rc = _look_at(fb, a, n, full, t, what, bound)
             if rc >= 0:
-                rc = _look_at(fb, b, n, full, t, what)
+                rc = _look_at(fb, b, n, full, t, what, bound)
             if rc < 0:
                 return rc
             r = _shorter(fb.load, a, b)

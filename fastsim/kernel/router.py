@@ -172,6 +172,7 @@ def _in_system_only(code):
     """Whether the router reads no more of a replica than its requests in
     the system (``LOAD_IN_SYSTEM``: join the shortest queue, least
     outstanding, prefix and session affinity), which change only when a
-    request is handed to it or leaves it (`cluster._departs`)."""
+    request is handed to it or leaves it (`cluster._departs`; power of two
+    choices, which reads the same, is looked at by its two draws)."""
     return (code == ROUTER_JSQ or code == ROUTER_LEAST_OUTSTANDING or code == ROUTER_PREFIX_AFFINITY
             or code == ROUTER_SESSION_AFFINITY)
