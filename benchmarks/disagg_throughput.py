@@ -6,12 +6,16 @@ Llama-3.1-8B's 128 KiB of KV a token) against one replica over as many
 requests a replication (target for 2P+4D: at least 0.5x; figures in
 benchmarks/HISTORY.md).
 
-    python benchmarks/disagg_throughput.py [--splits 2x4 1x1] [--requests 500] [--replications 4]
+    python benchmarks/disagg_throughput.py [--splits 2x4 1x1] [--requests 500] [--replications 4] [--cpu-time]
+
+``--cpu-time`` times the process's CPU time, not the wall clock (as
+`fleet_throughput.py`'s).
 """
 
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -40,15 +44,18 @@ def main():
     ap.add_argument("--replications", type=int, default=4)
     ap.add_argument("--per", choices=["decode", "all"], default="decode",
                     help="the rate: the reference rate times D (decode) or times P + D (all)")
+    ap.add_argument("--cpu-time", action="store_true", help="time the process's CPU time, not the wall clock")
     args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     fastsim.replicate(disagg_scenario(1, 1, 10), n_replications=2, seed=0)   # compile
     for split in args.splits:
         p, d = (int(x) for x in split.split("x"))
         n = args.requests * (p + d)
-        one = requests_per_second(reference_workload(n), args.replications)
+        one = requests_per_second(reference_workload(n), args.replications, clock=clock)
         print(f"one replica, {n} requests: {one:,.0f} req/s")
         for router in args.routers:
-            rate = requests_per_second(disagg_scenario(p, d, args.requests, router, args.per), args.replications)
+            rate = requests_per_second(disagg_scenario(p, d, args.requests, router, args.per), args.replications,
+                                       clock=clock)
             print(f"  {p}P{d}D, {router}: {rate:,.0f} req/s = {rate / one:.2f}x")
 
 

@@ -6,7 +6,8 @@ state (`router`): each replica is advanced to the arrival's time (a paused
 replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
 can change by then are called, taken from an event queue of due times,
 `_look_due`; power of two choices looks at the two replicas it draws
-only), or, with a stale view
+only; a router that reads requests in the system only leaves a replica
+paused until a request can leave it, `_departs`), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
@@ -32,18 +33,23 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
+from .arrivals import _arrival_status
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
-                     FL_STALENESS, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING,
-                     LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR, ROUTER_POWER_OF_TWO, _COL)
+                     FL_STALENESS, I_BLOCK_SIZE, I_HAS_DELAY, I_MAX_CONCURRENCY, I_NUM_GPU_BLOCKS, I_SESSIONS,
+                     I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE, L_PREFILL, L_SWAP,
+                     LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR,
+                     ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
-from .router import _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
-from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_HELD, RI_DIM_CAP, RI_DIM_NBT, RI_FREE, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED,
-                        RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH, WF_FIRST, WF_HEAD, WI_HEAD, WI_NPRE,
-                        WI_NSWAP, WI_STATUS)
+from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
+from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
+                        RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
+                        RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
+                        RI_RUN_LEN, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY, WI_HEAP_SIZE,
+                        WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _int_sizes)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
@@ -58,11 +64,20 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_N_
 #: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``); each replica's float and
 #: latency records (``rfp``, ``rlat``, as ``rip``) and its workspace's
 #: entries (``size[r]``: int, float; the rows' widths in a uniform fleet).
+#: Appended: for the routers that read requests in the system only
+#: (`router._in_system_only`), each replica's departure bound (``dep[r]``:
+#: no request leaves it before then, `_departs`; an empty ``dep`` turns
+#: the bound off) and where its running lists start in its row (``seg[r,
+#: SEG_*]``, `_segments`).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
-                                           "table", "rstate", "due", "ev", "rfp", "rlat", "size"))
+                                           "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg"))
+
+# The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row).
+SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS = range(4)
+N_SEG = 4
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _rows(fb, r):
     """Replica ``r``'s workspace: its rows' first ``size[r]`` entries."""
     return fb.wi[r][:fb.size[r, 0]], fb.wf[r][:fb.size[r, 1]]
@@ -86,20 +101,20 @@ def _advance(fb, r, n, fpar, lat, full, t, what):
     return _call(fb, r, n, fpar, lat, full, t, what)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _ri(fb, r, k):
     """Replica ``r``'s integer scalar ``k`` (`workspace.RI_*`: the last
     ``N_RI`` entries of its workspace), read in place."""
     return fb.wi[r, fb.size[r, 0] - N_RI + k]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _rf(fb, r, k):
     """Replica ``r``'s float scalar ``k`` (`workspace.RF_*`), read in place."""
     return fb.wf[r, fb.size[r, 1] - N_RF + k]
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _observe(fb, r, nblk, t=np.inf):
     """Replica ``r``'s state at ``t`` into the router's view: requests in the
     system (handed and not yet gone), waiting (queued, swapped, or handed and
@@ -118,13 +133,18 @@ def _observe(fb, r, nblk, t=np.inf):
 
 
 @njit_noalloc
-def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
+def _look(fb, nrep, n, fpar, lat, full, t, nblk, what, bound=False):
     """Every replica advanced to ``t`` and observed; returns the first
-    negative code of `_simulate`, else 0."""
+    negative code of `_simulate`, else 0. ``bound``: for a router that
+    reads requests in the system only (`router._in_system_only`), a replica
+    from which no request can have left by ``t`` (`_departs`) is observed
+    as it stands (its rows of ``fb.seg`` set up, `_segments`)."""
+    dmin = _min_step(lat) if bound else 0.0
     for r in range(nrep):
-        rc = _advance(fb, r, n, fpar, lat, full, t, what)
-        if rc < 0:
-            return rc
+        if not bound or t >= _departs(fb, r, n, dmin):
+            rc = _advance(fb, r, n, fpar, lat, full, t, what)
+            if rc < 0:
+                return rc
         _observe(fb, r, nblk, t)
     return 0
 
@@ -136,7 +156,7 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what):
 # rule by which `_advance` skips a call, as a time, so each look advances
 # exactly the replicas `_look` would.
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _due(fb, r, what, t=np.inf):
     """The first time at which advancing replica ``r`` (`_advance`, with
     ``what``) can change it: never (``inf``) while it has nothing known
@@ -156,7 +176,129 @@ def _due(fb, r, what, t=np.inf):
     return -np.inf
 
 
+# The departure bound: a router that reads only each replica's requests in
+# the system (`router._in_system_only`: JSQ, least outstanding, prefix and
+# session affinity) sees a replica change only when a request leaves it (a
+# completion, a rejection at ingestion) or is handed to it. A request with
+# m tokens still to emit leaves after m more steps that emit one each, and
+# no step is shorter than `_min_step`; so until the earliest such time
+# (`_departs`) advancing the replica cannot change what the router reads,
+# and it is left paused (a replica advanced later, in fewer calls, gives the
+# same bits). Where the rule cannot say (abandonment, closed loops, static
+# batches, async scheduling's finished requests held, a rejection that
+# admission control may still make), the bound is -inf: the event queue's
+# due time alone decides, as for the other routers.
+
+@njit_noalloc(inline="llvm")
+def _min_step(lat):
+    """A lower bound of every step's duration under the latency record
+    ``lat`` (`latency._step_time`: the base plus terms that are not
+    negative, or 0.0 where the record allows a shorter step: per-step
+    noise, a negative coefficient). A change of the step-time model must
+    keep this a lower bound (tests/test_fleet_speed.py checks it)."""
+    if lat[L_NOISE] != 0.0:
+        return 0.0
+    if lat[L_DECODE_SCALE] < 0.0 or lat[L_PREFILL] < 0.0 or lat[L_CTX] < 0.0 or lat[L_SWAP] < 0.0:
+        return 0.0
+    return max(lat[L_BASE], 0.0)
+
+
+@njit_noalloc(inline="llvm")
+def _after(c, m, dmin):
+    """No earlier than ``m`` steps of at least ``dmin`` after ``c`` (>= 0),
+    as the engine's clock sums them in floating point: each sum rounds down
+    by at most a unit roundoff of itself, so the bound is shrunk by
+    ``m + 8`` of them (and the bound's own arithmetic)."""
+    if m <= 0 or dmin <= 0.0:
+        return c
+    return (c + m * dmin) * (1.0 - (m + 8) * 2.3e-16)
+
+
 @njit_noalloc
+def _segments(fb, r, n):
+    """Where replica ``r``'s running list, completion heap and other
+    running requests start in its row of ``fb.wi`` (the layout of
+    `workspace._int_sizes` for its dimensions, set up): ``fb.seg[r]``."""
+    w = fb.wi[r]
+    b = fb.size[r, 0] - N_RI
+    si = _int_sizes(n, fb.rip[r, I_BLOCK_SIZE], w[b + RI_DIM_CAP], w[b + RI_DIM_NCNT], w[b + RI_DIM_NHELD],
+                    w[b + RI_DIM_NITL], w[b + RI_DIM_NBP], w[b + RI_DIM_NBT])
+    o = 0
+    k = 0
+    for x in si:
+        if k == WI_RUN:
+            fb.seg[r, SEG_RUN] = o
+        elif k == WI_HEAP_KEY:
+            fb.seg[r, SEG_HEAP_KEY] = o
+        elif k == WI_HEAP_SIZE:
+            fb.seg[r, SEG_HEAP_SIZE] = o
+        elif k == WI_OTHERS:
+            fb.seg[r, SEG_OTHERS] = o
+        o += x
+        k += 1
+
+
+@njit_noalloc(inline="llvm")
+def _departs(fb, r, n, dmin):
+    """The earliest time at which a request can leave replica ``r`` (paused,
+    with the requests handed to it so far), ``inf`` if none is in it, or
+    ``-inf`` where the rule cannot say (see above). Each request counts
+    from where its next token-emitting step can end: the step in flight's
+    end (its requests may emit there), else the replica's clock; a request
+    handed and not yet taken in from its arrival, if admission cannot
+    reject it (its bound in the system and KV reserved are at most what
+    they are now plus the requests handed before it). ``dmin``: the
+    replica's shortest step (`_min_step`)."""
+    ipar = fb.rip[r]
+    if (ipar[I_HAS_DELAY] == 1 or ipar[I_MAX_CONCURRENCY] > 0 or ipar[I_SESSIONS] != 0 or ipar[I_STATIC] == 1
+            or _ri(fb, r, RI_N_HELD) > 0):
+        return -np.inf
+    w = fb.wi[r]
+    b = fb.size[r, 0] - N_RI
+    mode = w[b + RI_MODE]
+    flight = mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP
+    c = _rf(fb, r, RF_STEP_END) if flight else _rf(fb, r, RF_CLOCK)
+    k = -1 if flight else 0   # (in flight: its end is the first step's)
+    n_run, n_wait, n_sw = w[b + RI_N_RUN], w[b + RI_N_WAIT], w[b + RI_N_SWAPPED]
+    d = np.inf
+    if n_wait + n_sw > 0:   # (queued or swapped: a token each step at best)
+        d = _after(c, 1 + k, dmin)
+    seg = fb.seg[r]
+    if w[seg[SEG_HEAP_SIZE]] > 0:   # the lazy decoders: the first to complete (`decoders`)
+        d = min(d, _after(c, w[seg[SEG_HEAP_KEY]] - w[b + RI_FAST_STEPS] + k, dmin))
+    out = fb.rs_i[1, r]
+    if mode == MODE_SLOW_STEP:   # (its batch: the running list; else the lazy decoders and the others)
+        lst, m = seg[SEG_RUN], w[b + RI_RUN_LEN]
+    else:
+        lst, m = seg[SEG_OTHERS], w[b + RI_N_OTHERS]
+    for j in range(m):
+        q = w[lst + j]
+        if w[WI_STATUS * n + q] == ST_RUNNING:
+            d = min(d, _after(c, out[q] - w[WI_G * n + q] + k, dmin))
+    arr, prompt = fb.rs_a[r], fb.rs_i[0, r]
+    in_sys = n_run + n_wait + n_sw
+    reserved = w[b + RI_RESERVED]
+    for i in range(w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]):
+        if _arrival_status(prompt[i], out[i], ipar, in_sys, reserved) != ST_WAITING:
+            return -np.inf
+        in_sys += 1
+        reserved += prompt[i] + out[i]
+        d = min(d, _after(arr[i], out[i], dmin))
+    return d
+
+
+@njit_noalloc(inline="llvm")
+def _due_for(fb, r, n, what, t, bound):
+    """The replica's key in the event queue: `_due`, or with the departure
+    bound (``bound``) the later of it and `_departs`."""
+    d = _due(fb, r, what, t)
+    if bound:
+        fb.dep[r] = _departs(fb, r, n, _min_step(fb.rlat[r]))
+        return max(d, fb.dep[r])
+    return d
+
+
+@njit_noalloc(inline="llvm")
 def _sift_up(due, ev, nrep, k):
     """Move the replica at heap place ``k`` up to its place (by due time)."""
     r = ev[k]
@@ -172,7 +314,7 @@ def _sift_up(due, ev, nrep, k):
     ev[nrep + r] = k
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _sift_down(due, ev, nrep, k, size):
     """Move the replica at heap place ``k`` down to its place in a heap of ``size``."""
     r = ev[k]
@@ -193,13 +335,15 @@ def _sift_down(due, ev, nrep, k, size):
 
 
 @njit_noalloc
-def _queue_init(fb, nrep, what):
+def _queue_init(fb, nrep, n, what, bound):
     """Every replica (just set up) observed, due, and in the event queue;
-    none handed a request."""
+    none handed a request. ``bound``: with the departure bound (`_departs`)."""
     ev = fb.ev
     for r in range(nrep):
         _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
-        fb.due[r] = _due(fb, r, what)
+        if bound:
+            _segments(fb, r, n)
+        fb.due[r] = _due_for(fb, r, n, what, np.inf, bound)
         ev[r] = r
         ev[3 * nrep + r] = 0
     for k in range(nrep):
@@ -207,13 +351,13 @@ def _queue_init(fb, nrep, what):
     ev[4 * nrep] = 0
 
 
-@njit_noalloc
-def _queue_handed(fb, r, nrep, what):
+@njit_noalloc(inline="llvm")
+def _queue_handed(fb, r, nrep, n, what, bound):
     """Replica ``r`` was handed a request: its due time again, and marked to
     be observed at the router's next look."""
     ev = fb.ev
     old = fb.due[r]
-    fb.due[r] = _due(fb, r, what)
+    fb.due[r] = _due_for(fb, r, n, what, np.inf, bound)
     k = ev[nrep + r]
     if fb.due[r] < old:
         _sift_up(fb.due, ev, nrep, k)
@@ -226,7 +370,7 @@ def _queue_handed(fb, r, nrep, what):
 
 
 @njit_noalloc
-def _look_due(fb, nrep, n, full, t, what):
+def _look_due(fb, nrep, n, full, t, what, bound=False):
     """`_look` by the event queue, each replica on its own records: the
     replicas due at or before ``t`` advanced to ``t`` and observed, then
     those handed a request since the last look observed; returns the first
@@ -247,7 +391,7 @@ def _look_due(fb, nrep, n, full, t, what):
         if rc >= 0:
             rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
             _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
-            due[r] = _due(fb, r, what, t)
+            due[r] = _due_for(fb, r, n, what, t, bound)
             ev[3 * nrep + r] = 0
         _sift_up(due, ev, nrep, k)
     if rc < 0:
@@ -262,9 +406,12 @@ def _look_due(fb, nrep, n, full, t, what):
 
 
 @njit_noalloc
-def _look_at(fb, r, n, full, t, what):
-    """Replica ``r`` advanced to ``t`` on its own records and observed."""
-    rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+def _look_at(fb, r, n, full, t, what, bound=False):
+    """Replica ``r`` advanced to ``t`` on its own records and observed;
+    ``bound``: not advanced while no request can have left it (`_departs`)."""
+    rc = 0
+    if not bound or t >= _departs(fb, r, n, _min_step(fb.rlat[r])):
+        rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
     _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
     return rc
 
@@ -292,6 +439,8 @@ def _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
         fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
         for c in range(fb.load.shape[1]):
             fb.load[r, c] = 0.0
+        if fb.seg.shape[0] >= nrep:
+            _segments(fb, r, n)
     for g in range(fb.table.size):
         fb.table[g] = -1
     return 0
@@ -382,8 +531,14 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     # request is paused before its arrival, as `_hand` asks)
     two = reads and live and router == ROUTER_POWER_OF_TWO
     reads = reads and not two
+    # routers that read the requests in the system only: replicas left paused until a request can leave
+    # (power of two choices compares the two drawn by that count)
+    bound = (reads or two) and (two or _in_system_only(router)) and fb.dep.size >= nrep
+    if two and bound:
+        for r in range(nrep):
+            _segments(fb, r, n)
     if reads:
-        _queue_init(fb, nrep, what)
+        _queue_init(fb, nrep, n, what, bound)
     k_scrape = 0
     for i in range(n):
         t = arrival[i]
@@ -392,19 +547,19 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                 fb.rip[r, I_WARMUP] = _ri(fb, r, RI_N_KNOWN)
         if reads:
             if live:
-                rc = _look_due(fb, nrep, n, full, t, what)
+                rc = _look_due(fb, nrep, n, full, t, what, bound)
             else:
                 rc = 0
                 while rc == 0 and k_scrape * stale <= t:   # every scrape up to t, in turn
-                    rc = _look_due(fb, nrep, n, full, k_scrape * stale, what)
+                    rc = _look_due(fb, nrep, n, full, k_scrape * stale, what, bound)
                     k_scrape += 1
             if rc < 0:
                 return rc
         if two:
             a, b = _two_choices(fb.rstate, nrep)
-            rc = _look_at(fb, a, n, full, t, what)
+            rc = _look_at(fb, a, n, full, t, what, bound)
             if rc >= 0:
-                rc = _look_at(fb, b, n, full, t, what)
+                rc = _look_at(fb, b, n, full, t, what, bound)
             if rc < 0:
                 return rc
             r = _shorter(fb.load, a, b)
@@ -419,7 +574,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         fb.owner[i] = r
         fb.local[i] = j
         if reads:
-            _queue_handed(fb, r, nrep, what)
+            _queue_handed(fb, r, nrep, n, what, bound)
     for r in range(nrep):
         rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
@@ -513,7 +668,8 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups):
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
-                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size)
+                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(nrep),
+                        np.empty((nrep, N_SEG), np.int64))
 
 
 # ------------------------------------------------------------------------------
@@ -548,13 +704,14 @@ def fill_records(fb, ipars, fpars, lats, sizes):
 
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
-                          key0=0, key1=0, rep=0):
+                          key0=0, key1=0, rep=0, bound=True):
     """Simulate a fleet over one given request stream; return per-request
     results (as `drivers.simulate_stream`'s, by the fleet's request index,
     then the replica of each request), the metrics row and the load-balance
     row (`layout.FLEET_COLUMNS`). ``ipar``, ``fpar``, ``lat``: one
     replica's records (identical replicas) or a row per replica (a mixed
-    fleet)."""
+    fleet). ``bound=False`` turns the departure bound off (`_departs`: the
+    same bits, more calls; for tests)."""
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
     from .workspace import _ws_need
@@ -566,6 +723,8 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
                      np.int64).reshape(nrep, 2)
     need_i, need_f = sizes.max(axis=0)
     fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
+    if not bound:
+        fb = fb._replace(dep=np.empty(0))
     fill_records(fb, ipars, fpars, lats, sizes)
     rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
                               np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)

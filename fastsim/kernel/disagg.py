@@ -38,7 +38,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
 from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
-from .router import _needs_state, _reads_kv, _route
+from .router import _in_system_only, _needs_state, _reads_kv, _route
 from .workspace import (N_RI, RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
@@ -191,7 +191,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if reads:
-            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, nblk, what)
+            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, nblk, what, _in_system_only(router_d))
             if rc < 0:
                 return rc
         d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)

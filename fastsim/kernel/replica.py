@@ -80,6 +80,8 @@ from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
                         RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN,
+                        WF_FINISH, WF_FIRST, WF_KEY, WF_LAST, WI_BLOCKS, WI_G, WI_K, WI_NPRE, WI_STATUS,
+                        _key_offset, _sched_offset,
                         RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
@@ -1475,6 +1477,10 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
         return -3
     arrival[i], prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i] = a, p, o, c, q, grp, lp
     bs = ipar[I_BLOCK_SIZE]
+    if full is None:   # (the common engine: its columns written in place, no views carved; a fleet hands often)
+        _hand_common(n, ipar, fpar, wi, wf, i, a, c, q)
+        ri[RI_N_KNOWN] = i + 1
+        return i
     dims = (n, bs, ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_NBP],
             ri[RI_DIM_NBT])
     stream = Stream(arrival, prompt, output, prio, sjfk, pgrp, plen)
@@ -1501,6 +1507,35 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
             cache.pool.ncached[i] = 0
     ri[RI_N_KNOWN] = i + 1
     return i
+
+
+@njit_noalloc
+def _hand_common(n, ipar, fpar, wi, wf, i, a, c, q):
+    """`_hand`'s set-up of request ``i`` (arrival ``a``, priority class
+    ``c``, SJF key ``q``) for the common engine, in the workspace's columns
+    themselves: the same entries as through `_carve`'s views, at the
+    offsets of the layout (`workspace._sched_offset`, `_key_offset`)."""
+    ri = wi[wi.size - N_RI:]
+    cap, nitl = ri[RI_DIM_CAP], ri[RI_DIM_NITL]
+    wi[WI_STATUS * n + i] = ST_PENDING
+    wi[WI_K * n + i] = 0
+    wi[WI_G * n + i] = 0
+    wi[WI_BLOCKS * n + i] = 0
+    wi[WI_NPRE * n + i] = 0
+    o = _sched_offset(n, ipar[I_BLOCK_SIZE], cap, ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], nitl, ri[RI_DIM_NBP],
+                      ri[RI_DIM_NBT])
+    wi[o + i] = 0       # sched
+    wi[o + n + i] = 0   # ever (the segment after it, n entries)
+    wf[WF_FIRST * n + i] = np.nan
+    wf[WF_LAST * n + i] = np.nan
+    wf[WF_FINISH * n + i] = np.nan
+    policy = ipar[I_POLICY]
+    has_aging = ipar[I_HAS_AGING] == 1
+    if policy != POLICY_FCFS or has_aging or ipar[I_PRIO_PREEMPT] == 1:   # (as `_init_requests`)
+        o = _key_offset(n, cap, nitl)
+        wf[o + i] = float(c) if policy == POLICY_PRIORITY else float(q)
+        if has_aging:
+            wf[o + i] = wf[o + i] + a / fpar[F_AGING]
 
 
 @njit_noalloc

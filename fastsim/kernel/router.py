@@ -165,3 +165,14 @@ def _reads_kv(code):
     """Whether the router reads the replicas' KV cache (which grows inside a
     stretch of pure decode steps: the replicas then run step by step)."""
     return code == ROUTER_LEAST_KV
+
+
+@njit_noalloc
+def _in_system_only(code):
+    """Whether the router reads no more of a replica than its requests in
+    the system (``LOAD_IN_SYSTEM``: join the shortest queue, least
+    outstanding, prefix and session affinity), which change only when a
+    request is handed to it or leaves it (`cluster._departs`; power of two
+    choices, which reads the same, is looked at by its two draws)."""
+    return (code == ROUTER_JSQ or code == ROUTER_LEAST_OUTSTANDING or code == ROUTER_PREFIX_AFFINITY
+            or code == ROUTER_SESSION_AFFINITY)

@@ -200,6 +200,19 @@ def _take(o, size):
     return slice(o, o + size), o + size
 
 
+@njit_noalloc(inline="llvm")
+def _sched_offset(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
+    """Where segment ``WI_SCHED`` of ``wi`` starts (`_int_sizes`' layout;
+    ``WI_EVER`` follows it, ``n`` entries on)."""
+    return _total(_int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)[:WI_SCHED])
+
+
+@njit_noalloc(inline="llvm")
+def _key_offset(n, cap, nitl):
+    """Where segment ``WF_KEY`` of ``wf`` starts (`_float_sizes`' layout)."""
+    return _total(_float_sizes(n, cap, nitl)[:WF_KEY])
+
+
 @njit_noalloc
 def _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
     """The workspace sizes (int64 entries, float64 entries) from the dimensions `_ws_dims` gives."""
@@ -236,7 +249,7 @@ Scalars = namedtuple("Scalars", ("ri", "rf"))
 Stream = namedtuple("Stream", ("arrival", "prompt", "output", "prio", "sjfk", "pgrp", "plen"))
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _carve(stream, dims, wi, wf):
     """The engine's views (`Requests`, `Batch`, `Decoders`, `Swap`,
     `PrefixCache`, `Record`, `Scalars`) of the workspace ``wi``/``wf`` for

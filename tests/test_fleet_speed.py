@@ -1,0 +1,127 @@
+"""The fleet's departure bound (`kernel.cluster._departs`): routers that read
+only each replica's requests in the system (JSQ, least outstanding, prefix
+and session affinity; power of two choices by its two draws) leave a
+replica paused until a request can leave it.
+That must change no bit: the fleet with the bound is the fleet without it
+(and the reference fleet) per request, over engines where requests queue,
+are preempted, are rejected by admission control, with async scheduling and
+caching by block hash on and off. The bound rests on `_min_step` being a
+lower bound of every step's duration, checked here against the step-time
+model itself. (The speed is measured by benchmarks/fleet_kernel.py and
+benchmarks/fleet_throughput.py, figures in benchmarks/HISTORY.md.)"""
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import kernel as K
+from fastsim._numba_options import python_entry
+from fastsim._replicate import pack_scenario
+from fastsim.kernel import cluster as C
+from fastsim.kernel import latency as KL
+from test_fleet_reference import _agree, _fleet_record
+from test_replica import LAT, _stream
+
+#: vLLM 0.22's switches, stated (the defaults are about to change), on and off.
+V1_ON = dict(async_scheduling=True, scheduler_reserve_full_isl=True, null_block=True)
+V1_OFF = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False)
+NO_CACHE = dict(enable_prefix_caching=False, block_hash_caching=False)
+HASH = dict(enable_prefix_caching=True, block_hash_caching=True)
+
+
+def _scenario(v1, cache, **engine):
+    eng = dict(max_num_seqs=6, num_gpu_blocks=90, max_num_batched_tokens=256)
+    eng.update(engine)
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(**v1, **cache, **eng),
+        workload=fastsim.Workload(arrival_rate=14.0, num_requests=120, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(1, 160), prefix_groups=4, prefix_len=64),
+        latency=LAT)
+
+
+CASES = {
+    # queues and preemptions (tight KV), no admission control
+    "tight-sync": _scenario(V1_OFF, NO_CACHE),
+    "tight-async": _scenario(V1_ON, NO_CACHE),
+    # admission control rejects at ingestion: the bound must not pass over a rejection
+    "kv-reservation-sync": _scenario(V1_OFF, NO_CACHE, admission="kv_reservation"),
+    "kv-reservation-async": _scenario(V1_ON, NO_CACHE, admission="kv_reservation"),
+    "queue-limit": _scenario(V1_OFF, NO_CACHE, admission="queue_limit", max_waiting=2),
+    # the full engine: caching by block hash, shared prefixes (slow steps), both ways
+    "block-hash-sync": _scenario(V1_OFF, HASH),
+    "block-hash-async": _scenario(V1_ON, HASH),
+}
+
+min_step, after = python_entry(C._min_step), python_entry(C._after)
+step_time, fill_decode_costs = python_entry(KL._step_time), python_entry(KL._fill_decode_costs)
+
+ROUTERS = ("jsq", "least_outstanding", "prefix_affinity", "session_affinity", "power_of_two")
+
+
+def _run(sc, rep, router, nrep, staleness, latency, bound):
+    stream, p = _stream(sc, rep)
+    return C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(staleness, latency),
+                                   K.ROUTER_CODES[router], nrep, 11, 12, 3, bound=bound)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_departure_bound_changes_no_bit(name, router):
+    sc = CASES[name]
+    statuses = set()
+    for rep, (nrep, staleness, latency) in enumerate(((3, 0.0, 0.0), (4, 0.3, 0.0), (2, 0.0, 0.01))):
+        on = _run(sc, rep, router, nrep, staleness, latency, True)
+        off = _run(sc, rep, router, nrep, staleness, latency, False)
+        for x, y in zip(on, off):
+            assert np.array_equal(x, y, equal_nan=True)
+        statuses |= set(on[0].tolist())
+    if name.startswith("kv-reservation") or name == "queue-limit":
+        assert K.ST_REJECTED_ADMISSION in statuses   # (the case the bound must not pass over happened)
+
+
+@pytest.mark.parametrize("name", ["tight-sync", "tight-async", "kv-reservation-sync", "block-hash-sync"])
+def test_the_bounded_fleet_is_the_reference_fleet(name):
+    sc = CASES[name]
+    for rep, (nrep, staleness, latency) in enumerate(((3, 0.0, 0.0), (4, 0.3, 0.01))):
+        stream, p = _stream(sc, rep)
+        _agree(sc, stream, p, "jsq", nrep, staleness, latency)
+
+
+def test_min_step_is_a_lower_bound_of_every_step():
+    """`_min_step` against `latency._step_time` over many batch compositions,
+    for deterministic models (with per-run effects drawn) and 0.0 with
+    per-step noise."""
+    rng = np.random.default_rng(0)
+    models = [LAT, fastsim.LatencyModel.default(), fastsim.LatencyModel(base_s=0.01, decode_scale_s=0.0,
+                                                                         decode_alpha=1.0)]
+    for model in models:
+        sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=64, **V1_OFF, **NO_CACHE),
+                              workload=fastsim.Workload(num_requests=10), latency=model)
+        p = pack_scenario(sc)
+        for rep in range(3):
+            lat, _fpar = K.run_records(p["lat"], p["fpar"], 5, 6, rep)
+            dmin = min_step(lat)
+            assert dmin > 0.0
+            dec = np.empty(65)
+            fill_decode_costs(lat, dec)
+            for _ in range(300):
+                nd, npf, nctx, nsw = (int(x) for x in rng.integers(0, [65, 5000, 200000, 50]))
+                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0) >= dmin
+    noisy = np.array(pack_scenario(sc)["lat"])
+    noisy[K.L_NOISE] = 1.0
+    assert min_step(noisy) == 0.0
+
+
+def test_after_is_below_the_clock_sums():
+    """`_after` against the sums the engine's clock makes, step by step, of
+    steps exactly ``dmin`` long (the tightest case), from large clocks."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        c = float(rng.uniform(0, 1e6))
+        d = float(rng.uniform(1e-4, 0.05))
+        m = int(rng.integers(1, 3000))
+        t = c
+        for _k in range(m):
+            t += d
+        assert after(c, m, d) <= t
+        assert after(c, m, d) <= c + m * d
