@@ -104,7 +104,7 @@ def test_blocking_without_admission_control_is_the_too_long_fraction():
     """With admission="none" only requests that never fit (here: longer than
     max_model_len) are refused, in every state: the simulation's estimate of
     their fraction must cover the prediction."""
-    sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=16, max_model_len=600),
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(max_num_seqs=16, max_model_len=600, **SYNC),
                           workload=fastsim.Workload(arrival_rate=1.0, num_requests=400,
                                                     prompt_len=fastsim.LogNormal(median=200, sigma=0.8),
                                                     output_len=fastsim.LogNormal(median=100, sigma=0.8)))
@@ -268,7 +268,8 @@ def test_ctmc_scenario_loss_system_is_erlang_b():
     # one block per request (P + O = block_size), more slots than blocks, constant steps:
     # the scenario's chain is Erlang's loss system with service O * step
     sc = fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=4, block_size=16, admission="kv_reservation"),
+        engine=fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=4, block_size=16, admission="kv_reservation",
+                                    **SYNC),
         workload=fastsim.Workload(arrival_rate=25.0, num_requests=2000, prompt_len=fastsim.Fixed(8),
                                   output_len=fastsim.Fixed(8)),
         latency=fastsim.LatencyModel.constant(0.01))
@@ -325,7 +326,7 @@ def test_ctmc_needs_kv_reservation():
 
 def test_auto_model_picks_the_joint_chain_for_kv_reservation():
     sc = fastsim.Scenario(
-        engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=256, admission="kv_reservation"),
+        engine=fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=256, admission="kv_reservation", **SYNC),
         workload=fastsim.Workload(arrival_rate=2.0, prompt_len=fastsim.LogNormal(256, 0.55),
                                   output_len=fastsim.LogNormal(128, 0.7)))
     auto = predict(sc)["estimate"]
