@@ -42,27 +42,36 @@ MEMBERS = [
 SWAP = (fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=30, preemption_mode="swap", swap_space_blocks=20), LAT)
 
 
-def _records(members, rep):
+def _records(members, rep, base=BASE):
     """The fleet's stream (the base scenario's) and a record row per replica."""
-    p = pack_scenario(BASE)
+    p = pack_scenario(base)
     stream = K.draw_workload(rep, 11, 12, *K.scenario_arrays(p, lat=False))
-    packs = [pack_scenario(BASE.replace(engine=e, latency=lat)) for e, lat in members]
+    packs = [pack_scenario(base.replace(engine=e, latency=lat)) for e, lat in members]
     return stream, [np.array([q[k] for q in packs]) for k in ("ipar", "fpar", "lat")]
 
 
-def _agree(members, rep, router, staleness, latency):
-    stream, (ipars, fpars, lats) = _records(members, rep)
+def _compare(stream, records, members, rep, router, staleness, latency, base):
+    """The kernel fleet on ``records`` against the reference fleet of
+    ``members``, request by request, bit for bit; the kernel's owners,
+    preemptions and first-token times."""
+    ipars, fpars, lats = records
     nrep = len(members)
     st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
         *stream, ipars, fpars, lats, _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep, 11, 12, rep)
     ref = simulate_fleet_reference(*stream, [e for e, _ in members], [lat for _, lat in members], nrep, router,
-                                   horizon_s=BASE.workload.horizon_s, staleness_s=staleness,
+                                   horizon_s=base.workload.horizon_s, staleness_s=staleness,
                                    routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, rep))
     assert np.array_equal(owner, ref["replica"])
     assert np.array_equal(st, _kernel_status(ref["status"]))
     assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
     assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
     assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+    return owner, npre, first
+
+
+def _agree(members, rep, router, staleness, latency, base=BASE):
+    stream, records = _records(members, rep, base)
+    owner, npre, _ = _compare(stream, records, members, rep, router, staleness, latency, base)
     return owner, npre
 
 

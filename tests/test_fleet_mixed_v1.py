@@ -21,10 +21,10 @@ import pytest
 
 import fastsim
 from fastsim import kernel as K
-from fastsim._reference_cluster import ROUTERS, simulate_fleet_reference
-from fastsim._replicate import pack_scenario
+from fastsim._reference_cluster import ROUTERS
 from fastsim.kernel import cluster as C
-from test_fleet_reference import _fleet_record, _kernel_status
+from test_fleet_mixed import _agree as _base_agree, _compare, _records as _base_records
+from test_fleet_reference import _fleet_record
 
 LAT = fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3, prefill_per_token_s=3e-5,
                            ctx_per_token_s=2e-7)
@@ -63,27 +63,11 @@ FLEETS = [
 
 
 def _records(members, rep):
-    """The fleet's stream (the base scenario's) and a record row per replica."""
-    p = pack_scenario(BASE)
-    stream = K.draw_workload(rep, 11, 12, *K.scenario_arrays(p, lat=False))
-    packs = [pack_scenario(BASE.replace(engine=e, latency=lat)) for e, lat in members]
-    return stream, [np.array([q[k] for q in packs]) for k in ("ipar", "fpar", "lat")]
+    return _base_records(members, rep, BASE)
 
 
 def _agree(members, rep, router, staleness, latency):
-    stream, (ipars, fpars, lats) = _records(members, rep)
-    nrep = len(members)
-    st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
-        *stream, ipars, fpars, lats, _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep, 11, 12, rep)
-    ref = simulate_fleet_reference(*stream, [e for e, _ in members], [lat for _, lat in members], nrep, router,
-                                   horizon_s=BASE.workload.horizon_s, staleness_s=staleness,
-                                   routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, rep))
-    assert np.array_equal(owner, ref["replica"])
-    assert np.array_equal(st, _kernel_status(ref["status"]))
-    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
-    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
-    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
-    return owner, npre
+    return _base_agree(members, rep, router, staleness, latency, BASE)
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -166,17 +150,7 @@ def _run_records(members, rep):
 
 def _agree_noisy(members, rep, router, staleness=0.0, latency=0.0):
     stream, ipars, fpars, lats = _run_records(members, rep)
-    nrep = len(members)
-    st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
-        *stream, ipars, fpars, lats, _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep, 11, 12, rep)
-    ref = simulate_fleet_reference(*stream, [e for e, _ in members], [lat for _, lat in members], nrep, router,
-                                   horizon_s=BASE.workload.horizon_s, staleness_s=staleness,
-                                   routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, rep))
-    assert np.array_equal(owner, ref["replica"])
-    assert np.array_equal(st, _kernel_status(ref["status"]))
-    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
-    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
-    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+    owner, _, first = _compare(stream, (ipars, fpars, lats), members, rep, router, staleness, latency, BASE)
     return owner, first
 
 
