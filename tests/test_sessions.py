@@ -118,6 +118,30 @@ def test_preemptions_happen_in_the_tight_case():
     assert sum(run(sc, replication=r)["num_preemptions"].sum() for r in range(4)) > 0
 
 
+def check_conversations(sc, out):
+    """Every turn sent is accounted once (none beyond num_requests), in
+    arrival order; each session's turns extend its conversation and go on
+    only after a completed turn; returns each session's gaps between a
+    turn's last token and its next turn's send."""
+    assert len(out) <= sc.workload.num_requests
+    left = ["completed", "rejected_too_long", "rejected_admission", "dropped"]
+    # (a horizon leaves what is in the system unfinished; all sent before it)
+    if sc.workload.horizon_s is not None:
+        left.append("unfinished")
+        assert (out["arrival_s"] < sc.workload.horizon_s).all()
+    assert out["status"].isin(left).all()
+    assert (np.diff(out["arrival_s"]) >= 0).all()
+    gaps = []
+    for _, s in out.groupby("session"):
+        p, o = s["prompt_len"].to_numpy(), s["output_len"].to_numpy()
+        assert (p[1:] - p[:-1] - o[:-1] >= 1).all()
+        assert (s["status"].to_numpy()[:-1] == "completed").all()
+        gap = s["arrival_s"].to_numpy()[1:] - s["finish_s"].to_numpy()[:-1]
+        assert (gap >= 0).all()
+        gaps.append(gap)
+    return gaps
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_conservation_and_the_conversation(name):
     """Every turn sent is accounted once; a turn's prompt is its session's
@@ -128,19 +152,7 @@ def test_conservation_and_the_conversation(name):
     for rep in range(2):
         draws = fastsim.sample_requests(sc, seed=7, replication=rep)
         out = fastsim.simulate_requests(sc, draws)
-        assert len(out) <= sc.workload.num_requests
-        left = ["completed", "rejected_too_long", "rejected_admission", "dropped"]
-        # (a horizon leaves what is in the system unfinished; all sent before it)
-        if sc.workload.horizon_s is not None:
-            left.append("unfinished")
-            assert (out["arrival_s"] < sc.workload.horizon_s).all()
-        assert out["status"].isin(left).all()
-        assert (np.diff(out["arrival_s"]) >= 0).all()
-        for _, s in out.groupby("session"):
-            p, o = s["prompt_len"].to_numpy(), s["output_len"].to_numpy()
-            assert (p[1:] - p[:-1] - o[:-1] >= 1).all()
-            assert (s["status"].to_numpy()[:-1] == "completed").all()
-            assert (s["arrival_s"].to_numpy()[1:] >= s["finish_s"].to_numpy()[:-1]).all()
+        check_conversations(sc, out)
         mml = sc.engine.max_model_len
         if mml is not None:
             too_long = out["status"] == "rejected_too_long"
