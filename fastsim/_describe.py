@@ -41,8 +41,20 @@ def describe_engine(engine) -> str:
     return f"num_gpu_blocks={engine.num_gpu_blocks} ({engine.kv_capacity_tokens} KV tokens)"
 
 
+def describe_rules(engine) -> str:
+    """Which of vLLM V1's rules the engine has on, in words."""
+    on = [label for name, label in (("async_scheduling", "async scheduling"),
+                                    ("scheduler_reserve_full_isl", "the full-input gate"),
+                                    ("null_block", "the null block")) if getattr(engine, name)]
+    if engine.enable_prefix_caching:
+        on.append("prefix caching by block hash" if engine.block_hash_caching else "the prefix-group cache")
+    if len(on) == 4 and engine.block_hash_caching:
+        return "vLLM 0.22's serving defaults (" + ", ".join(on) + ")"
+    return "V1 rules on: " + (", ".join(on) if on else "none (the synchronous loop)")
+
+
 def describe_scenario(scenario) -> str:
-    """One paragraph: the engine's KV capacity and where the step-time model comes from."""
+    """One paragraph: the engine's KV capacity, its vLLM V1 rules and where the step-time model comes from."""
     e = scenario.engine
     return (f"engine: max_num_seqs={e.max_num_seqs}, max_num_batched_tokens={e.max_num_batched_tokens}, "
-            f"{describe_engine(e)}; latency: {describe_latency(scenario.latency)}")
+            f"{describe_engine(e)}; {describe_rules(e)}; latency: {describe_latency(scenario.latency)}")

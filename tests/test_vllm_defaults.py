@@ -115,3 +115,13 @@ def test_the_default_engine_is_the_reference_bit_for_bit():
     assert fast["num_preemptions"].sum() > 0
     sync = fastsim.simulate_requests(sc.replace(**{f"engine.{k}": v for k, v in SYNC.items()}), stream)
     assert not fast["first_token_s"].equals(sync["first_token_s"])   # the rules are on: the times differ
+
+
+def test_the_scenario_says_which_rules_it_simulates():
+    assert "vLLM 0.22's serving defaults (async scheduling, the full-input gate, the null block, prefix caching " \
+           "by block hash)" in fastsim.Scenario().describe()
+    sync = fastsim.Scenario(engine=EngineConfig.synchronous())
+    assert "V1 rules on: none (the synchronous loop)" in sync.describe()
+    assert switches(sync.engine) == dict.fromkeys(V1, False)
+    static = fastsim.Scenario(engine=EngineConfig(scheduler="static"))
+    assert "V1 rules on: the null block;" in static.describe()
