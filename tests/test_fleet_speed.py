@@ -106,7 +106,9 @@ def test_min_step_is_a_lower_bound_of_every_step():
             fill_decode_costs(lat, dec)
             for _ in range(300):
                 nd, npf, nctx, nsw = (int(x) for x in rng.integers(0, [65, 5000, 200000, 50]))
-                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0) >= dmin
+                npfs = int(rng.integers(0, min(npf, 64) + 1))          # sequences prefilling
+                pairs2 = float(rng.integers(0, npf * (npf + 1) + 1))   # twice their causal pairs
+                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0, pairs2, npfs) >= dmin
     noisy = np.array(pack_scenario(sc)["lat"])
     noisy[K.L_NOISE] = 1.0
     assert min_step(noisy) == 0.0
