@@ -224,8 +224,9 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     def look(t):
         for r in pol.held():
             reps[r].advance_until(t)
-            v = reps[r].view()   # (KV: blocks of the usable ones not free, as the kernel counts them)
-            views[r] = (v[0], v[1], v[2], reps[r].usable_blocks - reps[r].plain_free())
+            # (KV: blocks of the usable ones not free, as the kernel counts them; by block
+            # hash, cached blocks no request holds are free, as vLLM's usage counts them)
+            views[r] = reps[r].view()
 
     k, arrived = 1, 0
     owner, reqs = [], []

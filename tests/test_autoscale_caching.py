@@ -11,6 +11,7 @@ import pytest
 
 import fastsim
 from fastsim import kernel as K
+from fastsim._numba_options import python_version
 from fastsim._reference_autoscale import simulate_autoscaled_reference
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import autoscale as A
@@ -20,7 +21,7 @@ from fastsim.kernel.workspace import Stream, WF_FINISH, WF_FIRST, WI_CTOK, WI_ST
 
 #: Bursts, a lull (the fleet shrinks, replicas drain and leave), bursts again
 #: (new replicas start in the rows left).
-SCHEDULE = fastsim.RateSchedule(times=(0.0, 12.0, 30.0, 45.0), rates=(9.0, 0.3, 9.0, 9.0))
+SCHEDULE = fastsim.RateSchedule(times=(0.0, 12.0, 30.0, 45.0), rates=(12.0, 0.3, 12.0, 12.0))
 
 POLICY = dict(metric="queue_depth", target=0.5, interval_s=1.5, min_replicas=1, max_replicas=3,
               provisioning_delay_s=0.0, scale_in_cooldown_s=0.0, tolerance=0.0)
@@ -33,7 +34,7 @@ def _scenario(async_on, blocks=60):
                                block_hash_caching=True, async_scheduling=async_on,
                                scheduler_reserve_full_isl=async_on, null_block=True)
     wl = fastsim.Workload(rate_schedule=SCHEDULE, num_requests=260, prompt_len=fastsim.Uniform(40, 160),
-                          output_len=fastsim.Uniform(2, 40), prefix_groups=3, prefix_len=64)
+                          output_len=fastsim.Uniform(30, 250), prefix_groups=3, prefix_len=64)
     return fastsim.Scenario(engine=eng, workload=wl)
 
 
@@ -64,16 +65,20 @@ def _pool(fb, r, n, ipar):
     stream = Stream(fb.rs_a[r], rs[0, r], rs[1, r], rs[2, r], rs[3, r], rs[4, r], rs[5, r])
     dims = (np.int64(n), ipar[K.I_BLOCK_SIZE], ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL],
             ri[RI_DIM_NBP], ri[RI_DIM_NBT])
-    return _carve(stream, dims, w, fb.wf[r])[4].pool
+    pool = python_version(_carve)(stream, tuple(int(x) for x in dims), w, fb.wf[r])[4].pool
+    nb = int(ipar[K.I_NUM_GPU_BLOCKS])
+    seen, b = 0, pool.qnext[nb]   # the free-block queue, walked from its sentinel
+    while b != nb and seen <= nb:
+        seen, b = seen + 1, pool.qnext[b]
+    return int(pool.ref[:nb].sum()), seen
 
 
 def _restarts(windows):
     """Whether the fleet shrank and later grew again (rows reused: the
     lowest free rows are taken)."""
-    held = windows[:, K.W_SERVING] + windows[:, K.W_PROVISIONING]
-    low = np.minimum.accumulate(held)
-    return bool(np.any((held[1:] > low[:-1]) & (low[:-1] < held.max())
-                       & (np.arange(1, held.size) > int(np.argmax(held)))))
+    step = np.diff(windows[:, K.W_SERVING] + windows[:, K.W_PROVISIONING])
+    down = np.flatnonzero(step < 0)
+    return down.size > 0 and bool(np.any(step[down[0]:] > 0))
 
 
 @pytest.mark.parametrize("async_on", [False, True])
@@ -100,12 +105,7 @@ def test_kernel_is_the_reference_bit_for_bit_with_caching(async_on, router):
         assert (status == K.ST_COMPLETED).all() and status.size == stream[0].size
         nb = int(p["ipar"][K.I_NUM_GPU_BLOCKS])
         for r in range(policy["max_replicas"]):
-            pool = _pool(fb, r, stream[0].size, p["ipar"])
-            assert (pool.ref[:nb] == 0).all()
-            b, seen = pool.qnext[nb], 0   # the free-block queue holds every block
-            while b != nb:
-                seen, b = seen + 1, pool.qnext[b]
-            assert seen == nb
+            assert _pool(fb, r, stream[0].size, p["ipar"]) == (0, nb)   # none held, all queued (free)
     assert hits > 0   # shared prefixes do hit
 
 
@@ -158,7 +158,7 @@ def test_an_autoscaled_fleet_runs_with_vllm_defaults():
     sc = fastsim.Scenario(workload=wl, fleet=fastsim.Fleet(router="jsq", autoscaler=a))
     assert sc.engine.enable_prefix_caching and sc.engine.block_hash_caching and sc.engine.async_scheduling
     res = fastsim.replicate(sc, n_replications=2, seed=1)
-    hit = res.to_frame()["prefix_hit_rate"].to_numpy()
-    assert ((hit > 0) & (hit < 1)).all()   # the shared prefixes hit, the rest of each prompt does not
+    hit = res.to_frame().loc["prefix_hit_rate", "estimate"]
+    assert 0.0 < hit < 1.0   # the shared prefixes hit, the rest of each prompt does not
     with pytest.raises(ValueError, match="block_hash_caching must be True with an autoscaler"):
         fastsim.replicate(sc.replace(**{"engine.block_hash_caching": False}), n_replications=2, seed=0)
