@@ -8,7 +8,7 @@ it without, on the same workload with shared prefixes.
     python benchmarks/autoscale_throughput.py [--caching-only]
 """
 
-import sys, time
+import sys
 sys.path.insert(0, "benchmarks")
 import fastsim
 from benchmarks.bench_fleet import fleet_scenario, requests_per_second

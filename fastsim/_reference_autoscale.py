@@ -102,7 +102,7 @@ class _Policy:
     "Autoscaling fleets")."""
 
     def __init__(self, rows, metric, target, interval_s, min_replicas, max_replicas, delay_s, cooldown_s,
-                 initial, tolerance, spare, on_start=lambda r: None):
+                 initial, tolerance, spare, on_start=lambda r, tau: None):
         self.metric, self.target, self.interval = metric, target, interval_s
         self.lo, self.hi, self.delay, self.cooldown = min_replicas, max_replicas, delay_s, cooldown_s
         self.tolerance, self.spare = tolerance, spare
@@ -114,7 +114,7 @@ class _Policy:
         self.windows = []
         self.events = 0
         self.peak = min(initial, rows)
-        self.on_start = on_start   # (a replica starts in row r: a new server)
+        self.on_start = on_start   # (a replica starts in row r at tau: a new server)
 
     def count(self, which):
         return sum(1 for s in self.state if s == which)
@@ -161,7 +161,7 @@ class _Policy:
         if d > current:
             free = [r for r, s in enumerate(self.state) if s == OFF][:d - current]
             for r in free:
-                self.on_start(r)
+                self.on_start(r, tau)
                 self.state[r] = SERVING if self.delay == 0.0 else PROVISIONING
                 self.since[r], self.ready[r] = tau, tau + self.delay
             self.peak = max(self.peak, len(self.state) - self.count(OFF))
@@ -198,7 +198,8 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     ``finish_s``, ``num_preemptions``, ``num_tokens``, ``cached_tokens``,
     ``replica``: its row; a replica that starts in a row starts with a cold
     prefix cache), ``windows`` (the evaluations, `kernel.layout.WINDOW_COLUMNS` but
-    ``slo_met``), ``replica_s`` (replica-seconds held) and ``end_s``.
+    ``slo_met``), ``starts`` (each replica started after time 0: its time
+    and row), ``replica_s`` (replica-seconds held) and ``end_s``.
     """
     if router not in AUTOSCALE_ROUTERS:
         raise ValueError(f"router must be one of {AUTOSCALE_ROUTERS}, got {router!r}")
@@ -208,9 +209,12 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     initial = min_replicas if initial_replicas is None else initial_replicas
     reps = [_PausedReplica(engine, latency, horizon_s) for _ in range(rows)]
 
-    def cold(r):
+    starts = []
+
+    def cold(r, tau):
         # a new vLLM server's prefix cache is empty: the row's replica (holding no
         # request) gets a fresh block pool; its finished requests stay as they are
+        starts.append((tau, r))
         if reps[r].hashing:
             reps[r].pool = _BlockPool(engine.num_gpu_blocks, engine.null_block)
 
@@ -289,5 +293,6 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         "replica_s": float(sum(pol.held_s)),
         "end_s": end,
         "events": pol.events,
+        "starts": starts,
         "peak": pol.peak,
     }

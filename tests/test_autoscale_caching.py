@@ -16,8 +16,8 @@ from fastsim._reference_autoscale import simulate_autoscaled_reference
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import autoscale as A
 from fastsim.kernel import cluster as C
-from fastsim.kernel.workspace import N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL
-from fastsim.kernel.workspace import Stream, WF_FINISH, WF_FIRST, WI_CTOK, WI_STATUS, _carve, _ws_need
+from fastsim.kernel.workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD,
+                                      RI_DIM_NITL, WF_FINISH, WF_FIRST, WI_CTOK, WI_STATUS, Stream, _carve, _ws_need)
 
 #: Bursts, a lull (the fleet shrinks, replicas drain and leave), bursts again
 #: (new replicas start in the rows left).
@@ -121,32 +121,23 @@ def test_a_restarted_row_starts_with_a_cold_cache(async_on):
     owner, status, first, finish, ctok, fb, ab = _run_kernel(stream, p, "round_robin", POLICY)
     ref = simulate_autoscaled_reference(*stream, sc.engine, sc.latency, "round_robin", seed_keys=(11, 12, 3),
                                         **POLICY)
-    assert np.array_equal(ctok, ref["cached_tokens"])
-    # the rows' lives, from the evaluations: a row leaves when the count held drops (rows
-    # are started lowest first and drained by fewest requests), so follow the kernel's own
-    # record instead: a replica's first request in a row after a gap with the row off
+    assert np.array_equal(ctok, ref["cached_tokens"])   # (the kernel's hits, the reference's timeline)
     arrival = stream[0]
-    nw = int(ab.out[A.O_NWIN])
-    windows = ab.windows[:nw]
+    starts = sorted(ref["starts"])
     checked = later_hits = 0
-    for r in range(1, POLICY["max_replicas"]):
+    for k, (tau, r) in enumerate(starts):
         mine = np.flatnonzero(owner == r)
-        # the evaluations at which row r was not held (fewer held than r + 1: rows are the lowest)
-        held = windows[:, K.W_SERVING] + windows[:, K.W_PROVISIONING] + windows[:, K.W_DRAINING]
-        off_t = windows[held <= r, K.W_T]
-        for t_off in off_t:
-            before = mine[arrival[mine] < t_off]
-            after = mine[arrival[mine] > t_off]
-            if before.size == 0 or after.size == 0 or finish[before].max() > t_off:
+        before = mine[arrival[mine] < tau]   # the row's earlier replicas'
+        until = min([t for t, q in starts[k + 1:] if q == r], default=np.inf)
+        life = mine[(arrival[mine] >= tau) & (arrival[mine] < until)]   # the new replica's
+        assert before.size == 0 or finish[before].max() <= tau   # (the row held nothing when it started)
+        for g in np.unique(pgrp[life]):
+            if g < 0 or not np.any(pgrp[before] == g):
                 continue
-            for g in np.unique(pgrp[after]):
-                if g < 0 or not np.any(pgrp[before] == g):
-                    continue
-                of_g = after[pgrp[after] == g]
-                assert ctok[of_g[0]] == 0   # cold: the earlier replica's blocks are gone
-                checked += 1
-                later_hits += int((ctok[of_g[1:]] > 0).any())
-            break
+            of_g = life[pgrp[life] == g]
+            assert ctok[of_g[0]] == 0   # cold: what the row's earlier replica cached is gone
+            checked += 1
+            later_hits += int((ctok[of_g[1:]] > 0).any())
     assert checked > 0 and later_hits > 0
 
 
