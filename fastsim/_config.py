@@ -1040,10 +1040,9 @@ class Scenario:
 
 def _scenario_unsupported(scenario) -> tuple:
     """The `EngineConfig` switches a scenario's features cannot have on."""
-    fleet = scenario.fleet
-    if fleet is not None and getattr(fleet, "autoscaler", None) is not None:
-        # (a row reused by a new replica would keep the cache of the one that left)
-        return ("enable_prefix_caching",)
+    # (none at present: an autoscaled fleet, which refused prefix caching, now
+    # starts each replica with a cold cache; kept for the next feature that
+    # cannot have one of vLLM's defaults)
     return ()
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import _Request, queue_key
+from ._reference import _BlockPool, _Request, prompt_block_identities, queue_key
 from ._reference_cluster import ROUTERS, _PausedReplica, _RouterStream, _choose
 
 #: The kernel's random-stream purposes, by the specification's numbering.
@@ -102,7 +102,7 @@ class _Policy:
     "Autoscaling fleets")."""
 
     def __init__(self, rows, metric, target, interval_s, min_replicas, max_replicas, delay_s, cooldown_s,
-                 initial, tolerance, spare):
+                 initial, tolerance, spare, on_start=lambda r, tau: None):
         self.metric, self.target, self.interval = metric, target, interval_s
         self.lo, self.hi, self.delay, self.cooldown = min_replicas, max_replicas, delay_s, cooldown_s
         self.tolerance, self.spare = tolerance, spare
@@ -114,6 +114,7 @@ class _Policy:
         self.windows = []
         self.events = 0
         self.peak = min(initial, rows)
+        self.on_start = on_start   # (a replica starts in row r at tau: a new server)
 
     def count(self, which):
         return sum(1 for s in self.state if s == which)
@@ -160,6 +161,7 @@ class _Policy:
         if d > current:
             free = [r for r, s in enumerate(self.state) if s == OFF][:d - current]
             for r in free:
+                self.on_start(r, tau)
                 self.state[r] = SERVING if self.delay == 0.0 else PROVISIONING
                 self.since[r], self.ready[r] = tau, tau + self.delay
             self.peak = max(self.peak, len(self.state) - self.count(OFF))
@@ -193,9 +195,11 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     """Simulate an autoscaled fleet over one request stream, slowly and literally.
 
     Returns a dict of per-request arrays (``status``, ``first_token_s``,
-    ``finish_s``, ``num_preemptions``, ``num_tokens``, ``replica``: its
-    row), ``windows`` (the evaluations, `kernel.layout.WINDOW_COLUMNS` but
-    ``slo_met``), ``replica_s`` (replica-seconds held) and ``end_s``.
+    ``finish_s``, ``num_preemptions``, ``num_tokens``, ``cached_tokens``,
+    ``replica``: its row; a replica that starts in a row starts with a cold
+    prefix cache), ``windows`` (the evaluations, `kernel.layout.WINDOW_COLUMNS` but
+    ``slo_met``), ``starts`` (each replica started after time 0: its time
+    and row), ``replica_s`` (replica-seconds held) and ``end_s``.
     """
     if router not in AUTOSCALE_ROUTERS:
         raise ValueError(f"router must be one of {AUTOSCALE_ROUTERS}, got {router!r}")
@@ -203,9 +207,19 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     n = a.size
     rows = max_replicas
     initial = min_replicas if initial_replicas is None else initial_replicas
-    pol = _Policy(rows, metric, target, interval_s, min_replicas, max_replicas, provisioning_delay_s,
-                  scale_in_cooldown_s, initial, tolerance, spare_replicas)
     reps = [_PausedReplica(engine, latency, horizon_s) for _ in range(rows)]
+
+    starts = []
+
+    def cold(r, tau):
+        # a new vLLM server's prefix cache is empty: the row's replica (holding no
+        # request) gets a fresh block pool; its finished requests stay as they are
+        starts.append((tau, r))
+        if reps[r].hashing:
+            reps[r].pool = _BlockPool(engine.num_gpu_blocks, engine.null_block)
+
+    pol = _Policy(rows, metric, target, interval_s, min_replicas, max_replicas, provisioning_delay_s,
+                  scale_in_cooldown_s, initial, tolerance, spare_replicas, cold)
     nblk = engine.usable_gpu_blocks
     rng = _RouterStream(*(int(x) for x in seed_keys), purpose=_S_ROUTE)
     views = [(0, 0, 0, 0)] * rows
@@ -214,8 +228,9 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     def look(t):
         for r in pol.held():
             reps[r].advance_until(t)
-            v = reps[r].view()   # (KV: blocks of the usable ones not free, as the kernel counts them)
-            views[r] = (v[0], v[1], v[2], reps[r].usable_blocks - reps[r].plain_free())
+            # (KV: blocks of the usable ones not free, as the kernel counts them; by block
+            # hash, cached blocks no request holds are free, as vLLM's usage counts them)
+            views[r] = reps[r].view()
 
     k, arrived = 1, 0
     owner, reqs = [], []
@@ -238,6 +253,8 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         req = _Request(idx=j, arrival=at, P=int(prompt[i]), O=int(output[i]), prio=int(prio[i]),
                        sjf_key=int(sjfk[i]), group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(engine.policy, j, at, int(prio[i]), int(sjfk[i]), engine.priority_aging_s))
+        if rep.hashing:   # (its prompt's block identities, as the kernel's `block_pool._block_id`)
+            req.idents = prompt_block_identities(j, req.P, engine.block_size, req.group, req.prefix_len)
         rep.hand(req)
         owner.append(r)
         reqs.append(req)
@@ -270,10 +287,12 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         "finish_s": finish,
         "num_preemptions": np.array([q.num_preemptions for q in reqs], dtype=np.int64),
         "num_tokens": np.array([q.g for q in reqs], dtype=np.int64),
+        "cached_tokens": np.array([q.cached_tokens for q in reqs], dtype=np.int64),
         "replica": np.array(owner, dtype=np.int64),
         "windows": np.array(pol.windows, dtype=np.float64).reshape(-1, 9),
         "replica_s": float(sum(pol.held_s)),
         "end_s": end,
         "events": pol.events,
+        "starts": starts,
         "peak": pol.peak,
     }

@@ -180,9 +180,10 @@ def test_what_an_autoscaled_fleet_refuses():
     with pytest.raises(ValueError, match="router_staleness_s must be 0"):
         fastsim.replicate(fastsim.Scenario(workload=w, fleet=fastsim.Fleet(router_staleness_s=1.0, autoscaler=a)),
                           n_replications=2)
-    with pytest.raises(ValueError, match="enable_prefix_caching must be False"):
-        fastsim.replicate(fastsim.Scenario(engine=fastsim.EngineConfig(enable_prefix_caching=True), workload=w,
-                                           fleet=fastsim.Fleet(autoscaler=a)), n_replications=2)
+    with pytest.raises(ValueError, match="block_hash_caching must be True with an autoscaler"):
+        fastsim.replicate(fastsim.Scenario(engine=fastsim.EngineConfig(enable_prefix_caching=True,
+                                                                       block_hash_caching=False),
+                                           workload=w, fleet=fastsim.Fleet(autoscaler=a)), n_replications=2)
     with pytest.raises(ValueError, match="scenario must have a fleet with an autoscaler"):
         fastsim.simulate_autoscaled(fastsim.Scenario(workload=w))
 

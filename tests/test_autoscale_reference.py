@@ -16,8 +16,8 @@ from fastsim.kernel import autoscale as A
 from fastsim.kernel import cluster as C
 from test_replica import CASES as _ALL_CASES, _stream
 
-#: Autoscaling refuses prefix caching.
-CASES = {k: v for k, v in _ALL_CASES.items() if not v.engine.enable_prefix_caching}
+#: Every engine of `test_replica`, prefix caching by block hash (vLLM's default) included.
+CASES = _ALL_CASES
 
 POLICIES = {
     "queue": dict(metric="queue_depth", target=1.0, interval_s=2.0, min_replicas=1, max_replicas=4,

@@ -86,18 +86,22 @@ def test_the_defaults_survive_pickling_and_toml(tmp_path):
     assert sc.engine.scheduler_reserve_full_isl and sc.engine.null_block
 
 
-def test_an_autoscaled_fleet_takes_prefix_caching_off_unless_asked():
+def test_an_autoscaled_fleet_keeps_vllm_defaults_and_runs_with_caching():
+    """An autoscaled fleet takes prefix caching by block hash (each replica that
+    starts has a cold cache): `Scenario` switches none of vLLM's defaults off,
+    and a run with shared prefixes hits; the prefix-group cache is refused."""
     fleet = fastsim.Fleet(router="jsq",
                           autoscaler=fastsim.Autoscaler(metric="queue_depth", target=4.0, interval_s=5.0,
                                                         min_replicas=1, max_replicas=3))
-    wl = fastsim.Workload(arrival_rate=2.0, num_requests=20)
+    wl = fastsim.Workload(arrival_rate=2.0, num_requests=20, prefix_groups=2, prefix_len=64)
     sc = fastsim.Scenario(workload=wl, fleet=fleet)
-    assert not sc.engine.enable_prefix_caching and sc.engine.async_scheduling
-    # the fitted engine is still "vLLM's defaults" for a later replace
-    assert sc.replace(fleet=None).engine.enable_prefix_caching
-    with pytest.raises(ValueError, match="enable_prefix_caching must be False with an autoscaler"):
-        fastsim.replicate(fastsim.Scenario(engine=EngineConfig(enable_prefix_caching=True), workload=wl,
-                                           fleet=fleet), n_replications=2, seed=0)
+    assert sc.engine == EngineConfig() and sc.engine.defaulted == EngineConfig().defaulted
+    assert all(getattr(sc.engine, name) for name in V1)
+    res = fastsim.replicate(sc, n_replications=2, seed=0)
+    assert res.to_frame().loc["prefix_hit_rate", "estimate"] > 0.0
+    with pytest.raises(ValueError, match="block_hash_caching must be True with an autoscaler"):
+        fastsim.replicate(fastsim.Scenario(engine=EngineConfig(enable_prefix_caching=True, block_hash_caching=False),
+                                           workload=wl, fleet=fleet), n_replications=2, seed=0)
 
 
 def test_the_default_engine_is_the_reference_bit_for_bit():

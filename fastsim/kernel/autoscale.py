@@ -21,8 +21,10 @@ holds no request (or the horizon). Semantics: ``docs/engine-model.md``,
 
 A row whose replica left is reused by the next replica to start: it holds
 no request then (its results stay in its row, by the requests' local
-indices), and its prefix cache is not used (autoscaling refuses prefix
-caching).
+indices), and a new server's prefix cache is cold: the row's block pool is
+laid out empty when a replica starts in it (`_cold`; prefix caching by
+block hash only: autoscaling refuses the prefix-group cache). A draining
+replica keeps its cache until it leaves.
 """
 
 from __future__ import annotations
@@ -33,18 +35,20 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
+from .block_pool import _pool_cold
 from .cluster import _advance, _call, _observe, _set_up_uniform
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
-                     F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_HAS_HORIZON,
-                     I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV,
-                     LOAD_WAITING, REP_DRAINING, REP_OFF, REP_PROVISIONING, REP_SERVING,
-                     ST_COMPLETED, W_ARRIVALS, W_DESIRED, W_DRAINING, W_IN_SYSTEM, W_METRIC, W_PROVISIONING,
-                     W_QUEUE, W_SERVING, W_SLO_MET, W_T)
+                     F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
+                     I_BLOCK_SIZE, I_CACHING, I_HAS_HORIZON, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS,
+                     I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_WAITING, REP_DRAINING, REP_OFF, REP_PROVISIONING,
+                     REP_SERVING, ST_COMPLETED, W_ARRIVALS, W_DESIRED, W_DRAINING, W_IN_SYSTEM, W_METRIC,
+                     W_PROVISIONING, W_QUEUE, W_SERVING, W_SLO_MET, W_T)
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _needs_state, _reads_kv, _route
-from .workspace import N_RI, RI_N_KNOWN, WF_FINISH, WF_FIRST, WI_STATUS
+from .workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_N_KNOWN,
+                        WF_FINISH, WF_FIRST, WI_STATUS, Stream, _carve)
 
 #: An autoscaled fleet's own buffers: per row its state (`layout.REP_*`),
 #: when its replica was started, when it serves (provisioning), its
@@ -83,14 +87,33 @@ def _activate(ab, m, t):
 
 
 @njit_noalloc
-def _start(ab, m, k, tau, delay):
+def _cold(fb, r, n, full):
+    """Row ``r``'s prefix cache emptied (`block_pool._pool_cold`): a new
+    replica starts there, and a new server's cache is cold. The row holds no
+    request; its finished requests' results are not touched."""
+    if full is not None:   # (the block pool is the full engine's)
+        ip = fb.rip[r]
+        if ip[I_CACHING] == 1 and ip[I_BLOCK_HASH] >= 1:
+            w = fb.wi[r]
+            ri = w[w.size - N_RI:]
+            rs = fb.rs_i
+            stream = Stream(fb.rs_a[r], rs[0, r], rs[1, r], rs[2, r], rs[3, r], rs[4, r], rs[5, r])
+            dims = (n, ip[I_BLOCK_SIZE], ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL],
+                    ri[RI_DIM_NBP], ri[RI_DIM_NBT])
+            cache = _carve(stream, dims, w, fb.wf[r])[4]
+            _pool_cold(cache.pool, ip[I_NUM_GPU_BLOCKS])
+
+
+@njit_noalloc
+def _start(fb, ab, m, k, tau, delay, n, full):
     """Start up to ``k`` replicas at ``tau`` in the lowest free rows (serving at
-    once without a delay); return how many started."""
+    once without a delay), each with a cold cache; return how many started."""
     started = 0
     for r in range(m):
         if started == k:
             break
         if ab.state[r] == REP_OFF:
+            _cold(fb, r, n, full)
             ab.state[r] = REP_SERVING if delay == 0.0 else REP_PROVISIONING
             ab.since[r] = tau
             ab.ready[r] = tau + delay
@@ -151,10 +174,11 @@ def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
 
 
 @njit_noalloc
-def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act):
+def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act, n, full):
     """The evaluation at ``tau`` (the held replicas observed): drained
     replicas leave, the rule decides, its row is written, and (``act``) the
-    fleet scales. Return the time of the last scaling action, or
+    fleet scales (``n``, ``full``: the rows' capacity and engine, for
+    `_start`). Return the time of the last scaling action, or
     AS_WINDOWS_FULL."""
     nblk = fb.rip[0, I_NUM_GPU_BLOCKS]
     queue = 0.0
@@ -190,7 +214,7 @@ def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act):
     if not act:
         return last_scale
     if d > current:
-        if _start(ab, m, d - current, tau, apar[AS_DELAY]) > 0:
+        if _start(fb, ab, m, d - current, tau, apar[AS_DELAY], n, full) > 0:
             ab.out[O_EVENTS] += 1
             return tau
     elif d < current and tau - last_scale >= apar[AS_COOLDOWN]:
@@ -291,7 +315,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             rc = _look_held(fb, ab, m, n, fpar, lat, full, tau, what)
             if rc < 0:
                 return rc
-            last = _evaluate(fb, ab, apar, m, tau, arrived, last, True)
+            last = _evaluate(fb, ab, apar, m, tau, arrived, last, True, n, full)
             if last == AS_WINDOWS_FULL:
                 return AS_WINDOWS_FULL
             arrived = 0
@@ -340,10 +364,10 @@ def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
             if ab.state[r] == REP_SERVING or ab.state[r] == REP_DRAINING:
                 left += fb.load[r, LOAD_IN_SYSTEM]
         if left == 0.0:
-            if arrived > 0 and _evaluate(fb, ab, apar, m, tau, arrived, last, False) == AS_WINDOWS_FULL:
+            if arrived > 0 and _evaluate(fb, ab, apar, m, tau, arrived, last, False, n, full) == AS_WINDOWS_FULL:
                 return AS_WINDOWS_FULL
             break
-        last = _evaluate(fb, ab, apar, m, tau, arrived, last, True)
+        last = _evaluate(fb, ab, apar, m, tau, arrived, last, True, n, full)
         if last == AS_WINDOWS_FULL:
             return AS_WINDOWS_FULL
         arrived = 0
