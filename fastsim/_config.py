@@ -945,7 +945,6 @@ class Scenario:
             if not isinstance(self.fleet, (Fleet, Disaggregated)):
                 raise ValueError(f"fleet must be None or a fastsim.Fleet (or a fastsim.Disaggregated), got "
                                  f"{self.fleet!r}")
-        self._fit_engine_defaults()
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,
@@ -968,19 +967,6 @@ class Scenario:
             if isinstance(p, Fixed) and isinstance(o, Fixed) and p.value + o.value > e.max_model_len:
                 raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
                                  f"got {p.value} + {o.value}")
-
-    def _fit_engine_defaults(self):
-        """Switch off the vLLM defaults (`EngineConfig.defaulted`) that this
-        scenario's features do not support, as vLLM turns off what a
-        configuration cannot have; a switch set by the user stays, and the
-        feature's own check names it."""
-        e = self.engine
-        off = [name for name in _scenario_unsupported(self) if name in e.defaulted]
-        if off:
-            fitted = e.replace(**{name: False for name in off})
-            # (still vLLM's default, as far as a later `replace` is concerned)
-            object.__setattr__(fitted, "defaulted", e.defaulted)
-            object.__setattr__(self, "engine", fitted)
 
     def _check_step_durations(self):
         """Refuse a latency model whose longest step (a full batch: every
@@ -1026,9 +1012,6 @@ class Scenario:
                 raise ValueError(f"unknown scenario section {head!r}; use engine, workload or latency")
             base = top.get(head, getattr(self, head))
             top[head] = base.replace(**sub) if isinstance(base, EngineConfig) else dataclasses.replace(base, **sub)
-        if "engine" not in top:
-            # (the vLLM defaults the old scenario's features switched off come back)
-            top["engine"] = self.engine.replace()
         return dataclasses.replace(self, **top)
 
     @classmethod
@@ -1036,14 +1019,6 @@ class Scenario:
         """Build a scenario from a dict with ``engine``, ``workload``, ``latency``
         and ``slo`` tables (the layout of a ``fastsim run`` TOML file)."""
         return _scenario_from_dict(config, base_dir=base_dir)
-
-
-def _scenario_unsupported(scenario) -> tuple:
-    """The `EngineConfig` switches a scenario's features cannot have on."""
-    # (none at present: an autoscaled fleet, which refused prefix caching, now
-    # starts each replica with a cold cache; kept for the next feature that
-    # cannot have one of vLLM's defaults)
-    return ()
 
 
 _LENGTH_LAWS = {"fixed": Fixed, "lognormal": LogNormal, "uniform": Uniform, "empirical": Empirical,
