@@ -106,7 +106,7 @@ def test_min_step_is_a_lower_bound_of_every_step():
             fill_decode_costs(lat, dec)
             for _ in range(300):
                 nd, npf, nctx, nsw = (int(x) for x in rng.integers(0, [65, 5000, 200000, 50]))
-                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0) >= dmin
+                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0, 0, 0) >= dmin   # (pairs2, n_pfs: the roofline's)
     noisy = np.array(pack_scenario(sc)["lat"])
     noisy[K.L_NOISE] = 1.0
     assert min_step(noisy) == 0.0
