@@ -151,7 +151,7 @@ def _table_size(nbp):
     return m
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
     """The sizes of the ``WI_*`` segments, in order: the one statement of
     ``wi``'s layout (dimensions: `_ws_dims`; ``nbp`` 0: no block pool)."""
@@ -174,7 +174,7 @@ def _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
             N_RI)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _float_sizes(n, cap, nitl):
     """The sizes of the ``WF_*`` segments, in order: the one statement of ``wf``'s layout."""
     return (n, n, n, n,
@@ -184,7 +184,7 @@ def _float_sizes(n, cap, nitl):
             N_RF)
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _total(sizes):
     """The entries of a layout (`_int_sizes`, `_float_sizes`)."""
     o = 0
@@ -213,7 +213,10 @@ def _key_offset(n, cap, nitl):
     return _total(_float_sizes(n, cap, nitl)[:WF_KEY])
 
 
-@njit_noalloc
+# (`_int_sizes`, `_float_sizes`, `_total` and `_ws_sizes` inlined: every resumed `replica._simulate` checks its
+# workspace's size by them, and as calls they built, passed and summed the layout's tuples at each entry; inlined,
+# LLVM folds the sums)
+@njit_noalloc(inline="llvm")
 def _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
     """The workspace sizes (int64 entries, float64 entries) from the dimensions `_ws_dims` gives."""
     return _total(_int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)), _total(_float_sizes(n, cap, nitl))
