@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._fleet import Fleet, _FleetWorker, run_replications
+from ._fleet import Fleet, _FleetWorker, run_replications, stream_columns
 from ._latency import LatencyModel
 from ._validation import check_float, check_int
 from .kernel import disagg
@@ -268,15 +268,7 @@ def simulate_disagg_requests(scenario, pools, requests):
     stability check counts. The routers' random streams are those of
     replication 0 of seed keys 0."""
     dis = scenario.fleet
-    a = np.asarray(requests["arrival_s"], np.float64)
-    o = np.asarray(requests["output_len"], np.int64)
-
-    def col(name, default):
-        return np.asarray(requests[name], np.int64) if name in requests else default
-
-    stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
-              col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
-              col("prefix_len", np.zeros(a.size, np.int64)))
+    stream = stream_columns(requests)
     pk_p, pk_d = pools
     lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], 0, 0, 0)
     lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], 0, 0, 0)

@@ -312,21 +312,29 @@ def run_replications(nrep, threads, make_worker, one):
                 f.result()
 
 
-def simulate_fleet_requests(scenario, packed, requests):
-    """Status codes (`kernel.layout.ST_*`), first-token and finish times of
-    each request of one given stream (columns as `fastsim.sample_requests`
-    gives them) served by the scenario's fleet (``packed``: its
-    `_replicate.pack_scenario`): what the stability check counts. The
-    router's random stream is that of replication 0 of seed keys 0."""
+
+def stream_columns(requests):
+    """The kernel's stream arrays (arrival, prompt, output, priority, SJF
+    key, prefix group, prefix length) of a frame of requests with the
+    columns `fastsim.sample_requests` gives (the optional ones defaulted)."""
     a = np.asarray(requests["arrival_s"], np.float64)
     o = np.asarray(requests["output_len"], np.int64)
 
     def col(name, default):
         return np.asarray(requests[name], np.int64) if name in requests else default
 
-    stream = (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
-              col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
-              col("prefix_len", np.zeros(a.size, np.int64)))
+    return (a, np.asarray(requests["prompt_len"], np.int64), o, col("priority", np.zeros(a.size, np.int64)),
+            col("sjf_key", o), col("prefix_group", np.full(a.size, -1, np.int64)),
+            col("prefix_len", np.zeros(a.size, np.int64)))
+
+
+def simulate_fleet_requests(scenario, packed, requests):
+    """Status codes (`kernel.layout.ST_*`), first-token and finish times of
+    each request of one given stream (columns as `fastsim.sample_requests`
+    gives them) served by the scenario's fleet (``packed``: its
+    `_replicate.pack_scenario`): what the stability check counts. The
+    router's random stream is that of replication 0 of seed keys 0."""
+    stream = stream_columns(requests)
     rows, kinds = fleet_members(scenario, packed)
     nrep = rows.shape[0]
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))

@@ -196,11 +196,13 @@ def _q_append(b, pool):
 
 
 @njit_noalloc
-def _pool_init(n, req, pool, nb, bs, countable):
-    """Every block free, in id order; nothing cached; each request's block
-    list sized for its prompt and output (`workspace._ws_dims`). The pool
-    starts counted if ``countable`` (the synchronous loop) and no request
-    has a block of a prefix group."""
+def _pool_cold(pool, nb):
+    """A cold cache (a new server in a fleet row whose replica left, holding
+    no request), and where `_pool_init` starts: every block free, in id
+    order, nothing cached. The per-request lists (``boff``, ``rblk``,
+    ``ncached``) are left: the finished requests' are dead, and `_hand` sizes
+    each new one's. Whether the pool is counted stays: with no request in the
+    system the counted and the laid-out pools are the same."""
     s = nb
     pool.qnext[s] = 0 if nb > 0 else s
     pool.qprev[s] = nb - 1 if nb > 0 else s
@@ -212,6 +214,15 @@ def _pool_init(n, req, pool, nb, bs, countable):
     for i in range(pool.hused.size):
         pool.hused[i] = 0
     pool.pst[0] = 0
+
+
+@njit_noalloc
+def _pool_init(n, req, pool, nb, bs, countable):
+    """Every block free, in id order; nothing cached; each request's block
+    list sized for its prompt and output (`workspace._ws_dims`). The pool
+    starts counted if ``countable`` (the synchronous loop) and no request
+    has a block of a prefix group."""
+    _pool_cold(pool, nb)
     pool.pst[3] = 0
     pool.boff[0] = 0
     for r in range(n):
@@ -499,24 +510,3 @@ def _pool_session_lists(n, pool, nb, bs, lim):
         pool.boff[r + 1] = pool.boff[r] + _list_capacity(lim, 0, nb, bs)
     pool.pst[2] = 0
     pool.pst[1] = 1
-
-
-@njit_noalloc
-def _pool_cold(pool, nb):
-    """A cold cache (a new server in a fleet row whose replica left, holding
-    no request): every block free, in id order, nothing cached, as
-    `_pool_init` lays them out. The per-request lists (``boff``, ``rblk``,
-    ``ncached``) are left: the finished requests' are dead, and `_hand` sizes
-    each new one's. Whether the pool is counted stays: with no request in the
-    system the counted and the laid-out pools are the same."""
-    s = nb
-    pool.qnext[s] = 0 if nb > 0 else s
-    pool.qprev[s] = nb - 1 if nb > 0 else s
-    for b in range(nb):
-        pool.qprev[b] = b - 1 if b > 0 else s
-        pool.qnext[b] = b + 1
-        pool.ref[b] = 0
-        pool.bhash[b] = -1
-    for i in range(pool.hused.size):
-        pool.hused[i] = 0
-    pool.pst[0] = 0

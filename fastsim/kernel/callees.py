@@ -153,6 +153,7 @@ TABLE = {
         ('kv_cache._log2_exact', ('i',)),
         ('arrivals._closed_loop_init', ('i', 'Requests', 'vi')),
         ('block_pool._pool_init', ('i', 'Requests', 'BlockPool', 'i', 'i', 'b')),
+        ('block_pool._pool_cold', ('BlockPool', 'i')),
         ('block_pool._pool_session_lists', ('i', 'BlockPool', 'i', 'i', 'i')),
         ('latency._fill_decode_costs', ('vf', 'vf')),
         ('latency._roofline_time', ('vf', 'i', 'i', 'i', 'i')),
