@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 from numba.core import cgutils, types
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload
 from numba.np.arrayobj import make_array, populate_array
 
@@ -226,7 +227,9 @@ def _segment_view(typingctx, a, o, size):
         populate_array(out, data=cgutils.pointer_add(builder, src.data, builder.mul(start, stride), src.data.type),
                        shape=cgutils.pack_array(builder, [length]), strides=src.strides, itemsize=src.itemsize,
                        meminfo=src.meminfo, parent=src.parent)
-        return out._getvalue()
+        # (a borrowed reference: with Numba's runtime on, its count is raised, as a slice's; the kernels run
+        # without it, where this is nothing)
+        return impl_ret_borrowed(context, builder, sig.return_type, out._getvalue())
 
     return a(a, o, size), codegen
 
