@@ -127,3 +127,37 @@ def test_after_is_below_the_clock_sums():
             t += d
         assert after(c, m, d) <= t
         assert after(c, m, d) <= c + m * d
+
+
+def test_the_compiled_segment_view_is_the_slice():
+    """`workspace._take` compiled (`_segment_view`: a view built without a
+    slice's bounds normalisation, which every call of `replica._simulate`
+    takes some 80 of) is ``w[o:o + size]``: the same memory, length and
+    strides, a write reaching the array, for int and float arrays,
+    contiguous and strided, at random segments inside them."""
+    import numba
+
+    from fastsim.kernel.workspace import _take
+
+    @numba.njit
+    def take(w, o, size, value):
+        v, o2 = _take(w, o, size)
+        if size > 0:
+            v[size - 1] = value
+        return v, o2
+
+    rng = np.random.default_rng(2)
+    for dtype in (np.int64, np.float64):
+        for step in (1, 3):
+            for _ in range(50):
+                w = np.arange(400, dtype=dtype)[::step]
+                o = int(rng.integers(0, w.size + 1))
+                size = int(rng.integers(0, w.size - o + 1))
+                expect = w[o:o + size].copy()
+                if size > 0:
+                    expect[-1] = -7
+                v, o2 = take(w, o, size, dtype(-7))
+                assert o2 == o + size and v.shape == (size,) and v.strides == w.strides
+                assert v.__array_interface__["data"][0] == w.__array_interface__["data"][0] + o * w.strides[0]
+                assert np.array_equal(v, expect)
+                assert np.array_equal(w[o:o + size], expect)   # (a view: the write reached the array)

@@ -19,6 +19,11 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from numba.core import cgutils, types
+from numba.core.imputils import impl_ret_borrowed
+from numba.extending import intrinsic, overload
+from numba.np.arrayobj import make_array, populate_array
+
 from .._numba_options import njit_noalloc
 from .block_pool import _list_capacity
 from .arrivals import _session_max_len
@@ -193,11 +198,47 @@ def _total(sizes):
     return o
 
 
-@njit_noalloc(inline="llvm")
-def _take(o, size):
-    """The slice of the segment of ``size`` entries that starts at ``o``, and
-    where the next one starts (`_carve` walks a layout's segments in order)."""
-    return slice(o, o + size), o + size
+def _take(w, o, size):
+    """The view ``w[o:o + size]`` of the segment of ``size`` entries that
+    starts at ``o``, and where the next one starts (`_carve` walks a
+    layout's segments in order; the layout is checked against the
+    workspace's size before). Compiled, the view is built by `_segment_view`,
+    without a slice's bounds normalisation (`_carve` takes some 80 of them
+    at every call of `replica._simulate`, resumed ones included); in Python
+    and under the CUDA simulator, it is the slice."""
+    return w[o:o + size], o + size
+
+
+@intrinsic(prefer_literal=False)
+def _segment_view(typingctx, a, o, size):
+    """``a[o:o + size]`` for a segment inside the 1-D array ``a``: the view's
+    data pointer ``o`` strides on from ``a``'s, its length ``size``, its
+    other fields ``a``'s (the same type: a 1-D view keeps its layout)."""
+    if not (isinstance(a, types.Array) and a.ndim == 1 and isinstance(o, types.Integer)
+            and isinstance(size, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        src = make_array(sig.args[0])(context, builder, args[0])
+        start = context.cast(builder, args[1], sig.args[1], types.intp)
+        length = context.cast(builder, args[2], sig.args[2], types.intp)
+        stride = cgutils.unpack_tuple(builder, src.strides, 1)[0]
+        out = make_array(sig.return_type)(context, builder)
+        populate_array(out, data=cgutils.pointer_add(builder, src.data, builder.mul(start, stride), src.data.type),
+                       shape=cgutils.pack_array(builder, [length]), strides=src.strides, itemsize=src.itemsize,
+                       meminfo=src.meminfo, parent=src.parent)
+        # (a borrowed reference: with Numba's runtime on, its count is raised, as a slice's; the kernels run
+        # without it, where this is nothing)
+        return impl_ret_borrowed(context, builder, sig.return_type, out._getvalue())
+
+    return a(a, o, size), codegen
+
+
+@overload(_take, target="generic")
+def _take_compiled(w, o, size):
+    if isinstance(w, types.Array) and w.ndim == 1:
+        return lambda w, o, size: (_segment_view(w, o, size), o + size)
+    return None
 
 
 @njit_noalloc(inline="llvm")
@@ -264,81 +305,81 @@ def _carve(stream, dims, wi, wf):
     n, bs, cap, ncnt, nheld, nitl, nbp, nbt = dims
     si = _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)
     o = 0
-    status, o = _take(o, si[WI_STATUS])
-    k, o = _take(o, si[WI_K])
-    g, o = _take(o, si[WI_G])
-    blocks, o = _take(o, si[WI_BLOCKS])
-    npre, o = _take(o, si[WI_NPRE])
-    nswap, o = _take(o, si[WI_NSWAP])
-    ctok, o = _take(o, si[WI_CTOK])
-    _ones, o = _take(o, si[WI_ONES])
-    _hist, o = _take(o, si[WI_HIST])
-    itl_w, o = _take(o, si[WI_ITL_W])
-    q, o = _take(o, si[WI_QUEUE])
-    qs, o = _take(o, si[WI_QUEUE_STATE])
-    run, o = _take(o, si[WI_RUN])
-    sched, o = _take(o, si[WI_SCHED])
-    ever, o = _take(o, si[WI_EVER])
-    dmem, o = _take(o, si[WI_DMEM])
-    dpos, o = _take(o, si[WI_DPOS])
-    koff, o = _take(o, si[WI_KOFF])
-    goff, o = _take(o, si[WI_GOFF])
-    ph, o = _take(o, si[WI_PHASES])
-    hk, o = _take(o, si[WI_HEAP_KEY])
-    hr, o = _take(o, si[WI_HEAP_REQ])
-    hs, o = _take(o, si[WI_HEAP_SIZE])
-    dstate, o = _take(o, si[WI_DSTATE])
-    oth, o = _take(o, si[WI_OTHERS])
-    sq, o = _take(o, si[WI_SWAPQ])
-    sqs, o = _take(o, si[WI_SWAPQ_SIZE])
-    fpre, o = _take(o, si[WI_FPRE])
-    hoff, o = _take(o, si[WI_HOFF])
-    cnt, o = _take(o, si[WI_CNT])
-    lprev, o = _take(o, si[WI_LPREV])
-    lnext, o = _take(o, si[WI_LNEXT])
-    cst, o = _take(o, si[WI_CST])
-    held, o = _take(o, si[WI_HELD])
-    private, o = _take(o, si[WI_PRIVATE])
-    nent, o = _take(o, si[WI_NENT])
-    qprev, o = _take(o, si[WI_QPREV])
-    qnext, o = _take(o, si[WI_QNEXT])
-    ref, o = _take(o, si[WI_REF])
-    bhash, o = _take(o, si[WI_BHASH])
-    dprev, o = _take(o, si[WI_DPREV])
-    dnext, o = _take(o, si[WI_DNEXT])
-    hused, o = _take(o, si[WI_HUSED])
-    hkey, o = _take(o, si[WI_HKEY])
-    hhead, o = _take(o, si[WI_HHEAD])
-    htail, o = _take(o, si[WI_HTAIL])
-    boff, o = _take(o, si[WI_BOFF])
-    rblk, o = _take(o, si[WI_RBLK])
-    ncached, o = _take(o, si[WI_NCACHED])
-    pst, o = _take(o, si[WI_PST])
-    gapw, o = _take(o, si[WI_GAPW])
-    zl, o = _take(o, si[WI_HELD_FINISHED])
-    ri, o = _take(o, si[WI_SCALARS])
+    status, o = _take(wi, o, si[WI_STATUS])
+    k, o = _take(wi, o, si[WI_K])
+    g, o = _take(wi, o, si[WI_G])
+    blocks, o = _take(wi, o, si[WI_BLOCKS])
+    npre, o = _take(wi, o, si[WI_NPRE])
+    nswap, o = _take(wi, o, si[WI_NSWAP])
+    ctok, o = _take(wi, o, si[WI_CTOK])
+    _ones, o = _take(wi, o, si[WI_ONES])
+    _hist, o = _take(wi, o, si[WI_HIST])
+    itl_w, o = _take(wi, o, si[WI_ITL_W])
+    q, o = _take(wi, o, si[WI_QUEUE])
+    qs, o = _take(wi, o, si[WI_QUEUE_STATE])
+    run, o = _take(wi, o, si[WI_RUN])
+    sched, o = _take(wi, o, si[WI_SCHED])
+    ever, o = _take(wi, o, si[WI_EVER])
+    dmem, o = _take(wi, o, si[WI_DMEM])
+    dpos, o = _take(wi, o, si[WI_DPOS])
+    koff, o = _take(wi, o, si[WI_KOFF])
+    goff, o = _take(wi, o, si[WI_GOFF])
+    ph, o = _take(wi, o, si[WI_PHASES])
+    hk, o = _take(wi, o, si[WI_HEAP_KEY])
+    hr, o = _take(wi, o, si[WI_HEAP_REQ])
+    hs, o = _take(wi, o, si[WI_HEAP_SIZE])
+    dstate, o = _take(wi, o, si[WI_DSTATE])
+    oth, o = _take(wi, o, si[WI_OTHERS])
+    sq, o = _take(wi, o, si[WI_SWAPQ])
+    sqs, o = _take(wi, o, si[WI_SWAPQ_SIZE])
+    fpre, o = _take(wi, o, si[WI_FPRE])
+    hoff, o = _take(wi, o, si[WI_HOFF])
+    cnt, o = _take(wi, o, si[WI_CNT])
+    lprev, o = _take(wi, o, si[WI_LPREV])
+    lnext, o = _take(wi, o, si[WI_LNEXT])
+    cst, o = _take(wi, o, si[WI_CST])
+    held, o = _take(wi, o, si[WI_HELD])
+    private, o = _take(wi, o, si[WI_PRIVATE])
+    nent, o = _take(wi, o, si[WI_NENT])
+    qprev, o = _take(wi, o, si[WI_QPREV])
+    qnext, o = _take(wi, o, si[WI_QNEXT])
+    ref, o = _take(wi, o, si[WI_REF])
+    bhash, o = _take(wi, o, si[WI_BHASH])
+    dprev, o = _take(wi, o, si[WI_DPREV])
+    dnext, o = _take(wi, o, si[WI_DNEXT])
+    hused, o = _take(wi, o, si[WI_HUSED])
+    hkey, o = _take(wi, o, si[WI_HKEY])
+    hhead, o = _take(wi, o, si[WI_HHEAD])
+    htail, o = _take(wi, o, si[WI_HTAIL])
+    boff, o = _take(wi, o, si[WI_BOFF])
+    rblk, o = _take(wi, o, si[WI_RBLK])
+    ncached, o = _take(wi, o, si[WI_NCACHED])
+    pst, o = _take(wi, o, si[WI_PST])
+    gapw, o = _take(wi, o, si[WI_GAPW])
+    zl, o = _take(wi, o, si[WI_HELD_FINISHED])
+    ri, o = _take(wi, o, si[WI_SCALARS])
     sf = _float_sizes(n, cap, nitl)
     o = 0
-    first_t, o = _take(o, sf[WF_FIRST])
-    last_t, o = _take(o, sf[WF_LAST])
-    finish_t, o = _take(o, sf[WF_FINISH])
-    swapped_s, o = _take(o, sf[WF_SWAPPED])
-    acc, o = _take(o, sf[WF_ACC])
-    itl_v, o = _take(o, sf[WF_ITL_V])
-    key, o = _take(o, sf[WF_KEY])
-    dec_cost, o = _take(o, sf[WF_DEC_COST])
-    skey, o = _take(o, sf[WF_SKEY])
-    swapped_since, o = _take(o, sf[WF_SWAPPED_SINCE])
-    rf, o = _take(o, sf[WF_SCALARS])
+    first_t, o = _take(wf, o, sf[WF_FIRST])
+    last_t, o = _take(wf, o, sf[WF_LAST])
+    finish_t, o = _take(wf, o, sf[WF_FINISH])
+    swapped_s, o = _take(wf, o, sf[WF_SWAPPED])
+    acc, o = _take(wf, o, sf[WF_ACC])
+    itl_v, o = _take(wf, o, sf[WF_ITL_V])
+    key, o = _take(wf, o, sf[WF_KEY])
+    dec_cost, o = _take(wf, o, sf[WF_DEC_COST])
+    skey, o = _take(wf, o, sf[WF_SKEY])
+    swapped_since, o = _take(wf, o, sf[WF_SWAPPED_SINCE])
+    rf, o = _take(wf, o, sf[WF_SCALARS])
     req = Requests(stream.arrival, stream.prompt, stream.output, stream.prio, stream.sjfk, stream.pgrp, stream.plen,
-                   wi[status], wi[k], wi[g], wi[blocks], wi[npre], wi[sched], wi[ever], wf[first_t], wf[last_t],
-                   wf[finish_t], wf[key])
-    return (req, Batch(wi[q], wi[qs], wi[run], wi[oth], wi[zl]),
-            Decoders(wi[dmem], wi[dpos], wi[koff], wi[goff], wi[ph], wi[hk], wi[hr], wi[hs], wi[dstate]),
-            Swap(wi[sq], wi[sqs], wf[skey], wf[swapped_since], wi[nswap], wf[swapped_s]),
-            PrefixCache(wi[fpre], wi[hoff], wi[cnt], wi[lprev], wi[lnext], wi[cst], wi[held], wi[private],
-                        wi[nent], wi[ctok],
-                        BlockPool(wi[qprev], wi[qnext], wi[ref], wi[bhash], wi[dprev], wi[dnext], wi[hused],
-                                  wi[hkey], wi[hhead], wi[htail], wi[boff], wi[rblk], wi[ncached], wi[pst])),
-            Record(wf[itl_v], wi[itl_w], wi[gapw], wf[dec_cost], wf[acc]),
-            Scalars(wi[ri], wf[rf]))
+                   status, k, g, blocks, npre, sched, ever, first_t, last_t,
+                   finish_t, key)
+    return (req, Batch(q, qs, run, oth, zl),
+            Decoders(dmem, dpos, koff, goff, ph, hk, hr, hs, dstate),
+            Swap(sq, sqs, skey, swapped_since, nswap, swapped_s),
+            PrefixCache(fpre, hoff, cnt, lprev, lnext, cst, held, private,
+                        nent, ctok,
+                        BlockPool(qprev, qnext, ref, bhash, dprev, dnext, hused,
+                                  hkey, hhead, htail, boff, rblk, ncached, pst)),
+            Record(itl_v, itl_w, gapw, dec_cost, acc),
+            Scalars(ri, rf))
