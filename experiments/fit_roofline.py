@@ -81,7 +81,7 @@ def gen_attn_data(g):
     ctx = d.isl.to_numpy(float) + d.step.to_numpy(float)
     kv = (d.batch_size.to_numpy(float) * ctx * d.num_key_value_heads.to_numpy(float)
           * d.head_dim.to_numpy(float) * 2 * 2)
-    return {"bytes": kv}, d.latency.to_numpy() * 1e-3
+    return {"bytes": kv, "seqs": d.batch_size.to_numpy(float)}, d.latency.to_numpy() * 1e-3
 
 
 def ctx_attn_data(g):
@@ -114,8 +114,10 @@ def predict(kind, p, work, spec):
         return t0 + np.maximum(work["flops"] / (eta_c * spec["bfloat16_tc_flops"]),
                                work["bytes"] / (eta_m * spec["mem_bw"]))
     if kind == "gen_attn":
-        eta_m, t0 = p
-        return t0 + work["bytes"] / (eta_m * spec["mem_bw"])
+        # a fixed time per sequence besides the KV read (each sequence's own work: its block
+        # table walk, its split's reduction), which the microbenchmarks show on every GPU
+        eta_m, t0, t_seq = p
+        return t0 + t_seq * work["seqs"] + work["bytes"] / (eta_m * spec["mem_bw"])
     if kind == "ctx_attn":
         # compute plus the chunk's KV read at the decode attention's efficiency (spec["gen_attn_eta"]),
         # added, not overlapped: the microbenchmarks' KV-head axis says so (experiments/ctx_attention_form.py)
@@ -126,7 +128,7 @@ def predict(kind, p, work, spec):
     return t0 + work["bytes"] / (eta * spec["intra_node_bw"])
 
 
-FAMILIES = {"gemm": (gemm_data, [0.6, 0.7, 5e-6]), "gen_attn": (gen_attn_data, [0.5, 5e-6]),
+FAMILIES = {"gemm": (gemm_data, [0.6, 0.7, 5e-6]), "gen_attn": (gen_attn_data, [0.5, 5e-6, 1e-7]),
             "ctx_attn": (ctx_attn_data, [0.4, 5e-6]), "allreduce": (allreduce_data, [0.5, 5e-6])}
 
 
@@ -167,7 +169,8 @@ def main(argv=None):
     out = {"source": "fit by experiments/fit_roofline.py to ../shared/data/gpu-kernels (aiconfigurator-core "
                      "0.12.0 vLLM microbenchmarks, Apache-2.0); efficiencies are fractions of the system.yaml "
                      "peaks, latencies in seconds",
-           "parameters": {"gemm": ["eta_compute", "eta_memory", "latency_s"], "gen_attn": ["eta_memory", "latency_s"],
+           "parameters": {"gemm": ["eta_compute", "eta_memory", "latency_s"],
+                          "gen_attn": ["eta_memory", "latency_s", "per_seq_s"],
                           "ctx_attn": ["eta_compute", "latency_s"], "allreduce": ["eta_link", "latency_s"]},
            "gpus": {}}
     for g in GPUS:

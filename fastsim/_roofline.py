@@ -6,7 +6,8 @@ Per step and per tensor-parallel rank, from the batch's composition:
   experts the batch's tokens touch), each ``t0 + max(FLOPs / (eta_c * peak),
   bytes / (eta_m * bandwidth))``: memory bound for a few tokens (the weights
   are read once per step), compute bound for many;
-* attention: the KV bytes the decoding sequences and the prefill chunks read
+* attention: a fixed time per decoding sequence (the microbenchmarks' decode
+  attention has one), the KV bytes the decoding sequences and the prefill chunks read
   (their contexts), and the FLOPs of the prefill chunks (``4 * heads *
   head_dim`` per query-key pair, causal), added (the kernel microbenchmarks
   show a prefill's KV bytes adding to its compute time, not hidden under it:
@@ -193,9 +194,9 @@ class Roofline:
         # attention: decode reads the KV of every context token; prefill computes its causal
         # pairs and reads its chunks' KV (context and own tokens) besides, at the decode
         # attention's bandwidth efficiency (the form its efficiency was fitted with)
-        eta_ga, t0_ga = self.eff["gen_attn"]
+        eta_ga, t0_ga, ts_ga = self._gen_attn()
         kv_layer = 2 * sp.kv_heads_per_rank(tp) * sp.head_dim * self.kv_bytes
-        t = t + L * np.where(nd > 0, t0_ga + ctx * kv_layer / (eta_ga * g.bandwidth_bytes_s), 0.0)
+        t = t + L * np.where(nd > 0, t0_ga + ts_ga * nd + ctx * kv_layer / (eta_ga * g.bandwidth_bytes_s), 0.0)
         eta_ca, t0_ca = self.eff["ctx_attn"]
         fl = 4.0 * pairs * (sp.num_attention_heads // tp) * sp.head_dim
         t = t + L * np.where(npf > 0, t0_ca + fl / (eta_ca * g.peak_flops("bfloat16"))
@@ -211,6 +212,12 @@ class Roofline:
         out = self.step_overhead_s + self.per_seq_overhead_s * (nd + nps) + self.time_scale * t
         out = np.where(tokens > 0, out, 0.0)
         return out[()] if out.ndim == 0 else out
+
+    def _gen_attn(self):
+        """The decode attention's (bandwidth efficiency, fixed time, time per decoding
+        sequence); an ``eff`` of two entries (without the last) has none per sequence."""
+        e = tuple(self.eff["gen_attn"])
+        return e if len(e) == 3 else (*e, 0.0)
 
     def _gemm_bf16(self, m, n, k):
         return replace(self, weight_bytes=2, eff=self.eff)._gemm(m, n, k) if self.weight_bytes != 2 \
@@ -340,7 +347,7 @@ class Roofline:
         else:
             i = sp.intermediate_size // tp
             gemms += [self._gemm_entry(2 * i, h, L), self._gemm_entry(h, i, L)]
-        eta_ga, t0_ga = self.eff["gen_attn"]
+        eta_ga, t0_ga, ts_ga = self._gen_attn()
         eta_ca, t0_ca = self.eff["ctx_attn"]
         kv_layer = 2 * sp.kv_heads_per_rank(tp) * hd * self.kv_bytes
         ar_t0 = ar_tok = 0.0
@@ -351,7 +358,8 @@ class Roofline:
         return {
             "over": self.step_overhead_s, "per_seq": self.per_seq_overhead_s, "gemms": gemms,
             "moe_e": moe[0], "moe_k": moe[1], "moe_q": moe[2], "expert": expert,
-            "ga_t0": L * s * t0_ga, "ctx": s * L * kv_layer / (eta_ga * g.bandwidth_bytes_s),
+            "ga_t0": L * s * t0_ga, "ga_seq": L * s * ts_ga,
+            "ctx": s * L * kv_layer / (eta_ga * g.bandwidth_bytes_s),
             "ca_t0": L * s * t0_ca,
             "ca_pair": s * L * 4.0 * (sp.num_attention_heads // tp) * hd / (eta_ca * g.peak_flops("bfloat16")) / 2,
             "lm": self._gemm_entry(sp.padded_vocab() // tp, h, 1.0, weight_bytes=2),
@@ -475,7 +483,7 @@ class RooflineLatency(LatencyModel):
     ``n_context_tokens`` KV tokens (as for :class:`LatencyModel`) lasts::
 
         over + per_seq * rows + sum_g gemm_g(t) + touched(t) * expert(t k / touched(t))
-             + ga_t0 [n_decode > 0] + (ca_t0 + ca_pair * sum_i s_i (2 k_i + s_i + 1)) [prefill]
+             + (ga_t0 + ga_seq * n_decode) [n_decode > 0] + (ca_t0 + ca_pair * sum_i s_i (2 k_i + s_i + 1)) [prefill]
              + lm_head(rows) + ar_t0 + ar_tok * t + ctx * n_context_tokens + swap_s_per_block * n_swap_blocks
 
     with ``t = n_decode + n_prefill_tokens`` the step's tokens, ``rows`` the
@@ -541,6 +549,7 @@ class RooflineLatency(LatencyModel):
         out[K.L_R_NGEMM] = len(rec["gemms"])
         out[K.L_R_MOE_E], out[K.L_R_MOE_K], out[K.L_R_MOE_Q] = rec["moe_e"], rec["moe_k"], rec["moe_q"]
         out[K.L_R_GA_T0] = rec["ga_t0"]
+        out[K.L_R_GA_SEQ] = rec["ga_seq"]
         out[K.L_R_CA_T0] = rec["ca_t0"]
         out[K.L_R_CA_PAIR] = rec["ca_pair"]
         out[K.L_R_AR_T0] = rec["ar_t0"]
@@ -591,7 +600,7 @@ class RooflineLatency(LatencyModel):
                 touched = rec["moe_e"] * (1.0 - rec["moe_q"] ** t)
                 m = t * rec["moe_k"] / touched
                 d = d + np.where(t > 0, touched * (gemm(rec["expert"][0], m) + gemm(rec["expert"][1], m)), 0.0)
-        d = d + np.where(nd > 0, rec["ga_t0"], 0.0)
+        d = d + np.where(nd > 0, rec["ga_t0"] + rec["ga_seq"] * nd, 0.0)
         d = d + np.where(npf > 0, rec["ca_t0"] + rec["ca_pair"] * p2, 0.0)
         d = d + np.where(rows > 0, gemm(rec["lm"], rows), 0.0)
         d = d + (rec["ar_t0"] + rec["ar_tok"] * t)
