@@ -195,6 +195,10 @@ def rtx_replay(variant="v1+cache"):
         # block pool keeps the null block as 0.22's does. num_gpu_blocks is then the count vLLM reports.
         engine = dataclasses.replace(engine, async_scheduling=True, scheduler_reserve_full_isl=True,
                                      null_block=True, block_hash_caching=caching == "hash")
+    else:
+        # the synchronous loop as first reported: the V1 rules off explicitly (they are the defaults)
+        engine = dataclasses.replace(engine, async_scheduling=False, scheduler_reserve_full_isl=False,
+                                     null_block=False, block_hash_caching=False)
     if variant.endswith("vLLM's blocks"):
         meta = json.loads((RTX / "meta.json").read_text())
         engine = dataclasses.replace(engine, num_gpu_blocks=int(meta["kv_cache"]["num_gpu_blocks"]))

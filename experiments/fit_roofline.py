@@ -9,6 +9,12 @@ latencies of the four kernel families, with the fit's median and 90th
 percentile absolute relative error, and the leave-one-GPU-out errors (each
 GPU predicted with the median efficiencies of the other four).
 
+The context (prefill) attention is fitted as the engine evaluates a chunk:
+its causal FLOPs at the fitted compute efficiency plus its KV bytes at the
+decode attention's fitted bandwidth efficiency (the step's context term),
+added: the microbenchmarks show the KV bytes adding to, not hiding under,
+the compute time (``experiments/ctx_attention_form.py``).
+
 Run: ``python experiments/fit_roofline.py`` (about a minute). Only this
 script reads ../shared; the package reads the JSON.
 """
@@ -75,7 +81,7 @@ def gen_attn_data(g):
     ctx = d.isl.to_numpy(float) + d.step.to_numpy(float)
     kv = (d.batch_size.to_numpy(float) * ctx * d.num_key_value_heads.to_numpy(float)
           * d.head_dim.to_numpy(float) * 2 * 2)
-    return {"bytes": kv}, d.latency.to_numpy() * 1e-3
+    return {"bytes": kv, "seqs": d.batch_size.to_numpy(float)}, d.latency.to_numpy() * 1e-3
 
 
 def ctx_attn_data(g):
@@ -85,8 +91,12 @@ def ctx_attn_data(g):
     best = d.groupby("kernel_source").latency.median().idxmin()
     d = sample(d[d.kernel_source == best])
     s = d.isl.to_numpy(float)
-    flops = 2 * 2 * d.batch_size.to_numpy(float) * s * s / 2 * d.num_heads.to_numpy(float) * d.head_dim.to_numpy(float)
-    return {"flops": flops}, d.latency.to_numpy() * 1e-3
+    b, hd = d.batch_size.to_numpy(float), d.head_dim.to_numpy(float)
+    flops = 2 * 2 * b * s * s / 2 * d.num_heads.to_numpy(float) * hd
+    # the KV bytes of the chunk, which the engine's step charges apart (its context term, at the
+    # decode attention's bandwidth efficiency), so that they are not counted twice
+    kv = b * s * d.num_key_value_heads.to_numpy(float) * hd * 2 * 2
+    return {"flops": flops, "kv_bytes": kv}, d.latency.to_numpy() * 1e-3
 
 
 def allreduce_data(g):
@@ -104,16 +114,21 @@ def predict(kind, p, work, spec):
         return t0 + np.maximum(work["flops"] / (eta_c * spec["bfloat16_tc_flops"]),
                                work["bytes"] / (eta_m * spec["mem_bw"]))
     if kind == "gen_attn":
-        eta_m, t0 = p
-        return t0 + work["bytes"] / (eta_m * spec["mem_bw"])
+        # a fixed time per sequence besides the KV read (each sequence's own work: its block
+        # table walk, its split's reduction), which the microbenchmarks show on every GPU
+        eta_m, t0, t_seq = p
+        return t0 + t_seq * work["seqs"] + work["bytes"] / (eta_m * spec["mem_bw"])
     if kind == "ctx_attn":
+        # compute plus the chunk's KV read at the decode attention's efficiency (spec["gen_attn_eta"]),
+        # added, not overlapped: the microbenchmarks' KV-head axis says so (experiments/ctx_attention_form.py)
         eta_c, t0 = p
-        return t0 + work["flops"] / (eta_c * spec["bfloat16_tc_flops"])
+        return (t0 + work["flops"] / (eta_c * spec["bfloat16_tc_flops"])
+                + work["kv_bytes"] / (spec["gen_attn_eta"] * spec["mem_bw"]))
     eta, t0 = p
     return t0 + work["bytes"] / (eta * spec["intra_node_bw"])
 
 
-FAMILIES = {"gemm": (gemm_data, [0.6, 0.7, 5e-6]), "gen_attn": (gen_attn_data, [0.5, 5e-6]),
+FAMILIES = {"gemm": (gemm_data, [0.6, 0.7, 5e-6]), "gen_attn": (gen_attn_data, [0.5, 5e-6, 1e-7]),
             "ctx_attn": (ctx_attn_data, [0.4, 5e-6]), "allreduce": (allreduce_data, [0.5, 5e-6])}
 
 
@@ -145,20 +160,29 @@ def main(argv=None):
         MAX_ROWS = 500
     specs = {g: read_system(g) for g in GPUS}
     data = {g: {k: FAMILIES[k][0](g) for k in FAMILIES} for g in GPUS}
-    params = {g: {k: fit(k, *data[g][k], specs[g]) for k in FAMILIES} for g in GPUS}
+    params = {g: {} for g in GPUS}
+    for g in GPUS:
+        for k in FAMILIES:   # (gen_attn before ctx_attn: the latter reads the former's efficiency)
+            params[g][k] = fit(k, *data[g][k], specs[g])
+            if k == "gen_attn":
+                specs[g]["gen_attn_eta"] = float(params[g][k][0])
     out = {"source": "fit by experiments/fit_roofline.py to ../shared/data/gpu-kernels (aiconfigurator-core "
                      "0.12.0 vLLM microbenchmarks, Apache-2.0); efficiencies are fractions of the system.yaml "
                      "peaks, latencies in seconds",
-           "parameters": {"gemm": ["eta_compute", "eta_memory", "latency_s"], "gen_attn": ["eta_memory", "latency_s"],
+           "parameters": {"gemm": ["eta_compute", "eta_memory", "latency_s"],
+                          "gen_attn": ["eta_memory", "latency_s", "per_seq_s"],
                           "ctx_attn": ["eta_compute", "latency_s"], "allreduce": ["eta_link", "latency_s"]},
            "gpus": {}}
     for g in GPUS:
-        entry = {"peaks": specs[g]}
+        entry = {"peaks": {k: v for k, v in specs[g].items() if k != "gen_attn_eta"}}
+        # left out: the GPU predicted with the others' median efficiencies (the decode
+        # attention's too, which the context attention's form reads)
+        loo = dict(specs[g], gen_attn_eta=float(np.median([params[o]["gen_attn"][0] for o in GPUS if o != g])))
         for k in FAMILIES:
             others = np.median([params[o][k] for o in GPUS if o != g], axis=0)
             entry[k] = {"params": [float(v) for v in params[g][k]],
                         "fit": errors(k, params[g][k], *data[g][k], specs[g]),
-                        "leave_one_gpu_out": errors(k, others, *data[g][k], specs[g])}
+                        "leave_one_gpu_out": errors(k, others, *data[g][k], loo)}
         out["gpus"][g] = entry
     out["median_of_gpus"] = {k: [float(v) for v in np.median([params[g][k] for g in GPUS], axis=0)] for k in FAMILIES}
     if not args.quick:

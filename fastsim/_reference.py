@@ -259,7 +259,7 @@ def _roofline_step_time(rec, n_decode, n_prefill_tokens, n_context_tokens, pairs
         m = t * float(rec[K.L_R_MOE_K]) / touched
         d += touched * float(gemm(K.L_R_MOE_GEMM, m) + gemm(K.L_R_MOE_GEMM + 4, m))
     if n_decode > 0:
-        d += float(rec[K.L_R_GA_T0])
+        d += float(rec[K.L_R_GA_T0]) + float(rec[K.L_R_GA_SEQ]) * n_decode
     if n_prefill_tokens > 0:
         d += float(rec[K.L_R_CA_T0]) + float(rec[K.L_R_CA_PAIR]) * pairs2
     if rows > 0.0:

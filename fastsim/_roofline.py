@@ -6,8 +6,12 @@ Per step and per tensor-parallel rank, from the batch's composition:
   experts the batch's tokens touch), each ``t0 + max(FLOPs / (eta_c * peak),
   bytes / (eta_m * bandwidth))``: memory bound for a few tokens (the weights
   are read once per step), compute bound for many;
-* attention: the KV bytes the decoding sequences read, and the FLOPs of the
-  prefill chunks (``4 * heads * head_dim`` per query-key pair, causal);
+* attention: a fixed time per decoding sequence (the microbenchmarks' decode
+  attention has one), the KV bytes the decoding sequences and the prefill chunks read
+  (their contexts), and the FLOPs of the prefill chunks (``4 * heads *
+  head_dim`` per query-key pair, causal), added (the kernel microbenchmarks
+  show a prefill's KV bytes adding to its compute time, not hidden under it:
+  ``experiments/ctx_attention_form.py``);
 * the LM head over the sequences that sample a token;
 * two all-reduces per layer when ``tensor_parallel_size > 1``;
 * a fixed per-step overhead (scheduler, sampler, launches) and an optional
@@ -155,7 +159,7 @@ class Roofline:
         return np.where(t > 0, out, 0.0)
 
     def step_time(self, num_decode, decode_context_tokens=0, num_prefill_tokens=0, prefill_pairs=0,
-                  num_prefill_seqs=None):
+                  num_prefill_seqs=None, prefill_context_tokens=None):
         """Duration of one engine step, seconds (vectorised).
 
         Parameters
@@ -173,6 +177,9 @@ class Roofline:
         num_prefill_seqs : array_like, optional
             Prefilling sequences that sample a token (LM head rows); default:
             one if there are prefill tokens.
+        prefill_context_tokens : array_like, optional
+            KV tokens the prefill chunks' attention reads, ``sum k + s`` (their cached
+            context and their own tokens); default ``num_prefill_tokens`` (fresh chunks).
         """
         sp, tp, g = self.model, self.tensor_parallel_size, self.gpu
         nd = np.asarray(num_decode, dtype=float)
@@ -180,16 +187,20 @@ class Roofline:
         npf = np.asarray(num_prefill_tokens, dtype=float)
         pairs = np.asarray(prefill_pairs, dtype=float)
         nps = (npf > 0).astype(float) if num_prefill_seqs is None else np.asarray(num_prefill_seqs, dtype=float)
+        pctx = npf if prefill_context_tokens is None else np.asarray(prefill_context_tokens, dtype=float)
         tokens = nd + npf
         L = sp.num_hidden_layers
         t = L * self.layer_gemm_time(tokens)
-        # attention: decode reads the KV of every context token, prefill is compute bound
-        eta_ga, t0_ga = self.eff["gen_attn"]
+        # attention: decode reads the KV of every context token; prefill computes its causal
+        # pairs and reads its chunks' KV (context and own tokens) besides, at the decode
+        # attention's bandwidth efficiency (the form its efficiency was fitted with)
+        eta_ga, t0_ga, ts_ga = self._gen_attn()
         kv_layer = 2 * sp.kv_heads_per_rank(tp) * sp.head_dim * self.kv_bytes
-        t = t + L * np.where(nd > 0, t0_ga + ctx * kv_layer / (eta_ga * g.bandwidth_bytes_s), 0.0)
+        t = t + L * np.where(nd > 0, t0_ga + ts_ga * nd + ctx * kv_layer / (eta_ga * g.bandwidth_bytes_s), 0.0)
         eta_ca, t0_ca = self.eff["ctx_attn"]
         fl = 4.0 * pairs * (sp.num_attention_heads // tp) * sp.head_dim
-        t = t + L * np.where(npf > 0, t0_ca + fl / (eta_ca * g.peak_flops("bfloat16")), 0.0)
+        t = t + L * np.where(npf > 0, t0_ca + fl / (eta_ca * g.peak_flops("bfloat16"))
+                             + pctx * kv_layer / (eta_ga * g.bandwidth_bytes_s), 0.0)
         # LM head (vocab-parallel) for the sampled rows
         rows = nd + nps
         eh = np.where(rows > 0, self._gemm_bf16(rows, sp.padded_vocab() // tp, sp.hidden_size), 0.0)
@@ -201,6 +212,12 @@ class Roofline:
         out = self.step_overhead_s + self.per_seq_overhead_s * (nd + nps) + self.time_scale * t
         out = np.where(tokens > 0, out, 0.0)
         return out[()] if out.ndim == 0 else out
+
+    def _gen_attn(self):
+        """The decode attention's (bandwidth efficiency, fixed time, time per decoding
+        sequence); an ``eff`` of two entries (without the last) has none per sequence."""
+        e = tuple(self.eff["gen_attn"])
+        return e if len(e) == 3 else (*e, 0.0)
 
     def _gemm_bf16(self, m, n, k):
         return replace(self, weight_bytes=2, eff=self.eff)._gemm(m, n, k) if self.weight_bytes != 2 \
@@ -330,7 +347,7 @@ class Roofline:
         else:
             i = sp.intermediate_size // tp
             gemms += [self._gemm_entry(2 * i, h, L), self._gemm_entry(h, i, L)]
-        eta_ga, t0_ga = self.eff["gen_attn"]
+        eta_ga, t0_ga, ts_ga = self._gen_attn()
         eta_ca, t0_ca = self.eff["ctx_attn"]
         kv_layer = 2 * sp.kv_heads_per_rank(tp) * hd * self.kv_bytes
         ar_t0 = ar_tok = 0.0
@@ -341,7 +358,8 @@ class Roofline:
         return {
             "over": self.step_overhead_s, "per_seq": self.per_seq_overhead_s, "gemms": gemms,
             "moe_e": moe[0], "moe_k": moe[1], "moe_q": moe[2], "expert": expert,
-            "ga_t0": L * s * t0_ga, "ctx": s * L * kv_layer / (eta_ga * g.bandwidth_bytes_s),
+            "ga_t0": L * s * t0_ga, "ga_seq": L * s * ts_ga,
+            "ctx": s * L * kv_layer / (eta_ga * g.bandwidth_bytes_s),
             "ca_t0": L * s * t0_ca,
             "ca_pair": s * L * 4.0 * (sp.num_attention_heads // tp) * hd / (eta_ca * g.peak_flops("bfloat16")) / 2,
             "lm": self._gemm_entry(sp.padded_vocab() // tp, h, 1.0, weight_bytes=2),
@@ -381,7 +399,7 @@ class Roofline:
         max_num_seqs``; ``ctx_per_token_s`` is the decode attention's exact
         cost per KV token; ``prefill_per_token_s`` is the least-squares slope
         of fresh prefill chunks of up to ``max_num_batched_tokens`` tokens
-        (after the context term, which the kernel also charges them). The
+        (after their context term, which both charge them). The
         mapping's error over a mixed grid (decode batches with contexts up to
         ``max_context`` per sequence, with and without a prefill chunk) is in
         the result's ``calibration`` attribute (a :class:`RooflineMapping`).
@@ -465,7 +483,7 @@ class RooflineLatency(LatencyModel):
     ``n_context_tokens`` KV tokens (as for :class:`LatencyModel`) lasts::
 
         over + per_seq * rows + sum_g gemm_g(t) + touched(t) * expert(t k / touched(t))
-             + ga_t0 [n_decode > 0] + (ca_t0 + ca_pair * sum_i s_i (2 k_i + s_i + 1)) [prefill]
+             + (ga_t0 + ga_seq * n_decode) [n_decode > 0] + (ca_t0 + ca_pair * sum_i s_i (2 k_i + s_i + 1)) [prefill]
              + lm_head(rows) + ar_t0 + ar_tok * t + ctx * n_context_tokens + swap_s_per_block * n_swap_blocks
 
     with ``t = n_decode + n_prefill_tokens`` the step's tokens, ``rows`` the
@@ -473,8 +491,8 @@ class RooflineLatency(LatencyModel):
     ``touched(t) = E (1 - (1 - k/E)^t)`` (:meth:`Roofline.kernel_record`),
     added in this order. The decode attention's memory term charges every
     context token of the step (the prefill chunks' contexts too, which their
-    attention reads as well; :meth:`Roofline.step_time` charges the decoders'
-    only). The regression fields are :meth:`Roofline.to_latency_model`'s
+    attention reads as well, as :meth:`Roofline.step_time` charges them:
+    ``prefill_context_tokens``). The regression fields are :meth:`Roofline.to_latency_model`'s
     mapping (``regression``); the kernel does not read them.
 
     Parameters
@@ -531,6 +549,7 @@ class RooflineLatency(LatencyModel):
         out[K.L_R_NGEMM] = len(rec["gemms"])
         out[K.L_R_MOE_E], out[K.L_R_MOE_K], out[K.L_R_MOE_Q] = rec["moe_e"], rec["moe_k"], rec["moe_q"]
         out[K.L_R_GA_T0] = rec["ga_t0"]
+        out[K.L_R_GA_SEQ] = rec["ga_seq"]
         out[K.L_R_CA_T0] = rec["ca_t0"]
         out[K.L_R_CA_PAIR] = rec["ca_pair"]
         out[K.L_R_AR_T0] = rec["ar_t0"]
@@ -581,7 +600,7 @@ class RooflineLatency(LatencyModel):
                 touched = rec["moe_e"] * (1.0 - rec["moe_q"] ** t)
                 m = t * rec["moe_k"] / touched
                 d = d + np.where(t > 0, touched * (gemm(rec["expert"][0], m) + gemm(rec["expert"][1], m)), 0.0)
-        d = d + np.where(nd > 0, rec["ga_t0"], 0.0)
+        d = d + np.where(nd > 0, rec["ga_t0"] + rec["ga_seq"] * nd, 0.0)
         d = d + np.where(npf > 0, rec["ca_t0"] + rec["ca_pair"] * p2, 0.0)
         d = d + np.where(rows > 0, gemm(rec["lm"], rows), 0.0)
         d = d + (rec["ar_t0"] + rec["ar_tok"] * t)

@@ -172,3 +172,22 @@ def test_roofline_corrections_from_vllm_bench(seed, tmp_path):
         bad = json.loads(paths[0].read_text())
         del bad["start_times"]
         dep.roofline.calibrated_from_vllm_bench(bad)
+
+
+def test_decode_attention_time_per_sequence(llama_h100):
+    """The decode attention's fixed time per decoding sequence (fitted beside its KV read):
+    the kernel's record holds it times the layers, and the step grows by it per decoder;
+    an efficiency entry without it (two values) has none."""
+    from dataclasses import replace
+
+    from fastsim.kernel import layout as K
+
+    r = llama_h100.roofline
+    eta, t0, ts = r.eff["gen_attn"]
+    assert 0 < ts < 1e-6
+    L = llama_h100.spec.num_hidden_layers
+    assert llama_h100.latency._params()[K.L_R_GA_SEQ] == pytest.approx(L * ts, rel=1e-12)
+    old = replace(r, eff={**r.eff, "gen_attn": (eta, t0)})
+    b = np.array([1.0, 8.0, 64.0])
+    assert np.allclose(r.step_time(b, 1000 * b) - old.step_time(b, 1000 * b), L * ts * b, rtol=1e-9)
+    assert old.to_kernel_latency()._params()[K.L_R_GA_SEQ] == 0.0

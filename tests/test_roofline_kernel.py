@@ -83,6 +83,20 @@ def test_kernel_and_reference_agree_in_long_decode_stretches(deployments):
     assert_same(sc, seed=39)
 
 
+@pytest.mark.parametrize("v1", ["off", "on"])
+def test_kernel_and_reference_agree_with_long_prompts_in_chunks(deployments, v1):
+    """Prompts of thousands of tokens taken in chunks of a few hundred: prefill steps whose
+    chunks sit after long cached contexts (their KV read and their causal pairs both large),
+    beside decoders."""
+    wl = fastsim.Workload(arrival_rate=2.0, num_requests=60, prompt_len=fastsim.Uniform(1500, 4000),
+                          output_len=fastsim.LogNormal(20, 0.5), warmup_requests=0)
+    engine = fastsim.EngineConfig(**{**BASE_ENGINE, **(V1_ON if v1 == "on" else V1_OFF),
+                                     "max_num_batched_tokens": 256, "num_gpu_blocks": 2000,
+                                     "max_model_len": 8192})
+    out = assert_same(fastsim.Scenario(engine=engine, workload=wl, latency=deployments["dense"].latency), seed=42)
+    assert (out["status"] == "completed").sum() > 40
+
+
 def test_kernel_and_reference_agree_with_per_step_noise(deployments):
     lat = dataclasses.replace(deployments["dense"].latency, noise=fastsim.StepNoise(jitter_sd=0.05))
     assert_same(scenario({}, lat), seed=40)
@@ -112,14 +126,19 @@ def test_record_step_time_is_the_roofline(deployments, model):
         want = float(roof.step_time(b, ctx))
         assert _roofline_step_time(rec, b, 0, ctx, 0, 0, 0) == pytest.approx(want, rel=1e-12)
         assert float(lat.step_time(b, 0, ctx)) == _roofline_step_time(rec, b, 0, ctx, 0, 0, 0)
-    # a prefill chunk of s after k cached: its attention's FLOPs from the pairs; the
-    # kernel's decode-attention term charges the chunk's context tokens too
-    s, k, b, ctx = 120, 64, 3, 900
-    pairs2 = s * (2 * k + s + 1)
-    got = _roofline_step_time(rec, b, s, ctx + k + s, pairs2, 1, 0)
-    want = float(roof.step_time(b, ctx, s, roof.chunk_pairs(s, k))) + rec[K.L_CTX] * (k + s)
-    assert got == pytest.approx(want, rel=1e-12)
-    assert float(lat.step_time(b, s, ctx + k + s, prefill_pairs2=pairs2, num_prefill_seqs=1)) == got
+    # a prefill chunk of s after k cached: its attention's FLOPs from the pairs, plus the
+    # KV read of its k + s context tokens (the kernel's context term, the roofline's
+    # prefill_context_tokens), at any context, short or long
+    b, ctx = 3, 900
+    for s, k in ((120, 64), (1, 0), (2048, 30000), (16, 100000)):
+        pairs2 = s * (2 * k + s + 1)
+        got = _roofline_step_time(rec, b, s, ctx + k + s, pairs2, 1, 0)
+        want = float(roof.step_time(b, ctx, s, roof.chunk_pairs(s, k), 1, prefill_context_tokens=k + s))
+        assert got == pytest.approx(want, rel=1e-12)
+        assert float(lat.step_time(b, s, ctx + k + s, prefill_pairs2=pairs2, num_prefill_seqs=1)) == got
+        # the chunk's context read is the decode attention's per-token cost, added to its FLOPs
+        more = float(roof.step_time(b, ctx, s, roof.chunk_pairs(s, k), 1, prefill_context_tokens=k + s + 1000))
+        assert more - want == pytest.approx(1000 * rec[K.L_CTX], rel=1e-9)
 
 
 def test_moe_touches_the_expected_experts(deployments):

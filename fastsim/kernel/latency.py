@@ -51,7 +51,7 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .layout import (F_TTFT_OVERHEAD, L_BASE, L_CHOL, L_CTX, L_DECODE_ALPHA, L_DECODE_SCALE, L_JITTER_SD,
                      L_JITTER_SHIFT, L_KEY_HI, L_KEY_LO, L_NOISE, L_OVERHEAD_SD, L_PREFILL, L_PREFILL_MU,
-                     L_PREFILL_SD, L_R_AR_T0, L_R_AR_TOK, L_R_CA_PAIR, L_R_CA_T0, L_R_GA_T0, L_R_GEMM,
+                     L_PREFILL_SD, L_R_AR_T0, L_R_AR_TOK, L_R_CA_PAIR, L_R_CA_T0, L_R_GA_SEQ, L_R_GA_T0, L_R_GEMM,
                      L_R_LM, L_R_MOE_E, L_R_MOE_GEMM, L_R_MOE_K, L_R_MOE_Q, L_R_NGEMM, L_R_OVER, L_R_PER_SEQ,
                      L_ROOF, L_RUN, L_SPEED_MU, L_SPEED_SD, L_STALL_MEAN, L_STALL_PROB, L_SWAP, N_CAL,
                      S_RUN_EFFECTS, S_STEP_NOISE)
@@ -118,8 +118,8 @@ def _roofline_time(lat, n_dec, n_pf, pairs2, n_pfs):
     per-sequence overheads, the weight GEMMs at the step's token count, the
     MoE experts the tokens touch (expected distinct experts of E for t tokens
     with k each, E (1 - (1 - k/E)^t), each running t k / touched rows), the
-    decode and prefill attention's fixed times and the prefill's causal
-    pairs, the LM head over the scheduled sequences, the all-reduces; added
+    decode attention's fixed time and time per decoder, the prefill
+    attention's fixed time and its causal pairs, the LM head over the scheduled sequences, the all-reduces; added
     in this order (the reference simulator adds the same terms in the same
     order, `fastsim._reference._roofline_step_time`)."""
     t = float(n_dec + n_pf)
@@ -133,7 +133,7 @@ def _roofline_time(lat, n_dec, n_pf, pairs2, n_pfs):
         m = t * lat[L_R_MOE_K] / touched
         d += touched * (_gemm_entry(lat, L_R_MOE_GEMM, m) + _gemm_entry(lat, L_R_MOE_GEMM + 4, m))
     if n_dec > 0:
-        d += lat[L_R_GA_T0]
+        d += lat[L_R_GA_T0] + lat[L_R_GA_SEQ] * n_dec
     if n_pf > 0:
         d += lat[L_R_CA_T0] + lat[L_R_CA_PAIR] * pairs2
     if rows > 0.0:

@@ -112,7 +112,8 @@ L_R_LM = L_ROOF + 12        # the LM head's GEMM entry (4 slots), rows = schedul
 L_R_MOE_GEMM = L_ROOF + 16  # the two GEMM entries of one expert (8 slots), rows = tokens per expert
 L_R_GEMM = L_ROOF + 24      # the weight-GEMM entries, 4 slots each, rows = the step's tokens
 N_R_GEMM = 8
-N_LAT = L_R_GEMM + 4 * N_R_GEMM
+L_R_GA_SEQ = L_R_GEMM + 4 * N_R_GEMM   # decode attention's time per decoding sequence
+N_LAT = L_R_GA_SEQ + 1
 
 # --- named codes, shared by Python (`fastsim/_replicate.py`) and the kernel ---
 # ipar[I_POLICY]: the waiting queue's order
