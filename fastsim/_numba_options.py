@@ -280,10 +280,13 @@ class _LinkOnlyLibrary(JITCodeLibrary):
 
 class _InternalCompiler(Compiler):
     """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
-    the function unless this process builds internal functions in full."""
+    the function unless this process builds internal functions in full or
+    is to save this one (``saving``: its `_InternalCache`'s)."""
+
+    saving = frozenset()
 
     def compile_extra(self, func):
-        if not (_BUILD_INTERNAL or KERNEL_DEBUG) and self.state.library is None:
+        if not (_BUILD_INTERNAL or KERNEL_DEBUG or self.saving) and self.state.library is None:
             library = self.state.targetctx.codegen().create_library(func.__qualname__)
             library.__class__ = _LinkOnlyLibrary
             self.state.library = library
@@ -332,6 +335,9 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
         if not _no_locator(exc):
             raise
         _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
+    else:   # (its compiler sees what is to be saved)
+        dispatcher._compiler.pipeline_class = type("_InternalCompiler", (_InternalCompiler,),
+                                                   {"saving": dispatcher._cache.saving})
     return _stamp(dispatcher)
 
 
