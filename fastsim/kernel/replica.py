@@ -472,7 +472,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
     the others."""
     _init_requests(known, req, ipar, fpar)
-    if ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
+    if full is not None and ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
         _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
@@ -484,7 +484,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
-    if ipar[I_SESSIONS] != 0:
+    if full is not None and ipar[I_SESSIONS] != 0:
         _session_init(known, req, ipar, sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
     for j in range(N_RF):
         sc.rf[j] = 0.0
@@ -837,16 +837,16 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         dlt = slope * n_d
         kmax = dec.hk[0] - S
         hb = 0   # (async) blocks of the requests held, which leave once the first step is scheduled
-        if n_held > 0:
+        if full is not None and n_held > 0:
             if dec.ph[sph] > free:
                 break
             for j in range(n_held):
                 hb += req.blocks[batch.zl[j]]
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
-        if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
+        if full is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
-            if async_on:
+            if full is not None and async_on:
                 kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
                     t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, t_vis, next_a, lat, k0,
                     rec.itl_v, rec.itl_w, n_itl, dstate[2])
@@ -854,7 +854,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
                     t, kmax, min(next_a, we), dp, slope, n_d, ksum, S, dec.ph, sph, bs, free, t, np.inf, lat, k0,
                     rec.itl_v, rec.itl_w, n_itl, dstate[2])
-        elif async_on:   # an arrival is seen at the schedule after the step it came in
+        elif full is not None and async_on:   # an arrival is seen at the schedule after the step it came in
             kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
                                                            bs, free + hb, t_vis, next_a)
         else:
@@ -865,7 +865,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if t_end > t_stop:
             return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
         n_held0 = n_held
-        if n_held > 0:
+        if full is not None and n_held > 0:
             free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                               n_run, n_wait, jmax, caching)
             n_held = 0
@@ -874,10 +874,10 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         nm_d = dstate[2]
         if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
             # the stretch lies inside the window or outside it
-            x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
+            x = t_end - t if full is not None and noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
             used0 = nblk - free
             if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
-                if noisy:
+                if full is not None and noisy:
                     d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
                 if used0 + dec.ph[sph] + hb > a_max:
                     a_max = used0 + dec.ph[sph] + hb
@@ -893,9 +893,9 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
             if ws <= t and t_end <= we:
                 a_occ += x * n_run
                 a_queue += x * n_wait
-                a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
+                a_kv += (used0 + nb) * x - (s1 if full is not None and noisy else _kv_weight(s1, s2, d0, dlt))
             if nm_d > 0:
-                if noisy:
+                if full is not None and noisy:
                     n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
                 elif _constant_in_step(lat):
                     rec.gapw[n_d] += kk * nm_d
@@ -914,7 +914,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 free -= dec.ph[sph]
                 used = nblk - free
                 d = dp + slope * (ksum + n_d * (S + 1))
-                if noisy:
+                if full is not None and noisy:
                     d = _step_noise(lat, d, a_steps)
                 t_end = t + d
                 held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
@@ -928,7 +928,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 sph = sph - 1 if sph > 0 else bs - 1
                 t = t_end
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
-        if async_on:
+        if full is not None and async_on:
             t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
                 # finished, held: the next stretch takes them in its first step
@@ -1162,7 +1162,11 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 kk -= 1
             req.sched[v] = 0
             # (with caching, its refunded tokens' blocks are private: all released)
-            free = _release(v, free, req, cache, jmax, caching, hashing)
+            if full is None:   # (as `_release` without caching)
+                free += req.blocks[v]
+                req.blocks[v] = 0
+            else:
+                free = _release(v, free, req, cache, jmax, caching, hashing)
             req.npre[v] += 1
             m_v = _blocks_of(req.k[v], bs, bsh)
             if swap_on and m_v <= ipar[I_SWAP_BLOCKS] - swap_used:
@@ -1419,7 +1423,11 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
         if req.status[r] == ST_COMPLETED:
             if hashing and req.npre[r] > 0:
                 cache.pool.pst[3] -= 1   # (one fewer ever preempted in the system)
-            free = _release(r, free, req, cache, jmax, caching, hashing)
+            if full is None:   # (as `_release` without caching)
+                free += req.blocks[r]
+                req.blocks[r] = 0
+            else:
+                free = _release(r, free, req, cache, jmax, caching, hashing)
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[r] + req.output[r]
         else:
