@@ -213,11 +213,7 @@ def pack_scenario(scenario: Scenario) -> dict:
         prio_val = np.asarray(w.priorities, dtype=np.int64)
         prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
         prio_cdf[-1] = 1.0
-    lat = scenario.latency._params()
-    # (the latency model's options, in ``ipar`` too: `kernel.replica.engine_variant` reads ``ipar`` only)
-    ipar[K.I_STEP_NOISE] = int(lat[K.L_NOISE] != 0.0)
-    ipar[K.I_ROOFLINE] = int(lat.size > K.L_ROOF and lat[K.L_ROOF] != 0.0)
-    packed = dict(ipar=ipar, fpar=fpar, lat=lat, arr_times=arr_times,
+    packed = dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
                   lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
                   prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
     f = scenario.fleet

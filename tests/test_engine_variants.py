@@ -1,16 +1,13 @@
 """The two compilations of the engine (`kernel.replica._simulate`'s ``full``).
 
 ``full=None`` compiles the *common* engine: static batching, active priority
-preemption, swap preemption, prefix caching, async scheduling, a closed loop
-and sessions, per-step noise and the roofline are constants there, and
+preemption, swap preemption and prefix caching are constants there, and
 Numba drops their branches before typing (a shorter cold start). ``full=1``
 compiles the engine with every option. On a scenario that uses none of
 those options the two must be one engine: the same metrics rows and the same
 per-request results, bit for bit. The common engine refuses a scenario that
 needs the full one instead of simulating it without the option.
 """
-
-import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -24,10 +21,8 @@ from test_reference_agreement import GRID, LATENCIES, scenario
 # Mechanisms of the reference-agreement grid that the common engine has, and
 # a few more: priority aging, SJF on predicted lengths, bursty arrivals with
 # a horizon, prefix groups without caching, trace rows, multi-user arrivals.
-# (prefix caching and async scheduling, on by default as in vLLM, are options
-# of the full engine; the vLLM V1 admission rules that are not are left on)
-COMMON = {"enable_prefix_caching": False, "async_scheduling": False, "scheduler_reserve_full_isl": True,
-          "null_block": True}
+# (prefix caching, on by default as in vLLM, is an option of the full engine)
+COMMON = {"enable_prefix_caching": False}
 BASE = scenario(COMMON, LATENCIES["a10g"])
 CASES = {f"{name}/{lat}": scenario({**COMMON, **GRID[name]}, LATENCIES[lat])
          for name in GRID if "static" not in name for lat in ("a10g", "full")}
@@ -91,22 +86,13 @@ OPTIONS = {
     "swap": ({"preemption_mode": "swap", "swap_space_blocks": 24}, {}),
     "prefix_caching": ({"enable_prefix_caching": True, "num_gpu_blocks": 200},
                        {"workload.prefix_groups": 2, "workload.prefix_len": 48}),
-    "async_scheduling": ({"async_scheduling": True}, {}),
-    "closed_loop": ({}, {"workload.max_concurrency": 6, "workload.warmup_requests": 0}),
-    "sessions": ({}, {"workload.sessions": fastsim.Sessions(turns=3, think_time_s=1.0), "workload.warmup_requests": 0}),
-    "step_noise": ({}, {"latency": dataclasses.replace(LATENCIES["a10g"],
-                                                       noise=fastsim.StepNoise(jitter_sd=0.3, stall_prob=0.05,
-                                                                               stall_mean_s=0.05))}),
-    "roofline": ({}, {"latency": fastsim.Deployment(model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A10G",
-                                                    max_num_seqs=12, max_num_batched_tokens=192).latency}),
 }
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
     engine, workload = OPTIONS[option]
-    sc = scenario({"enable_prefix_caching": False, "async_scheduling": False, **engine},
-                  LATENCIES["a10g"]).replace(**workload)
+    sc = scenario(engine, LATENCIES["a10g"]).replace(**workload)
     p = pack_scenario(sc)
     ipar = p["ipar"]
     assert K.engine_variant(ipar) == 1
@@ -126,13 +112,8 @@ def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
     pd.testing.assert_frame_equal(kernel, fastsim.simulate_requests(sc, stream, backend="reference"),
                                   check_exact=True)
     off = {"scheduler": "continuous", "priority_preemption": False, "preemption_mode": "recompute",
-           "swap_space_blocks": 0, "enable_prefix_caching": False, "async_scheduling": False}
+           "swap_space_blocks": 0, "enable_prefix_caching": False}
     plain = sc.replace(**{f"engine.{k}": off[k] for k in engine if k in off})
-    if "latency" in workload:
-        plain = plain.replace(latency=LATENCIES["a10g"])
-    if "workload.max_concurrency" in workload or "workload.sessions" in workload:
-        plain = None   # (the stream itself is the closed loop's: compared with the reference above)
-    if plain is not None:
-        assert not kernel.equals(fastsim.simulate_requests(plain, stream, backend="numba"))
+    assert not kernel.equals(fastsim.simulate_requests(plain, stream, backend="numba"))
     res = fastsim.replicate(sc, n_replications=3, seed=0)
     assert res.estimate("request_throughput") > 0

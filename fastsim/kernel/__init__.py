@@ -28,8 +28,7 @@ thread per replication.
 
 The engine is compiled in two versions (`replica.engine_variant`): the
 common one, in which Numba prunes static batching, active priority
-preemption, swap preemption, prefix caching, async scheduling, a closed
-loop and sessions, per-step noise and the roofline before typing (a shorter
+preemption, swap preemption and prefix caching before typing (a shorter
 cold start), and the full one.
 
 Modules, in reading order: `layout` (parameter slots, codes, streams,

@@ -48,9 +48,7 @@ I_BLOCK_HASH = 35     # with I_CACHING: 1 prefix caching by block hash (vLLM V1,
                       # with the block pool's conservation checked after every step (a test path)
 I_SESSIONS = 36       # multi-turn sessions (`arrivals._session_sends`): SESSIONS_*; 0: none
 I_TRACE_HASH = 37     # 1: a replayed trace's block identities (`workload._trace_parents`) key the block pool
-I_STEP_NOISE = 38     # 1: the latency record has per-step noise (``lat[L_NOISE]``; for `replica.engine_variant`)
-I_ROOFLINE = 39       # 1: the latency record is a roofline (``lat[L_ROOF]``; for `replica.engine_variant`)
-N_IPAR = 40
+N_IPAR = 38
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

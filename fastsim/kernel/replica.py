@@ -40,13 +40,12 @@ start, and a replica run in many calls gives the bits of one call.
 The options that act on scheduling (active priority preemption, swap
 preemption, prefix caching) are implemented in the slow step only, and force
 it (correctness first). ``full`` chooses the compiled engine
-(`engine_variant`): ``None``, the *common* engine, the synchronous loop
-without static batching, those three options, async scheduling, a closed
-loop or sessions, per-step noise and the roofline, or ``1``, the engine with
-all of them (vLLM's defaults need it). When ``full`` is None, Numba prunes
-the branches of the options before typing (every function below that reads
-an option takes ``full`` and tests it first), so the common engine compiles
-only what it runs; both run the same code otherwise.
+(`engine_variant`): ``None``, the *common* engine, without static batching
+and those three options, or ``1``, the engine with all of them. When
+``full`` is None, Numba prunes the branches of the options before typing
+(every function below that reads an option takes ``full`` and tests it
+first), so the common engine compiles faster; both run the same code
+otherwise.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
                      I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP,
                      I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
-                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING, L_ROOF, I_STEP_NOISE, I_ROOFLINE)
+                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING, L_ROOF)
 from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
                          _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted,
                          _pool_hits, _pool_init, _pool_queued_hits, _pool_session_lists, _pool_take, _preempted)
@@ -86,10 +85,8 @@ from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV,
                         RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
-# caching, async scheduling, multi-turn sessions, per-step noise, the
-# roofline: the options only the full engine has (`_simulate`'s ``full``);
-# and a closed loop (``I_MAX_CONCURRENCY`` > 0).
-_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING, I_ASYNC, I_SESSIONS, I_STEP_NOISE, I_ROOFLINE)
+# caching: the options only the full engine has (`_simulate`'s ``full``).
+_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
 
 # Where a paused replica stands (``RI_MODE``).
 MODE_BETWEEN_STEPS = 0   # the next step is not scheduled
@@ -107,9 +104,9 @@ def _full_engine_needed(ipar):
     """Whether ``ipar`` asks for an option of the full engine (plain
     Python: `engine_variant` calls it, `_needs_full_engine` compiles it)."""
     for i in _FULL_ENGINE_FLAGS:
-        if ipar[i] != 0:
+        if ipar[i] == 1:
             return True
-    return ipar[I_MAX_CONCURRENCY] > 0
+    return False
 
 
 _needs_full_engine = njit_noalloc(_full_engine_needed)
@@ -184,7 +181,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     optimises and generates the engine's code once (a callee's code is
     optimised again in every caller it is linked into).
     """
-    if full is None and (_needs_full_engine(ipar) or not _closed_forms(lat) or lat[L_ROOF] != 0.0):
+    if full is None and _needs_full_engine(ipar):
         return -2
     bs = ipar[I_BLOCK_SIZE]
     cap, ncnt, nheld, nitl, jmax, nbp, nbt = _layout_dims(n, prompt, output, pgrp, plen, ipar, wi, what)
@@ -205,14 +202,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     else:
         caching = ipar[I_CACHING] == 1
         hashing = caching and ipar[I_BLOCK_HASH] >= 1
-    if full is None:   # (constants: Numba prunes their branches)
-        async_on = False
-        sessions = False
-        closed = False
-    else:
-        async_on = ipar[I_ASYNC] == 1
-        sessions = ipar[I_SESSIONS] != 0
-        closed = ipar[I_MAX_CONCURRENCY] > 0 or sessions
+    async_on = ipar[I_ASYNC] == 1
     rc = 0
     if what & STEP_ADVANCE:
         ri, rf = sc.ri, sc.rf
@@ -230,7 +220,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         # and ri[RI_PEND_DEPARTURES], (async) a step's completions not yet turned, since vLLM schedules
         # the step after it before it sees them (kept in memory, not in the loop's registers)
         # sessions (`arrivals._session_sends`): a turn's departure sends its session's next turn
+        sessions = ipar[I_SESSIONS] != 0
         sess = ri[RI_SESS_SCAN:RI_SESS_MADE + 1]
+        closed = ipar[I_MAX_CONCURRENCY] > 0 or sessions
         has_h = ipar[I_HAS_HORIZON] == 1
         horizon = fpar[F_HORIZON]
         ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
@@ -273,7 +265,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 mode = MODE_BETWEEN_STEPS
             if mode == MODE_STRETCH:
                 paused = 0.0
-                if full is None or _closed_forms(lat):
+                if _closed_forms(lat):
                     (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
                      t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
                                          n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
@@ -362,7 +354,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                     _count_scheduled(req, batch.oth, n_oth, cache.pool, t, lag, bs)
                 ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
                 pairs2, n_pfs = 0, 0
-                if full is not None and n_pf > 0 and lat[L_ROOF] != 0.0:
+                if n_pf > 0 and lat[L_ROOF] != 0.0:
                     pairs2, n_pfs = _prefill_work(req, batch.oth, n_oth, ipar, full)
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4], pairs2, n_pfs)
                 mode = MODE_FAST_STEP
@@ -386,13 +378,13 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                             and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
                         return -3
                 pairs2, n_pfs = 0, 0
-                if full is not None and n_pf > 0 and lat[L_ROOF] != 0.0:
+                if n_pf > 0 and lat[L_ROOF] != 0.0:
                     pairs2, n_pfs = _prefill_work(req, batch.run, n_run, ipar, full)
                 d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs)
                 mode = MODE_SLOW_STEP
                 n_in_queue = n_wait + n_sw
             if not ran:   # only preemptions happened, or (async) only held requests run
-                if async_on and n_held > 0:
+                if n_held > 0:
                     # vLLM: the step in flight ends, its output is applied, and the
                     # scheduler tries again at once (nothing in flight: no lag)
                     free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free,
@@ -412,7 +404,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                                  ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
             if async_on and has_h and t >= horizon:
                 acc5 = _add_in_system(acc5, -(n_run + n_in_queue) * d)   # (async: not run, the run ends at t)
-            elif async_on and n_held > 0:
+            elif n_held > 0:
                 acc5 = _add_in_system(acc5, -n_held * d)   # (async: finished at t, held in the batch)
                 free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                                   n_run, n_wait, jmax, caching)
@@ -432,7 +424,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
         ri[RI_N_HELD], rf[RF_VISIBLE] = n_held, t_vis
     if what & STEP_FINISH:
-        if async_on and sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
+        if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
             sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN], sc.ri[RI_N_WAIT] = _release_finished(
                 req, batch.zl, sc.ri[RI_N_HELD], cache, ipar, sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN],
                 sc.ri[RI_N_WAIT], jmax, caching)
@@ -472,7 +464,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
     the others."""
     _init_requests(known, req, ipar, fpar)
-    if full is not None and ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
+    if ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
         _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
@@ -484,7 +476,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     _init_state(lat, batch, dec, swap, cache, rec)
     for j in range(N_RI):
         sc.ri[j] = 0
-    if full is not None and ipar[I_SESSIONS] != 0:
+    if ipar[I_SESSIONS] != 0:
         _session_init(known, req, ipar, sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
     for j in range(N_RF):
         sc.rf[j] = 0.0
@@ -734,7 +726,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
     become lazy decoders. Return the updated (free blocks, reserved tokens,
     running, others, fast steps, phase, gap entries, requests held). With
     async scheduling, the requests that finish are held (`pipeline`)."""
-    async_on = False if full is None else ipar[I_ASYNC] == 1
+    async_on = ipar[I_ASYNC] == 1
     dstate = dec.dstate
     if dstate[2] > 0:
         if _constant_in_step(lat) and n_pf == 0:
@@ -837,16 +829,16 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         dlt = slope * n_d
         kmax = dec.hk[0] - S
         hb = 0   # (async) blocks of the requests held, which leave once the first step is scheduled
-        if full is not None and n_held > 0:
+        if n_held > 0:
             if dec.ph[sph] > free:
                 break
             for j in range(n_held):
                 hb += req.blocks[batch.zl[j]]
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
-        if full is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
+        if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
-            if full is not None and async_on:
+            if async_on:
                 kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
                     t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, t_vis, next_a, lat, k0,
                     rec.itl_v, rec.itl_w, n_itl, dstate[2])
@@ -854,7 +846,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
                     t, kmax, min(next_a, we), dp, slope, n_d, ksum, S, dec.ph, sph, bs, free, t, np.inf, lat, k0,
                     rec.itl_v, rec.itl_w, n_itl, dstate[2])
-        elif full is not None and async_on:   # an arrival is seen at the schedule after the step it came in
+        elif async_on:   # an arrival is seen at the schedule after the step it came in
             kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
                                                            bs, free + hb, t_vis, next_a)
         else:
@@ -865,7 +857,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         if t_end > t_stop:
             return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
         n_held0 = n_held
-        if full is not None and n_held > 0:
+        if n_held > 0:
             free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                               n_run, n_wait, jmax, caching)
             n_held = 0
@@ -874,10 +866,10 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         nm_d = dstate[2]
         if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
             # the stretch lies inside the window or outside it
-            x = t_end - t if full is not None and noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
+            x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
             used0 = nblk - free
             if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
-                if full is not None and noisy:
+                if noisy:
                     d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
                 if used0 + dec.ph[sph] + hb > a_max:
                     a_max = used0 + dec.ph[sph] + hb
@@ -893,9 +885,9 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
             if ws <= t and t_end <= we:
                 a_occ += x * n_run
                 a_queue += x * n_wait
-                a_kv += (used0 + nb) * x - (s1 if full is not None and noisy else _kv_weight(s1, s2, d0, dlt))
+                a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
             if nm_d > 0:
-                if full is not None and noisy:
+                if noisy:
                     n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
                 elif _constant_in_step(lat):
                     rec.gapw[n_d] += kk * nm_d
@@ -914,7 +906,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 free -= dec.ph[sph]
                 used = nblk - free
                 d = dp + slope * (ksum + n_d * (S + 1))
-                if full is not None and noisy:
+                if noisy:
                     d = _step_noise(lat, d, a_steps)
                 t_end = t + d
                 held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
@@ -928,7 +920,7 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 sph = sph - 1 if sph > 0 else bs - 1
                 t = t_end
         acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
-        if full is not None and async_on:
+        if async_on:
             t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
                 # finished, held: the next stretch takes them in its first step
@@ -1129,7 +1121,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         swap_on = ipar[I_SWAP] == 1
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
-    async_on = False if full is None else ipar[I_ASYNC] == 1
+    async_on = ipar[I_ASYNC] == 1
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
@@ -1162,11 +1154,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
                 kk -= 1
             req.sched[v] = 0
             # (with caching, its refunded tokens' blocks are private: all released)
-            if full is None:   # (as `_release` without caching)
-                free += req.blocks[v]
-                req.blocks[v] = 0
-            else:
-                free = _release(v, free, req, cache, jmax, caching, hashing)
+            free = _release(v, free, req, cache, jmax, caching, hashing)
             req.npre[v] += 1
             m_v = _blocks_of(req.k[v], bs, bsh)
             if swap_on and m_v <= ipar[I_SWAP_BLOCKS] - swap_used:
@@ -1386,7 +1374,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
         static = ipar[I_STATIC] == 1
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
-    async_on = False if full is None else ipar[I_ASYNC] == 1
+    async_on = ipar[I_ASYNC] == 1
     warmup = ipar[I_WARMUP]
     run = batch.run
     for jj in range(n_run):
@@ -1423,11 +1411,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
         if req.status[r] == ST_COMPLETED:
             if hashing and req.npre[r] > 0:
                 cache.pool.pst[3] -= 1   # (one fewer ever preempted in the system)
-            if full is None:   # (as `_release` without caching)
-                free += req.blocks[r]
-                req.blocks[r] = 0
-            else:
-                free = _release(r, free, req, cache, jmax, caching, hashing)
+            free = _release(r, free, req, cache, jmax, caching, hashing)
             if ipar[I_ADMISSION] == ADMISSION_KV_RESERVATION:
                 reserved -= req.prompt[r] + req.output[r]
         else:
