@@ -40,6 +40,17 @@ inlining (``inline="always"``) is not offered: it types and lowers the
 helper again at every call site, which cost much compile time for no speed
 that LLVM's inlining does not give as well (`benchmarks/HISTORY.md`).
 
+Internal functions are linked, not built. Numba builds every compiled
+function as a library of its own: LLVM optimises it with everything it
+links in, at the full level, then generates its machine code, although an
+internal function's code only ever runs linked into (and optimised again
+in) the entries that call it. An internal function compiled in this
+process is therefore a *link-only* library (`_LinkOnlyLibrary`): its LLVM
+IR after Numba's function passes, linked with its callees' and nothing
+more; the entry that links it in optimises the whole once and generates its
+code. The helper process builds them in full, since its cache entries hold
+machine code (`_helper_main`); so does the debug mode.
+
 Calls through a pointer where linking costs more than it gives. When a
 jitted function calls another, Numba links the callee's LLVM module into
 the caller's, and LLVM optimises and generates code for all of it again.
@@ -86,6 +97,9 @@ import warnings
 import numba
 from numba.core import sigutils
 from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core.codegen import JITCodeLibrary
+from numba.core.compiler import Compiler
+from numba.core.compiler_lock import require_global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.types import FunctionType, WrapperAddressProtocol
 from numba.extending import typeof_impl
@@ -211,6 +225,74 @@ def _one_specialisation(dispatcher):
     return dispatcher
 
 
+#: Whether internal functions compiled in this process are built in full
+#: (the helper process, whose cache entries hold machine code), rather
+#: than as link-only libraries.
+_BUILD_INTERNAL = False
+
+
+class _EnvlessCodegen:
+    """The codegen as a link-only library shows it: it has no code in the
+    JIT engine, so no environment to point at (`set_env`: Numba's call
+    would write through a null address); otherwise the codegen itself."""
+
+    def __init__(self, codegen):
+        self._codegen = codegen
+
+    def set_env(self, env_name, env):
+        pass   # (the kernel's internal functions never read their environment: nothing raises with data)
+
+    def __getattr__(self, name):
+        return getattr(self._codegen, name)
+
+
+class _LinkOnlyLibrary(JITCodeLibrary):
+    """An internal function's code library that is only ever linked into
+    its callers: finalising it links its callees' modules in and stops
+    there, without the module passes and the machine code that Numba's
+    library would make (the caller's own finalisation optimises and
+    generates the linked code). It has no function pointers (an internal
+    function has no Python or C wrapper to point at) and cannot be cached
+    (`_InternalCache.save_overload`)."""
+
+    def finalize(self):
+        require_global_compiler_lock()
+        self._raise_if_finalized()
+        seen = set()
+        for library in self._linking_libraries:   # (as Numba's `CodeLibrary.finalize` links them)
+            if library not in seen:
+                self._reload_init.update(library._reload_init)
+                seen.add(library)
+                self._final_module.link_in(library._get_module_for_linking(), preserve=True)
+        self._final_module.verify()
+        self._finalize_dynamic_globals()
+        self._verify_declare_only_symbols()
+        self._finalized = True
+
+    def get_pointer_to_function(self, name):
+        self._ensure_finalized()
+        return 0
+
+    @property
+    def codegen(self):
+        return _EnvlessCodegen(self._codegen)
+
+
+class _InternalCompiler(Compiler):
+    """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
+    the function unless this process builds internal functions in full or
+    is to save this one (``saving``: its `_InternalCache`'s)."""
+
+    saving = frozenset()
+
+    def compile_extra(self, func):
+        if not (_BUILD_INTERNAL or KERNEL_DEBUG or self.saving) and self.state.library is None:
+            library = self.state.targetctx.codegen().create_library(func.__qualname__)
+            library.__class__ = _LinkOnlyLibrary
+            self.state.library = library
+        return super().compile_extra(func)
+
+
 class _InternalDispatcher(CPUDispatcher):
     """A dispatcher compiled without a Python entry: calling it from Python
     would jump to a wrapper that does not exist."""
@@ -245,7 +327,7 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     # fastmath given, not inherited from the caller: the disk cache's key
     # does not hold it, and a cached copy must be what any caller would get
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
-                      forceinline=inline == "llvm", fastmath=False)
+                      forceinline=inline == "llvm", fastmath=False, pipeline_class=_InternalCompiler)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     try:
         dispatcher._cache = _InternalCache(dispatcher.py_func)
@@ -253,6 +335,9 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
         if not _no_locator(exc):
             raise
         _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
+    else:   # (its compiler sees what is to be saved)
+        dispatcher._compiler.pipeline_class = type("_InternalCompiler", (_InternalCompiler,),
+                                                   {"saving": dispatcher._cache.saving})
     return _stamp(dispatcher)
 
 
@@ -369,7 +454,7 @@ class _InternalCache(_SafeFunctionCache):
         return super().load_overload(sig, target_context)
 
     def save_overload(self, sig, data):
-        if sigutils.normalize_signature(sig)[0] in self.saving:
+        if sigutils.normalize_signature(sig)[0] in self.saving and not isinstance(data.library, _LinkOnlyLibrary):
             super().save_overload(sig, data)
 
 
@@ -628,6 +713,8 @@ def _helper_main(report, lock=None, orphaned=None):
     process died: a worker that outlives its parent exits by itself), it
     begins no further job; the one it is at finishes, so that no cache file
     is left half-written."""
+    global _BUILD_INTERNAL
+    _BUILD_INTERNAL = True   # (its cache entries hold machine code)
     lock = lock or threading.Lock()
     orphaned = orphaned or threading.Event()
 

@@ -117,6 +117,22 @@ def test_this_process_reads_internal_functions_but_never_writes_them(toy):
     assert (compiled_here(again.inner), loaded_from_cache(again.inner)) == (0, 1)
 
 
+def test_an_internal_function_compiled_here_is_only_linked_into_its_callers(toy):
+    """Not to be saved, an internal function's library is link-only (no
+    module passes, no machine code of its own): its caller links it in,
+    optimises it and runs it. To be saved (a helper's job), it is built in
+    full, since the cache holds machine code."""
+    assert toy.first(4) == 13
+    (cres,) = toy.inner.overloads.values()
+    assert isinstance(cres.library, O._LinkOnlyLibrary) != O.KERNEL_DEBUG   # (debug builds are full)
+    assert cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name) == 0 or O.KERNEL_DEBUG
+    fresh = importlib.reload(toy)
+    fresh.inner._cache.saving.add(SIG)   # as in a helper
+    fresh.inner.compile(SIG)
+    (cres,) = fresh.inner.overloads.values()
+    assert not isinstance(cres.library, O._LinkOnlyLibrary)
+
+
 def test_while_a_helper_runs_an_internal_function_is_loaded_only_once_it_reported_it(toy, tmp_path):
     """An index entry on disk (here from an earlier run) is not enough: the
     engine takes its callees from the running helper only, as the helper

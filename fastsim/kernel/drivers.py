@@ -228,9 +228,28 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     kernels release the GIL). The request arrays and the workspace
     (`ChunkBuffers`) are reused, grown when a replication needs more.
     Replications are keyed by their global index, so results do not depend
-    on the thread count or on how a run is chunked. ``full``: the engine
-    (`engine_variant`). Returns 0, or `_simulate`'s negative code (-2: the
-    common engine refused ``ipar``), at the first replication that gets one.
+    on the thread count or on how a run is chunked.
+
+    Parameters
+    ----------
+    rep0, nrep : int
+        The first replication and how many.
+    key0, key1 : uint64
+        The run's seed keys.
+    ipar, fpar, lat : arrays
+        The parameter records (`layout.I_*`, `F_*`, `L_*`; `_replicate.pack_scenario`).
+    arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges : arrays
+        The workload's tables, as `workload._draw_workload` takes them (`scenario_arrays`).
+    out : float64 array (nrep, N_COLUMNS)
+        Filled: the replications' rows of metrics.
+    full : None or int
+        The engine (`replica.engine_variant`).
+
+    Returns
+    -------
+    int
+        0, or `_simulate`'s negative code (-2: the common engine refused
+        ``ipar``) at the first replication that gets one.
     """
     run = chunk_runner((ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
                         pred_edges), full)
@@ -303,7 +322,24 @@ def _run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, 
 def draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace,
                   prio_val, prio_cdf, pred_edges):
     """The request stream of replication ``rep`` (arrival, prompt, output, priority, SJF key,
-    prefix group, prefix length): `_draw_workload` called from Python."""
+    prefix group, prefix length): `_draw_workload` called from Python.
+
+    Parameters
+    ----------
+    rep : int
+        The replication's index.
+    key0, key1 : uint64
+        The run's seed keys.
+    ipar, fpar : arrays
+        The parameter records (`layout.I_*`, `F_*`).
+    arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges : arrays
+        The workload's tables, as `workload._draw_workload` takes them (`scenario_arrays` with ``lat=False``).
+
+    Returns
+    -------
+    tuple of 7 arrays
+        Copies of the drawn columns, one entry per request.
+    """
     buf = ChunkBuffers(int(ipar[I_NUM_REQUESTS]))
     n = _draw_workload(np.int64(rep), np.uint64(key0), np.uint64(key1), ipar, fpar, arr_times, lcomp, lpar, ltab,
                        lrange, trace, prio_val, prio_cdf, pred_edges, buf.state, *buf.requests)
