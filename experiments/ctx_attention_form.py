@@ -19,11 +19,12 @@ error over all rows, and over the rows near the ridge (memory time between a
 quarter and four times the compute time at the max form's efficiencies),
 where the forms differ most.
 
-Run: ``python experiments/ctx_attention_form.py``.
+Run: ``python experiments/ctx_attention_form.py [--quick]`` (``--quick``: one GPU, the H100).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
@@ -61,9 +62,12 @@ def fit(form, f, by, y, spec):
     return np.exp(r.x)
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one GPU (the H100) rather than all five")
+    args = ap.parse_args(argv)
     print("gpu\tkernel\tmax_step\tform\teta_c\tt0_us\teta_m\tmed_err\tp90_err\tridge_n\tridge_med\tridge_p90")
-    for g in GPUS:
+    for g in (["h100_sxm"] if args.quick else GPUS):
         spec = read_system(g)
         best, f, by, y, step = data(g)
         pm = fit("max", f, by, y, spec)
