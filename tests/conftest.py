@@ -9,6 +9,7 @@ several tests inspect are session-scoped fixtures.
 import contextlib
 
 import numpy as np
+import pandas as pd
 import pytest
 from numba.core.dispatcher import Dispatcher
 
@@ -68,6 +69,17 @@ def within(estimate, truth, std_error, z=Z):
     assert abs(estimate - truth) <= z * std_error, (
         f"estimate {estimate:.6g} differs from {truth:.6g} by {abs(estimate - truth) / std_error:.2f} "
         f"standard errors (allowed {z})")
+
+
+def assert_same(sc, seed, replication=0):
+    """The kernel's per-request frame for the stream drawn with ``seed`` and
+    ``replication``, after checking it equals the reference simulator's bit
+    for bit."""
+    stream = fastsim.sample_requests(sc, seed=seed, replication=replication)
+    fast = fastsim.simulate_requests(sc, stream, backend="numba")
+    ref = fastsim.simulate_requests(sc, stream, backend="reference")
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
+    return fast
 
 
 @contextlib.contextmanager

@@ -14,6 +14,8 @@ import pytest
 
 import fastsim
 
+from conftest import assert_same
+
 BASE_ENGINE = dict(max_num_seqs=12, max_num_batched_tokens=192, block_size=16, num_gpu_blocks=48)
 
 GRID = {
@@ -54,14 +56,6 @@ def scenario(engine, latency, horizon_s=None, burstiness=1.0):
             output_len=fastsim.LogNormal(40, 0.9), priorities=(0, 1, 2), priority_probs=(0.2, 0.3, 0.5),
             warmup_requests=10),
         latency=latency, ttft_slo_s=0.5, tpot_slo_s=0.05)
-
-
-def assert_same(sc, seed, replication=0):
-    stream = fastsim.sample_requests(sc, seed=seed, replication=replication)
-    fast = fastsim.simulate_requests(sc, stream, backend="numba")
-    ref = fastsim.simulate_requests(sc, stream, backend="reference")
-    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
-    return fast
 
 
 #: The engine's vLLM V1 rules: vLLM 0.22's defaults (`EngineConfig`'s), or all

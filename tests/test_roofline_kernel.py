@@ -7,12 +7,13 @@ the roofline's; what cannot be simulated with it is refused."""
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import pytest
 
 import fastsim
 from fastsim._reference import _roofline_step_time
 from fastsim.kernel import layout as K
+
+from conftest import assert_same
 
 V1_OFF = dict(async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
               enable_prefix_caching=False, block_hash_caching=False)
@@ -48,14 +49,6 @@ def scenario(engine, latency, v1=V1_OFF, rate=8.0, groups=False):
         wl.update(prefix_groups=4, prefix_len=64)
     return fastsim.Scenario(engine=fastsim.EngineConfig(**{**BASE_ENGINE, **v1, **engine}),
                             workload=fastsim.Workload(**wl), latency=latency)
-
-
-def assert_same(sc, seed):
-    stream = fastsim.sample_requests(sc, seed=seed)
-    fast = fastsim.simulate_requests(sc, stream, backend="numba")
-    ref = fastsim.simulate_requests(sc, stream, backend="reference")
-    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
-    return fast
 
 
 @pytest.mark.parametrize("name", list(GRID))

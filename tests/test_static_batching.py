@@ -21,7 +21,7 @@ import fastsim
 from fastsim import kernel as K
 from fastsim._replicate import pack_scenario
 
-from conftest import kernel_as_python, patch_kernel
+from conftest import assert_same, kernel_as_python, patch_kernel
 
 BASE = dict(scheduler="static", max_num_seqs=12, max_num_batched_tokens=512, num_gpu_blocks=300)
 
@@ -54,14 +54,6 @@ def scenario(engine, latency, horizon_s=None, warmup=10):
             prompt_len=fastsim.LogNormal(60, 0.8), output_len=fastsim.LogNormal(40, 1.0),
             priorities=(0, 1, 2), priority_probs=(0.2, 0.3, 0.5)),
         latency=latency, ttft_slo_s=0.5, tpot_slo_s=0.05)
-
-
-def assert_same(sc, seed):
-    stream = fastsim.sample_requests(sc, seed=seed)
-    fast = fastsim.simulate_requests(sc, stream, backend="numba")
-    ref = fastsim.simulate_requests(sc, stream, backend="reference")
-    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
-    return fast
 
 
 @pytest.mark.parametrize("latency", list(LATENCIES))
