@@ -1,19 +1,45 @@
 #!/usr/bin/env bash
-# The GPU backend's device check, as one script to run on a lent machine with
-# an NVIDIA GPU (the GPU issue): install the gpu extra, run the CUDA tests
-# (the real-GPU ones included: they skip without a GPU) and time the GPU
-# against the same machine's CPU cores at 10^3 .. 10^6 replications x 1,000
-# requests. Prints everything it measured; writes the figures to $OUT when
-# set (the device tool's output folder), else to ./gpu_session.
+# The GPU backend's device check, as one script for a short lease on a lent
+# machine with an NVIDIA GPU: run the real-GPU tests of tests/test_cuda.py,
+# then time the GPU against the same machine's CPU cores at 10^3 .. 10^6
+# replications x 1,000 requests (benchmarks/gpu_vs_cpu.py), with launch
+# variants if time is left. Prints everything it measured; writes the logs
+# and a JSON of the figures to $OUT when set (the device tool's output
+# folder), else to ./gpu_session.
 #
-#   bash benchmarks/gpu_session.sh            # about 5-8 minutes on an H100
-set -euo pipefail
+#   bash benchmarks/gpu_session.sh [seconds]     # a time budget, default 480
+#
+# Uses the machine's own numba, numba-cuda and CuPy when they import (a lent
+# machine may have no network); else installs the gpu extra.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+budget=${1:-480}
+start=$(date +%s)
 out=${OUT:-gpu_session}
 mkdir -p "$out"
-export NUMBA_CACHE_DIR="$out/numba_cache"
-python -m pip install --quiet -e ".[test,gpu]" 2>&1 | tail -3
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.csv"
-python -m pytest -q -rs tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
-python benchmarks/gpu_vs_cpu.py --requests 1000 --replications 1000 10000 100000 1000000 --cpu-max 100000 \
-    2>&1 | tee "$out/gpu_vs_cpu.log"
+export NUMBA_CACHE_DIR=/tmp/fastsim_numba_cache PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+if ! $py -c "import numba, numba.cuda, cupy, scipy, pandas, joblib, tqdm, pyarrow, matplotlib" 2>/dev/null; then
+    $py -m pip install --quiet -e ".[test,gpu]" 2>&1 | tail -3
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+$py - <<'EOF' 2>&1 | tee "$out/versions.txt"
+import sys, numpy, numba, scipy
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "numba", numba.__version__, "scipy", scipy.__version__)
+for name in ("numba_cuda", "cupy", "llvmlite"):
+    try:
+        print(name, __import__(name).__version__)
+    except Exception as exc:
+        print(name, "missing:", exc)
+EOF
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.csv"
+nproc | tee -a "$out/gpu.csv"
+# the real-GPU tests (the CUDA-simulator ones run in CI on every change)
+timeout 240 $py -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "real_gpu or unknown_backend or groups" \
+    2>&1 | tee "$out/test_cuda.log"
+left=$(( budget - ($(date +%s) - start) ))
+echo "seconds left for timing: $left"
+timeout $(( left > 30 ? left : 30 )) $py benchmarks/gpu_vs_cpu.py --requests 1000 \
+    --replications 1000 10000 100000 1000000 --cpu-max 100000 --time-limit 90 --deadline $(( left - 20 )) \
+    --variants --json "$out/gpu_vs_cpu.json" 2>&1 | tee "$out/gpu_vs_cpu.log"
+echo "total: $(( $(date +%s) - start )) s"
