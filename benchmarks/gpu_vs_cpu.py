@@ -1,7 +1,7 @@
 """Replications per second on the GPU vs the CPU kernel (a script, not a test).
 
     python benchmarks/gpu_vs_cpu.py [--requests 1000] [--replications 1000 10000 100000]
-        [--cpu-max 10000] [--time-limit 120] [--deadline 0] [--variants] [--json PATH]
+        [--cpu-max 10000] [--time-limit 120] [--deadline 0] [--variants] [--bits] [--json PATH]
 
 Runs the issue-7 reference workload and ShareGPT at ~80% load with
 ``backend="numba"`` (all cores) and ``backend="cuda"``, after compilation,
@@ -13,10 +13,11 @@ the same counts, and the largest relative difference).
 A measurement whose time, projected from the last one, would exceed
 ``--time-limit`` seconds is skipped (and said so), as is everything once
 ``--deadline`` seconds (0: none) have passed since start: the script is
-meant for a short lease on a lent GPU. ``--variants`` also times the
+meant for a short lease on a lent GPU. ``--bits`` ends with `gpu_bits.py`'s
+comparisons (in this process: no second compilation). ``--variants`` also times the
 simulate launch's block size (32, 64, 128 threads) and the device-memory
-budget (2 and 16 GiB: how many replications are in flight at once) on
-ShareGPT at ``--variant-replications``.
+budget (2 and 16 GiB and the default, a share of the free memory: how many
+replications are in flight at once) on ShareGPT at ``--variant-replications``.
 
 Needs ``pip install 'fastsim-llm[gpu]'`` and an NVIDIA GPU; without one it
 says what is missing and exits with status 2.
@@ -75,14 +76,13 @@ class Clock:
         return projected <= self.limit
 
 
-def set_launch(threads_per_block=None, memory_budget=None):
-    """The GPU launch's block size and memory budget for the next runs
-    (`replicate` does not expose them: they are the backend's tuning knobs)."""
+def set_launch(threads_per_block, memory_budget):
+    """The GPU launch's block size and memory budget (bytes; None: the
+    backend's default) for the next runs (`replicate` does not expose them:
+    they are the backend's tuning knobs)."""
     kw = _cuda.run_replications_cuda.__kwdefaults__
-    if threads_per_block is not None:
-        kw["threads_per_block"] = int(threads_per_block)
-    if memory_budget is not None:
-        kw["memory_budget"] = int(memory_budget)
+    kw["threads_per_block"] = int(threads_per_block)
+    kw["memory_budget"] = None if memory_budget is None else int(memory_budget)
 
 
 def main():
@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--agreement-replications", type=int, default=2000)
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--variant-replications", type=int, default=100_000)
+    ap.add_argument("--bits", action="store_true",
+                    help="last, where the results part from the CPU's (benchmarks/gpu_bits.py, in this process)")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
     reason = cuda_unavailable_reason()
@@ -154,19 +156,23 @@ def main():
         rows = report["variants"] = []
         print(f"ShareGPT 80%, {n:,} replications: GPU launch variants", flush=True)
         print("threads/block | budget GiB | GPU rep/s | GPU s", flush=True)
-        for budget_gib in (2, 16):
-            for tpb in (64, 32, 128):
-                set_launch(tpb, budget_gib * 1024 ** 3)
+        for budget_gib in (None, 2, 16):
+            for tpb in (32, 64, 128):
+                set_launch(tpb, budget_gib and budget_gib * 1024 ** 3)
                 if not clock.allows(0.0):
                     print("variants: deadline reached", flush=True)
                     break
                 s, _ = run(sc, n, "cuda")
                 rows.append(dict(threads_per_block=tpb, memory_budget_gib=budget_gib, gpu_rate=n / s, gpu_seconds=s))
-                print(f"{tpb:>13} | {budget_gib:>10} | {n / s:>9,.0f} | {s:.2f}", flush=True)
-        set_launch(_cuda.THREADS_PER_BLOCK, _cuda.DEFAULT_MEMORY_BUDGET)
+                print(f"{tpb:>13} | {budget_gib or 'default':>10} | {n / s:>9,.0f} | {s:.2f}", flush=True)
+        set_launch(_cuda.THREADS_PER_BLOCK, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.bits and clock.allows(0.0):
+        import gpu_bits
+
+        gpu_bits.diagnose(args.agreement_replications, args.requests)
     return 0
 
 

@@ -42,12 +42,19 @@ __all__ = ["BackendUnavailableError", "cuda_unavailable_reason", "check_cuda_ava
 #: Compiled functions of the kernel package that allocate (the CPU driver): never compiled for the GPU.
 _CPU_ONLY = frozenset({"_run_chunk"})
 
-#: Threads per block. Replications are independent and divergent; small blocks
-#: keep a block's threads from waiting long on its slowest replication.
-THREADS_PER_BLOCK = 64
+#: Threads per block: one warp. Replications are independent and divergent,
+#: and how many run at once is set by device memory (a replication's workspace
+#: holds every inter-token gap), not by the SM's thread slots: the smallest
+#: blocks spread those replications over the most SMs.
+THREADS_PER_BLOCK = 32
 
-#: Default device-memory budget (bytes) for one group's request arrays and workspaces.
-DEFAULT_MEMORY_BUDGET = 2 * 1024 ** 3
+#: Share of the device's free memory (CuPy's pool counted as free) that a call's
+#: request arrays and workspaces may take when no budget is given: the number of
+#: replications simulated at once, and so the GPU's occupancy, grows with it.
+DEFAULT_MEMORY_FRACTION = 0.8
+
+#: The budget (bytes) where free memory cannot be read (Numba's CUDA simulator).
+FALLBACK_MEMORY_BUDGET = 2 * 1024 ** 3
 
 
 def _simulator() -> bool:
@@ -127,6 +134,32 @@ def _simulate_kernel(j0, nrep, ipar, fpar, lat, arrival, prompt, output, prio, s
         _reduce(n, arrival[j], output[j], ipar, fpar, wij, wfj, out[j])  # noqa: F821
 
 
+@contextlib.contextmanager
+def _rounded_as_on_the_cpu():
+    """Compile without fused multiply-adds.
+
+    NVVM contracts ``a * b + c`` into one FMA (a single rounding) unless told
+    ``-fma=0``, and numba-cuda passes that option only as part of
+    ``fastmath``; the CPU kernel rounds the product first. Only while this
+    module's kernels compile (on their first launch, or in `compile_ptx`):
+    other CUDA code of the process keeps numba-cuda's defaults.
+    """
+    from numba.cuda.cudadrv import nvvm
+
+    saved = nvvm.compile_ir
+
+    def compile_ir(llvmir, **options):
+        if not options.get("fastmath"):
+            options["fma"] = False
+        return saved(llvmir, **options)
+
+    nvvm.compile_ir = compile_ir
+    try:
+        yield
+    finally:
+        nvvm.compile_ir = saved
+
+
 def _rebind(func, namespace):
     """``func`` with its global names looked up in ``namespace``."""
     return types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
@@ -181,8 +214,9 @@ def compile_ptx(cc=(9, 0)):
         draw_sig = (t.int64, t.int64, t.uint64, t.uint64) + tables + (u2, f2) + (i2,) * 6 + (i1, i2)
         sim_sig = (t.int64, t.int64, i1, f1, f1, f2) + (i2,) * 6 + (i1, i1, i1, i1, f1, f2)
         out = {}
-        for func, sig in ((_draw_kernel, draw_sig), (_simulate_kernel, sim_sig)):
-            out[func.__name__] = cuda.compile_ptx(_rebind(func, ns), sig, cc=tuple(cc))[0]
+        with _rounded_as_on_the_cpu():
+            for func, sig in ((_draw_kernel, draw_sig), (_simulate_kernel, sim_sig)):
+                out[func.__name__] = cuda.compile_ptx(_rebind(func, ns), sig, cc=tuple(cc))[0]
         return out
     finally:
         dispatcher.get_current_device = saved
@@ -226,6 +260,14 @@ class _Arrays:
         if not self.sim:
             self.xp.cuda.runtime.deviceSynchronize()
 
+    def default_budget(self):
+        """`DEFAULT_MEMORY_FRACTION` of the device's free memory, in bytes."""
+        if self.sim:
+            return FALLBACK_MEMORY_BUDGET
+        free, _ = self.xp.cuda.runtime.memGetInfo()
+        free += self.xp.get_default_memory_pool().free_bytes()
+        return int(DEFAULT_MEMORY_FRACTION * free)
+
 
 def _groups(need_i, need_f, budget):
     """Split replications ``0..m-1`` into consecutive groups whose workspaces
@@ -248,9 +290,11 @@ def run_replications_cuda(packed, k0, k1, rep0, nrep, out, *, chunk=None, memory
                           threads_per_block=THREADS_PER_BLOCK):
     """Simulate replications ``rep0 .. rep0 + nrep - 1`` on the GPU into ``out``.
 
-    ``chunk`` replications are drawn at a time (default: what the request
-    arrays of ``memory_budget`` bytes allow); their workspaces are then
-    simulated in groups that fit ``memory_budget``. Neither changes results:
+    ``chunk`` replications are drawn at a time (default: as many as an eighth
+    of ``memory_budget`` bytes holds of request arrays); their workspaces are
+    then simulated in groups that fit the rest of ``memory_budget`` (default:
+    `DEFAULT_MEMORY_FRACTION` of the device's free memory), one launch of
+    ``threads_per_block``-thread blocks a group. None of them changes results:
     each replication is keyed by its global index and writes its own row.
     """
     check_cuda_available()
@@ -262,44 +306,61 @@ def run_replications_cuda(packed, k0, k1, rep0, nrep, out, *, chunk=None, memory
             # arithmetic, which warns when it wraps around (as intended).
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        else:
+            stack.enter_context(_rounded_as_on_the_cpu())
         _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_budget, threads_per_block)
     return out
 
 
+def _bytes_per_replication(cap):
+    """Device bytes of one replication's request arrays (1 float + 6 int64
+    columns per request), stream states, count, needs and metrics row."""
+    return 8 * (7 * cap + K.N_STREAMS + 3 + K.N_COLUMNS)
+
+
 def _run(draw, simulate, mem, packed, k0, k1, rep0, nrep, out, chunk, memory_budget, threads_per_block):
-    budget = int(memory_budget or DEFAULT_MEMORY_BUDGET)
-    p = packed
-    ipar = p["ipar"]
-    cap = max(int(ipar[K.I_NUM_REQUESTS]), 1)
-    # per replication: request arrays (1 float + 6 int64 columns per request),
-    # stream states, count, needs and the metrics row
-    bytes_req = 8 * (7 * cap + K.N_STREAMS + 3 + K.N_COLUMNS)
-    # at most half the budget for the request arrays (a user's chunk is capped too)
-    cap_chunk = max(1, budget // (2 * bytes_req))
+    budget = int(memory_budget or mem.default_budget())
+    cap = max(int(packed["ipar"][K.I_NUM_REQUESTS]), 1)
+    bytes_req = _bytes_per_replication(cap)
+    # an eighth of the budget for the request arrays (a user's chunk is capped too):
+    # a replication's workspace is tens of times its request arrays, and the
+    # replications whose workspaces fit at once are those that run in parallel
+    cap_chunk = max(1, budget // (8 * bytes_req))
     chunk = max(1, min(nrep, cap_chunk if chunk is None else min(int(chunk), cap_chunk)))
-    tables = [mem.to_device(a) for a in K.scenario_arrays(p, lat=False)]
-    d_ipar, d_fpar = tables[0], tables[1]
-    d_lat = mem.to_device(p["lat"])
+    tables = [mem.to_device(a) for a in K.scenario_arrays(packed, lat=False)]
+    d_lat = mem.to_device(packed["lat"])
     tpb = int(threads_per_block)
     for lo in range(0, nrep, chunk):
         m = min(chunk, nrep - lo)
-        state = mem.empty((m, K.N_STREAMS), np.uint64)
-        arrival = mem.empty((m, cap), np.float64)
-        cols = [mem.empty((m, cap), np.int64) for _ in range(6)]   # prompt, output, prio, sjfk, pgrp, plen
-        nreq = mem.empty(m, np.int64)
-        need = mem.empty((m, 2), np.int64)
-        blocks = -(-m // tpb)
-        draw[blocks, tpb](np.int64(rep0 + lo), np.int64(m), k0, k1, *tables, state, arrival, *cols, nreq, need)
-        need_h = mem.to_host(need)
-        d_out = mem.empty((m, K.N_COLUMNS), np.float64)
-        for g0, g1 in _groups(need_h[:, 0], need_h[:, 1], max(budget - m * bytes_req, 1)):
-            off_i = np.concatenate(([0], np.cumsum(need_h[g0:g1, 0]))).astype(np.int64)
-            off_f = np.concatenate(([0], np.cumsum(need_h[g0:g1, 1]))).astype(np.int64)
-            wi = mem.empty(int(off_i[-1]), np.int64)
-            wf = mem.empty(int(off_f[-1]), np.float64)
-            simulate[-(-(g1 - g0) // tpb), tpb](np.int64(g0), np.int64(g1 - g0), d_ipar, d_fpar, d_lat, arrival,
-                                                *cols, nreq, mem.to_device(off_i), mem.to_device(off_f), wi, wf,
-                                                d_out)
-            del wi, wf
+        requests, nreq, need_h = _draw_chunk(draw, mem, tables, k0, k1, rep0 + lo, m, cap, tpb)
+        d_out = _simulate_chunk(simulate, mem, tables[0], tables[1], d_lat, requests, nreq, need_h,
+                                max(budget - m * bytes_req, 1), tpb)
         out[lo:lo + m] = mem.to_host(d_out)
     mem.synchronize()
+
+
+def _draw_chunk(draw, mem, tables, k0, k1, rep0, m, cap, tpb):
+    """Draw replications ``rep0 .. rep0 + m - 1`` on the device: their request
+    columns ``(arrival, prompt, output, prio, sjfk, pgrp, plen)``, counts, and
+    workspace needs (on the host)."""
+    state = mem.empty((m, K.N_STREAMS), np.uint64)
+    requests = [mem.empty((m, cap), np.float64)] + [mem.empty((m, cap), np.int64) for _ in range(6)]
+    nreq = mem.empty(m, np.int64)
+    need = mem.empty((m, 2), np.int64)
+    draw[-(-m // tpb), tpb](np.int64(rep0), np.int64(m), k0, k1, *tables, state, *requests, nreq, need)
+    return requests, nreq, mem.to_host(need)
+
+
+def _simulate_chunk(simulate, mem, d_ipar, d_fpar, d_lat, requests, nreq, need_h, budget, tpb):
+    """Simulate and reduce a drawn chunk, in groups whose workspaces fit
+    ``budget`` bytes; the ``(m, N_COLUMNS)`` metrics on the device."""
+    d_out = mem.empty((need_h.shape[0], K.N_COLUMNS), np.float64)
+    for g0, g1 in _groups(need_h[:, 0], need_h[:, 1], budget):
+        off_i = np.concatenate(([0], np.cumsum(need_h[g0:g1, 0]))).astype(np.int64)
+        off_f = np.concatenate(([0], np.cumsum(need_h[g0:g1, 1]))).astype(np.int64)
+        wi = mem.empty(int(off_i[-1]), np.int64)
+        wf = mem.empty(int(off_f[-1]), np.float64)
+        simulate[-(-(g1 - g0) // tpb), tpb](np.int64(g0), np.int64(g1 - g0), d_ipar, d_fpar, d_lat, *requests,
+                                            nreq, mem.to_device(off_i), mem.to_device(off_f), wi, wf, d_out)
+        del wi, wf
+    return d_out

@@ -7,7 +7,7 @@ source, and the simulator does the same IEEE arithmetic. Where numba-cuda and
 NVVM are installed, both kernels are also compiled to PTX for a real GPU
 (sm_90) to catch code the simulator accepts but the CUDA target does not. On
 a machine with a GPU, the real device is held to the CPU within a stated
-tolerance (it fuses multiply-adds and has its own exp/log).
+tolerance (it has its own log, exp and pow: docs/gpu.md).
 """
 
 import json
@@ -231,6 +231,29 @@ def test_real_gpu_agrees_with_the_cpu_kernel(name):
     assert same_counts.mean() >= 0.95
     a, b = cpu[same_counts], gpu[same_counts]
     assert np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
+
+
+def test_the_device_check_scripts_run_under_the_simulator(tmp_path):
+    """`benchmarks/gpu_vs_cpu.py` (with `gpu_bits.py`'s comparisons and the launch
+    variants) runs end to end, so a lent GPU's short lease is not lost to a broken
+    script; under the simulator every comparison is bit for bit."""
+    pytest.importorskip("numba.cuda")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, "-W", "ignore", os.path.join(root, "benchmarks", "gpu_vs_cpu.py"),
+                           "--requests", "12", "--replications", "3", "6", "--cpu-max", "3",
+                           "--agreement-replications", "3", "--variants", "--variant-replications", "2",
+                           "--bits", "--json", str(out)], env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    for entry in report["workloads"].values():
+        assert entry["agreement"]["bit_identical"] == 1.0
+        assert [r["replications"] for r in entry["rows"]] == [3, 6]
+    assert len(report["variants"]) == 9
+    lines = proc.stdout.splitlines()
+    bits = [ln for ln in lines if "bit-identical" in ln and "%" in ln]
+    assert len(bits) == 3 * 4 and all("100.0%" in ln for ln in bits), "\n".join(lines)
 
 
 @pytest.mark.skipif(REAL_GPU, reason="a usable GPU is present")
