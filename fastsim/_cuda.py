@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import types
 import warnings
 
@@ -146,18 +147,29 @@ def _rounded_as_on_the_cpu():
     """
     from numba.cuda.cudadrv import nvvm
 
-    saved = nvvm.compile_ir
+    with _FMA_LOCK:   # calls from several threads: the first in patches, the last out restores
+        if _FMA_USERS[0] == 0:
+            saved = nvvm.compile_ir
 
-    def compile_ir(llvmir, **options):
-        if not options.get("fastmath"):
-            options["fma"] = False
-        return saved(llvmir, **options)
+            def compile_ir(llvmir, **options):
+                if not options.get("fastmath"):
+                    options["fma"] = False
+                return saved(llvmir, **options)
 
-    nvvm.compile_ir = compile_ir
+            compile_ir.saved = saved
+            nvvm.compile_ir = compile_ir
+        _FMA_USERS[0] += 1
     try:
         yield
     finally:
-        nvvm.compile_ir = saved
+        with _FMA_LOCK:
+            _FMA_USERS[0] -= 1
+            if _FMA_USERS[0] == 0:
+                nvvm.compile_ir = nvvm.compile_ir.saved
+
+
+_FMA_LOCK = threading.Lock()
+_FMA_USERS = [0]
 
 
 def _rebind(func, namespace):

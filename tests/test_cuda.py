@@ -233,6 +233,30 @@ def test_real_gpu_agrees_with_the_cpu_kernel(name):
     assert np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
 
 
+def test_kernels_compile_without_fma_contraction_and_restore_nvvm(monkeypatch):
+    """While fastsim's kernels compile, NVVM is told -fma=0 (unless fastmath asks for
+    FMAs); nested and repeated uses restore numba-cuda's own function."""
+    pytest.importorskip("numba_cuda")
+    from numba.cuda.cudadrv import nvvm
+
+    from fastsim._cuda import _rounded_as_on_the_cpu
+
+    seen = []
+
+    def recorder(llvmir, **options):
+        seen.append(options)
+        return "ptx"
+
+    monkeypatch.setattr(nvvm, "compile_ir", recorder)
+    with _rounded_as_on_the_cpu():
+        with _rounded_as_on_the_cpu():
+            nvvm.compile_ir("ir", opt=3, fastmath=False)
+        nvvm.compile_ir("ir", opt=3, fastmath=True)
+    nvvm.compile_ir("ir", opt=3)
+    assert seen == [dict(opt=3, fastmath=False, fma=False), dict(opt=3, fastmath=True), dict(opt=3)]
+    assert nvvm.compile_ir is recorder
+
+
 def test_the_device_check_scripts_run_under_the_simulator(tmp_path):
     """`benchmarks/gpu_vs_cpu.py` (with `gpu_bits.py`'s comparisons and the launch
     variants) runs end to end, so a lent GPU's short lease is not lost to a broken
