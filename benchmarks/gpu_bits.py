@@ -82,7 +82,6 @@ def main():
 
 def diagnose(m, requests):
     """Print the three comparisons for each workload, over replications 0 .. m - 1."""
-    draw, simulate = _cuda._build()
     mem = _cuda._Arrays()
     cases = []
     for name, factory in (("reference workload", reference_workload), ("ShareGPT 80%", sharegpt_80pct)):
@@ -100,6 +99,7 @@ def diagnose(m, requests):
         print(f"  whole runs: {share:.1%} of rows bit-identical; columns that differ: {cols}", flush=True)
 
         packed = pack_scenario(sc)
+        draw, simulate = _cuda._build(K.engine_variant(packed["ipar"]))
         k0, k1, _ = _seed_keys(SEED)
         k0, k1 = np.uint64(k0), np.uint64(k1)
         cap = max(int(packed["ipar"][K.I_NUM_REQUESTS]), 1)

@@ -15,8 +15,9 @@ Execution, per chunk of replications (one GPU thread per replication):
    depends only on the seed and ``r``) and reports the workspace it needs;
 2. the host turns those sizes into offsets (a prefix sum) and allocates one
    flat workspace, in groups that fit a memory budget;
-3. ``_simulate_kernel`` simulates and reduces each replication into its row
-   of metrics; only the ``(replications, columns)`` table comes back.
+3. the simulate kernel (of the common or the full engine, as on the CPU:
+   `replica.engine_variant`) simulates and reduces each replication into its
+   row of metrics; only the ``(replications, columns)`` table comes back.
 
 Arrays are CuPy arrays (numba-cuda takes them through the CUDA Array
 Interface). Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, no GPU
@@ -122,17 +123,24 @@ def _draw_kernel(rep0, nrep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, lta
         need[j, 1] = nf
 
 
-def _simulate_kernel(j0, nrep, ipar, fpar, lat, arrival, prompt, output, prio, sjfk, pgrp, plen, nreq,
-                     off_i, off_f, wi, wf, out):
-    t = cuda.grid(1)  # noqa: F821
-    if t < nrep:
-        j = j0 + t
-        n = nreq[j]
-        wij = wi[off_i[t]:off_i[t + 1]]
-        wfj = wf[off_f[t]:off_f[t + 1]]
-        _simulate(n, arrival[j], prompt[j], output[j], prio[j], sjfk[j], pgrp[j], plen[j],  # noqa: F821
-                  ipar, fpar, lat, wij, wfj, 1, np.inf, WHOLE_RUN)  # noqa: F821  (the full engine: one GPU build)
-        _reduce(n, arrival[j], output[j], ipar, fpar, wij, wfj, out[j])  # noqa: F821
+def _simulate_kernel_of(full):
+    """The simulate kernel of the engine `replica.engine_variant` names
+    (``full``: None, the common engine, or 1), which Numba prunes by that
+    constant as it does on the CPU."""
+
+    def _simulate_kernel(j0, nrep, ipar, fpar, lat, arrival, prompt, output, prio, sjfk, pgrp, plen, nreq,
+                         off_i, off_f, wi, wf, out):
+        t = cuda.grid(1)  # noqa: F821
+        if t < nrep:
+            j = j0 + t
+            n = nreq[j]
+            wij = wi[off_i[t]:off_i[t + 1]]
+            wfj = wf[off_f[t]:off_f[t + 1]]
+            _simulate(n, arrival[j], prompt[j], output[j], prio[j], sjfk[j], pgrp[j], plen[j],  # noqa: F821
+                      ipar, fpar, lat, wij, wfj, full, np.inf, WHOLE_RUN)  # noqa: F821
+            _reduce(n, arrival[j], output[j], ipar, fpar, wij, wfj, out[j])  # noqa: F821
+
+    return _simulate_kernel
 
 
 @contextlib.contextmanager
@@ -193,23 +201,55 @@ def _namespace():
 
 
 @functools.lru_cache(maxsize=None)
-def _build():
-    """The two CUDA kernels (compiled on first launch)."""
+def _device_namespace():
+    """`_namespace`, once a process: both engines' kernels share its device functions."""
+    return _namespace()
+
+
+@functools.lru_cache(maxsize=None)
+def _build(full):
+    """The draw kernel and the simulate kernel of engine ``full``
+    (`replica.engine_variant`), each compiled on its first launch."""
     from numba import cuda
 
-    ns = _namespace()
-    return cuda.jit(_rebind(_draw_kernel, ns)), cuda.jit(_rebind(_simulate_kernel, ns))
+    return _build_draw(), cuda.jit(_rebind(_simulate_kernel_of(full), _device_namespace()))
 
 
-def compile_ptx(cc=(9, 0)):
-    """PTX of both kernels for compute capability ``cc``; needs numba-cuda and
+@functools.lru_cache(maxsize=None)
+def _build_draw():
+    from numba import cuda
+
+    return cuda.jit(_rebind(_draw_kernel, _device_namespace()))
+
+
+#: `compile_ptx`'s kernels: name -> the engine (`replica.engine_variant`), None for the draw kernel.
+PTX_KERNELS = {"_draw_kernel": None, "_simulate_kernel": 1, "_simulate_common_kernel": None}
+
+
+def compile_ptx(cc=(9, 0), kernels=tuple(PTX_KERNELS)):
+    """PTX of the kernels for compute capability ``cc``; needs numba-cuda and
     NVVM but no GPU (a check that the GPU code compiles, e.g. in CI).
 
-    Returns ``{"_draw_kernel": ptx, "_simulate_kernel": ptx}``.
+    Parameters
+    ----------
+    cc : tuple of int
+        The compute capability, e.g. ``(9, 0)`` for an H100.
+    kernels : sequence of str
+        Names from `PTX_KERNELS`: the draw kernel, the full engine's simulate
+        kernel and the common engine's.
+
+    Returns
+    -------
+    dict
+        ``{name: ptx}`` for each kernel asked for.
     """
     from numba import cuda
     from numba.cuda import types as t
     import numba.cuda.dispatcher as dispatcher
+
+    unknown = [k for k in kernels if k not in PTX_KERNELS]
+    if unknown:
+        raise ValueError(f"kernels={unknown!r}: not a kernel; allowed: {sorted(PTX_KERNELS)}")
 
     class _Target:
         compute_capability = tuple(cc)
@@ -227,8 +267,10 @@ def compile_ptx(cc=(9, 0)):
         sim_sig = (t.int64, t.int64, i1, f1, f1, f2) + (i2,) * 6 + (i1, i1, i1, i1, f1, f2)
         out = {}
         with _rounded_as_on_the_cpu():
-            for func, sig in ((_draw_kernel, draw_sig), (_simulate_kernel, sim_sig)):
-                out[func.__name__] = cuda.compile_ptx(_rebind(func, ns), sig, cc=tuple(cc))[0]
+            for name in kernels:
+                func, sig = ((_draw_kernel, draw_sig) if name == "_draw_kernel"
+                             else (_simulate_kernel_of(PTX_KERNELS[name]), sim_sig))
+                out[name] = cuda.compile_ptx(_rebind(func, ns), sig, cc=tuple(cc))[0]
         return out
     finally:
         dispatcher.get_current_device = saved
@@ -310,7 +352,7 @@ def run_replications_cuda(packed, k0, k1, rep0, nrep, out, *, chunk=None, memory
     each replication is keyed by its global index and writes its own row.
     """
     check_cuda_available()
-    draw, simulate = _build()
+    draw, simulate = _build(K.engine_variant(packed["ipar"]))
     mem = _Arrays()
     with contextlib.ExitStack() as stack:
         if mem.sim:

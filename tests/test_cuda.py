@@ -57,6 +57,18 @@ SCENARIOS = {
                                  workload=dict(arrival_rate=4.0, num_requests=40, warmup_requests=5,
                                                output_len=fastsim.LogNormal(25, 0.6), prompt_len=50),
                                  ttft_slo_s=1.0, tpot_slo_s=0.05),
+    # the common engine's kernel (`replica.engine_variant` None): V1's asynchronous
+    # loop without prefix caching, and the synchronous loop (V1's rules off)
+    "common-async-tight-kv": dict(engine=dict(max_num_seqs=6, num_gpu_blocks=40, max_num_batched_tokens=256,
+                                              enable_prefix_caching=False),
+                                  workload=dict(arrival_rate=6.0, num_requests=40,
+                                                prompt_len=fastsim.LogNormal(60, 0.6),
+                                                output_len=fastsim.LogNormal(40, 0.7))),
+    "common-sync": dict(engine=dict(max_num_seqs=4, num_gpu_blocks=30, admission="kv_reservation",
+                                    async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
+                                    enable_prefix_caching=False),
+                        workload=dict(arrival_rate=4.0, num_requests=40, output_len=fastsim.LogNormal(25, 0.6),
+                                      prompt_len=fastsim.LogNormal(50, 0.5))),
 }
 N_REP = 6
 
@@ -139,6 +151,16 @@ def test_simulated_features_are_exercised(simulated):
         simulated["multi-user-horizon"][:, col["n_dropped"]].sum() > 0
 
 
+def test_both_engines_kernels_are_in_the_grid(simulated):
+    """The grid runs the common engine's simulate kernel and the full engine's
+    (`replica.engine_variant`), and the common one under preemption."""
+    from fastsim._replicate import pack_scenario
+
+    common = {name for name in SCENARIOS if K.engine_variant(pack_scenario(build(name))["ipar"]) is None}
+    assert common == {"common-async-tight-kv", "common-sync"}
+    assert simulated["common-async-tight-kv"][:, K.COLUMNS.index("n_preemptions")].sum() > 0
+
+
 def test_chunks_and_memory_groups_do_not_change_results(simulated):
     assert same(simulated["tight-kv/chunked"], simulated["tight-kv"])
 
@@ -177,19 +199,21 @@ def test_unknown_backend_is_named():
 
 
 def test_kernels_compile_for_a_real_gpu(tmp_path):
-    """Both CUDA kernels compile to PTX for sm_90 (needs numba-cuda and NVVM, no GPU), and
-    assemble with ptxas where it is installed."""
+    """The draw kernel and the full engine's simulate kernel compile to PTX for
+    sm_90 (needs numba-cuda and NVVM, no GPU), and assemble with ptxas where it
+    is installed."""
     pytest.importorskip("numba_cuda")
     from fastsim._cuda import compile_ptx
 
     try:
-        ptx = compile_ptx(cc=(9, 0))
+        # the common engine's kernel is the full one's code with branches pruned: not compiled here
+        ptx = compile_ptx(cc=(9, 0), kernels=("_draw_kernel", "_simulate_kernel"))
     except Exception as exc:  # no NVVM library on this machine
         if "NVVM" in str(exc) or "nvvm" in str(exc) or "libNVVM" in str(exc):
             pytest.skip(f"NVVM not available: {exc}")
         raise
-    for name in ("_draw_kernel", "_simulate_kernel"):
-        assert ".visible .entry" in ptx[name] and ".target sm_90" in ptx[name]
+    for text in ptx.values():
+        assert ".visible .entry" in text and ".target sm_90" in text
     # ... and assemble to sm_90 machine code where ptxas is at hand (nvidia-cuda-nvcc)
     ptxas = _ptxas()
     if ptxas is None:
