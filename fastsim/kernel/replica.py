@@ -75,7 +75,7 @@ from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
-from .stretch import _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
+from .stretch import Stretch, _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
@@ -179,9 +179,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         failed (checked after every schedule with ``ipar[I_BLOCK_HASH] == 2``,
         a test path: `block_pool._pool_check`).
 
-    The loop lives here, not in a function of its own, so that LLVM
-    optimises and generates the engine's code once (a callee's code is
-    optimised again in every caller it is linked into).
+    The loop lives here, its phases inlined into it (``inline="llvm"``),
+    so that LLVM optimises and generates the engine's code once (a
+    callee's code is optimised again in every caller it is linked into).
     """
     if full is None and _needs_full_engine(ipar):
         return -2
@@ -198,10 +198,6 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                       full)
         sc.ri[RI_DIM_CAP], sc.ri[RI_DIM_NCNT], sc.ri[RI_DIM_NHELD] = cap, ncnt, nheld
         sc.ri[RI_DIM_NITL], sc.ri[RI_DIM_JMAX], sc.ri[RI_DIM_NBP], sc.ri[RI_DIM_NBT] = nitl, jmax, nbp, nbt
-    if full is None:
-        caching = False
-    else:
-        caching = ipar[I_CACHING] == 1
     rc = 0
     if what & STEP_ADVANCE:
         # The engine's step, phase by phase; the scalar state in a `Loop` of locals (registers), stored
@@ -270,12 +266,21 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         _store_loop(sc, st, mode)
     if what & STEP_FINISH:
         if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
-            sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN], sc.ri[RI_N_WAIT] = _release_finished(
-                req, batch.zl, sc.ri[RI_N_HELD], cache, ipar, sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN],
-                sc.ri[RI_N_WAIT], jmax, caching)
-            sc.ri[RI_N_HELD] = 0
+            _release_held(req, batch, cache, sc, ipar, jmax, full)
         return _finish_replica(sc.ri[RI_N_KNOWN], req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     return rc
+
+
+@njit_noalloc
+def _release_held(req, batch, cache, sc, ipar, jmax, full):
+    """At a run's end (async scheduling): the finished requests held
+    leave with their seats and blocks (`pipeline._release_finished`)."""
+    caching = False if full is None else ipar[I_CACHING] == 1
+    ri = sc.ri
+    ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_RUN], ri[RI_N_WAIT] = _release_finished(
+        req, batch.zl, ri[RI_N_HELD], cache, ipar, ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_RUN], ri[RI_N_WAIT], jmax,
+        caching)
+    ri[RI_N_HELD] = 0
 
 
 @njit_noalloc
@@ -700,26 +705,19 @@ def _fast_step(req, batch, dec, cache, rec, ipar, lat, c, st, counted, full):
 
 @njit_noalloc(inline="llvm")
 def _slow_step(req, batch, dec, swap, cache, rec, ipar, lat, c, st, counted, full):
-    """Schedule a slow step: the lazy decoders materialised, then request by
-    request (`_schedule_slow`), and take its duration. Returns an error code
-    (-3: the block pool's check failed, `_simulate`), whether anything
-    runs, the duration, the requests queued, and the state."""
+    """Schedule a slow step, request by request (`_schedule_slow`), and
+    take its duration. Returns an error code (-3: the block pool's check
+    failed, `_simulate`), whether anything runs, the duration, the requests
+    queued, and the state."""
     if full is None:
         hashing = False
     else:
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+    ran, n_ctx, st = _schedule_slow(req, batch, dec, swap, cache, rec, ipar, c, st, counted, full)
     (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
      n_itl, swap_used, pending_swap, acc5) = st
-    bs, bsh, jmax = c.bs, c.bsh, c.jmax
-    lag = c.async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
-    if counted and c.async_on:
-        _count_lazy(dec, S, cache.pool, bs)
-    _materialise_decoders(req, dec, t, S, bs, bsh)
-    rl = _compact_run(batch.run, rl, req.status)
-    (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
-     n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
-                             pending_swap, bs, bsh, jmax, lag, full)
-    rl = n_run
+    bs, jmax = c.bs, c.jmax
+    lag = c.async_on and t_vis < t
     err = 0
     if hashing:
         if lag:
@@ -992,7 +990,6 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
     async_on = ipar[I_ASYNC] == 1
     mns = ipar[I_MAX_NUM_SEQS]
     has_delay = ipar[I_HAS_DELAY] == 1
-    nblk = ipar[I_NUM_GPU_BLOCKS]
     dstate = dec.dstate
     slope = _context_slope(lat)
     while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
@@ -1005,8 +1002,6 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
         dp = _decode_step_time(lat, rec.dec_cost, n_d)
         # every running request is a lazy decoder, so the heap is not
         # empty: the stretch ends with the step of the next completion
-        d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
-        dlt = slope * n_d
         kmax = dec.hk[0] - S
         hb = 0   # (async) blocks of the requests held, which leave once the first step is scheduled
         if n_held > 0:
@@ -1016,22 +1011,18 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
                 hb += req.blocks[batch.zl[j]]
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
+        if async_on:   # an arrival is seen at the schedule after the step it came in
+            plan = Stretch(kmax, we, next_a, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb)
+            t_prev = t_vis
+        else:
+            plan = Stretch(kmax, min(next_a, we), np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free)
+            t_prev = t
         if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
-            if async_on:
-                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
-                    t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, t_vis, next_a, lat, k0,
-                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
-            else:
-                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
-                    t, kmax, min(next_a, we), dp, slope, n_d, ksum, S, dec.ph, sph, bs, free, t, np.inf, lat, k0,
-                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
-        elif async_on:   # an arrival is seen at the schedule after the step it came in
-            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
-                                                           bs, free + hb, t_vis, next_a)
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(t, t_prev, plan, lat, k0, rec.itl_v, rec.itl_w,
+                                                                 n_itl, dstate[2])
         else:
-            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, min(next_a, we), dp, slope, n_d, ksum, S,
-                                                           dec.ph, sph, bs, free, t, np.inf)
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, t_prev, plan)
         if kk == 0:
             break
         if t_end > t_stop:
@@ -1042,65 +1033,9 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                               n_run, n_wait, jmax, caching)
             n_held = 0
-        a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-        in_sys = n_run + n_wait
-        nm_d = dstate[2]
-        if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
-            # the stretch lies inside the window or outside it
-            x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
-            used0 = nblk - free
-            if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
-                if noisy:
-                    d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
-                if used0 + dec.ph[sph] + hb > a_max:
-                    a_max = used0 + dec.ph[sph] + hb
-                if ws <= t and t_end <= we:
-                    a_occ += d0 * n_held0
-                    a_kv += d0 * hb
-            free -= nb
-            used = nblk - free
-            if used > a_max:
-                a_max = used
-            a_steps += kk
-            a_l += in_sys * x
-            if ws <= t and t_end <= we:
-                a_occ += x * n_run
-                a_queue += x * n_wait
-                a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
-            if nm_d > 0:
-                if noisy:
-                    n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
-                elif _constant_in_step(lat):
-                    rec.gapw[n_d] += kk * nm_d
-                else:
-                    for jj in range(kk):
-                        n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, d0 + jj * dlt, nm_d)
-            S += kk
-            sph -= _phase(kk, bs, bsh)
-            if sph < 0:
-                sph += bs
-            t = t_end
-        else:
-            # a window edge falls inside: the same steps one by one
-            # (`_account_step`'s operations, on the lazy decoders)
-            for _j in range(kk):
-                free -= dec.ph[sph]
-                used = nblk - free
-                d = dp + slope * (ksum + n_d * (S + 1))
-                if noisy:
-                    d = _step_noise(lat, d, a_steps)
-                t_end = t + d
-                held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
-                a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                    (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
-                    used + (hb if held > 0 else 0), ws, we)
-                a_l -= held * d   # (finished: not in the system)
-                if nm_d > 0:
-                    n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
-                S += 1
-                sph = sph - 1 if sph > 0 else bs - 1
-                t = t_end
-        acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+        t, free, S, sph, n_itl, acc5 = _account_stretch(dec, rec, ipar, lat, c, plan, (kk, t_end, nb, s1, s2),
+                                                        (n_held0, hb), (n_run, n_wait), (t, free, S, sph, n_itl, acc5),
+                                                        noisy)
         if async_on:
             t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
@@ -1120,6 +1055,87 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             break   # an arrival to ingest first
     return 0.0, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
                      sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _account_stretch(dec, rec, ipar, lat, c, plan, taken, holding, in_batch, cur, noisy):
+    """The integrals, gaps and counters of a stretch taken (`_stretches`):
+    ``plan`` (`stretch.Stretch`), ``taken`` (steps, end, blocks allocated,
+    S1, S2: `stretch._stretch_steps`), ``holding`` (async: the requests held
+    through its first step and their blocks), ``in_batch`` (running,
+    waiting), ``cur`` (the clock, free blocks, fast steps, phase, gap
+    entries, integrals) at its start. In closed form where the stretch lies
+    inside the measurement window or outside it, else step by step. Returns
+    ``cur`` at its end."""
+    t, free, S, sph, n_itl, acc5 = cur
+    kk, t_end, nb, s1, s2 = taken
+    n_held0, hb = holding
+    n_run, n_wait = in_batch
+    ws, we, bs, bsh = c.ws, c.we, c.bs, c.bsh
+    dp, slope, n_d, ksum = plan.d, plan.c_ctx, plan.n_d, plan.ksum
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
+    dlt = slope * n_d
+    k0 = np.int64(acc5[4])   # (the run's steps before it: its first step's noise counter)
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+    in_sys = n_run + n_wait
+    nm_d = dec.dstate[2]
+    if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
+        # the stretch lies inside the window or outside it
+        x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
+        used0 = nblk - free
+        if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
+            if noisy:
+                d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
+            if used0 + dec.ph[sph] + hb > a_max:
+                a_max = used0 + dec.ph[sph] + hb
+            if ws <= t and t_end <= we:
+                a_occ += d0 * n_held0
+                a_kv += d0 * hb
+        free -= nb
+        used = nblk - free
+        if used > a_max:
+            a_max = used
+        a_steps += kk
+        a_l += in_sys * x
+        if ws <= t and t_end <= we:
+            a_occ += x * n_run
+            a_queue += x * n_wait
+            a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
+        if nm_d > 0:
+            if noisy:
+                n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
+            elif _constant_in_step(lat):
+                rec.gapw[n_d] += kk * nm_d
+            else:
+                for jj in range(kk):
+                    n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, d0 + jj * dlt, nm_d)
+        S += kk
+        sph -= _phase(kk, bs, bsh)
+        if sph < 0:
+            sph += bs
+        t = t_end
+    else:
+        # a window edge falls inside: the same steps one by one
+        # (`_account_step`'s operations, on the lazy decoders)
+        for _j in range(kk):
+            free -= dec.ph[sph]
+            used = nblk - free
+            d = dp + slope * (ksum + n_d * (S + 1))
+            if noisy:
+                d = _step_noise(lat, d, a_steps)
+            t_end = t + d
+            held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
+                used + (hb if held > 0 else 0), ws, we)
+            a_l -= held * d   # (finished: not in the system)
+            if nm_d > 0:
+                n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
+            S += 1
+            sph = sph - 1 if sph > 0 else bs - 1
+            t = t_end
+    return t, free, S, sph, n_itl, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
 
 
 @njit_noalloc(inline="llvm")
@@ -1174,16 +1190,17 @@ def _remove_running(run, n_run, vpos):
 
 
 @njit_noalloc(inline="llvm")
-def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used, pending_swap, bs,
-                   bsh, jmax, lag, full):
-    """Schedule a slow step in vLLM's phases: a static batch (static
-    batching), phase 0 (active priority preemption), the running requests in
-    admission order with preemption (phase 1), the swapped ones (phase 2),
-    then admission of waiting requests (phase 3). ``lag``: async scheduling
-    with the tokens of the step that ended at ``t`` still in flight (for
-    vLLM; they are not cacheable yet). Return the updated (free
-    blocks, waiting, running, swapped, swap blocks used, blocks moved), whether
-    anything runs, and the batch composition."""
+def _schedule_slow(req, batch, dec, swap, cache, rec, ipar, c, st, counted, full):
+    """Schedule a slow step: the lazy decoders materialised (``counted``: a
+    counted block pool counts them first), the running list compacted, then
+    vLLM's phases: a static batch (static batching), phase 0 (active
+    priority preemption), the running requests in admission order with
+    preemption (phase 1), the swapped ones (phase 2), then admission of
+    waiting requests (phase 3). ``lag``: async scheduling with the tokens of
+    the step that ended at ``t`` still in flight (for vLLM; they are not
+    cacheable yet). Return whether anything runs, the step's context
+    tokens, and the state (free blocks, waiting, running, swapped, swap
+    blocks used, blocks moved, and the batch composition updated)."""
     if full is None:
         static = False
         prio_preempt = False
@@ -1192,23 +1209,33 @@ def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
+    lag = c.async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
+    if counted and c.async_on:
+        _count_lazy(dec, S, cache.pool, bs)
+    _materialise_decoders(req, dec, t, S, bs, bsh)
+    rl = _compact_run(batch.run, rl, req.status)
     mbt = ipar[I_MAX_BATCHED_TOKENS]
     if static and n_run == 0:
         free, n_wait, n_run = _form_static_batch(req, batch, ipar, free, n_wait, n_run, bs, bsh)
     if prio_preempt and n_wait > 0:
         free, n_wait, n_run = _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, jmax,
                                                    full)
-    (free, budget, n_wait, n_run, n_sw, swap_used, pending_swap,
-     preempted) = _schedule_running(req, batch, swap, cache, rec, ipar, t, free, mbt, n_wait, n_run, n_sw,
-                                    swap_used, pending_swap, bs, bsh, jmax, lag, full)
+    st = Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+              n_pf, n_itl, swap_used, pending_swap, acc5)
+    budget, preempted, st = _schedule_running(req, batch, swap, cache, rec, ipar, c, st, mbt, lag, full)
     if swap_on and not preempted:
-        free, budget, n_run, n_sw, swap_used, pending_swap = _resume_swapped(
-            req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh)
-    if not static and not preempted and n_sw == 0:
-        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs,
-                                                     bsh, jmax, lag, full)
+        budget, st = _resume_swapped(req, batch, swap, ipar, c, st, budget)
+    if not static and not preempted and st.n_sw == 0:
+        budget, st = _admit_waiting(req, batch, cache, ipar, c, st, budget, lag, full)
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
     n_dec, n_pf, n_ctx = _composition(req, batch, n_run, static)
-    return free, n_wait, n_run, n_sw, swap_used, pending_swap, n_dec + n_pf > 0, n_dec, n_pf, n_ctx
+    rl = n_run
+    return n_dec + n_pf > 0, n_ctx, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held,
+                                         free, reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
@@ -1282,13 +1309,15 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
 
 
 @njit_noalloc(inline="llvm")
-def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wait, n_run, n_sw, swap_used,
-                      pending_swap, bs, bsh, jmax, lag, full):
+def _schedule_running(req, batch, swap, cache, rec, ipar, c, st, budget, lag, full):
     """Phase 1: the running requests in admission order, each its need cut to
     the budget; where its new blocks do not fit, preempt (by swap or
-    recompute) until they do, or preempt itself. Return the updated (free
-    blocks, budget, waiting, running, swapped, swap blocks used, blocks
-    moved) and whether anything was preempted."""
+    recompute) until they do, or preempt itself. Return the budget left,
+    whether anything was preempted, and the state (free blocks, waiting,
+    running, swapped, swap blocks used, blocks moved updated)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
     if full is None:
         static = False
         prio_preempt = False
@@ -1387,12 +1416,17 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         req.sched[r] = s
         budget -= s
         kk += 1
-    return free, budget, n_wait, n_run, n_sw, swap_used, pending_swap, preempted
+    return budget, preempted, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
+                                   reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
-def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh):
-    """Phase 2: resume swapped requests (head first) before any new prefill."""
+def _resume_swapped(req, batch, swap, ipar, c, st, budget):
+    """Phase 2: resume swapped requests (head first) before any new prefill.
+    Return the budget left and the state."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh = c.bs, c.bsh
     chunked = ipar[I_CHUNKED] == 1
     while n_sw > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = swap.sq[0]
@@ -1419,19 +1453,24 @@ def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_u
         budget -= s
         batch.run[n_run] = w
         n_run += 1
-    return free, budget, n_run, n_sw, swap_used, pending_swap
+    return budget, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
+                        sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc(inline="llvm")
-def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, bsh, jmax, lag, full):
+def _admit_waiting(req, batch, cache, ipar, c, st, budget, lag, full):
     """Phase 3: admit waiting requests in queue order while a seat, the
-    budget and the blocks of the first chunk (after prefix-cache hits) allow."""
+    budget and the blocks of the first chunk (after prefix-cache hits) allow.
+    Return the budget left and the state."""
     if full is None:
         caching = False
         hashing = False
     else:
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
     policy = ipar[I_POLICY]
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
@@ -1492,7 +1531,8 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         budget -= s
         batch.run[n_run] = w
         n_run += 1
-    return free, budget, n_wait, n_run
+    return budget, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
+                        sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
