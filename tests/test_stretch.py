@@ -29,7 +29,8 @@ def stretch_clock(t, kmax, next_a, has_h, horizon, d):
     """`_stretch_steps` with no blocks to allocate: (steps, clock)."""
     ph = np.zeros(4, np.int64)
     limit = min(next_a, horizon) if has_h else next_a   # (as the engine passes them)
-    kk, clock, nb, s1, s2, _last = stretch_steps(t, kmax, limit, d, 0.0, 1, 0, 0, ph, 0, 4, 0, t, np.inf)
+    plan = K.stretch.Stretch(kmax, limit, np.inf, d, 0.0, 1, 0, 0, ph, 0, 4, 0)
+    kk, clock, nb, s1, s2, _last = stretch_steps(t, t, plan)
     assert (nb, s1, s2) == (0, 0.0, 0.0)
     return kk, clock
 
@@ -198,8 +199,8 @@ def test_stretch_steps_count_the_blocks_of_the_steps_they_take(seed):
         next_a = t + d * float(rng.uniform(0, 1.2 * kmax)) if rng.random() < 0.5 else np.inf
         ksum, S = int(rng.integers(0, 5000)), int(rng.integers(0, 100))
         quad = c_ctx != 0.0 and n_d > 0
-        kk, clock, nb, s1, s2, _last = stretch_steps(t, kmax, next_a, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t,
-                                                     np.inf)
+        plan = K.stretch.Stretch(kmax, next_a, np.inf, d, c_ctx, n_d, ksum, S, ph, sph, bs, free)
+        kk, clock, nb, s1, s2, _last = stretch_steps(t, t, plan)
         # the loop
         j, x, left = 0, t, free
         while j < kmax and x < next_a and ph[(sph - j) % bs] <= left:

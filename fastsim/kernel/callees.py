@@ -94,20 +94,14 @@ TABLE = {
         ('latency._closed_forms', ('vf',)),
         ('latency._context_slope', ('vf',)),
         ('latency._decode_step_time', ('vf', 'vf', 'i')),
-        ('stretch._stretch_steps_noisy', ('f', 'i', 'f', 'f', 'f', 'i', 'i', 'i', 'vi', 'i', 'i', 'i', 'f', 'f',
-             'vf',
-             'i',
-             'vf',
-             'vi',
-             'i',
-             'i')),
+        ('stretch._stretch_steps_noisy', ('f', 'f', 'Stretch', 'vf', 'i', 'vf', 'vi', 'i', 'i')),
         ('latency._noise_key', ('vf',)),
         ('latency._noisy_duration', ('vf', 'u', 'f', 'i')),
         ('rng._normal_at', ('u', 'u')),
         ('rng._mix64', ('u',)),
         ('rng._normal_at_edge', ('u', 'u')),
         ('latency._unit_jit', ('u',)),
-        ('stretch._stretch_steps', ('f', 'i', 'f', 'f', 'f', 'i', 'i', 'i', 'vi', 'i', 'i', 'i', 'f', 'f')),
+        ('stretch._stretch_steps', ('f', 'f', 'Stretch')),
         ('stretch._stretch_blocks', ('vi', 'i', 'i', 'i', 'i')),
         ('stretch._binade_steps', ('f', 'f', 'i', 'f', 'f')),
         ('stretch._steps_within', ('f', 'f', 'i', 'f')),
@@ -185,20 +179,14 @@ TABLE = {
         ('latency._closed_forms', ('vf',)),
         ('latency._context_slope', ('vf',)),
         ('latency._decode_step_time', ('vf', 'vf', 'i')),
-        ('stretch._stretch_steps_noisy', ('f', 'i', 'f', 'f', 'f', 'i', 'i', 'i', 'vi', 'i', 'i', 'i', 'f', 'f',
-             'vf',
-             'i',
-             'vf',
-             'vi',
-             'i',
-             'i')),
+        ('stretch._stretch_steps_noisy', ('f', 'f', 'Stretch', 'vf', 'i', 'vf', 'vi', 'i', 'i')),
         ('latency._noise_key', ('vf',)),
         ('latency._noisy_duration', ('vf', 'u', 'f', 'i')),
         ('rng._normal_at', ('u', 'u')),
         ('rng._mix64', ('u',)),
         ('rng._normal_at_edge', ('u', 'u')),
         ('latency._unit_jit', ('u',)),
-        ('stretch._stretch_steps', ('f', 'i', 'f', 'f', 'f', 'i', 'i', 'i', 'vi', 'i', 'i', 'i', 'f', 'f')),
+        ('stretch._stretch_steps', ('f', 'f', 'Stretch')),
         ('stretch._stretch_blocks', ('vi', 'i', 'i', 'i', 'i')),
         ('stretch._binade_steps', ('f', 'f', 'i', 'f', 'f')),
         ('stretch._steps_within', ('f', 'f', 'i', 'f')),
@@ -259,6 +247,7 @@ def type_codes():
     """Code -> Numba type, for the codes of `TABLE`. The views' types are
     read off a small workspace carved by `workspace._carve` run as Python."""
     from .._numba_options import python_version
+    from . import stretch as S
     from . import workspace as W
 
     vi, vf = V_I, V_F
@@ -274,6 +263,7 @@ def type_codes():
     need_i, need_f = python_version(W._ws_sizes)(*dims)
     views = python_version(W._carve)(stream, dims, np.zeros(need_i, np.int64), np.zeros(need_f))
     codes["Stream"] = numba.typeof(stream)
+    codes["Stretch"] = numba.typeof(S.Stretch(0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, ints, 0, 0, 0))
     for view in views:
         codes[type(view).__name__] = numba.typeof(view)
         for part in view:   # (a view nested in a view: the block pool in PrefixCache)

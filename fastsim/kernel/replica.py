@@ -50,6 +50,8 @@ otherwise.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from .._numba_options import njit_noalloc
@@ -73,7 +75,7 @@ from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
-from .stretch import _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
+from .stretch import Stretch, _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
@@ -177,9 +179,9 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
         failed (checked after every schedule with ``ipar[I_BLOCK_HASH] == 2``,
         a test path: `block_pool._pool_check`).
 
-    The loop lives here, not in a function of its own, so that LLVM
-    optimises and generates the engine's code once (a callee's code is
-    optimised again in every caller it is linked into).
+    The loop lives here, its phases inlined into it (``inline="llvm"``),
+    so that LLVM optimises and generates the engine's code once (a
+    callee's code is optimised again in every caller it is linked into).
     """
     if full is None and _needs_full_engine(ipar):
         return -2
@@ -196,241 +198,89 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                       full)
         sc.ri[RI_DIM_CAP], sc.ri[RI_DIM_NCNT], sc.ri[RI_DIM_NHELD] = cap, ncnt, nheld
         sc.ri[RI_DIM_NITL], sc.ri[RI_DIM_JMAX], sc.ri[RI_DIM_NBP], sc.ri[RI_DIM_NBT] = nitl, jmax, nbp, nbt
-    if full is None:
-        caching = False
-        hashing = False
-    else:
-        caching = ipar[I_CACHING] == 1
-        hashing = caching and ipar[I_BLOCK_HASH] >= 1
-    async_on = ipar[I_ASYNC] == 1
     rc = 0
     if what & STEP_ADVANCE:
-        ri, rf = sc.ri, sc.rf
-        n = ri[RI_N_KNOWN]   # (the loop sees the requests handed so far)
-        # the scalar state in locals for the loop (registers), stored back at the end
-        nxt, drop_ptr, n_run = ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN]
-        rl, n_oth = ri[RI_RUN_LEN], ri[RI_N_OTHERS]
-        S, sph, n_wait, free, reserved = ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED]
-        n_itl, n_sw, swap_used, pending_swap = ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP]
-        mode, n_dec, n_pf = ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL]
-        t, t_end = rf[RF_CLOCK], rf[RF_STEP_END]
-        acc5 = (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED])
-        n_held, t_vis = ri[RI_N_HELD], rf[RF_VISIBLE]   # async scheduling (`pipeline`)
-        # closed loop (`arrivals._release_seats`): ri[RI_RELEASED], the departures turned into arrivals,
-        # and ri[RI_PEND_DEPARTURES], (async) a step's completions not yet turned, since vLLM schedules
-        # the step after it before it sees them (kept in memory, not in the loop's registers)
-        # sessions (`arrivals._session_sends`): a turn's departure sends its session's next turn
-        sessions = ipar[I_SESSIONS] != 0
-        sess = ri[RI_SESS_SCAN:RI_SESS_MADE + 1]
-        closed = ipar[I_MAX_CONCURRENCY] > 0 or sessions
-        has_h = ipar[I_HAS_HORIZON] == 1
-        horizon = fpar[F_HORIZON]
-        ws = rec.acc[A_WINDOW_START]   # the measurement window [ws, we]
-        we = horizon if has_h else np.inf
+        # The engine's step, phase by phase; the scalar state in a `Loop` of locals (registers), stored
+        # back at the end. (`Call`: what the loop reads and never changes.)
+        c = _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax)
+        st = _load_loop(sc)
+        mode = sc.ri[RI_MODE]
         rc = ADVANCE_PAUSED
         while True:
+            # -- the step in flight ends, if it ends by t_stop
             if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
-                if t_end > t_stop:
+                if st.t_end > t_stop:
                     break
-                if async_on:
-                    if has_h and t >= horizon:
+                if c.async_on:
+                    if c.has_h and st.t >= c.horizon:
                         rc = ADVANCE_DONE   # (scheduled, as vLLM had, but not run)
                         break
                 else:
-                    nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_end, nxt,
-                                                                        n_run + n_sw, n_wait, reserved, acc5, ws, we)
+                    st = _arrivals_in_step(req, batch, ipar, c, st)
                 if mode == MODE_FAST_STEP:
-                    free, reserved, n_run, n_oth, S, sph, n_itl, n_held = _end_fast_step(
-                        req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
-                        lat, bs, bsh, n_held, full)
+                    st = _end_fast_step(req, batch, dec, rec, ipar, lat, c, st, full)
                     # (a closed loop: a completion sends a request, which a stretch cannot see)
-                    mode = MODE_STRETCH if not closed else MODE_BETWEEN_STEPS
+                    mode = MODE_STRETCH if not c.closed else MODE_BETWEEN_STEPS
                 else:
-                    free, reserved, n_run, rl, n_oth, n_itl, n_held = _end_slow_step(
-                        req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax,
-                        n_held, full)
+                    st = _end_slow_step(req, batch, dec, cache, rec, ipar, c, st, full)
                     mode = MODE_BETWEEN_STEPS
-                if sessions:
-                    _session_sends(n, req, ipar, fpar, nxt, t_end, sess)
-                elif closed:
-                    # (async: the finished requests held have left, as the client sees it)
-                    left = nxt - (n_run + n_wait + n_sw) + n_held
-                    if async_on:
-                        ri[RI_PEND_DEPARTURES] = left - ri[RI_RELEASED]
-                    else:
-                        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_end, left, ri[RI_RELEASED])
-                t_vis = t   # (async: the next step was scheduled when this one started)
-                t = t_end
-            if mode == MODE_STRETCH and what & STEP_NO_STRETCH:
-                mode = MODE_BETWEEN_STEPS
+                st = _step_departures(req, sc, ipar, fpar, c, st)
+            # -- stretches of pure decode steps (event skipping)
             if mode == MODE_STRETCH:
-                paused = 0.0
-                if _closed_forms(lat):
-                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
-                     t_vis) = _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run,
-                                         n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax,
-                                         n_held, t_vis, full, False)
-                elif n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or n_run == ipar[I_MAX_NUM_SEQS]):
-                    # per-step noise: a copy of its own (`_noisy_stretches`), entered only where a stretch may
-                    # follow
-                    (paused, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held,
-                     t_vis) = _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved,
-                                               n_run, n_oth, n_wait, nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh,
-                                               jmax, n_held, t_vis, full)
-                if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
-                    rf[RF_STRETCH_END] = paused
-                    break
+                if what & STEP_NO_STRETCH == 0:
+                    paused, st = _stretch_phase(req, batch, dec, cache, rec, ipar, lat, c, st, full)
+                    if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
+                        sc.rf[RF_STRETCH_END] = paused
+                        break
                 mode = MODE_BETWEEN_STEPS
-                continue
-            # -- between steps
+            # -- between steps: a static batch's decode steps; idle, the horizon, the pause
             if full is not None:
-                if ipar[I_STATIC] == 1 and n_run > 0:   # a static batch's decode steps, O(1) each
-                    t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5 = _static_decode(
-                        n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, drop_ptr, n_run, n_wait,
-                        reserved, n_itl, acc5, ws, we, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2])
-            if n_run == 0 and n_wait == 0 and n_sw == 0:
-                if nxt >= n:
-                    rc = ADVANCE_IDLE
-                    break
-                if stream.arrival[nxt] > t:
-                    if stream.arrival[nxt] >= t_stop:
-                        break
-                    t = stream.arrival[nxt]   # idle: jump to the next arrival
-                t_vis = t   # (async: nothing in flight)
-            t_in = t_vis if async_on else t   # arrivals up to t_in are seen
-            if has_h and t_in >= horizon:
-                rc = ADVANCE_DONE
+                if ipar[I_STATIC] == 1 and st.n_run > 0:   # a static batch's decode steps, O(1) each
+                    st = _static_decode(req, batch, rec, ipar, fpar, lat, c, st,
+                                        ipar[I_NUM_GPU_BLOCKS] - st.free - cache.cst[2])
+            stop, st = _wake(req, c, st)
+            if stop != GO_ON:
+                rc = stop
                 break
-            if t >= t_stop:
-                break   # (before ingesting: a request handed at t_stop is seen by this step)
-            w0 = n_wait
-            if async_on:
-                nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
-                                                                    n_wait, reserved, acc5, ws, we)
-            nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
-            if closed:
-                # a rejection's seat sends the client's next request at once (zero think time)
-                pend = ri[RI_PEND_DEPARTURES]
-                while True:
-                    if sessions:
-                        _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
-                    else:
-                        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in, nxt - (n_run + n_wait + n_sw)
-                                                         + n_held - pend, ri[RI_RELEASED])
-                    if not (nxt < n and stream.arrival[nxt] <= t_in):
-                        break
-                    nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
-                                                    reserved)
-            drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
-            if t_in < t:
-                # (async: the requests just seen have been in the system since their arrival,
-                # counted up to t_in, and are from now on: their time from t_in to now; those
-                # dropped as of t_in were counted in the step that ended now: not after t_in)
-                acc5 = _add_in_system(acc5, (n_wait - w0) * (t - t_in))
-            if sessions:
-                _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
-            elif closed:
-                left = nxt - (n_run + n_wait + n_sw) + n_held
-                released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
-                # (async: then the completions of the step that ended at t, which vLLM
-                # applies after scheduling the step now formed)
-                ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t, left, released)
-                ri[RI_PEND_DEPARTURES] = 0
-            if n_run == 0 and n_wait == 0 and n_sw == 0:
+            # -- arrivals, the closed loop's sends, abandonment
+            st = _ingest_step(req, batch, sc, ipar, fpar, c, st)
+            if st.n_run == 0 and st.n_wait == 0 and st.n_sw == 0:
                 continue
-            # (prefix caching takes slow steps, unless the block pool is counted: `block_pool`)
-            slow_cache = caching
-            counted = False
-            if hashing:
-                if _pool_counted(cache.pool):
-                    slow_cache = False
-                    counted = True
-            lag = async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
-            if _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache,
-                          full):
-                free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx = _schedule_fast(
-                    req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh)
-                if counted and async_on:
-                    _count_scheduled(req, batch.oth, n_oth, cache.pool, t, lag, bs)
-                ran = n_dec + n_pf > 0   # (async: all running may be finished, held)
-                pairs2, n_pfs = 0, 0
-                if n_pf > 0 and lat[L_ROOF] != 0.0:
-                    pairs2, n_pfs = _prefill_work(req, batch.oth, n_oth, ipar, full)
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, 0, acc5[4], pairs2, n_pfs)
+            # -- schedule: a fast step or a slow one
+            slow_cache, counted = _cache_path(cache, ipar, full)
+            if _fits_fast(req, batch, dec, ipar, c, st, slow_cache, full):
+                ran, d, n_in_queue, st = _fast_step(req, batch, dec, cache, rec, ipar, lat, c, st, counted, full)
                 mode = MODE_FAST_STEP
-                n_in_queue = n_wait
             else:
-                if counted and async_on:
-                    _count_lazy(dec, S, cache.pool, bs)
-                _materialise_decoders(req, dec, t, S, bs, bsh)
-                rl = _compact_run(batch.run, rl, req.status)
-                (free, n_wait, n_run, n_sw, swap_used, pending_swap, ran, n_dec, n_pf,
-                 n_ctx) = _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used,
-                                         pending_swap, bs, bsh, jmax, lag, full)
-                rl = n_run
-                if hashing:
-                    if lag:
-                        if cache.pool.pst[1] == 1:
-                            _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
-                        else:
-                            _count_arrived(req, batch, n_run, cache.pool, t, bs)
-                    if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
-                            and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
-                        return -3
-                pairs2, n_pfs = 0, 0
-                if n_pf > 0 and lat[L_ROOF] != 0.0:
-                    pairs2, n_pfs = _prefill_work(req, batch.run, n_run, ipar, full)
-                d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs)
+                err, ran, d, n_in_queue, st = _slow_step(req, batch, dec, swap, cache, rec, ipar, lat, c, st,
+                                                         counted, full)
+                if err != 0:
+                    return err
                 mode = MODE_SLOW_STEP
-                n_in_queue = n_wait + n_sw
             if not ran:   # only preemptions happened, or (async) only held requests run
-                if n_held > 0:
-                    # vLLM: the step in flight ends, its output is applied, and the
-                    # scheduler tries again at once (nothing in flight: no lag)
-                    free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free,
-                                                                      reserved, n_run, n_wait, jmax, caching)
-                    n_held = 0
-                    if sessions:   # (their turns left at t: `_session_sends`'s async order)
-                        _session_sends(n, req, ipar, fpar, nxt, t, sess)
-                    rl = _compact_run(batch.run, rl, req.status)
-                t_vis = t
-                n_oth = _rebuild(batch.run, rl, batch.oth)
+                st = _retry_held(req, batch, cache, ipar, fpar, c, st, full)
                 mode = MODE_BETWEEN_STEPS
                 continue
-            if mode == MODE_SLOW_STEP:
-                pending_swap = 0
-            t_end = t + d
-            acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue,
-                                 ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], ws, we)
-            if async_on and has_h and t >= horizon:
-                acc5 = _add_in_system(acc5, -(n_run + n_in_queue) * d)   # (async: not run, the run ends at t)
-            elif n_held > 0:
-                acc5 = _add_in_system(acc5, -n_held * d)   # (async: finished at t, held in the batch)
-                free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
-                                                                  n_run, n_wait, jmax, caching)
-                n_held = 0
-                if sessions:
-                    # (async: the turns that finished at t send now, after the sends of the departures
-                    # at t_in just handled and before those of the ingestion at t, made at the next step)
-                    _session_sends(n, req, ipar, fpar, nxt, t, sess)
-                if mode == MODE_SLOW_STEP:
-                    rl = _compact_run(batch.run, rl, req.status)
-        ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = nxt, drop_ptr, n_run
-        ri[RI_RUN_LEN], ri[RI_N_OTHERS] = rl, n_oth
-        ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = S, sph, n_wait, free, reserved
-        ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP] = n_itl, n_sw, swap_used, pending_swap
-        ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, n_dec, n_pf
-        rf[RF_CLOCK], rf[RF_STEP_END] = t, t_end
-        rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = acc5
-        ri[RI_N_HELD], rf[RF_VISIBLE] = n_held, t_vis
+            # -- the step starts: its duration and integrals
+            st = _start_step(req, batch, cache, ipar, fpar, c, st, d, n_in_queue, mode == MODE_SLOW_STEP, full)
+        _store_loop(sc, st, mode)
     if what & STEP_FINISH:
         if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
-            sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN], sc.ri[RI_N_WAIT] = _release_finished(
-                req, batch.zl, sc.ri[RI_N_HELD], cache, ipar, sc.ri[RI_FREE], sc.ri[RI_RESERVED], sc.ri[RI_N_RUN],
-                sc.ri[RI_N_WAIT], jmax, caching)
-            sc.ri[RI_N_HELD] = 0
+            _release_held(req, batch, cache, sc, ipar, jmax, full)
         return _finish_replica(sc.ri[RI_N_KNOWN], req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     return rc
+
+
+@njit_noalloc
+def _release_held(req, batch, cache, sc, ipar, jmax, full):
+    """At a run's end (async scheduling): the finished requests held
+    leave with their seats and blocks (`pipeline._release_finished`)."""
+    caching = False if full is None else ipar[I_CACHING] == 1
+    ri = sc.ri
+    ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_RUN], ri[RI_N_WAIT] = _release_finished(
+        req, batch.zl, ri[RI_N_HELD], cache, ipar, ri[RI_FREE], ri[RI_RESERVED], ri[RI_N_RUN], ri[RI_N_WAIT], jmax,
+        caching)
+    ri[RI_N_HELD] = 0
 
 
 @njit_noalloc
@@ -624,13 +474,330 @@ def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
 
 
 # ------------------------------------------------------------------------------
+# The engine loop's state and its phases (`_simulate`)
+
+#: The engine loop's scalar state: locals of `_simulate`'s loop (registers),
+#: passed whole to the step's phases, which return it updated; loaded from
+#: the replica's scalars (`RI_*`, `RF_*`) at a call's start and stored there
+#: at its end (`_load_loop`, `_store_loop`).
+Loop = namedtuple("Loop", (
+    "t", "t_end", "t_vis",   # the clock; the end of the step in flight; (async) arrivals seen up to t_vis
+    "nxt", "drop_ptr",       # the next request to arrive; the next to check for abandonment
+    "n_wait", "n_run", "rl", "n_oth", "n_sw", "n_held",   # waiting; running, run length, others; swapped; held
+    "free", "reserved",      # free KV blocks; tokens reserved (admission by KV reservation)
+    "S", "sph",              # fast steps so far (the lazy decoders' clock), its block phase
+    "n_dec", "n_pf",         # the step in flight's decoders and prefill tokens
+    "n_itl", "swap_used", "pending_swap",   # gap entries; swap blocks used, blocks moved (to charge)
+    "acc5"))                 # the integrals: (occupancy, queue, KV, in system, steps, most blocks used)
+
+#: What a call's loop reads and never changes: the requests known, the
+#: pause, the block size (and its log2), the most prefix blocks of a
+#: request, the measurement window [ws, we], the horizon, and the load's
+#: kind (async scheduling, closed loop, sessions and their scalars).
+Call = namedtuple("Call", ("n", "t_stop", "bs", "bsh", "jmax", "ws", "we", "has_h", "horizon", "async_on", "closed",
+                           "sessions", "sess"))
+
+# `_wake`'s answer when the loop goes on to schedule a step (else an ``ADVANCE_*``).
+GO_ON = -1
+
+
+@njit_noalloc(inline="llvm")
+def _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax):
+    """The `Call` of a replica advanced to ``t_stop``. Closed loop
+    (`arrivals._release_seats`): ``RI_RELEASED``, the departures turned into
+    arrivals, and ``RI_PEND_DEPARTURES``, (async) a step's completions not
+    yet turned, since vLLM schedules the step after it before it sees them
+    (kept in memory, not in the loop's registers). Sessions
+    (`arrivals._session_sends`): a turn's departure sends its session's next turn."""
+    sessions = ipar[I_SESSIONS] != 0
+    has_h = ipar[I_HAS_HORIZON] == 1
+    horizon = fpar[F_HORIZON]
+    return Call(sc.ri[RI_N_KNOWN], t_stop, bs, bsh, jmax, rec.acc[A_WINDOW_START], horizon if has_h else np.inf,
+                has_h, horizon, ipar[I_ASYNC] == 1, ipar[I_MAX_CONCURRENCY] > 0 or sessions, sessions,
+                sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
+
+
+@njit_noalloc(inline="llvm")
+def _load_loop(sc):
+    """The `Loop` of a replica's scalars."""
+    ri, rf = sc.ri, sc.rf
+    return Loop(rf[RF_CLOCK], rf[RF_STEP_END], rf[RF_VISIBLE], ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_WAIT],
+                ri[RI_N_RUN], ri[RI_RUN_LEN], ri[RI_N_OTHERS], ri[RI_N_SWAPPED], ri[RI_N_HELD], ri[RI_FREE],
+                ri[RI_RESERVED], ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_DEC], ri[RI_N_PREFILL], ri[RI_N_ITL],
+                ri[RI_SWAP_USED], ri[RI_PENDING_SWAP],
+                (rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED]))
+
+
+@njit_noalloc(inline="llvm")
+def _store_loop(sc, st, mode):
+    """Store the `Loop` ``st`` and the ``mode`` in the replica's scalars."""
+    ri, rf = sc.ri, sc.rf
+    ri[RI_NEXT_ARRIVAL], ri[RI_NEXT_DROP], ri[RI_N_RUN] = st.nxt, st.drop_ptr, st.n_run
+    ri[RI_RUN_LEN], ri[RI_N_OTHERS] = st.rl, st.n_oth
+    ri[RI_FAST_STEPS], ri[RI_PHASE], ri[RI_N_WAIT], ri[RI_FREE], ri[RI_RESERVED] = (st.S, st.sph, st.n_wait,
+                                                                                     st.free, st.reserved)
+    ri[RI_N_ITL], ri[RI_N_SWAPPED], ri[RI_SWAP_USED], ri[RI_PENDING_SWAP] = (st.n_itl, st.n_sw, st.swap_used,
+                                                                             st.pending_swap)
+    ri[RI_MODE], ri[RI_N_DEC], ri[RI_N_PREFILL] = mode, st.n_dec, st.n_pf
+    rf[RF_CLOCK], rf[RF_STEP_END] = st.t, st.t_end
+    rf[RF_OCC], rf[RF_QUEUE], rf[RF_KV], rf[RF_L], rf[RF_STEPS], ri[RI_MAX_USED] = st.acc5
+    ri[RI_N_HELD], rf[RF_VISIBLE] = st.n_held, st.t_vis
+
+
+@njit_noalloc(inline="llvm")
+def _arrivals_in_step(req, batch, ipar, c, st):
+    """The arrivals during the step that ends at ``st.t_end`` (synchronous
+    scheduling: they see it before its completions)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    nxt, n_wait, reserved, acc5 = _arrivals_during_step(c.n, req, batch, ipar, t_end, nxt, n_run + n_sw, n_wait,
+                                                        reserved, acc5, c.ws, c.we)
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _step_departures(req, sc, ipar, fpar, c, st):
+    """After a step's end: its departures send the closed loop's or the
+    sessions' next requests; the clock moves to the step's end."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    ri = sc.ri
+    if c.sessions:
+        _session_sends(c.n, req, ipar, fpar, nxt, t_end, c.sess)
+    elif c.closed:
+        # (async: the finished requests held have left, as the client sees it)
+        left = nxt - (n_run + n_wait + n_sw) + n_held
+        if c.async_on:
+            ri[RI_PEND_DEPARTURES] = left - ri[RI_RELEASED]
+        else:
+            ri[RI_RELEASED] = _release_seats(c.n, req, ipar, nxt, t_end, left, ri[RI_RELEASED])
+    t_vis = t   # (async: the next step was scheduled when this one started)
+    t = t_end
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _stretch_phase(req, batch, dec, cache, rec, ipar, lat, c, st, full):
+    """After a fast step: stretches of pure decode steps (`_stretches`),
+    in closed form, or step by step with per-step noise. Returns the time
+    the next stretch would end if it ends after ``t_stop`` (paused; else
+    0.0), and the state."""
+    paused = 0.0
+    if _closed_forms(lat):
+        paused, st = _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, False)
+    elif st.n_oth == 0 and st.n_run > 0 and st.n_sw == 0 and (st.n_wait == 0 or st.n_run == ipar[I_MAX_NUM_SEQS]):
+        # per-step noise: a copy of its own (`_noisy_stretches`), entered only where a stretch may follow
+        paused, st = _noisy_stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full)
+    return paused, st
+
+
+@njit_noalloc(inline="llvm")
+def _wake(req, c, st):
+    """Between steps: with nothing in the system, jump to the next arrival;
+    then stop at the horizon or the pause. Returns `GO_ON` (schedule a step)
+    or what `_simulate` returns (``ADVANCE_*``), and the state."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    rc = GO_ON
+    if n_run == 0 and n_wait == 0 and n_sw == 0:
+        if nxt >= c.n:
+            rc = ADVANCE_IDLE
+        elif req.arrival[nxt] > t and req.arrival[nxt] >= c.t_stop:
+            rc = ADVANCE_PAUSED
+        else:
+            if req.arrival[nxt] > t:
+                t = req.arrival[nxt]   # idle: jump to the next arrival
+            t_vis = t   # (async: nothing in flight)
+    if rc == GO_ON:
+        t_in = t_vis if c.async_on else t   # arrivals up to t_in are seen
+        if c.has_h and t_in >= c.horizon:
+            rc = ADVANCE_DONE
+        elif t >= c.t_stop:
+            rc = ADVANCE_PAUSED   # (before ingesting: a request handed at t_stop is seen by this step)
+    return rc, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph,
+                    n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _ingest_step(req, batch, sc, ipar, fpar, c, st):
+    """A step's first phase: the arrivals it sees (up to ``t_in``: the clock,
+    or with async scheduling the start of the step that just ended), the
+    closed loop's or the sessions' sends, abandonment."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    n, ri, sess = c.n, sc.ri, c.sess
+    t_in = t_vis if c.async_on else t   # arrivals up to t_in are seen
+    w0 = n_wait
+    if c.async_on:
+        nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
+                                                            n_wait, reserved, acc5, c.ws, c.we)
+    nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
+    if c.closed:
+        # a rejection's seat sends the client's next request at once (zero think time)
+        pend = ri[RI_PEND_DEPARTURES]
+        while True:
+            if c.sessions:
+                _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
+            else:
+                ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t_in, nxt - (n_run + n_wait + n_sw)
+                                                 + n_held - pend, ri[RI_RELEASED])
+            if not (nxt < n and req.arrival[nxt] <= t_in):
+                break
+            nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait,
+                                            reserved)
+    drop_ptr, n_wait, reserved = _abandon(req, ipar, fpar, t_in, drop_ptr, nxt, n_wait, reserved)
+    if t_in < t:
+        # (async: the requests just seen have been in the system since their arrival,
+        # counted up to t_in, and are from now on: their time from t_in to now; those
+        # dropped as of t_in were counted in the step that ended now: not after t_in)
+        acc5 = _add_in_system(acc5, (n_wait - w0) * (t - t_in))
+    if c.sessions:
+        _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
+    elif c.closed:
+        left = nxt - (n_run + n_wait + n_sw) + n_held
+        released = _release_seats(n, req, ipar, nxt, t_in, left - ri[RI_PEND_DEPARTURES], ri[RI_RELEASED])
+        # (async: then the completions of the step that ended at t, which vLLM
+        # applies after scheduling the step now formed)
+        ri[RI_RELEASED] = _release_seats(n, req, ipar, nxt, t, left, released)
+        ri[RI_PEND_DEPARTURES] = 0
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _cache_path(cache, ipar, full):
+    """(Whether prefix caching forces a slow step, whether the block pool is
+    counted): prefix caching takes slow steps, unless the block pool is
+    counted (`block_pool`)."""
+    if full is None:
+        caching = False
+        hashing = False
+    else:
+        caching = ipar[I_CACHING] == 1
+        hashing = caching and ipar[I_BLOCK_HASH] >= 1
+    slow_cache = caching
+    counted = False
+    if hashing:
+        if _pool_counted(cache.pool):
+            slow_cache = False
+            counted = True
+    return slow_cache, counted
+
+
+@njit_noalloc(inline="llvm")
+def _fast_step(req, batch, dec, cache, rec, ipar, lat, c, st, counted, full):
+    """Schedule a fast step (`_schedule_fast`) and take its duration.
+    Returns whether anything runs, the duration, the requests queued, and
+    the state."""
+    st, n_ctx = _schedule_fast(req, batch, dec, ipar, c, st)
+    t, lag = st.t, c.async_on and st.t_vis < st.t   # (async: the tokens of the step that ended are in flight)
+    if counted and c.async_on:
+        _count_scheduled(req, batch.oth, st.n_oth, cache.pool, t, lag, c.bs)
+    ran = st.n_dec + st.n_pf > 0   # (async: all running may be finished, held)
+    pairs2, n_pfs = 0, 0
+    if st.n_pf > 0 and lat[L_ROOF] != 0.0:
+        pairs2, n_pfs = _prefill_work(req, batch.oth, st.n_oth, ipar, full)
+    d = _step_time(lat, rec.dec_cost, st.n_dec, st.n_pf, n_ctx, 0, st.acc5[4], pairs2, n_pfs)
+    return ran, d, st.n_wait, st
+
+
+@njit_noalloc(inline="llvm")
+def _slow_step(req, batch, dec, swap, cache, rec, ipar, lat, c, st, counted, full):
+    """Schedule a slow step, request by request (`_schedule_slow`), and
+    take its duration. Returns an error code (-3: the block pool's check
+    failed, `_simulate`), whether anything runs, the duration, the requests
+    queued, and the state."""
+    if full is None:
+        hashing = False
+    else:
+        hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
+    ran, n_ctx, st = _schedule_slow(req, batch, dec, swap, cache, rec, ipar, c, st, counted, full)
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, jmax = c.bs, c.jmax
+    lag = c.async_on and t_vis < t
+    err = 0
+    if hashing:
+        if lag:
+            if cache.pool.pst[1] == 1:
+                _cache_arrived_tokens(req, batch, n_run, cache.pool, t, bs, jmax)
+            else:
+                _count_arrived(req, batch, n_run, cache.pool, t, bs)
+        if (ipar[I_BLOCK_HASH] == 2 and cache.pool.pst[1] == 1
+                and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
+            err = -3
+    pairs2, n_pfs = 0, 0
+    if n_pf > 0 and lat[L_ROOF] != 0.0:
+        pairs2, n_pfs = _prefill_work(req, batch.run, n_run, ipar, full)
+    d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs)
+    return err, ran, d, n_wait + n_sw, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held,
+                                            free, reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _retry_held(req, batch, cache, ipar, fpar, c, st, full):
+    """A schedule that ran nothing (only preemptions happened, or, async,
+    only held requests run): with requests held, vLLM ends the step in
+    flight, applies its output, and the scheduler tries again at once
+    (nothing in flight: no lag)."""
+    caching = False if full is None else ipar[I_CACHING] == 1
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    if n_held > 0:
+        free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved, n_run,
+                                                          n_wait, c.jmax, caching)
+        n_held = 0
+        if c.sessions:   # (their turns left at t: `_session_sends`'s async order)
+            _session_sends(c.n, req, ipar, fpar, nxt, t, c.sess)
+        rl = _compact_run(batch.run, rl, req.status)
+    t_vis = t
+    n_oth = _rebuild(batch.run, rl, batch.oth)
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="llvm")
+def _start_step(req, batch, cache, ipar, fpar, c, st, d, n_in_queue, slow, full):
+    """The step scheduled starts: it ends at ``t + d``; its integrals
+    (``n_in_queue`` requests queued); (async) the requests held, finished
+    at ``t``, leave now."""
+    caching = False if full is None else ipar[I_CACHING] == 1
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    if slow:
+        pending_swap = 0
+    t_end = t + d
+    acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], c.ws,
+                         c.we)
+    if c.async_on and c.has_h and t >= c.horizon:
+        acc5 = _add_in_system(acc5, -(n_run + n_in_queue) * d)   # (async: not run, the run ends at t)
+    elif n_held > 0:
+        acc5 = _add_in_system(acc5, -n_held * d)   # (async: finished at t, held in the batch)
+        free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved, n_run,
+                                                          n_wait, c.jmax, caching)
+        n_held = 0
+        if c.sessions:
+            # (async: the turns that finished at t send now, after the sends of the departures
+            # at t_in just handled and before those of the ingestion at t, made at the next step)
+            _session_sends(c.n, req, ipar, fpar, nxt, t, c.sess)
+        if slow:
+            rl = _compact_run(batch.run, rl, req.status)
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+# ------------------------------------------------------------------------------
 # The fast step
 
 @njit_noalloc(inline="llvm")
-def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph, free, bs, bsh, slow_cache, full):
+def _fits_fast(req, batch, dec, ipar, c, st, slow_cache, full):
     """Whether every running request can be scheduled in full this step (its
     token need fits the budget, its new blocks the free blocks), so that the
     step can be a fast one. ``slow_cache``: prefix caching needs a slow step."""
+    n_oth, n_wait, n_sw, pending_swap, sph, free = st.n_oth, st.n_wait, st.n_sw, st.pending_swap, st.sph, st.free
+    bs, bsh = c.bs, c.bsh
     if full is None:
         static = False
         prio_preempt = False
@@ -664,11 +831,15 @@ def _fits_fast(req, batch, dec, ipar, n_oth, n_wait, n_sw, pending_swap, S, sph,
 
 
 @njit_noalloc(inline="llvm")
-def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free, bs, bsh):
+def _schedule_fast(req, batch, dec, ipar, c, st):
     """Schedule a fast step: every running request in full (the lazy
     decoders in aggregate), then admit waiting requests as the slow step
-    would. Return the updated (free blocks, waiting, running, run length,
-    others) and the batch composition (decoders, prefill tokens, context tokens)."""
+    would. Return the state (free blocks, waiting, running, run length,
+    others, and the batch composition: decoders, prefill tokens) and the
+    step's context tokens."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh = c.bs, c.bsh
     n_d = dec.dstate[0]
     budget = ipar[I_MAX_BATCHED_TOKENS] - n_d
     free -= dec.ph[sph]
@@ -715,17 +886,20 @@ def _schedule_fast(req, batch, dec, ipar, n_wait, n_run, rl, n_oth, S, sph, free
         else:
             n_pf += s
         n_ctx += req.k[r] + s
-    return free, n_wait, n_run, rl, n_oth, n_dec, n_pf, n_ctx
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+           n_pf, n_itl, swap_used, pending_swap, acc5), n_ctx
 
 
 @njit_noalloc(inline="llvm")
-def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, n_oth, S, sph, n_itl, n_dec, n_pf,
-                   lat, bs, bsh, n_held, full):
+def _end_fast_step(req, batch, dec, rec, ipar, lat, c, st, full):
     """The end of a fast step at ``t_end``: the lazy decoders emit one token
     each (and those at their last complete), the others emit, complete or
-    become lazy decoders. Return the updated (free blocks, reserved tokens,
-    running, others, fast steps, phase, gap entries, requests held). With
-    async scheduling, the requests that finish are held (`pipeline`)."""
+    become lazy decoders. Return the state (free blocks, reserved tokens,
+    running, others, fast steps, phase, gap entries, requests held updated).
+    With async scheduling, the requests that finish are held (`pipeline`)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh = c.bs, c.bsh
     async_on = ipar[I_ASYNC] == 1
     dstate = dec.dstate
     if dstate[2] > 0:
@@ -774,15 +948,16 @@ def _end_fast_step(req, batch, dec, rec, ipar, t, t_end, free, reserved, n_run, 
         else:
             batch.oth[m] = r
             m += 1
-    return free, reserved, n_run, m, S, sph, n_itl, n_held
+    n_oth = m
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+           n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 # ------------------------------------------------------------------------------
 # Stretches of decode steps (event skipping, `stretch`)
 
 @njit_noalloc(inline="llvm")
-def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt, n_sw,
-               S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, noisy):
+def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
     """While every running request is a lazy decoder and nothing else can
     happen (no admission, no abandonment, enough free blocks), run the next
     steps as one stretch, up to the step of the next completion or the one
@@ -792,13 +967,13 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     follows at once. (Not with active priority preemption and a waiting
     request: phase 0.) A stretch that would end after ``t_stop`` is not
     taken: the first value returned is then the time it would end (paused;
-    else 0.0).
+    else 0.0), the second the state.
 
     With async scheduling (`pipeline`), a stretch goes on to the step after
     the one during which the next request arrives (vLLM schedules it before
     it sees the arrival), and the requests that finish at a stretch's end
     are held through the next stretch's first step (its integrals count
-    them); the visibility time ``t_vis`` is returned last.
+    them); the visibility time ``t_vis`` with them.
 
     ``noisy``: per-step noise (`latency._closed_forms` says no), the steps
     summed one by one (`stretch._stretch_steps_noisy`); a constant at each
@@ -809,10 +984,12 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
     else:
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         caching = ipar[I_CACHING] == 1
+    (t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    n, t_stop, ws, we, bs, bsh, jmax = c.n, c.t_stop, c.ws, c.we, c.bs, c.bsh, c.jmax
     async_on = ipar[I_ASYNC] == 1
     mns = ipar[I_MAX_NUM_SEQS]
     has_delay = ipar[I_HAS_DELAY] == 1
-    nblk = ipar[I_NUM_GPU_BLOCKS]
     dstate = dec.dstate
     slope = _context_slope(lat)
     while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
@@ -825,8 +1002,6 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         dp = _decode_step_time(lat, rec.dec_cost, n_d)
         # every running request is a lazy decoder, so the heap is not
         # empty: the stretch ends with the step of the next completion
-        d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
-        dlt = slope * n_d
         kmax = dec.hk[0] - S
         hb = 0   # (async) blocks of the requests held, which leave once the first step is scheduled
         if n_held > 0:
@@ -836,90 +1011,31 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
                 hb += req.blocks[batch.zl[j]]
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
+        if async_on:   # an arrival is seen at the schedule after the step it came in
+            plan = Stretch(kmax, we, next_a, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb)
+            t_prev = t_vis
+        else:
+            plan = Stretch(kmax, min(next_a, we), np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free)
+            t_prev = t
         if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
-            if async_on:
-                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
-                    t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, t_vis, next_a, lat, k0,
-                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
-            else:
-                kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(
-                    t, kmax, min(next_a, we), dp, slope, n_d, ksum, S, dec.ph, sph, bs, free, t, np.inf, lat, k0,
-                    rec.itl_v, rec.itl_w, n_itl, dstate[2])
-        elif async_on:   # an arrival is seen at the schedule after the step it came in
-            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, we, dp, slope, n_d, ksum, S, dec.ph, sph,
-                                                           bs, free + hb, t_vis, next_a)
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(t, t_prev, plan, lat, k0, rec.itl_v, rec.itl_w,
+                                                                 n_itl, dstate[2])
         else:
-            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, kmax, min(next_a, we), dp, slope, n_d, ksum, S,
-                                                           dec.ph, sph, bs, free, t, np.inf)
+            kk, t_end, nb, s1, s2, t_last = _stretch_steps(t, t_prev, plan)
         if kk == 0:
             break
         if t_end > t_stop:
-            return t_end, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+            return t_end, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
+                               reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
         n_held0 = n_held
         if n_held > 0:
             free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                               n_run, n_wait, jmax, caching)
             n_held = 0
-        a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
-        in_sys = n_run + n_wait
-        nm_d = dstate[2]
-        if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
-            # the stretch lies inside the window or outside it
-            x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
-            used0 = nblk - free
-            if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
-                if noisy:
-                    d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
-                if used0 + dec.ph[sph] + hb > a_max:
-                    a_max = used0 + dec.ph[sph] + hb
-                if ws <= t and t_end <= we:
-                    a_occ += d0 * n_held0
-                    a_kv += d0 * hb
-            free -= nb
-            used = nblk - free
-            if used > a_max:
-                a_max = used
-            a_steps += kk
-            a_l += in_sys * x
-            if ws <= t and t_end <= we:
-                a_occ += x * n_run
-                a_queue += x * n_wait
-                a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
-            if nm_d > 0:
-                if noisy:
-                    n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
-                elif _constant_in_step(lat):
-                    rec.gapw[n_d] += kk * nm_d
-                else:
-                    for jj in range(kk):
-                        n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, d0 + jj * dlt, nm_d)
-            S += kk
-            sph -= _phase(kk, bs, bsh)
-            if sph < 0:
-                sph += bs
-            t = t_end
-        else:
-            # a window edge falls inside: the same steps one by one
-            # (`_account_step`'s operations, on the lazy decoders)
-            for _j in range(kk):
-                free -= dec.ph[sph]
-                used = nblk - free
-                d = dp + slope * (ksum + n_d * (S + 1))
-                if noisy:
-                    d = _step_noise(lat, d, a_steps)
-                t_end = t + d
-                held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
-                a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
-                    (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
-                    used + (hb if held > 0 else 0), ws, we)
-                a_l -= held * d   # (finished: not in the system)
-                if nm_d > 0:
-                    n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
-                S += 1
-                sph = sph - 1 if sph > 0 else bs - 1
-                t = t_end
-        acc5 = (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+        t, free, S, sph, n_itl, acc5 = _account_stretch(dec, rec, ipar, lat, c, plan, (kk, t_end, nb, s1, s2),
+                                                        (n_held0, hb), (n_run, n_wait), (t, free, S, sph, n_itl, acc5),
+                                                        noisy)
         if async_on:
             t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
@@ -937,16 +1053,96 @@ def _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reser
         free, reserved, n_run = _complete_decoders(t, S, free, reserved, n_run, dec, req, ipar, bs, bsh)
         if t >= next_a:
             break   # an arrival to ingest first
-    return 0.0, t, free, reserved, n_run, n_wait, nxt, S, sph, n_itl, acc5, n_held, t_vis
+    return 0.0, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
+                     sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc(inline="llvm")
-def _noisy_stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait, nxt,
-                     n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full):
+def _account_stretch(dec, rec, ipar, lat, c, plan, taken, holding, in_batch, cur, noisy):
+    """The integrals, gaps and counters of a stretch taken (`_stretches`):
+    ``plan`` (`stretch.Stretch`), ``taken`` (steps, end, blocks allocated,
+    S1, S2: `stretch._stretch_steps`), ``holding`` (async: the requests held
+    through its first step and their blocks), ``in_batch`` (running,
+    waiting), ``cur`` (the clock, free blocks, fast steps, phase, gap
+    entries, integrals) at its start. In closed form where the stretch lies
+    inside the measurement window or outside it, else step by step. Returns
+    ``cur`` at its end."""
+    t, free, S, sph, n_itl, acc5 = cur
+    kk, t_end, nb, s1, s2 = taken
+    n_held0, hb = holding
+    n_run, n_wait = in_batch
+    ws, we, bs, bsh = c.ws, c.we, c.bs, c.bsh
+    dp, slope, n_d, ksum = plan.d, plan.c_ctx, plan.n_d, plan.ksum
+    nblk = ipar[I_NUM_GPU_BLOCKS]
+    d0 = dp + slope * (ksum + n_d * (S + 1))   # step j of the stretch lasts d0 + j * dlt
+    dlt = slope * n_d
+    k0 = np.int64(acc5[4])   # (the run's steps before it: its first step's noise counter)
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc5
+    in_sys = n_run + n_wait
+    nm_d = dec.dstate[2]
+    if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
+        # the stretch lies inside the window or outside it
+        x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
+        used0 = nblk - free
+        if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
+            if noisy:
+                d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
+            if used0 + dec.ph[sph] + hb > a_max:
+                a_max = used0 + dec.ph[sph] + hb
+            if ws <= t and t_end <= we:
+                a_occ += d0 * n_held0
+                a_kv += d0 * hb
+        free -= nb
+        used = nblk - free
+        if used > a_max:
+            a_max = used
+        a_steps += kk
+        a_l += in_sys * x
+        if ws <= t and t_end <= we:
+            a_occ += x * n_run
+            a_queue += x * n_wait
+            a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
+        if nm_d > 0:
+            if noisy:
+                n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
+            elif _constant_in_step(lat):
+                rec.gapw[n_d] += kk * nm_d
+            else:
+                for jj in range(kk):
+                    n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, d0 + jj * dlt, nm_d)
+        S += kk
+        sph -= _phase(kk, bs, bsh)
+        if sph < 0:
+            sph += bs
+        t = t_end
+    else:
+        # a window edge falls inside: the same steps one by one
+        # (`_account_step`'s operations, on the lazy decoders)
+        for _j in range(kk):
+            free -= dec.ph[sph]
+            used = nblk - free
+            d = dp + slope * (ksum + n_d * (S + 1))
+            if noisy:
+                d = _step_noise(lat, d, a_steps)
+            t_end = t + d
+            held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
+            a_occ, a_queue, a_kv, a_l, a_steps, a_max = _account_step(
+                (a_occ, a_queue, a_kv, a_l, a_steps, a_max), t, t_end, d, n_run + held, n_wait,
+                used + (hb if held > 0 else 0), ws, we)
+            a_l -= held * d   # (finished: not in the system)
+            if nm_d > 0:
+                n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, nm_d)
+            S += 1
+            sph = sph - 1 if sph > 0 else bs - 1
+            t = t_end
+    return t, free, S, sph, n_itl, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
+
+
+@njit_noalloc(inline="llvm")
+def _noisy_stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full):
     """`_stretches` with per-step noise: a copy of its own, inlined beside
     the deterministic one (a call would pass every array of the views)."""
-    return _stretches(n, req, batch, dec, cache, rec, ipar, lat, t, t_stop, free, reserved, n_run, n_oth, n_wait,
-                      nxt, n_sw, S, sph, n_itl, acc5, ws, we, bs, bsh, jmax, n_held, t_vis, full, True)
+    return _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, True)
 
 
 # ------------------------------------------------------------------------------
@@ -994,16 +1190,17 @@ def _remove_running(run, n_run, vpos):
 
 
 @njit_noalloc(inline="llvm")
-def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n_sw, swap_used, pending_swap, bs,
-                   bsh, jmax, lag, full):
-    """Schedule a slow step in vLLM's phases: a static batch (static
-    batching), phase 0 (active priority preemption), the running requests in
-    admission order with preemption (phase 1), the swapped ones (phase 2),
-    then admission of waiting requests (phase 3). ``lag``: async scheduling
-    with the tokens of the step that ended at ``t`` still in flight (for
-    vLLM; they are not cacheable yet). Return the updated (free
-    blocks, waiting, running, swapped, swap blocks used, blocks moved), whether
-    anything runs, and the batch composition."""
+def _schedule_slow(req, batch, dec, swap, cache, rec, ipar, c, st, counted, full):
+    """Schedule a slow step: the lazy decoders materialised (``counted``: a
+    counted block pool counts them first), the running list compacted, then
+    vLLM's phases: a static batch (static batching), phase 0 (active
+    priority preemption), the running requests in admission order with
+    preemption (phase 1), the swapped ones (phase 2), then admission of
+    waiting requests (phase 3). ``lag``: async scheduling with the tokens of
+    the step that ended at ``t`` still in flight (for vLLM; they are not
+    cacheable yet). Return whether anything runs, the step's context
+    tokens, and the state (free blocks, waiting, running, swapped, swap
+    blocks used, blocks moved, and the batch composition updated)."""
     if full is None:
         static = False
         prio_preempt = False
@@ -1012,23 +1209,33 @@ def _schedule_slow(req, batch, swap, cache, rec, ipar, t, free, n_wait, n_run, n
         static = ipar[I_STATIC] == 1
         prio_preempt = ipar[I_PRIO_PREEMPT] == 1
         swap_on = ipar[I_SWAP] == 1
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
+    lag = c.async_on and t_vis < t   # (async: the tokens of the step that ended are in flight)
+    if counted and c.async_on:
+        _count_lazy(dec, S, cache.pool, bs)
+    _materialise_decoders(req, dec, t, S, bs, bsh)
+    rl = _compact_run(batch.run, rl, req.status)
     mbt = ipar[I_MAX_BATCHED_TOKENS]
     if static and n_run == 0:
         free, n_wait, n_run = _form_static_batch(req, batch, ipar, free, n_wait, n_run, bs, bsh)
     if prio_preempt and n_wait > 0:
         free, n_wait, n_run = _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, jmax,
                                                    full)
-    (free, budget, n_wait, n_run, n_sw, swap_used, pending_swap,
-     preempted) = _schedule_running(req, batch, swap, cache, rec, ipar, t, free, mbt, n_wait, n_run, n_sw,
-                                    swap_used, pending_swap, bs, bsh, jmax, lag, full)
+    st = Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+              n_pf, n_itl, swap_used, pending_swap, acc5)
+    budget, preempted, st = _schedule_running(req, batch, swap, cache, rec, ipar, c, st, mbt, lag, full)
     if swap_on and not preempted:
-        free, budget, n_run, n_sw, swap_used, pending_swap = _resume_swapped(
-            req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh)
-    if not static and not preempted and n_sw == 0:
-        free, budget, n_wait, n_run = _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs,
-                                                     bsh, jmax, lag, full)
+        budget, st = _resume_swapped(req, batch, swap, ipar, c, st, budget)
+    if not static and not preempted and st.n_sw == 0:
+        budget, st = _admit_waiting(req, batch, cache, ipar, c, st, budget, lag, full)
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
     n_dec, n_pf, n_ctx = _composition(req, batch, n_run, static)
-    return free, n_wait, n_run, n_sw, swap_used, pending_swap, n_dec + n_pf > 0, n_dec, n_pf, n_ctx
+    rl = n_run
+    return n_dec + n_pf > 0, n_ctx, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held,
+                                         free, reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
@@ -1102,13 +1309,15 @@ def _preempt_for_waiting(req, batch, cache, ipar, free, n_wait, n_run, bs, bsh, 
 
 
 @njit_noalloc(inline="llvm")
-def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wait, n_run, n_sw, swap_used,
-                      pending_swap, bs, bsh, jmax, lag, full):
+def _schedule_running(req, batch, swap, cache, rec, ipar, c, st, budget, lag, full):
     """Phase 1: the running requests in admission order, each its need cut to
     the budget; where its new blocks do not fit, preempt (by swap or
-    recompute) until they do, or preempt itself. Return the updated (free
-    blocks, budget, waiting, running, swapped, swap blocks used, blocks
-    moved) and whether anything was preempted."""
+    recompute) until they do, or preempt itself. Return the budget left,
+    whether anything was preempted, and the state (free blocks, waiting,
+    running, swapped, swap blocks used, blocks moved updated)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
     if full is None:
         static = False
         prio_preempt = False
@@ -1207,12 +1416,17 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, t, free, budget, n_wai
         req.sched[r] = s
         budget -= s
         kk += 1
-    return free, budget, n_wait, n_run, n_sw, swap_used, pending_swap, preempted
+    return budget, preempted, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
+                                   reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
-def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_used, pending_swap, bs, bsh):
-    """Phase 2: resume swapped requests (head first) before any new prefill."""
+def _resume_swapped(req, batch, swap, ipar, c, st, budget):
+    """Phase 2: resume swapped requests (head first) before any new prefill.
+    Return the budget left and the state."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh = c.bs, c.bsh
     chunked = ipar[I_CHUNKED] == 1
     while n_sw > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
         w = swap.sq[0]
@@ -1239,19 +1453,24 @@ def _resume_swapped(req, batch, swap, ipar, t, free, budget, n_run, n_sw, swap_u
         budget -= s
         batch.run[n_run] = w
         n_run += 1
-    return free, budget, n_run, n_sw, swap_used, pending_swap
+    return budget, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
+                        sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc(inline="llvm")
-def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, bsh, jmax, lag, full):
+def _admit_waiting(req, batch, cache, ipar, c, st, budget, lag, full):
     """Phase 3: admit waiting requests in queue order while a seat, the
-    budget and the blocks of the first chunk (after prefix-cache hits) allow."""
+    budget and the blocks of the first chunk (after prefix-cache hits) allow.
+    Return the budget left and the state."""
     if full is None:
         caching = False
         hashing = False
     else:
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
     policy = ipar[I_POLICY]
     chunked = ipar[I_CHUNKED] == 1
     while n_wait > 0 and budget > 0 and n_run < ipar[I_MAX_NUM_SEQS]:
@@ -1312,7 +1531,8 @@ def _admit_waiting(req, batch, cache, ipar, t, free, budget, n_wait, n_run, bs, 
         budget -= s
         batch.run[n_run] = w
         n_run += 1
-    return free, budget, n_wait, n_run
+    return budget, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S,
+                        sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
@@ -1358,14 +1578,16 @@ def _composition(req, batch, n_run, static):
 
 
 @njit_noalloc(inline="llvm")
-def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_run, n_itl, S, bs, bsh, jmax, n_held,
-                   full):
+def _end_slow_step(req, batch, dec, cache, rec, ipar, c, st, full):
     """The end of a slow step at ``t_end``: token emission (and, with prefix
     caching, registration of full blocks), completions and their blocks'
     release; decoders that emitted become lazy, the rest are "others".
-    Return the updated (free blocks, reserved tokens, running, run length,
-    others, gap entries, requests held). With async scheduling, the
+    Return the state (free blocks, reserved tokens, running, run length,
+    others, gap entries, requests held updated). With async scheduling, the
     requests that finish are held, in the running list (`pipeline`)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    bs, bsh, jmax = c.bs, c.bsh, c.jmax
     if full is None:
         static = False
         caching = False
@@ -1426,7 +1648,9 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, t_end, free, reserved, n_r
             else:
                 batch.oth[n_oth] = r
                 n_oth += 1
-    return free, reserved, m, m, n_oth, n_itl, n_held
+    n_run, rl = m, m
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+           n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
 @njit_noalloc
@@ -1539,8 +1763,7 @@ def _hand_common(n, ipar, fpar, wi, wf, i, a, c, q):
 
 
 @njit_noalloc
-def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, drop_ptr, n_run, n_wait, reserved,
-                   n_itl, acc5, ws, we, used):
+def _static_decode(req, batch, rec, ipar, fpar, lat, c, st, used):
     """Static batching: the steps of a batch whose members all decode, in
     O(1) a step (amortised) instead of a slow step's passes over the batch.
 
@@ -1564,13 +1787,16 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
     the slow step takes it), before a step that would end after ``t_stop``
     or start at or after the horizon (the engine loop then does what it
     does there), so that it leaves the replica between steps at ``t``,
-    exactly as the slow steps would have. Returns the updated (clock, start
+    exactly as the slow steps would have. Returns the state (clock, start
     of the last step, next arrival, next request to check for abandonment,
-    waiting, reserved tokens, gap entries, accumulators); ``batch.oth``
+    waiting, reserved tokens, gap entries, accumulators updated); ``batch.oth``
     holds the running list again.
     """
-    if n_run == 0 or n_run > ipar[I_MAX_BATCHED_TOKENS]:
-        return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+    if st.n_run == 0 or st.n_run > ipar[I_MAX_BATCHED_TOKENS]:
+        return st
+    (t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    n, t_stop, ws, we = c.n, c.t_stop, c.ws, c.we
     run = batch.run
     oth = batch.oth
     warmup = ipar[I_WARMUP]
@@ -1580,17 +1806,17 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
     for jj in range(n_run):
         r = run[jj]
         if req.g[r] < 1:
-            return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+            return st
         if req.g[r] < req.output[r]:
             if req.k[r] != req.prompt[r] + req.g[r] - 1 or req.last_t[r] != t:
-                return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+                return st
             oth[n_gen] = r
             n_gen += 1
             if r >= warmup:
                 c_meas += 1
         n_ctx += req.k[r] + 1
     if n_gen == 0:   # (not between steps: a batch of padding alone has completed)
-        return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+        return st
     # the generating members by tokens left (insertion sort: at most max_num_seqs)
     for a in range(1, n_gen):
         r = oth[a]
@@ -1603,7 +1829,7 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
     last = req.output[oth[n_gen - 1]] - req.g[oth[n_gen - 1]]   # the batch's steps left
     has_h = ipar[I_HAS_HORIZON] == 1
     horizon = fpar[F_HORIZON]
-    c = n_gen
+    c_gen = n_gen   # members still generating
     p = 0      # oth[p:n_gen]: still generating
     j = 0      # steps taken here
     while j + 1 < last:
@@ -1621,13 +1847,13 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
         j += 1
         if c_meas > 0:
             n_itl = _gap_add(rec.itl_v, rec.itl_w, n_itl, t_end - t, c_meas)
-        n_ctx += c
+        n_ctx += c_gen
         while p < n_gen and req.output[oth[p]] - req.g[oth[p]] == j:   # its last token
             r = oth[p]
             req.k[r] += j
             req.g[r] += j
             req.last_t[r] = t_end
-            c -= 1
+            c_gen -= 1
             if r >= warmup:
                 c_meas -= 1
             p += 1
@@ -1641,4 +1867,5 @@ def _static_decode(n, req, batch, rec, ipar, fpar, lat, t, t_stop, t_vis, nxt, d
             req.last_t[r] = t
     for jj in range(n_run):
         oth[jj] = run[jj]
-    return t, t_vis, nxt, drop_ptr, n_wait, reserved, n_itl, acc5
+    return Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph,
+           n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)

@@ -12,6 +12,7 @@ inside a binade (`_binade_steps`), where that sum is exact arithmetic.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 
@@ -90,11 +91,21 @@ def _binade_steps(t, d, jmax, limit, lag_limit):
     return j, t + j * dd
 
 
+#: What bounds a stretch's steps and what they take (`_stretch_steps`): at
+#: most ``kmax`` steps, each starting before ``limit``, its previous step
+#: before ``lag_limit``; step i lasts ``d + c_ctx * (ksum + n_d * (S + i +
+#: 1))`` (``n_d`` decoders, ``ksum`` their tokens, ``S`` the fast steps so
+#: far) and allocates ``ph[(sph - i) mod bs]`` new blocks, all within ``free``.
+Stretch = namedtuple("Stretch", ("kmax", "limit", "lag_limit", "d", "c_ctx", "n_d", "ksum", "S", "ph", "sph", "bs",
+                                 "free"))
+
+
 # Inlined into the engine loop (its one call site), so that the clock and the
 # sums stay in registers.
 @njit_noalloc(inline="llvm")
-def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_prev, lag_limit):
-    """The steps of a stretch, at most ``kmax``, that start before ``limit``
+def _stretch_steps(t, t_prev, plan):
+    """The steps of the stretch ``plan`` (a `Stretch`) from ``t``: at most
+    ``kmax``, that start before ``limit``
     (the next arrival or the horizon, whichever comes first: an arrival
     during a step does not change the step), whose previous step starts
     before ``lag_limit`` (async scheduling: the next arrival, seen when the
@@ -114,6 +125,7 @@ def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_
     (`_binade_steps`, its blocks in closed form: `_stretch_kv`). ``d``:
     `_plain_step`. The blocks are counted in the step loop, which is bound by
     the latency of its additions: they come for free there."""
+    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
     kk = 0
     nb = 0
     s1 = 0.0
@@ -160,8 +172,7 @@ def _stretch_steps(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_
 
 
 @njit_noalloc
-def _stretch_steps_noisy(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, t_prev, lag_limit, lat, k0,
-                         itl_v, itl_w, n_itl, weight):
+def _stretch_steps_noisy(t, t_prev, plan, lat, k0, itl_v, itl_w, n_itl, weight):
     """`_stretch_steps` with per-step noise: step i of the stretch lasts the
     noisy duration of the run's step ``k0 + i`` (`latency._noisy_duration`
     of the deterministic one, the bits of a fast step's `_step_time`), the
@@ -175,6 +186,7 @@ def _stretch_steps_noisy(t, kmax, limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, fr
     equal neighbours are not merged as `accounting._gap_add` merges them,
     which saves entries, not results: the steps' gaps differ). A call (the
     draw's exp is one anyway)."""
+    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
     key = _noise_key(lat)
     kk = 0
     nb = 0

@@ -473,8 +473,7 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
         _draw_sjf_key(state, i, ipar, fpar, pred_edges, prompt, output, sjfk)
         _draw_prefix(state, i, ipar, laws, prompt, pgrp, plen)
     if ipar[I_SESSIONS] != 0:
-        _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
-                       lrange)
+        _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, laws)
     if ipar[I_TRACE_HASH] == 1:
         _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen)
     return n
@@ -502,8 +501,7 @@ def _trace_parents(ipar, trace, ltab, row0, n, pgrp, plen):
 
 
 @njit_noalloc
-def _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, lcomp, lpar, ltab,
-                   lrange):
+def _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk, pgrp, plen, laws):
     """Multi-turn sessions (`arrivals._session_sends`): request k gets the
     turns T_k of the session it would start (the law at lrange[4:6], which
     sessions take from the prefix length, with its stream S_PREFIX_LEN:
@@ -515,7 +513,9 @@ def _draw_sessions(ipar, fpar, state, n_starts, n, arrival, prompt, output, sjfk
     the turns after it; request k >= c keeps its new tokens (``prompt``),
     output and priority, gets the think time before it in ``arrival`` (users:
     the closed loop's draw; open: drawn here from S_ARRIVAL, fixed or
-    exponential of mean F_THINK) and ``pgrp`` = -T_k."""
+    exponential of mean F_THINK) and ``pgrp`` = -T_k. ``laws``: the length
+    laws (`Laws`)."""
+    lcomp, lpar, ltab, lrange = laws
     for i in range(n):
         pgrp[i] = -_sample_length(state, S_PREFIX_LEN, S_PREFIX_LEN, lrange[4], lrange[5], lcomp, lpar, ltab, i)
     if ipar[I_SESSIONS] == SESSIONS_USERS:
