@@ -69,8 +69,8 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: Appended: for the routers that read requests in the system only
 #: (`router._in_system_only`), each replica's departure bound (``dep[r]``:
 #: no request leaves it before then, `_departs`; an empty ``dep`` turns
-#: the bound off; ``dep[N + r]``, where ``dep`` is 2N long, its kept
-#: stretch end, `_keep_end`) and where its running lists start in its row
+#: the bound off; ``dep[N + r]`` and ``dep[2N + r]``, where ``dep`` is 3N
+#: long, its kept stretch end and its plan's, `_keep_end`) and where its running lists start in its row
 #: (``seg[r, SEG_*]``, `_segments`; ``SEG_DEC_COST`` in its float row).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
                                            "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg"))
@@ -217,6 +217,24 @@ def _after(c, m, dmin):
     return (c + m * dmin) * (1.0 - (m + 8) * 2.3e-16)
 
 
+@njit_noalloc(inline="llvm")
+def _after_prefill(c, m, p, dmin, pf):
+    """No earlier than a request arriving at ``c`` with prompt ``p`` and
+    output ``m`` can leave: its m token-emitting steps (at least ``dmin``
+    each, `_after`) come after or with the steps that prefill its prompt,
+    each of which lasts at least the base plus ``pf`` (the prefill term,
+    `latency._step_time`: not negative where ``dmin`` > 0) times its chunk:
+    so at least c + m dmin + pf p, the steps at most m + p, shrunk as
+    `_after` (the steps it waits add no less than their rounding). ``pf``
+    0.0 where part of the prompt may be skipped (prefix caching) or the
+    prefill is not that term (the roofline)."""
+    if m <= 0 or dmin <= 0.0:
+        return c
+    if pf <= 0.0 or p <= 0:
+        return _after(c, m, dmin)
+    return (c + m * dmin + pf * p) * (1.0 - (m + p + 8) * 2.3e-16)
+
+
 @njit_noalloc
 def _segments(fb, r, n):
     """Where replica ``r``'s running list, completion heap and other
@@ -290,13 +308,15 @@ def _departs_parts(fb, r, n, dmin):
     arr, prompt = fb.rs_a[r], fb.rs_i[0, r]
     in_sys = n_run + n_wait + n_sw
     reserved = w[b + RI_RESERVED]
+    # (a request handed prefills its whole prompt before it leaves, unless prefix caching skips part)
+    pf = fb.rlat[r, L_PREFILL] if ipar[I_CACHING] == 0 and fb.rlat[r, L_ROOF] == 0.0 else 0.0
     h = np.inf
     for i in range(w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]):
         if _arrival_status(prompt[i], out[i], ipar, in_sys, reserved) != ST_WAITING:
             return -np.inf, -np.inf
         in_sys += 1
         reserved += prompt[i] + out[i]
-        h = min(h, _after(arr[i], out[i], dmin))
+        h = min(h, _after_prefill(arr[i], out[i], prompt[i], dmin, pf))
     return d, h
 
 
@@ -331,9 +351,11 @@ def _keeps(ipar, lat):
 def _keep_end(fb, r, nrep, n, ta, p, o):
     """A lower bound of the next departure of the requests replica ``r``
     has taken in, once a request of prompt ``p`` and output ``o``,
-    arriving at ``ta``, is handed to it (called before `replica._hand`);
-    ``-inf`` where none is known. ``fb.dep[nrep + r]`` holds the one kept
-    at an earlier hand since the replica's last call.
+    arriving at ``ta``, is handed to it (called before `replica._hand`),
+    ``-inf`` where none is known; and the planned stretch end E while
+    every hand since the plan was pushed (below), else ``-inf``.
+    ``fb.dep[nrep + r]`` and ``fb.dep[2 nrep + r]`` hold the two of an
+    earlier hand since the replica's last call.
 
     Paused before a stretch (its start c, the clock; its end E; b lazy
     decoders, no other running request; kmax steps to the first decoder's
@@ -372,59 +394,73 @@ def _keep_end(fb, r, nrep, n, ta, p, o):
     grows by that many (dp1 - dp). If it leaves before, it is the next to
     leave (the decoders complete at step kmax >= k), and its own bound,
     with the handed ones' (`_departs_parts`), keys the replica: the key
-    is the earlier of the two. The kept end is dropped when the replica
-    is next called."""
+    is the earlier of the two.
+
+    A later hand (the replica not called since, each hand since the plan
+    pushed, so every request handed before it is admitted at its own join
+    step) is pushed by its own prefill alone: first come first served, it
+    queues behind those, which take at most their prompts of a step's
+    budget; with a seat for it even if all of them are still in, it joins
+    the first step at or after ``ta`` with at least its first chunk of the
+    budget less their prompts, and that step, if it starts before the
+    plan's last step (``ta`` before E - dp), is longer by at least its
+    prefill term (in one step with others, the prefill terms add). The kept
+    end is dropped when the replica is next called."""
     ipar = fb.rip[r]
     lat = fb.rlat[r]
     if not _keeps(ipar, lat):
-        return -np.inf
+        return -np.inf, -np.inf
     w = fb.wi[r]
     b = fb.size[r, 0] - N_RI
     if w[b + RI_MODE] != MODE_STRETCH or w[b + RI_N_OTHERS] != 0 or w[b + RI_N_SWAPPED] != 0:
-        return -np.inf
+        return -np.inf, -np.inf
     e = _rf(fb, r, RF_STRETCH_END)
+    eo = e
     fresh = e > -np.inf   # (planned at the last call, nothing handed since; else the end kept then)
     if not fresh:
-        e = fb.dep[nrep + r]
+        e, eo = fb.dep[nrep + r], fb.dep[2 * nrep + r]
         if not e > -np.inf:
-            return -np.inf
+            return -np.inf, -np.inf
     seg = fb.seg[r]
     if w[seg[SEG_HEAP_SIZE]] <= 0:
-        return -np.inf
+        return -np.inf, -np.inf
     bs = ipar[I_BLOCK_SIZE]
     nd = w[b + RI_N_RUN]
     kmax = w[seg[SEG_HEAP_KEY]] - w[b + RI_FAST_STEPS]
     need = nd * (kmax // bs + 1) + (p + o + bs - 1) // bs
     prompt, out = fb.rs_i[0, r], fb.rs_i[1, r]
     nxt, known = w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]
+    ahead = 0   # (the prompts handed before it: at most what they take of a step's budget)
     for i in range(nxt, known):
         need += (prompt[i] + out[i] + bs - 1) // bs
+        ahead += prompt[i]
     if need > w[b + RI_FREE]:
-        return -np.inf
+        return -np.inf, -np.inf
     dc = seg[SEG_DEC_COST]
     cap = w[b + RI_DIM_CAP]
     top = min(nd + known - nxt + 1, ipar[I_MAX_NUM_SEQS], cap)
     wf = fb.wf[r]
     for j in range(nd + 1, top + 1):
         if wf[dc + j] < wf[dc + nd]:
-            return -np.inf
-    if not fresh:
-        return e
-    budget = ipar[I_MAX_BATCHED_TOKENS] - nd
-    if (nxt < known or w[b + RI_N_WAIT] > 0 or nd >= ipar[I_MAX_NUM_SEQS] or ipar[I_POLICY] != POLICY_FCFS
+            return -np.inf, -np.inf
+    # the push: the plan's end ``eo`` (-inf: a hand since it was not pushed, or nothing may be pushed)
+    if fresh and (nxt < known or w[b + RI_N_WAIT] > 0):
+        return e, -np.inf
+    budget = ipar[I_MAX_BATCHED_TOKENS] - nd - ahead
+    if (not eo > -np.inf or nd + known - nxt >= ipar[I_MAX_NUM_SEQS] or ipar[I_POLICY] != POLICY_FCFS
             or budget <= 0):
-        return e
+        return e, -np.inf
     s = _first_chunk(p, budget, ipar[I_CHUNKED] == 1)
     dp = lat[L_BASE] + wf[dc + nd]
-    if s <= 0 or not ta < (e - dp) - e * 1e-15:
-        return e
+    if s <= 0 or not ta < (eo - dp) - eo * 1e-15:
+        return e, -np.inf
     x = e + lat[L_PREFILL] * s
-    if s == p and nd + 1 <= top:
+    if fresh and s == p and nd + 1 <= top:
         # it decodes in the steps after J: at least floor((E - ta) / dp) - 3 of them before the k-th ends
-        m = np.int64((e - ta) / dp) - 3
+        m = np.int64((eo - ta) / dp) - 3
         if m > 0:
             x += m * (((lat[L_BASE] + wf[dc + nd + 1]) - dp) * (1.0 - 1e-12))
-    return x - x * ((2 * kmax + 16) * 2.3e-16)
+    return x - x * ((2 * kmax + 16) * 2.3e-16), eo
 
 
 @njit_noalloc(inline="llvm")
@@ -432,11 +468,11 @@ def _due_for(fb, r, nrep, n, what, t, bound):
     """The replica's key in the event queue: `_due`, or with the departure
     bound (``bound``) the later of it and the departure bound, in which the
     requests taken in count from the end kept at a hand (`_keep_end`,
-    where ``fb.dep`` is 2N long) if that is later."""
+    where ``fb.dep`` is 3N long) if that is later."""
     d = _due(fb, r, what, t)
     if bound:
         taken, handed = _departs_parts(fb, r, n, _min_step(fb.rlat[r]))
-        if fb.dep.size >= 2 * nrep:
+        if fb.dep.size >= 3 * nrep:
             taken = max(taken, fb.dep[nrep + r])
         fb.dep[r] = min(taken, handed)
         return max(d, fb.dep[r])
@@ -488,7 +524,7 @@ def _queue_init(fb, nrep, n, what, bound):
         _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
         if bound:
             _segments(fb, r, n)
-            if fb.dep.size >= 2 * nrep:
+            if fb.dep.size >= 3 * nrep:
                 fb.dep[nrep + r] = -np.inf
         fb.due[r] = _due_for(fb, r, nrep, n, what, np.inf, bound)
         ev[r] = r
@@ -538,7 +574,7 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
         if rc >= 0:
             rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
             _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
-            if bound and fb.dep.size >= 2 * nrep:
+            if bound and fb.dep.size >= 3 * nrep:
                 fb.dep[nrep + r] = -np.inf   # (a kept end holds until the replica is called)
             due[r] = _due_for(fb, r, nrep, n, what, t, bound)
             ev[3 * nrep + r] = 0
@@ -686,9 +722,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     if two and bound:
         for r in range(nrep):
             _segments(fb, r, n)
-    # the event queue's routers keep a stretch end across a hand (`_keep_end`) where ``dep`` is 2N long
-    keep = reads and bound and fb.dep.size >= 2 * nrep
-    kept = -np.inf
+    # the event queue's routers keep a stretch end across a hand (`_keep_end`) where ``dep`` is 3N long
+    keep = reads and bound and fb.dep.size >= 3 * nrep
+    kept, chain = -np.inf, -np.inf
     if reads:
         _queue_init(fb, nrep, n, what, bound)
     k_scrape = 0
@@ -718,7 +754,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         else:
             r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
         if keep:
-            kept = _keep_end(fb, r, nrep, n, t + lag, prompt[i], output[i])
+            kept, chain = _keep_end(fb, r, nrep, n, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
@@ -729,8 +765,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         fb.local[i] = j
         if keep:
             fb.dep[nrep + r] = kept
-            if fb.dep.size > 2 * nrep + i:   # (for tests: each hand's kept end, `simulate_fleet_stream`)
-                fb.dep[2 * nrep + i] = kept
+            fb.dep[2 * nrep + r] = chain
+            if fb.dep.size > 3 * nrep + i:   # (for tests: each hand's kept end, `simulate_fleet_stream`)
+                fb.dep[3 * nrep + i] = kept
         if reads:
             _queue_handed(fb, r, nrep, n, what, bound)
     for r in range(nrep):
@@ -826,7 +863,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups):
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
-                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(2 * nrep),
+                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
                         np.empty((nrep, N_SEG), np.int64))
 
 
@@ -888,14 +925,14 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     elif not keep:
         fb = fb._replace(dep=np.empty(nrep))
     elif kept is not None:
-        fb = fb._replace(dep=np.full(2 * nrep + n, -np.inf))
+        fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
     fill_records(fb, ipars, fpars, lats, sizes)
     rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
                               np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     if kept is not None and keep and bound:
-        kept[:n] = fb.dep[2 * nrep:]
+        kept[:n] = fb.dep[3 * nrep:]
     wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
     _reduce_fleet(np.int64(n), stream[0], stream[2], red_i, red_f, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
