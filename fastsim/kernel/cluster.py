@@ -217,24 +217,6 @@ def _after(c, m, dmin):
     return (c + m * dmin) * (1.0 - (m + 8) * 2.3e-16)
 
 
-@njit_noalloc(inline="llvm")
-def _after_prefill(c, m, p, dmin, pf):
-    """No earlier than a request arriving at ``c`` with prompt ``p`` and
-    output ``m`` can leave: its m token-emitting steps (at least ``dmin``
-    each, `_after`) come after or with the steps that prefill its prompt,
-    each of which lasts at least the base plus ``pf`` (the prefill term,
-    `latency._step_time`: not negative where ``dmin`` > 0) times its chunk:
-    so at least c + m dmin + pf p, the steps at most m + p, shrunk as
-    `_after` (the steps it waits add no less than their rounding). ``pf``
-    0.0 where part of the prompt may be skipped (prefix caching) or the
-    prefill is not that term (the roofline)."""
-    if m <= 0 or dmin <= 0.0:
-        return c
-    if pf <= 0.0 or p <= 0:
-        return _after(c, m, dmin)
-    return (c + m * dmin + pf * p) * (1.0 - (m + p + 8) * 2.3e-16)
-
-
 @njit_noalloc
 def _segments(fb, r, n):
     """Where replica ``r``'s running list, completion heap and other
@@ -308,15 +290,13 @@ def _departs_parts(fb, r, n, dmin):
     arr, prompt = fb.rs_a[r], fb.rs_i[0, r]
     in_sys = n_run + n_wait + n_sw
     reserved = w[b + RI_RESERVED]
-    # (a request handed prefills its whole prompt before it leaves, unless prefix caching skips part)
-    pf = fb.rlat[r, L_PREFILL] if ipar[I_CACHING] == 0 and fb.rlat[r, L_ROOF] == 0.0 else 0.0
     h = np.inf
     for i in range(w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]):
         if _arrival_status(prompt[i], out[i], ipar, in_sys, reserved) != ST_WAITING:
             return -np.inf, -np.inf
         in_sys += 1
         reserved += prompt[i] + out[i]
-        h = min(h, _after_prefill(arr[i], out[i], prompt[i], dmin, pf))
+        h = min(h, _after(arr[i], out[i], dmin))
     return d, h
 
 
