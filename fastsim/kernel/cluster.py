@@ -7,7 +7,9 @@ replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
 can change by then are called, taken from an event queue of due times,
 `_look_due`; power of two choices looks at the two replicas it draws
 only; a router that reads requests in the system only leaves a replica
-paused until a request can leave it, `_departs`), or, with a stale view
+paused until a request can leave it, `_departs`, and a replica handed a
+request while paused before a stretch is keyed by that stretch's end,
+pushed by what the request adds to it, `_keep_end`), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
