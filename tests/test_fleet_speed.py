@@ -161,3 +161,118 @@ def test_the_compiled_segment_view_is_the_slice():
                 assert v.__array_interface__["data"][0] == w.__array_interface__["data"][0] + o * w.strides[0]
                 assert np.array_equal(v, expect)
                 assert np.array_equal(w[o:o + size], expect)   # (a view: the write reached the array)
+
+
+# The stretch end kept across a hand (`cluster._keep_end`): the event queue's routers key a replica
+# just handed a request by the end of the stretch it was paused before, pushed by the handed request's
+# prefill and decode terms, where that end stays a lower bound of its next departure. That must change no
+# bit either: the fleet that keeps ends is the fleet that does not, and the fleet without any bound, per
+# request, over random fleets of random engines (roomy and tight KV, chunked and not, small budgets, FCFS,
+# priority and SJF, swap, admission control, vLLM 0.22's switches on and off, caching by block hash,
+# step-time models with and without a context term), live and stale views, with and without routing
+# latency.
+
+LAT_FLAT = fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3, prefill_per_token_s=3e-5)
+V1_SYNC = dict(async_scheduling=False, scheduler_reserve_full_isl=True, null_block=True)
+KEEP_ROUTERS = ("jsq", "least_outstanding", "prefix_affinity", "session_affinity")
+
+
+def _keep_scenario(rng):
+    """A random engine and workload (the kept end's conditions met in some, broken in others); drawn
+    again where the combination is refused."""
+    while True:
+        try:
+            return _draw_keep_scenario(rng)
+        except ValueError:
+            pass
+
+
+def _draw_keep_scenario(rng):
+    v1 = [V1_OFF, V1_SYNC, V1_ON][int(rng.choice(3, p=[0.45, 0.35, 0.2]))]
+    cache = HASH if rng.random() < 0.15 else NO_CACHE
+    eng = dict(max_num_seqs=int(rng.integers(2, 9)),
+               num_gpu_blocks=int(rng.choice([40, 90, 400, 4000])),
+               max_num_batched_tokens=int(rng.choice([48, 128, 512, 2048])),
+               enable_chunked_prefill=bool(rng.random() < 0.8),
+               policy=str(rng.choice(["fcfs", "fcfs", "fcfs", "priority", "sjf"])))
+    if not eng["enable_chunked_prefill"]:
+        eng["max_num_batched_tokens"] = 2048
+    r = rng.random()
+    if r < 0.1:
+        eng.update(admission="kv_reservation")
+    elif r < 0.2:
+        eng.update(admission="queue_limit", max_waiting=2)
+    elif r < 0.3:
+        eng.update(preemption_mode="swap", num_gpu_blocks=40)
+    lat = [LAT_FLAT, LAT_FLAT, fastsim.LatencyModel.default(), LAT][int(rng.integers(4))]
+    rate = float(rng.uniform(4.0, 30.0))
+    wl = fastsim.Workload(arrival_rate=rate, num_requests=int(rng.integers(60, 160)),
+                          prompt_len=fastsim.Uniform(1, int(rng.choice([40, 300, 900]))),
+                          output_len=fastsim.Uniform(1, int(rng.choice([20, 160, 400]))),
+                          prefix_groups=4, prefix_len=32,
+                          **(dict(priorities=(0, 1, 2), priority_probs=(0.3, 0.3, 0.4)) if eng["policy"] == "priority" else {}))
+    return fastsim.Scenario(engine=fastsim.EngineConfig(**v1, **cache, **eng), workload=wl, latency=lat)
+
+
+def _fleet_runs(sc, rep, router, nrep, staleness, latency):
+    stream, p = _stream(sc, rep)
+    args = (*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(staleness, latency), K.ROUTER_CODES[router],
+            nrep, 11, 12, 3)
+    kept = np.empty(stream[0].size)
+    on = C.simulate_fleet_stream(*args, kept=kept)
+    return on, C.simulate_fleet_stream(*args, keep=False), C.simulate_fleet_stream(*args, bound=False), kept
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_kept_stretch_end_changes_no_bit(seed):
+    rng = np.random.default_rng(100 + seed)
+    n_kept = 0
+    for k in range(8):
+        # (the first of each seed meets the rule's conditions: roomy, synchronous, no context term,
+        # busy replicas, a live view)
+        sc = _keep_scenario(rng) if k > 0 else fastsim.Scenario(
+            engine=fastsim.EngineConfig(**V1_SYNC, **NO_CACHE, max_num_seqs=int(rng.integers(4, 17)),
+                                        num_gpu_blocks=4000, max_num_batched_tokens=int(rng.choice([64, 512]))),
+            workload=fastsim.Workload(arrival_rate=float(rng.uniform(15.0, 30.0)), num_requests=150,
+                                      prompt_len=fastsim.Uniform(1, 400), output_len=fastsim.Uniform(1, 200)),
+            latency=LAT_FLAT)
+        router = KEEP_ROUTERS[(seed + k) % len(KEEP_ROUTERS)] if k > 0 else KEEP_ROUTERS[seed % 2]
+        nrep = int(rng.integers(2, 7)) if k > 0 else 2 + seed % 2
+        staleness = float(rng.choice([0.0, 0.0, 0.3])) if k > 0 else 0.0
+        latency = float(rng.choice([0.0, 0.01]))
+        on, off, none, kept = _fleet_runs(sc, k, router, nrep, staleness, latency)
+        for x, y, z in zip(on, off, none):
+            assert np.array_equal(x, y, equal_nan=True)
+            assert np.array_equal(x, z, equal_nan=True)
+        n_kept += int(np.isfinite(kept).sum())
+    assert n_kept > 0   # (the rule fired in these fleets)
+
+
+def test_the_kept_stretch_end_is_not_idle():
+    """On roomy synchronous FCFS engines with a step time without a context term (the benchmarks'
+    case) hands keep an end (a replica busy at the hand: most over 2 replicas, fewer over 8 at the
+    same fleet rate), live and stale, with and without routing latency; none where a condition is broken:
+    async scheduling, caching by block hash, a context term, priority preemption."""
+    def share(sc, router, nrep, staleness=0.0, latency=0.0):
+        total = 0
+        kept_n = 0
+        for rep in range(3):
+            on, off, _none, kept = _fleet_runs(sc, rep, router, nrep, staleness, latency)
+            for x, y in zip(on, off):
+                assert np.array_equal(x, y, equal_nan=True)
+            total += kept.size
+            kept_n += int(np.isfinite(kept).sum())
+        return kept_n / total
+
+    roomy = dict(max_num_seqs=16, num_gpu_blocks=4000, max_num_batched_tokens=512)
+    for v1 in (V1_OFF, V1_SYNC):
+        for lat in (LAT_FLAT, fastsim.LatencyModel.default()):
+            sc = _scenario(v1, NO_CACHE, **roomy)
+            sc = fastsim.Scenario(engine=sc.engine, workload=sc.workload, latency=lat)
+            shares = (share(sc, "jsq", 2), share(sc, "least_outstanding", 8, 0.0, 0.01), share(sc, "jsq", 3, 0.3))
+            assert min(shares) > 0.05
+    off_cases = [_scenario(V1_ON, NO_CACHE, **roomy), _scenario(V1_OFF, HASH, **roomy),
+                 _scenario(V1_OFF, NO_CACHE, **roomy)]   # (the last: LAT, with its context term)
+    prio = _scenario(V1_OFF, NO_CACHE, **roomy, policy="priority", priority_preemption=True)
+    for sc in off_cases + [fastsim.Scenario(engine=prio.engine, workload=prio.workload, latency=LAT_FLAT)]:
+        assert share(sc, "jsq", 3) == 0.0

@@ -7,7 +7,9 @@ replica, `replica._simulate` with ``STEP_ADVANCE``; only those whose state
 can change by then are called, taken from an event queue of due times,
 `_look_due`; power of two choices looks at the two replicas it draws
 only; a router that reads requests in the system only leaves a replica
-paused until a request can leave it, `_departs`), or, with a stale view
+paused until a request can leave it, `_departs`, and a replica handed a
+request while paused before a stretch is keyed by that stretch's end,
+pushed by what the request adds to it, `_keep_end`), or, with a stale view
 (``fleet[FL_STALENESS]`` > 0), the state every replica had at the router's
 last scrape, the scrapes at multiples of that period; the request is then
 handed (`replica._hand`) to the replica chosen, arriving there after the
@@ -36,20 +38,22 @@ from .._numba_options import njit_noalloc
 from .arrivals import _arrival_status
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
-                     FL_STALENESS, I_BLOCK_SIZE, I_HAS_DELAY, I_MAX_CONCURRENCY, I_NUM_GPU_BLOCKS, I_SESSIONS,
-                     I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE, L_PREFILL, L_SWAP,
-                     LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS, N_HIST, N_IPAR,
-                     ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
+                     FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
+                     I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
+                     I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
+                     L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
+                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
 from .rng import _seed_streams
+from .scheduler import _first_chunk
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
                         RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
-                        RI_RUN_LEN, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY, WI_HEAP_SIZE,
-                        WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _int_sizes)
+                        RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY,
+                        WI_HEAP_SIZE, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _int_sizes)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
@@ -67,14 +71,15 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: Appended: for the routers that read requests in the system only
 #: (`router._in_system_only`), each replica's departure bound (``dep[r]``:
 #: no request leaves it before then, `_departs`; an empty ``dep`` turns
-#: the bound off) and where its running lists start in its row (``seg[r,
-#: SEG_*]``, `_segments`).
+#: the bound off; ``dep[N + r]`` and ``dep[2N + r]``, where ``dep`` is 3N
+#: long, its kept stretch end and its plan's, `_keep_end`) and where its running lists start in its row
+#: (``seg[r, SEG_*]``, `_segments`; ``SEG_DEC_COST`` in its float row).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
                                            "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg"))
 
 # The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row).
-SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS = range(4)
-N_SEG = 4
+SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS, SEG_DEC_COST = range(5)
+N_SEG = 5
 
 
 @njit_noalloc(inline="llvm")
@@ -218,7 +223,8 @@ def _after(c, m, dmin):
 def _segments(fb, r, n):
     """Where replica ``r``'s running list, completion heap and other
     running requests start in its row of ``fb.wi`` (the layout of
-    `workspace._int_sizes` for its dimensions, set up): ``fb.seg[r]``."""
+    `workspace._int_sizes` for its dimensions, set up), and its decode
+    term by batch size in its row of ``fb.wf``: ``fb.seg[r]``."""
     w = fb.wi[r]
     b = fb.size[r, 0] - N_RI
     si = _int_sizes(n, fb.rip[r, I_BLOCK_SIZE], w[b + RI_DIM_CAP], w[b + RI_DIM_NCNT], w[b + RI_DIM_NHELD],
@@ -236,12 +242,20 @@ def _segments(fb, r, n):
             fb.seg[r, SEG_OTHERS] = o
         o += x
         k += 1
+    o = 0
+    k = 0
+    for x in _float_sizes(n, w[b + RI_DIM_CAP], w[b + RI_DIM_NITL]):
+        if k == WF_DEC_COST:
+            fb.seg[r, SEG_DEC_COST] = o
+        o += x
+        k += 1
 
 
 @njit_noalloc(inline="llvm")
-def _departs(fb, r, n, dmin):
-    """The earliest time at which a request can leave replica ``r`` (paused,
-    with the requests handed to it so far), ``inf`` if none is in it, or
+def _departs_parts(fb, r, n, dmin):
+    """The earliest times at which a request can leave replica ``r`` (paused,
+    with the requests handed to it so far): of those it has taken in, and of
+    those handed and not yet taken in; ``inf`` if there are none, both
     ``-inf`` where the rule cannot say (see above). Each request counts
     from where its next token-emitting step can end: the step in flight's
     end (its requests may emit there), else the replica's clock; a request
@@ -252,7 +266,7 @@ def _departs(fb, r, n, dmin):
     ipar = fb.rip[r]
     if (ipar[I_HAS_DELAY] == 1 or ipar[I_MAX_CONCURRENCY] > 0 or ipar[I_SESSIONS] != 0 or ipar[I_STATIC] == 1
             or _ri(fb, r, RI_N_HELD) > 0):
-        return -np.inf
+        return -np.inf, -np.inf
     w = fb.wi[r]
     b = fb.size[r, 0] - N_RI
     mode = w[b + RI_MODE]
@@ -278,22 +292,171 @@ def _departs(fb, r, n, dmin):
     arr, prompt = fb.rs_a[r], fb.rs_i[0, r]
     in_sys = n_run + n_wait + n_sw
     reserved = w[b + RI_RESERVED]
+    h = np.inf
     for i in range(w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]):
         if _arrival_status(prompt[i], out[i], ipar, in_sys, reserved) != ST_WAITING:
-            return -np.inf
+            return -np.inf, -np.inf
         in_sys += 1
         reserved += prompt[i] + out[i]
-        d = min(d, _after(arr[i], out[i], dmin))
-    return d
+        h = min(h, _after(arr[i], out[i], dmin))
+    return d, h
 
 
 @njit_noalloc(inline="llvm")
-def _due_for(fb, r, n, what, t, bound):
+def _departs(fb, r, n, dmin):
+    """The earliest time at which a request can leave replica ``r``
+    (`_departs_parts`, the earlier of the two)."""
+    d, h = _departs_parts(fb, r, n, dmin)
+    return min(d, h)
+
+
+# The kept stretch end: a replica paused before a stretch of decode steps
+# (`replica._stretches`) is keyed by that stretch's end E, exact, until a
+# request is handed to it (`replica._hand` drops E: the stretch may now end
+# at the arrival); from then on the departure bound alone (every step the
+# record's base) keyed it, and came early. `_keep_end` states when E, or E
+# pushed by the handed request's own prefill, stays a lower bound of the
+# next departure of the requests the replica has taken in.
+
+@njit_noalloc(inline="llvm")
+def _keeps(ipar, lat):
+    """Whether a replica of these records may keep a stretch end across a
+    hand (`_keep_end`): synchronous scheduling, no prefix caching, no
+    priority preemption, no horizon; a deterministic regression step time
+    without a context term, its prefill term not negative (`_departs_parts`
+    rules out the rest: abandonment, closed loops, static batches)."""
+    return (ipar[I_ASYNC] == 0 and ipar[I_CACHING] == 0 and ipar[I_PRIO_PREEMPT] == 0 and ipar[I_HAS_HORIZON] == 0
+            and lat[L_ROOF] == 0.0 and lat[L_NOISE] == 0.0 and lat[L_CTX] == 0.0 and lat[L_PREFILL] >= 0.0)
+
+
+@njit_noalloc(inline="llvm")
+def _keep_end(fb, r, nrep, n, ta, p, o):
+    """A lower bound of the next departure of the requests replica ``r``
+    has taken in, once a request of prompt ``p`` and output ``o``,
+    arriving at ``ta``, is handed to it (called before `replica._hand`),
+    ``-inf`` where none is known; and the planned stretch end E while
+    every hand since the plan was pushed (below), else ``-inf``.
+    ``fb.dep[nrep + r]`` and ``fb.dep[2 nrep + r]`` hold the two of an
+    earlier hand since the replica's last call.
+
+    Paused before a stretch (its start c, the clock; its end E; b lazy
+    decoders, no other running request; kmax steps to the first decoder's
+    completion, which ends the stretch or comes after its end), the
+    stretch's k <= kmax steps each last dp = base + decode term(b): E is the
+    running sum c + dp + ... + dp. Every request handed since (in
+    ``[next arrival, known)`` and this one) is counted by its whole length:
+    if their blocks, ceil((p + o) / block_size) each, and the decoders' new
+    blocks over kmax steps (at most b * (kmax // block_size + 1)) fit in the
+    free blocks, no request is preempted before the first decoder
+    completes. Then every step until then holds the b decoders and possibly
+    handed requests, no fewer, and lasts at least dp (the decode term not
+    smaller at larger batches, checked on the table; the prefill term not
+    negative); the first k steps, summed by the same floating-point
+    additions, so end no earlier than E, and no request taken in leaves
+    before: the decoders complete at step kmax >= k, a waiting request
+    (seats full) runs first. The rule is the same for the end kept at an
+    earlier hand (the replica not called since: the same c, E, b, kmax and
+    free blocks), with the request handed now counted too.
+
+    The push: the first request handed since the plan (none waiting, a seat
+    free, first come first served) joins the first step that starts at or
+    after ``ta`` (step J); if J < k (``ta`` before the last step's start,
+    E - dp, with a margin for E's rounding), that step schedules the
+    decoders and then it, with s = its first chunk of the budget left
+    (`scheduler._first_chunk`) tokens: its blocks fit (above), so it lasts
+    fl(dp + prefill * s) (`latency._step_time`, the same additions) and the
+    k steps' real sum is at least E's plus prefill * s. Requests handed
+    later queue behind it and only lengthen steps. The two sums differ from
+    their real values by at most k unit roundoffs of the total each, so
+    the bound is E + prefill * s shrunk by (2 kmax + 16) of 2.3e-16 of
+    itself. If s is its whole prompt, it decodes in the steps after J
+    (b + 1 decoders: each at least dp1 = base + decode term(b + 1)) until
+    it leaves; the steps J + 1 .. k - 1 are at least floor((E - ta) / dp) - 3
+    (step j starts at c + j dp, up to the sums' rounding), so the bound
+    grows by that many (dp1 - dp). If it leaves before, it is the next to
+    leave (the decoders complete at step kmax >= k), and its own bound,
+    with the handed ones' (`_departs_parts`), keys the replica: the key
+    is the earlier of the two.
+
+    A later hand (the replica not called since, each hand since the plan
+    pushed, so every request handed before it is admitted at its own join
+    step) is pushed by its own prefill alone: first come first served, it
+    queues behind those, which take at most their prompts of a step's
+    budget; with a seat for it even if all of them are still in, it joins
+    the first step at or after ``ta`` with at least its first chunk of the
+    budget less their prompts, and that step, if it starts before the
+    plan's last step (``ta`` before E - dp), is longer by at least its
+    prefill term (in one step with others, the prefill terms add). The kept
+    end is dropped when the replica is next called."""
+    ipar = fb.rip[r]
+    lat = fb.rlat[r]
+    if not _keeps(ipar, lat):
+        return -np.inf, -np.inf
+    w = fb.wi[r]
+    b = fb.size[r, 0] - N_RI
+    if w[b + RI_MODE] != MODE_STRETCH or w[b + RI_N_OTHERS] != 0 or w[b + RI_N_SWAPPED] != 0:
+        return -np.inf, -np.inf
+    e = _rf(fb, r, RF_STRETCH_END)
+    eo = e
+    fresh = e > -np.inf   # (planned at the last call, nothing handed since; else the end kept then)
+    if not fresh:
+        e, eo = fb.dep[nrep + r], fb.dep[2 * nrep + r]
+        if not e > -np.inf:
+            return -np.inf, -np.inf
+    seg = fb.seg[r]
+    if w[seg[SEG_HEAP_SIZE]] <= 0:
+        return -np.inf, -np.inf
+    bs = ipar[I_BLOCK_SIZE]
+    nd = w[b + RI_N_RUN]
+    kmax = w[seg[SEG_HEAP_KEY]] - w[b + RI_FAST_STEPS]
+    need = nd * (kmax // bs + 1) + (p + o + bs - 1) // bs
+    prompt, out = fb.rs_i[0, r], fb.rs_i[1, r]
+    nxt, known = w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]
+    ahead = 0   # (the prompts handed before it: at most what they take of a step's budget)
+    for i in range(nxt, known):
+        need += (prompt[i] + out[i] + bs - 1) // bs
+        ahead += prompt[i]
+    if need > w[b + RI_FREE]:
+        return -np.inf, -np.inf
+    dc = seg[SEG_DEC_COST]
+    cap = w[b + RI_DIM_CAP]
+    top = min(nd + known - nxt + 1, ipar[I_MAX_NUM_SEQS], cap)
+    wf = fb.wf[r]
+    for j in range(nd + 1, top + 1):
+        if wf[dc + j] < wf[dc + nd]:
+            return -np.inf, -np.inf
+    # the push: the plan's end ``eo`` (-inf: a hand since it was not pushed, or nothing may be pushed)
+    if fresh and (nxt < known or w[b + RI_N_WAIT] > 0):
+        return e, -np.inf
+    budget = ipar[I_MAX_BATCHED_TOKENS] - nd - ahead
+    if (not eo > -np.inf or nd + known - nxt >= ipar[I_MAX_NUM_SEQS] or ipar[I_POLICY] != POLICY_FCFS
+            or budget <= 0):
+        return e, -np.inf
+    s = _first_chunk(p, budget, ipar[I_CHUNKED] == 1)
+    dp = lat[L_BASE] + wf[dc + nd]
+    if s <= 0 or not ta < (eo - dp) - eo * 1e-15:
+        return e, -np.inf
+    x = e + lat[L_PREFILL] * s
+    if fresh and s == p and nd + 1 <= top:
+        # it decodes in the steps after J: at least floor((E - ta) / dp) - 3 of them before the k-th ends
+        m = np.int64((eo - ta) / dp) - 3
+        if m > 0:
+            x += m * (((lat[L_BASE] + wf[dc + nd + 1]) - dp) * (1.0 - 1e-12))
+    return x - x * ((2 * kmax + 16) * 2.3e-16), eo
+
+
+@njit_noalloc(inline="llvm")
+def _due_for(fb, r, nrep, n, what, t, bound):
     """The replica's key in the event queue: `_due`, or with the departure
-    bound (``bound``) the later of it and `_departs`."""
+    bound (``bound``) the later of it and the departure bound, in which the
+    requests taken in count from the end kept at a hand (`_keep_end`,
+    where ``fb.dep`` is 3N long) if that is later."""
     d = _due(fb, r, what, t)
     if bound:
-        fb.dep[r] = _departs(fb, r, n, _min_step(fb.rlat[r]))
+        taken, handed = _departs_parts(fb, r, n, _min_step(fb.rlat[r]))
+        if fb.dep.size >= 3 * nrep:
+            taken = max(taken, fb.dep[nrep + r])
+        fb.dep[r] = min(taken, handed)
         return max(d, fb.dep[r])
     return d
 
@@ -343,7 +506,9 @@ def _queue_init(fb, nrep, n, what, bound):
         _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
         if bound:
             _segments(fb, r, n)
-        fb.due[r] = _due_for(fb, r, n, what, np.inf, bound)
+            if fb.dep.size >= 3 * nrep:
+                fb.dep[nrep + r] = -np.inf
+        fb.due[r] = _due_for(fb, r, nrep, n, what, np.inf, bound)
         ev[r] = r
         ev[3 * nrep + r] = 0
     for k in range(nrep):
@@ -357,7 +522,7 @@ def _queue_handed(fb, r, nrep, n, what, bound):
     be observed at the router's next look."""
     ev = fb.ev
     old = fb.due[r]
-    fb.due[r] = _due_for(fb, r, n, what, np.inf, bound)
+    fb.due[r] = _due_for(fb, r, nrep, n, what, np.inf, bound)
     k = ev[nrep + r]
     if fb.due[r] < old:
         _sift_up(fb.due, ev, nrep, k)
@@ -391,7 +556,9 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
         if rc >= 0:
             rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
             _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
-            due[r] = _due_for(fb, r, n, what, t, bound)
+            if bound and fb.dep.size >= 3 * nrep:
+                fb.dep[nrep + r] = -np.inf   # (a kept end holds until the replica is called)
+            due[r] = _due_for(fb, r, nrep, n, what, t, bound)
             ev[3 * nrep + r] = 0
         _sift_up(due, ev, nrep, k)
     if rc < 0:
@@ -537,6 +704,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     if two and bound:
         for r in range(nrep):
             _segments(fb, r, n)
+    # the event queue's routers keep a stretch end across a hand (`_keep_end`) where ``dep`` is 3N long
+    keep = reads and bound and fb.dep.size >= 3 * nrep
+    kept, chain = -np.inf, -np.inf
     if reads:
         _queue_init(fb, nrep, n, what, bound)
     k_scrape = 0
@@ -565,6 +735,8 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             r = _shorter(fb.load, a, b)
         else:
             r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+        if keep:
+            kept, chain = _keep_end(fb, r, nrep, n, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
@@ -573,6 +745,11 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             return j
         fb.owner[i] = r
         fb.local[i] = j
+        if keep:
+            fb.dep[nrep + r] = kept
+            fb.dep[2 * nrep + r] = chain
+            if fb.dep.size > 3 * nrep + i:   # (for tests: each hand's kept end, `simulate_fleet_stream`)
+                fb.dep[3 * nrep + i] = kept
         if reads:
             _queue_handed(fb, r, nrep, n, what, bound)
     for r in range(nrep):
@@ -668,7 +845,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups):
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
-                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(nrep),
+                        np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
                         np.empty((nrep, N_SEG), np.int64))
 
 
@@ -704,14 +881,16 @@ def fill_records(fb, ipars, fpars, lats, sizes):
 
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
-                          key0=0, key1=0, rep=0, bound=True):
+                          key0=0, key1=0, rep=0, bound=True, keep=True, kept=None):
     """Simulate a fleet over one given request stream; return per-request
     results (as `drivers.simulate_stream`'s, by the fleet's request index,
     then the replica of each request), the metrics row and the load-balance
     row (`layout.FLEET_COLUMNS`). ``ipar``, ``fpar``, ``lat``: one
     replica's records (identical replicas) or a row per replica (a mixed
     fleet). ``bound=False`` turns the departure bound off (`_departs`: the
-    same bits, more calls; for tests)."""
+    same bits, more calls; for tests), ``keep=False`` the stretch end kept
+    across hands (`_keep_end`); ``kept``, an array of the stream's size,
+    receives each hand's kept end (``-inf``: none; for tests)."""
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
     from .workspace import _ws_need
@@ -725,11 +904,17 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
     if not bound:
         fb = fb._replace(dep=np.empty(0))
+    elif not keep:
+        fb = fb._replace(dep=np.empty(nrep))
+    elif kept is not None:
+        fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
     fill_records(fb, ipars, fpars, lats, sizes)
     rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
                               np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
+    if kept is not None and keep and bound:
+        kept[:n] = fb.dep[3 * nrep:]
     wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
     _reduce_fleet(np.int64(n), stream[0], stream[2], red_i, red_f, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
