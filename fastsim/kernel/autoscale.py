@@ -436,10 +436,37 @@ def autoscale_buffers(nrep, nwin):
 
 def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router,
                                apar, key0=0, key1=0, rep=0):
-    """Simulate an autoscaled fleet over one given request stream; return
-    per-request results (status, first token, finish, preemptions, tokens,
-    replica row), the evaluations' table, the replica-seconds held (times
-    GPUs: ``gpu_s``) and the fleet's end."""
+    """Simulate an autoscaled fleet over one given request stream (a Python
+    entry, for tests and the reference's comparisons).
+
+    Parameters
+    ----------
+    arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
+        The request stream, sorted by arrival: each request's arrival time
+        (s), prompt and output lengths, priority class, SJF key, prefix
+        group (-1: none) and prefix length (as `workload._draw_workload`
+        draws them).
+    ipar, fpar, lat : array_like
+        One replica's integer, float and latency records (`layout`).
+    fleet : array_like
+        The fleet record (`layout.FL_*`).
+    router : int
+        The router's code (`layout.ROUTER_*`).
+    apar : array_like
+        The autoscaler's record (`layout.AS_*`: metric, target, interval,
+        bounds, provisioning delay, cool-down, ...).
+    key0, key1 : int
+        The run's seed keys (the routers' and the replicas' random streams).
+    rep : int
+        The replication's index (its streams are keyed by it).
+
+    Returns
+    -------
+    tuple
+        Per-request results (status, first token, finish, preemptions,
+        tokens, replica row), the evaluations' table, the replica-seconds
+        held (times GPUs: ``gpu_s``) and the fleet's end.
+    """
     from .cluster import _gather, _ngroups, fleet_buffers
     from .replica import engine_variant
     from .workspace import _ws_need

@@ -882,15 +882,46 @@ def fill_records(fb, ipars, fpars, lats, sizes):
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
                           key0=0, key1=0, rep=0, bound=True, keep=True, kept=None):
-    """Simulate a fleet over one given request stream; return per-request
-    results (as `drivers.simulate_stream`'s, by the fleet's request index,
-    then the replica of each request), the metrics row and the load-balance
-    row (`layout.FLEET_COLUMNS`). ``ipar``, ``fpar``, ``lat``: one
-    replica's records (identical replicas) or a row per replica (a mixed
-    fleet). ``bound=False`` turns the departure bound off (`_departs`: the
-    same bits, more calls; for tests), ``keep=False`` the stretch end kept
-    across hands (`_keep_end`); ``kept``, an array of the stream's size,
-    receives each hand's kept end (``-inf``: none; for tests)."""
+    """Simulate a fleet over one given request stream (a Python entry, for
+    tests and the reference's comparisons).
+
+    Parameters
+    ----------
+    arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
+        The request stream, sorted by arrival: each request's arrival time
+        (s), prompt and output lengths, priority class, SJF key, prefix
+        group (-1: none) and prefix length (as `workload._draw_workload`
+        draws them).
+    ipar, fpar, lat : array_like
+        One replica's integer, float and latency records (`layout`; a uniform
+        fleet), or a row per replica (a mixed fleet).
+    fleet : array_like
+        The fleet record (`layout.FL_*`: the router's staleness, routing
+        latency, load cap).
+    router : int
+        The router's code (`layout.ROUTER_*`).
+    nrep : int
+        The number of replicas.
+    key0, key1 : int
+        The run's seed keys (the routers' and the replicas' random streams).
+    rep : int
+        The replication's index (its streams are keyed by it).
+    bound : bool
+        False turns the departure bound off (`_departs`: the same bits, more
+        calls; for tests).
+    keep : bool
+        False turns off the stretch end kept across hands (`_keep_end`).
+    kept : ndarray, optional
+        An array of the stream's size that receives each hand's kept end
+        (``-inf``: none; for tests).
+
+    Returns
+    -------
+    tuple
+        Per-request results (as `drivers.simulate_stream`'s, by the fleet's
+        request index), then the replica of each request, the metrics row
+        and the load-balance row (`layout.FLEET_COLUMNS`).
+    """
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
     from .workspace import _ws_need

@@ -355,13 +355,36 @@ def disagg_buffers(n, nrep_d):
 
 def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
                            rep=0):
-    """Simulate a disaggregated server over one given request stream.
+    """Simulate a disaggregated server over one given request stream (a
+    Python entry, for tests and the reference's comparisons).
 
-    ``prefill``: (ipar, fpar, lat, fleet record, router code, replicas);
-    ``decode``: (ipar, fpar, lat, router code, replicas); ``link``: the
-    record `layout.DL_*`. Returns a dict of per-request arrays (as
-    `_reference_disagg.simulate_disagg_reference`'s), the metrics row and
-    the disaggregated columns (`layout.DISAGG_COLUMNS`)."""
+    Parameters
+    ----------
+    arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
+        The request stream, sorted by arrival: each request's arrival time
+        (s), prompt and output lengths, priority class, SJF key, prefix
+        group (-1: none) and prefix length (as `workload._draw_workload`
+        draws them).
+    prefill : tuple
+        The prefill pool: (ipar, fpar, lat, fleet record, router code,
+        replicas).
+    decode : tuple
+        The decode pool: (ipar, fpar, lat, router code, replicas).
+    link : array_like
+        The KV link's record (`layout.DL_*`: bandwidth, latency, KV bytes per
+        token, load cap).
+    key0, key1 : int
+        The run's seed keys (the routers' and the replicas' random streams).
+    rep : int
+        The replication's index (its streams are keyed by it).
+
+    Returns
+    -------
+    tuple
+        A dict of per-request arrays (as
+        `_reference_disagg.simulate_disagg_reference`'s), the metrics row
+        and the disaggregated columns (`layout.DISAGG_COLUMNS`).
+    """
     from .cluster import _ngroups, fleet_buffers
     from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
