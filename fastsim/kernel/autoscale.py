@@ -442,10 +442,7 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     Parameters
     ----------
     arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
-        The request stream, sorted by arrival: each request's arrival time
-        (s), prompt and output lengths, priority class, SJF key, prefix
-        group (-1: none) and prefix length (as `workload._draw_workload`
-        draws them).
+        The request stream, as `cluster.simulate_fleet_stream` takes it.
     ipar, fpar, lat : array_like
         One replica's integer, float and latency records (`layout`).
     fleet : array_like
@@ -455,10 +452,9 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     apar : array_like
         The autoscaler's record (`layout.AS_*`: metric, target, interval,
         bounds, provisioning delay, cool-down, ...).
-    key0, key1 : int
-        The run's seed keys (the routers' and the replicas' random streams).
-    rep : int
-        The replication's index (its streams are keyed by it).
+    key0, key1, rep : int
+        The run's seed keys and the replication's index, as
+        `cluster.simulate_fleet_stream` takes them.
 
     Returns
     -------

@@ -361,10 +361,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     Parameters
     ----------
     arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
-        The request stream, sorted by arrival: each request's arrival time
-        (s), prompt and output lengths, priority class, SJF key, prefix
-        group (-1: none) and prefix length (as `workload._draw_workload`
-        draws them).
+        The request stream, as `cluster.simulate_fleet_stream` takes it.
     prefill : tuple
         The prefill pool: (ipar, fpar, lat, fleet record, router code,
         replicas).
@@ -373,10 +370,9 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     link : array_like
         The KV link's record (`layout.DL_*`: bandwidth, latency, KV bytes per
         token, load cap).
-    key0, key1 : int
-        The run's seed keys (the routers' and the replicas' random streams).
-    rep : int
-        The replication's index (its streams are keyed by it).
+    key0, key1, rep : int
+        The run's seed keys and the replication's index, as
+        `cluster.simulate_fleet_stream` takes them.
 
     Returns
     -------
