@@ -46,6 +46,6 @@ timeout 240 $py -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "real
 left=$(( budget - ($(date +%s) - start) ))
 echo "seconds left for timing: $left"
 timeout $(( left > 30 ? left : 30 )) $py benchmarks/gpu_vs_cpu.py --requests 1000 \
-    --replications 1000 10000 100000 1000000 --cpu-max 100000 --time-limit 90 --deadline $(( left - 20 )) \
+    --replications 1000 10000 100000 1000000 --cpu-max 100000 --time-limit 90 --deadline $(( left > 40 ? left - 20 : 20 )) \
     --variants --bits --json "$out/gpu_vs_cpu.json" 2>&1 | tee "$out/gpu_vs_cpu.log"
 echo "total: $(( $(date +%s) - start )) s"

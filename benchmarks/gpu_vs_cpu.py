@@ -156,16 +156,18 @@ def main():
         rows = report["variants"] = []
         print(f"ShareGPT 80%, {n:,} replications: GPU launch variants", flush=True)
         print("threads/block | budget GiB | GPU rep/s | GPU s", flush=True)
-        for budget_gib in (None, 2, 16):
-            for tpb in (32, 64, 128):
-                set_launch(tpb, budget_gib and budget_gib * 1024 ** 3)
+        shapes = [(tpb, gib) for gib in (None, 2, 16) for tpb in (32, 64, 128)]
+        try:
+            for tpb, budget_gib in shapes:
                 if not clock.allows(0.0):
                     print("variants: deadline reached", flush=True)
                     break
+                set_launch(tpb, budget_gib and budget_gib * 1024 ** 3)
                 s, _ = run(sc, n, "cuda")
                 rows.append(dict(threads_per_block=tpb, memory_budget_gib=budget_gib, gpu_rate=n / s, gpu_seconds=s))
                 print(f"{tpb:>13} | {budget_gib or 'default':>10} | {n / s:>9,.0f} | {s:.2f}", flush=True)
-        set_launch(_cuda.THREADS_PER_BLOCK, None)
+        finally:
+            set_launch(_cuda.THREADS_PER_BLOCK, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -149,35 +149,36 @@ def _rounded_as_on_the_cpu():
 
     NVVM contracts ``a * b + c`` into one FMA (a single rounding) unless told
     ``-fma=0``, and numba-cuda passes that option only as part of
-    ``fastmath``; the CPU kernel rounds the product first. Only while this
-    module's kernels compile (on their first launch, or in `compile_ptx`):
-    other CUDA code of the process keeps numba-cuda's defaults.
+    ``fastmath``; the CPU kernel rounds the product first. Held while
+    `run_replications_cuda` runs (its kernels compile on their first
+    launch) and in `compile_ptx`: CUDA code that another thread of the
+    process compiles meanwhile gets ``-fma=0`` too, and numba-cuda's own
+    function is back once the last such call ends.
     """
     from numba.cuda.cudadrv import nvvm
 
     with _FMA_LOCK:   # calls from several threads: the first in patches, the last out restores
-        if _FMA_USERS[0] == 0:
-            saved = nvvm.compile_ir
+        if _FMA["users"] == 0:
+            saved = _FMA["saved"] = nvvm.compile_ir
 
             def compile_ir(llvmir, **options):
                 if not options.get("fastmath"):
                     options["fma"] = False
                 return saved(llvmir, **options)
 
-            compile_ir.saved = saved
             nvvm.compile_ir = compile_ir
-        _FMA_USERS[0] += 1
+        _FMA["users"] += 1
     try:
         yield
     finally:
         with _FMA_LOCK:
-            _FMA_USERS[0] -= 1
-            if _FMA_USERS[0] == 0:
-                nvvm.compile_ir = nvvm.compile_ir.saved
+            _FMA["users"] -= 1
+            if _FMA["users"] == 0:
+                nvvm.compile_ir = _FMA.pop("saved")
 
 
 _FMA_LOCK = threading.Lock()
-_FMA_USERS = [0]
+_FMA = {"users": 0}
 
 
 def _rebind(func, namespace):
@@ -222,7 +223,8 @@ def _build_draw():
     return cuda.jit(_rebind(_draw_kernel, _device_namespace()))
 
 
-#: `compile_ptx`'s kernels: name -> the engine (`replica.engine_variant`), None for the draw kernel.
+#: `compile_ptx`'s kernels: name -> the simulate kernel's engine (`replica.engine_variant`: None, the
+#: common engine; 1, the full one); the draw kernel has no engine (None).
 PTX_KERNELS = {"_draw_kernel": None, "_simulate_kernel": 1, "_simulate_common_kernel": None}
 
 
@@ -351,6 +353,11 @@ def run_replications_cuda(packed, k0, k1, rep0, nrep, out, *, chunk=None, memory
     ``threads_per_block``-thread blocks a group. None of them changes results:
     each replication is keyed by its global index and writes its own row.
     """
+    if memory_budget is not None and not int(memory_budget) > 0:
+        raise ValueError(f"memory_budget={memory_budget!r}: must be a positive number of bytes, or None (a share "
+                         f"of the device's free memory)")
+    if not 1 <= int(threads_per_block) <= 1024:
+        raise ValueError(f"threads_per_block={threads_per_block!r}: must be 1 to 1024 (CUDA's limit a block)")
     check_cuda_available()
     draw, simulate = _build(K.engine_variant(packed["ipar"]))
     mem = _Arrays()

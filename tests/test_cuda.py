@@ -257,6 +257,17 @@ def test_real_gpu_agrees_with_the_cpu_kernel(name):
     assert np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
 
 
+@pytest.mark.parametrize("kw, match", [(dict(memory_budget=-1), "memory_budget=-1"),
+                                       (dict(threads_per_block=0), "threads_per_block=0"),
+                                       (dict(threads_per_block=2048), "threads_per_block=2048")])
+def test_launch_settings_are_checked_before_anything_runs(kw, match):
+    from fastsim._cuda import run_replications_cuda
+    from fastsim._replicate import pack_scenario
+
+    with pytest.raises(ValueError, match=match):
+        run_replications_cuda(pack_scenario(build("tight-kv")), 1, 2, 0, 2, np.empty((2, len(K.COLUMNS))), **kw)
+
+
 def test_kernels_compile_without_fma_contraction_and_restore_nvvm(monkeypatch):
     """While fastsim's kernels compile, NVVM is told -fma=0 (unless fastmath asks for
     FMAs); nested and repeated uses restore numba-cuda's own function."""

@@ -450,7 +450,12 @@ def _due_for(fb, r, nrep, n, what, t, bound):
     """The replica's key in the event queue: `_due`, or with the departure
     bound (``bound``) the later of it and the departure bound, in which the
     requests taken in count from the end kept at a hand (`_keep_end`,
-    where ``fb.dep`` is 3N long) if that is later."""
+    where ``fb.dep`` is 3N long) if that is later.
+
+    The kept end bounds the requests taken in only together with the handed
+    requests' own bound (the ``min`` below): with a handed request's decode
+    term in it, that request may leave first. Use ``fb.dep[nrep + r]`` only
+    so, and only until the replica's next call (`_look_due` resets it)."""
     d = _due(fb, r, what, t)
     if bound:
         taken, handed = _departs_parts(fb, r, n, _min_step(fb.rlat[r]))
@@ -903,7 +908,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     nrep : int
         The number of replicas.
     key0, key1 : int
-        The run's seed keys (the routers' and the replicas' random streams).
+        The run's seed keys (the router's random stream).
     rep : int
         The replication's index (its streams are keyed by it).
     bound : bool
@@ -928,6 +933,9 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
+    if kept is not None and (not (keep and bound) or np.shape(kept) != (n,)):
+        raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
+                         f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
     sizes = np.array([_ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
                      np.int64).reshape(nrep, 2)
@@ -944,7 +952,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
                               np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
-    if kept is not None and keep and bound:
+    if kept is not None:
         kept[:n] = fb.dep[3 * nrep:]
     wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)

@@ -1196,9 +1196,9 @@ def _schedule_slow(req, batch, dec, swap, cache, rec, ipar, c, st, counted, full
     vLLM's phases: a static batch (static batching), phase 0 (active
     priority preemption), the running requests in admission order with
     preemption (phase 1), the swapped ones (phase 2), then admission of
-    waiting requests (phase 3). ``lag``: async scheduling with the tokens of
-    the step that ended at ``t`` still in flight (for vLLM; they are not
-    cacheable yet). Return whether anything runs, the step's context
+    waiting requests (phase 3). Under async scheduling, the tokens of the
+    step that ended at ``t`` are still in flight (``lag``, computed here; for
+    vLLM they are not cacheable yet). Return whether anything runs, the step's context
     tokens, and the state (free blocks, waiting, running, swapped, swap
     blocks used, blocks moved, and the batch composition updated)."""
     if full is None:

@@ -123,7 +123,7 @@ def _stretch_steps(t, t_prev, plan):
     of a fast step's (so ties go as in the reference): one addition per step,
     then, without a context term, a few operations per binade
     (`_binade_steps`, its blocks in closed form: `_stretch_kv`). ``d``:
-    `_plain_step`. The blocks are counted in the step loop, which is bound by
+    a pure decode step's duration (`latency._decode_step_time`). The blocks are counted in the step loop, which is bound by
     the latency of its additions: they come for free there."""
     kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
     kk = 0
