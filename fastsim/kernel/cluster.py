@@ -43,6 +43,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
                      L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
                      N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
+from .latency import _constant_in_step
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
@@ -326,7 +327,7 @@ def _keeps(ipar, lat):
     without a context term, its prefill term not negative (`_departs_parts`
     rules out the rest: abandonment, closed loops, static batches)."""
     return (ipar[I_ASYNC] == 0 and ipar[I_CACHING] == 0 and ipar[I_PRIO_PREEMPT] == 0 and ipar[I_HAS_HORIZON] == 0
-            and lat[L_ROOF] == 0.0 and lat[L_NOISE] == 0.0 and lat[L_CTX] == 0.0 and lat[L_PREFILL] >= 0.0)
+            and lat[L_ROOF] == 0.0 and _constant_in_step(lat) and lat[L_PREFILL] >= 0.0)
 
 
 @njit_noalloc(inline="llvm")
