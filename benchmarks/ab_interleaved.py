@@ -2,7 +2,7 @@
 
     git worktree add /tmp/base <rev>
     python benchmarks/ab_interleaved.py /tmp/base . [--workload reference|sharegpt|full]
-        [--rounds 4] [--replications 1500] [--requests 1000] [--cold | --small | --same-process]
+        [--rounds 4] [--replications 1500] [--requests 1000] [--cold | --small | --same-process [--cpu-time]]
 
 On a shared machine single runs vary by 20-40%, so a change is measured
 against its parent in alternation: each round runs every tree once, in a
@@ -31,6 +31,11 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   a tree) told two copies of one tree apart by 0.05-0.5% in ten runs of
   eleven (2.1% in the eleventh), where 9 rounds of 600 replications gave
   medians of 0.94-1.02 (`benchmarks/HISTORY.md`).
+* ``--cpu-time`` (with ``--same-process``): each call timed by the process's
+  CPU time instead of the wall clock. With other processes on the machine
+  (helpers' compilations, test suites on 2 cores), a call's wall time
+  includes the time it waited for a core; its CPU time does not, so the
+  ratios stay within a few percent where the wall clock's range reached 2-3x.
 
 Prints each round, then the median and range per tree.
 """
@@ -104,7 +109,8 @@ WORKLOADS = {name: f.__name__ for name, f in common.WORKLOADS.items()}
 _SAME = r"""
 import importlib, io, json, pickle, sys, time
 pkgs, workload, nrep, nreq, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-names = sys.argv[6:]
+clock = time.process_time if sys.argv[6] == "cpu" else time.perf_counter
+names = sys.argv[7:]
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, pkgs)
 from benchmarks import common
@@ -132,9 +138,9 @@ first = [None] * len(names)
 for r in range(rounds):
     for j in (range(len(names)) if r % 2 == 0 else reversed(range(len(names)))):
         pkg, sc = runs[j]
-        t = time.perf_counter()
+        t = clock()
         res = pkg.replicate(sc, n_replications=nrep, seed=0, n_threads=1, progress=False)
-        times[j].append(time.perf_counter() - t)
+        times[j].append(clock() - t)
         if first[j] is None:
             first[j] = res.per_replication
     print(json.dumps([t[-1] for t in times]), flush=True)   # a round's seconds, per tree
@@ -160,7 +166,7 @@ def run_same_process(trees, root, args):
                         ignore=shutil.ignore_patterns("__pycache__"))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-c", _SAME, pkgs, WORKLOADS[args.workload], str(args.replications),
-           str(args.requests), str(args.rounds), *names]
+           str(args.requests), str(args.rounds), "cpu" if args.cpu_time else "wall", *names]
     with subprocess.Popen(cmd, cwd=here, env=_child_env(os.path.join(root, "cache")), stdout=subprocess.PIPE,
                           text=True) as child:
         for line in child.stdout:
@@ -188,7 +194,12 @@ def main():
     mode.add_argument("--small", action="store_true", help="time small replicate calls (8 x 250 requests)")
     mode.add_argument("--same-process", action="store_true",
                       help="time the throughput with every tree in one process, alternating calls")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="with --same-process: time each call by the process's CPU time, not the wall clock "
+                         "(other processes on the machine then slow the calls less)")
     args = ap.parse_args()
+    if args.cpu_time and not args.same_process:
+        ap.error("--cpu-time needs --same-process")
     for name in ("rounds", "replications", "requests"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")

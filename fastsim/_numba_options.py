@@ -278,19 +278,48 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         return _EnvlessCodegen(self._codegen)
 
 
+class _OutOfLine:
+    """A code library whose function LLVM keeps out of line (``noinline``)
+    in the callers it is linked into (`njit_noalloc`'s ``inline="never"``)."""
+
+    def add_ir_module(self, ir_module):
+        for fn in ir_module.functions:
+            if not fn.is_declaration and "alwaysinline" not in fn.attributes:
+                fn.attributes.add("noinline")
+        super().add_ir_module(ir_module)
+
+
+@functools.lru_cache(maxsize=None)
+def _out_of_line(library_class):
+    """``library_class`` with `_OutOfLine`'s ``noinline``."""
+    return type(f"_OutOfLine{library_class.__name__}", (_OutOfLine, library_class), {})
+
+
 class _InternalCompiler(Compiler):
     """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
     the function unless this process builds internal functions in full or
-    is to save this one (``saving``: its `_InternalCache`'s)."""
+    is to save this one (``saving``: its `_InternalCache`'s); kept out of
+    line (`_OutOfLine`) where the function asks for it."""
 
     saving = frozenset()
+    out_of_line = False
 
     def compile_extra(self, func):
         if not (_BUILD_INTERNAL or KERNEL_DEBUG or self.saving) and self.state.library is None:
             library = self.state.targetctx.codegen().create_library(func.__qualname__)
             library.__class__ = _LinkOnlyLibrary
             self.state.library = library
+        if self.out_of_line:
+            if self.state.library is None:
+                self.state.library = self.state.targetctx.codegen().create_library(func.__qualname__)
+            self.state.library.__class__ = _out_of_line(type(self.state.library))
         return super().compile_extra(func)
+
+
+class _OutOfLineCompiler(_InternalCompiler):
+    """`_InternalCompiler` for a function kept out of line (``inline="never"``)."""
+
+    out_of_line = True
 
 
 class _InternalDispatcher(CPUDispatcher):
@@ -313,13 +342,16 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     called from Python (cached, with its wrappers). ``inline``, for the few
     hot calls that LLVM leaves out of line in the engine loop (which then
     passes every array argument as seven words): ``"llvm"`` has LLVM inline
-    it (``forceinline``: the ``alwaysinline`` attribute).
+    it (``forceinline``: the ``alwaysinline`` attribute); and for the rare
+    paths that LLVM would inline into it (an option the run does not use):
+    ``"never"`` keeps the function out of line (``noinline``), so that its
+    code does not spread the engine's hot code over more cache lines.
     Measure before adding one: inlining the wrong ones slowed the engine down.
     """
     if func is None:
         return lambda f: njit_noalloc(f, entry=entry, inline=inline)
-    if inline not in (None, "llvm"):
-        raise ValueError(f"{func.__name__}: inline must be None or 'llvm', got {inline!r}")
+    if inline not in (None, "llvm", "never"):
+        raise ValueError(f"{func.__name__}: inline must be None, 'llvm' or 'never', got {inline!r}")
     if entry and inline:
         raise ValueError(f"{func.__name__}: an entry (called from Python) cannot be inlined into its callers")
     if entry:
@@ -327,7 +359,8 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     # fastmath given, not inherited from the caller: the disk cache's key
     # does not hold it, and a cached copy must be what any caller would get
     dispatcher = njit(func, _nrt=False, cache=False, no_cpython_wrapper=True, no_cfunc_wrapper=True,
-                      forceinline=inline == "llvm", fastmath=False, pipeline_class=_InternalCompiler)
+                      forceinline=inline == "llvm", fastmath=False,
+                      pipeline_class=_OutOfLineCompiler if inline == "never" else _InternalCompiler)
     dispatcher.__class__ = _InternalDispatcher   # a clear error, not a crash, when Python calls it
     try:
         dispatcher._cache = _InternalCache(dispatcher.py_func)
@@ -336,8 +369,8 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
             raise
         _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
     else:   # (its compiler sees what is to be saved)
-        dispatcher._compiler.pipeline_class = type("_InternalCompiler", (_InternalCompiler,),
-                                                   {"saving": dispatcher._cache.saving})
+        base = dispatcher._compiler.pipeline_class
+        dispatcher._compiler.pipeline_class = type(base.__name__, (base,), {"saving": dispatcher._cache.saving})
     return _stamp(dispatcher)
 
 

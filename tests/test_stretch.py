@@ -56,8 +56,37 @@ def test_an_entry_cannot_be_inlined():
 def test_inline_names_its_allowed_values(inline):
     from fastsim._numba_options import njit_noalloc
 
-    with pytest.raises(ValueError, match=f"inline must be None or 'llvm', got {inline!r}"):
+    with pytest.raises(ValueError, match=f"inline must be None, 'llvm' or 'never', got {inline!r}"):
         njit_noalloc(lambda x: x, inline=inline)
+
+
+def test_never_keeps_a_function_out_of_line():
+    """``inline="never"``: the callee stays a function of its own in the
+    caller's code (called, marked noinline), where LLVM would otherwise
+    inline a small function with one call site; the results are the same."""
+    from fastsim._numba_options import njit_noalloc
+
+    def body(x):
+        return x * 3 + 1
+
+    out_of_line = njit_noalloc(inline="never")(body)
+    inlined = njit_noalloc(body)
+
+    @njit_noalloc(entry=True)
+    def call_both(x):
+        return out_of_line(x) + 2 * inlined(x)
+
+    assert call_both(4) == 13 + 26
+    ir = next(iter(call_both.overloads.values())).library.get_llvm_str()
+    calls = [line for line in ir.splitlines() if " call " in line and "body" in line]
+    assert len(calls) == 1   # (the out-of-line one; the other inlined)
+    defined = [line for line in ir.splitlines() if line.startswith("define") and "body" in line]
+    assert len(defined) == 1
+    attrs = defined[0].split(")")[-1]
+    assert "noinline" in attrs or "#" in attrs
+    if "noinline" not in attrs:   # (an attribute group: look it up)
+        group = attrs.split("#")[1].split()[0]
+        assert any(line.startswith(f"attributes #{group}") and "noinline" in line for line in ir.splitlines())
 
 
 def test_block_arithmetic_by_shifts_is_division():

@@ -240,7 +240,7 @@ def _session_make(n, req, ipar, fpar, nxt, m, t, conv, sid, left):
     return True
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _session_sends(n, req, ipar, fpar, nxt, t, sess):
     """Sessions: the turns that left the system by ``t`` (requests
     ``sess[0]..nxt-1`` whose departure is not handled: ``sjfk`` >= 0), in

@@ -111,7 +111,7 @@ def _gemm_entry(lat, o, rows):
     return lat[o] + max(lat[o + 1] * rows, lat[o + 2] + lat[o + 3] * rows)
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _roofline_time(lat, n_dec, n_pf, pairs2, n_pfs):
     """The roofline's duration of a step less its context term (which
     `_step_time` adds, as for the regression model): the per-step and
@@ -150,7 +150,7 @@ def _unit(z):
 _unit_jit = njit_noalloc(inline="llvm")(_unit)
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _step_noise(lat, d, k):
     """The noisy duration of step ``k`` whose deterministic duration is
     ``d`` (`_noisy_duration` with the run's key; a call, for the engine's

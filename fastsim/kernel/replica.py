@@ -271,7 +271,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     return rc
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _release_held(req, batch, cache, sc, ipar, jmax, full):
     """At a run's end (async scheduling): the finished requests held
     leave with their seats and blocks (`pipeline._release_finished`)."""
@@ -308,7 +308,7 @@ def _state_dims(n, prompt, output, pgrp, plen, ipar, wi):
     return 0
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, lat, full):
     """Set up a replica for the first ``known`` of the ``n`` requests of
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
@@ -425,7 +425,7 @@ def _init_state(lat, batch, dec, swap, cache, rec):
         rec.acc[j] = 0.0
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _finish_replica(n, req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full):
     """End a replica's run where it stands: materialise the lazy decoders;
     whatever is in the system (or in flight) is unfinished; store the
@@ -736,7 +736,7 @@ def _slow_step(req, batch, dec, swap, cache, rec, ipar, lat, c, st, counted, ful
                                             free, reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
 
-@njit_noalloc(inline="llvm")
+@njit_noalloc(inline="never")
 def _retry_held(req, batch, cache, ipar, fpar, c, st, full):
     """A schedule that ran nothing (only preemptions happened, or, async,
     only held requests run): with requests held, vLLM ends the step in
@@ -1148,7 +1148,7 @@ def _noisy_stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full):
 # ------------------------------------------------------------------------------
 # The slow step
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _materialise_decoders(req, dec, t, S, bs, bsh):
     """Give the lazy decoders their own token counts and blocks again (a slow
     step schedules request by request), and empty their aggregate."""
@@ -1762,7 +1762,7 @@ def _hand_common(n, ipar, fpar, wi, wf, i, a, c, q):
             wf[o + i] = wf[o + i] + a / fpar[F_AGING]
 
 
-@njit_noalloc
+@njit_noalloc(inline="never")
 def _static_decode(req, batch, rec, ipar, fpar, lat, c, st, used):
     """Static batching: the steps of a batch whose members all decode, in
     O(1) a step (amortised) instead of a slow step's passes over the batch.

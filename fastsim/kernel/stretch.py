@@ -137,10 +137,16 @@ def _stretch_steps(t, t_prev, plan):
     # fails, at a binade's top or on a tie, is retried that many steps
     # later). Only with a constant duration: no context term.
     lim = min(kmax, _BINADE_AFTER) if c_ctx == 0.0 else kmax
+    # A step that starts before lag_limit has its previous step before it
+    # too (the clock only grows), so the loop tests the clock against one
+    # bound; the one step that may follow (it starts at or after lag_limit,
+    # its previous step before) runs as a loop of one below. (A third test
+    # in every step of the loop costs the synchronous engine's steps time.)
+    tlim = min(limit, lag_limit)
     while True:
         # (no call inside this loop: a call would make LLVM keep t and the
         # sums in memory, which doubles the cost of a step)
-        while kk < lim and t < limit and t_prev < lag_limit:
+        while kk < lim and t < tlim:
             c = ph[idx]
             if nb + c > free:
                 return kk, t, nb, s1, s2, t_prev
@@ -157,6 +163,10 @@ def _stretch_steps(t, t_prev, plan):
             idx = idx - 1 if idx > 0 else bs - 1
         if kk == kmax or not t < limit or not t_prev < lag_limit:
             return kk, t, nb, s1, s2, t_prev
+        if not t < tlim:   # async's step after lag_limit: the last one
+            tlim = limit
+            lim = kk + 1
+            continue
         # many steps at once (a constant duration: no S2)
         j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)), limit,
                                lag_limit)

@@ -59,7 +59,7 @@ def _heap_pop(heap, qs, key):
     return top
 
 
-@njit_noalloc
+@njit_noalloc(inline="llvm")
 def _q_push(q, qs, key, policy, i, front):
     """Append request ``i`` (to the front for a preempted fcfs request)."""
     if policy != 0:
