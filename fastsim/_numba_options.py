@@ -134,6 +134,60 @@ if KERNEL_DEBUG:
     NUMBA_OPTIONS["boundscheck"] = True
 
 
+def _quicker_typing():
+    """Take two costs out of Numba's typing that grow with the number of
+    typed operations, not with anything the kernel needs (idempotent; the
+    compiled code is the same).
+
+    * Compiler flags compared and hashed option by option. Typing an
+      operation that an ``@overload`` implements looks the implementation
+      up in a cache keyed by the current compiler flags
+      (``templates._get_impl``): each lookup hashes the flags and compares
+      them, and `TargetConfig` builds the dict of every option's value
+      through a property per option for each (tens of thousands of
+      lookups on a cold start). Here that dict is the class's defaults
+      updated with the options set, the same dict; the hash, which depends
+      only on the option names (``hash(tuple(sorted(self.values())))``
+      sorts the dict's keys), is computed from the names.
+    * Highlighted messages for failed overload candidates. Typing tries
+      candidates that do not match, and each failure's message is
+      highlighted (colorama set up and torn down around every string)
+      although almost all are discarded. fastsim's process writes Numba's
+      error messages without highlighting, as
+      ``NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1`` has Numba do.
+    """
+    from numba.core import errors, targetconfig
+
+    config = targetconfig.TargetConfig
+    if not getattr(config, "_fastsim_quick", False):
+        defaults = {}
+
+        def values(self):
+            kind = type(self)
+            base = defaults.get(kind)
+            if base is None:
+                base = defaults[kind] = {name: option.default for name, option in kind.options.items()}
+            out = dict(base)
+            out.update((name, value) for name, value in self._values.items() if name in base)
+            return out
+
+        def hash_(self):
+            return hash(tuple(sorted(type(self).options)))
+
+        config.values, config.__hash__, config._fastsim_quick = values, hash_, True
+    scheme = errors.termcolor()
+    if type(scheme).__name__ == "HighlightColorScheme":   # (colorama installed, highlighting on)
+        for name in ("code", "errmsg", "filename", "indicate", "highlight", "reset"):
+            setattr(scheme, name, _unmarked)
+
+
+def _unmarked(msg):
+    return msg
+
+
+_quicker_typing()
+
+
 @contextlib.contextmanager
 def debug_errors(where):
     """In debug mode, turn an IndexError raised by a kernel entry called in

@@ -533,3 +533,41 @@ def test_a_helper_whose_parent_died_exits_by_itself(toy, tmp_path):
         time.sleep(0.1)
     assert _exited(pid), "the orphaned helper is still running"
     assert len(os.listdir(tmp_path / "claims")) < 3   # it stopped before the last jobs
+
+
+def test_quicker_typing_keeps_the_flags_values_and_hash():
+    """`_quicker_typing`'s `TargetConfig.values` and hash are Numba's own:
+    every option's value (the default where none is set) and the hash of the
+    sorted option names, for fresh, set and copied flags."""
+    from numba.core.compiler import Flags
+
+    def numbas_values(flags):   # Numba's definition: each option through its property
+        return {name: getattr(flags, name) for name in type(flags).options}
+
+    fresh = Flags()
+    set_ = Flags()
+    set_.nrt = True
+    set_.error_model = "numpy"
+    set_.boundscheck = False   # set to its default: still equal to a fresh one's value
+    copied = Flags(set_)
+    for flags in (fresh, set_, copied):
+        assert flags.values() == numbas_values(flags)
+        assert hash(flags) == hash(tuple(sorted(numbas_values(flags))))
+    assert copied == set_ and hash(copied) == hash(set_)
+    assert fresh != set_
+    assert Flags().values() is not Flags().values()   # a fresh dict each time (callers may change it)
+
+
+def test_numba_errors_are_written_without_highlighting():
+    """A typing error raised through fastsim's process carries no terminal
+    escape codes (`_quicker_typing`), whether or not colorama is installed."""
+    import numba
+
+    @numba.njit
+    def bad(x):
+        return x.no_such_attribute
+
+    with pytest.raises(numba.core.errors.TypingError) as info:
+        bad(1)
+    assert "\x1b[" not in str(info.value)
+    assert "no_such_attribute" in str(info.value)
