@@ -129,9 +129,6 @@ KERNEL_DEBUG = _kernel_debug()
 #: The prefix of the debug mode's cache file names.
 DEBUG_CACHE_PREFIX = "boundscheck-"
 
-NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
-if KERNEL_DEBUG:
-    NUMBA_OPTIONS["boundscheck"] = True
 
 
 def _quicker_typing():
@@ -155,8 +152,14 @@ def _quicker_typing():
       although almost all are discarded. fastsim's process writes Numba's
       error messages without highlighting, as
       ``NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1`` has Numba do.
+    * The same call typed again and again. Numba types a call of a
+      function it implements (``operator.getitem`` of an array by an
+      integer, ``min`` of two integers, ...) by trying the function's
+      templates one by one, each time it meets one (more than nine in ten
+      of a cold start's calls are repeats): `_typing_memo`.
     """
     from numba.core import errors, targetconfig
+    from numba.core.types import functions
 
     config = targetconfig.TargetConfig
     if not getattr(config, "_fastsim_quick", False):
@@ -175,6 +178,8 @@ def _quicker_typing():
             return hash(tuple(sorted(type(self).options)))
 
         config.values, config.__hash__, config._fastsim_quick = values, hash_, True
+    if not getattr(functions.BaseFunction.get_call_type, "_fastsim_memo", False):
+        functions.BaseFunction.get_call_type = _typing_memo(functions.BaseFunction.get_call_type)
     scheme = errors.termcolor()
     if type(scheme).__name__ == "HighlightColorScheme":   # (colorama installed, highlighting on)
         for name in ("code", "errmsg", "filename", "indicate", "highlight", "reset"):
@@ -185,7 +190,70 @@ def _unmarked(msg):
     return msg
 
 
+#: How many compilations of fastsim's own functions (`_FastsimCompiler`)
+#: are under way in this thread: `_typing_memo` serves only them.
+_fastsim_compiling = threading.local()
+
+
+def _typing_memo(get_call_type):
+    """Numba's ``BaseFunction.get_call_type`` (type a call of a function
+    Numba implements, by its templates), remembered, while one of fastsim's
+    own functions compiles (`_FastsimCompiler`): a call typed before returns
+    the signature found then. The key is what the result depends on: the
+    function, its templates (their number: Numba only adds), the typing
+    context, the argument types (literal ones included), the compiler flags
+    in force (as Numba's own cache of ``@overload`` implementations keys
+    them) and the target. Only successes are kept (a failure raises, with
+    its message). The implementation key that lowering looks the call up
+    by is recorded with the signature and set again on each hit. Other
+    code in the process (the user's own jitted functions) is typed as
+    Numba types it."""
+    from numba.core.target_extension import get_local_target
+    from numba.core.targetconfig import ConfigStack
+
+    memo = {}
+
+    def remembered(self, context, args, kws):
+        if not getattr(_fastsim_compiling, "depth", 0):
+            return get_call_type(self, context, args, kws)
+        try:
+            key = (self, len(self.templates), context, tuple(args), tuple(kws.items()), ConfigStack.top_or_none(),
+                   get_local_target(context))
+            hit = memo.get(key)
+        except TypeError:   # (an unhashable type: typed as Numba types it)
+            return get_call_type(self, context, args, kws)
+        if hit is not None:
+            sig, impl = hit
+            self._impl_keys[sig.args] = impl
+            return sig
+        sig = get_call_type(self, context, args, kws)
+        if sig is not None:
+            memo[key] = sig, self._impl_keys[sig.args]
+        return sig
+
+    remembered._fastsim_memo = True
+    remembered.__wrapped__ = get_call_type
+    return remembered
+
+
+class _FastsimCompiler(Compiler):
+    """Numba's compiler for fastsim's functions (entries and internal ones):
+    while it runs, `_typing_memo` serves the typing."""
+
+    def compile_extra(self, func):
+        depth = getattr(_fastsim_compiling, "depth", 0)
+        _fastsim_compiling.depth = depth + 1
+        try:
+            return super().compile_extra(func)
+        finally:
+            _fastsim_compiling.depth = depth
+
+
 _quicker_typing()
+
+NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True, "pipeline_class": _FastsimCompiler}
+if KERNEL_DEBUG:
+    NUMBA_OPTIONS["boundscheck"] = True
 
 
 @contextlib.contextmanager
@@ -300,6 +368,15 @@ class _EnvlessCodegen:
         return getattr(self._codegen, name)
 
 
+#: LLVM's optimisation level for a link-only library's function passes
+#: (`_LinkOnlyLibrary`): the level that simplifies each function's IR
+#: (registers for its stack slots, its control flow and instructions
+#: combined) before it is linked into the entries, without the costlier
+#: passes of Numba's full level (3), which the entries' module passes run
+#: over the linked code anyway.
+LINK_ONLY_OPT = 1
+
+
 class _LinkOnlyLibrary(JITCodeLibrary):
     """An internal function's code library that is only ever linked into
     its callers: finalising it links its callees' modules in and stops
@@ -323,6 +400,19 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         self._verify_declare_only_symbols()
         self._finalized = True
 
+    def _optimize_functions(self, ll_module):
+        # Numba's per-function passes, at `LINK_ONLY_OPT` (Numba's own run
+        # them at its full level) and on definitions only: the entries that link the
+        # function in run the full module passes over it again
+        ll_module.data_layout = self._codegen._data_layout
+        opt = min(int(numba.config.OPT), LINK_ONLY_OPT)   # (never above the user's NUMBA_OPT)
+        for func in ll_module.functions:
+            if func.is_declaration:
+                continue
+            fpm, pb = self._codegen._function_pass_manager(opt=opt)
+            with self._recorded_timings.record(f"Function passes on {func.name!r}", pb):
+                fpm.run(func, pb)
+
     def get_pointer_to_function(self, name):
         self._ensure_finalized()
         return 0
@@ -332,7 +422,7 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         return _EnvlessCodegen(self._codegen)
 
 
-class _InternalCompiler(Compiler):
+class _InternalCompiler(_FastsimCompiler):
     """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
     the function unless this process builds internal functions in full or
     is to save this one (``saving``: its `_InternalCache`'s)."""

@@ -571,3 +571,60 @@ def test_numba_errors_are_written_without_highlighting():
         bad(1)
     assert "\x1b[" not in str(info.value)
     assert "no_such_attribute" in str(info.value)
+
+
+def _typing_counter(monkeypatch):
+    """Count the calls that reach Numba's own typing of calls (under the memo)."""
+    from numba.core.types import functions
+
+    memo = functions.BaseFunction.get_call_type
+    numbas = memo.__wrapped__
+    seen = []
+
+    def counted(self, context, args, kws):
+        seen.append((self, tuple(args)))
+        return numbas(self, context, args, kws)
+
+    monkeypatch.setattr(functions.BaseFunction, "get_call_type", O._typing_memo(counted))
+    return seen
+
+
+def test_typing_memo_serves_fastsim_compiles_with_numbas_signatures(monkeypatch):
+    """While a fastsim function compiles, a call typed before is not typed
+    again (`_typing_memo`), and the code is what Numba's own typing gives:
+    the same results as a plain ``numba.njit`` copy, compiled without it."""
+    import numba
+
+    seen = _typing_counter(monkeypatch)
+
+    def body(a, i):
+        s = a[i] + a[i + 1]          # the same getitem typed twice
+        return min(s, a[0]) + min(a[1], a[2])   # and min of two int64
+
+    fast = O.njit(body, cache=False)
+    assert fast(np.arange(5), 1) == 0 + 1   # min(1 + 2, 0) + min(1, 2)
+    ours = list(seen)
+    getitems = [args for fn, args in ours if "getitem" in str(fn) and args[1] == types.int64]
+    assert len(getitems) == 1   # a[i] and a[i + 1]: typed once, then remembered
+    seen.clear()
+    plain = numba.njit(body)   # not fastsim's: Numba's typing, every call
+    for a, i in ((np.arange(5), 1), (np.array([7, -3, 4, 9]), 0)):
+        assert plain(a, i) == fast(a, i)
+    assert len([args for fn, args in seen if "getitem" in str(fn) and args[1] == types.int64]) >= 2
+
+
+def test_typing_memo_keys_the_argument_types(monkeypatch):
+    """Calls of one function with other argument types are typed apart
+    (``min`` of two int64 and of two float64: typed once each, for both
+    call sites, with their own result types)."""
+    seen = _typing_counter(monkeypatch)
+
+    def body(x, y):
+        return min(x, y) + min(x, y)
+
+    fast = O.njit(body, cache=False)
+    assert fast(3, 4) == 6 and isinstance(fast(3, 4), int)
+    assert fast(2.5, 4.0) == 5.0 and isinstance(fast(2.5, 4.0), float)
+    mins = [args for fn, args in seen if "min" in str(fn)]
+    pairs = sorted(str(args) for args in mins if len(args) == 2)
+    assert pairs == ["(float64, float64)", "(int64, int64)"]   # each typed by Numba once, for both calls
