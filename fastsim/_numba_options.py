@@ -145,9 +145,8 @@ KERNEL_DEBUG = _kernel_debug()
 DEBUG_CACHE_PREFIX = "boundscheck-"
 
 
-
 def _quicker_typing():
-    """Take two costs out of Numba's typing that grow with the number of
+    """Take three costs out of Numba's typing that grow with the number of
     typed operations, not with anything the kernel needs (idempotent; the
     compiled code is the same).
 
@@ -417,8 +416,8 @@ class _LinkOnlyLibrary(JITCodeLibrary):
 
     def _optimize_functions(self, ll_module):
         # Numba's per-function passes, at `LINK_ONLY_OPT` (Numba's own run
-        # them at its full level) and on definitions only: the entries that link the
-        # function in run the full module passes over it again
+        # them at its full level) and on definitions only: the entries that
+        # link the function in run the full module passes over it again
         ll_module.data_layout = self._codegen._data_layout
         opt = min(int(numba.config.OPT), LINK_ONLY_OPT)   # (never above the user's NUMBA_OPT)
         for func in ll_module.functions:
