@@ -11,6 +11,14 @@ helper's list) and the helper's end, then the first ``replicate``,
 callees the engine loaded from the cache and which it compiled itself.
 ``startup_memory.py`` and ``ab_interleaved.py --cold`` give the figures to
 compare; this says where one cold start went.
+
+    python benchmarks/cold_trace.py --serial
+
+prints instead the CPU time (and the wall time) of a serial cold start, the
+compile helper off (``FASTSIM_COMPILE_HELPER=0``): ``replicate`` (one thread),
+``sample_requests`` and ``simulate_requests``, the import left out; the
+figure the cold-compile target against 108cbbe is stated in. Run it with
+``PYTHONPATH=TREE`` for each tree, in alternation (`benchmarks/HISTORY.md`).
 """
 
 import argparse
@@ -29,8 +37,11 @@ def stamp(what):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="reference_workload", choices=["reference_workload", "full_engine_workload"])
+    ap.add_argument("--serial", action="store_true", help="CPU time of a serial cold start (no helper)")
     args = ap.parse_args()
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_cold_")   # before numba is imported
+    if args.serial:
+        return serial(args.workload)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastsim
     from fastsim import kernel as K
@@ -67,6 +78,28 @@ def main():
     loaded = [d.py_func.__name__ for d, _ in K.drivers._callee_types(full) if sum(d.stats.cache_hits.values())]
     here = [d.py_func.__name__ for d, _ in K.drivers._callee_types(full) if sum(d.stats.cache_misses.values())]
     print(f"engine callees loaded from the cache: {len(loaded)}; compiled here: {len(here)} {here}")
+
+
+def serial(workload):
+    """CPU and wall seconds of a serial cold start of ``workload`` (20 requests)."""
+    import shutil
+
+    os.environ["FASTSIM_COMPILE_HELPER"] = "0"
+    import fastsim
+
+    # the workload as the tree's own benchmarks define it (an older tree's options), else this checkout's
+    tree = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(fastsim.__file__))), "benchmarks")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, tree if os.path.exists(os.path.join(tree, "benchmarks", "common.py")) else here)
+    from benchmarks import common
+
+    scenario = getattr(common, workload)(20)
+    cpu, wall = time.process_time(), time.perf_counter()
+    fastsim.replicate(scenario, n_replications=2, seed=0, n_threads=1, progress=False)
+    fastsim.simulate_requests(scenario, fastsim.sample_requests(scenario, seed=0))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(f"{fastsim.__file__}: serial cold start {cpu:.2f} s CPU, {wall:.2f} s wall")
+    shutil.rmtree(os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
 
 if __name__ == "__main__":

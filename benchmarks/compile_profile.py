@@ -8,7 +8,8 @@ with prefix caching, the engine with every option), and prints
 
 * each compiled function's own compile time (exclusive of the functions it
   calls, which compile while it is type-inferred), from Numba's compile
-  events (``numba.core.event``);
+  events (``numba.core.event``), and the functions compiled for more than
+  one signature (argument types), each of which is compiled on its own;
 * the time of each compiler pass summed over all functions, from each
   compile result's ``pipeline_times``: ``native_lowering`` is Numba's
   lowering plus LLVM's optimisation and machine-code generation,
@@ -49,11 +50,13 @@ def main():
         return callees(args.full)
     from numba.core import event
 
-    stack, own = [], collections.Counter()
+    stack, own, signatures = [], collections.Counter(), collections.defaultdict(list)
 
     class Timer(event.Listener):
         def on_start(self, ev):
-            stack.append([ev.data["dispatcher"].py_func.__name__, time.perf_counter(), 0.0])
+            name = ev.data["dispatcher"].py_func.__name__
+            signatures[name].append(ev.data["args"])
+            stack.append([name, time.perf_counter(), 0.0])
 
         def on_end(self, ev):
             name, t0, inner = stack.pop()
@@ -79,6 +82,12 @@ def main():
         print(f"  {name:28s} {s:6.2f}")
     rest = sum(own.values()) - sum(s for _, s in own.most_common(args.top))
     print(f"  {'(the other functions)':28s} {rest:6.2f}")
+    # each signature of a function is typed, lowered and optimised on its own
+    several = {name: sigs for name, sigs in signatures.items() if len(sigs) > 1}
+    print(f"signatures compiled: {sum(map(len, signatures.values()))} for {len(signatures)} functions; "
+          f"{len(several)} compiled for more than one:")
+    for name, sigs in sorted(several.items(), key=lambda item: -own[item[0]]):
+        print(f"  {name:28s} x{len(sigs)} ({own[name]:.2f} s): " + "; ".join(str(a) for a in sigs[:3]))
     passes = collections.Counter()
     for obj in kernel.namespace().values():
         for cres in getattr(obj, "overloads", {}).values():

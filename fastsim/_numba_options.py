@@ -48,8 +48,23 @@ in) the entries that call it. An internal function compiled in this
 process is therefore a *link-only* library (`_LinkOnlyLibrary`): its LLVM
 IR after Numba's function passes, linked with its callees' and nothing
 more; the entry that links it in optimises the whole once and generates its
-code. The helper process builds them in full, since its cache entries hold
-machine code (`_helper_main`); so does the debug mode.
+code. Its function passes run at LLVM's level 1 (`LINK_ONLY_OPT`), which
+simplifies its IR for the linking, not at Numba's full level: the entries'
+module passes optimise it in full. The helper process builds them in full,
+since its cache entries hold machine code (`_helper_main`); so does the
+debug mode.
+
+Typing without repeated work. Numba types a call of a function it
+implements (an array's ``getitem``, ``min``, ...) by trying that function's
+templates in turn, every time it meets the call; on a cold start more than
+nine in ten of these are repeats of one already typed. While one of
+fastsim's functions compiles (`_FastsimCompiler`, every fastsim dispatcher's
+pipeline), `_typing_memo` returns the signature found the first time, keyed
+by everything the result depends on. Two costs of Numba's that grow with the
+number of typed operations are taken out as well (`_quicker_typing`): the
+compiler flags' values and hash, built through a property per option, and
+the highlighting of error messages (almost all of them for candidates that
+do not match, and discarded). The compiled code is the same.
 
 Calls through a pointer where linking costs more than it gives. When a
 jitted function calls another, Numba links the callee's LLVM module into
@@ -129,7 +144,161 @@ KERNEL_DEBUG = _kernel_debug()
 #: The prefix of the debug mode's cache file names.
 DEBUG_CACHE_PREFIX = "boundscheck-"
 
-NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True}
+
+def _quicker_typing():
+    """Take three costs out of Numba's typing that grow with the number of
+    typed operations, not with anything the kernel needs (idempotent; the
+    compiled code is the same).
+
+    * Compiler flags compared and hashed option by option. Typing an
+      operation that an ``@overload`` implements looks the implementation
+      up in a cache keyed by the current compiler flags
+      (``templates._get_impl``): each lookup hashes the flags and compares
+      them, and `TargetConfig` builds the dict of every option's value
+      through a property per option for each (tens of thousands of
+      lookups on a cold start). Here that dict is the class's defaults
+      updated with the options set, the same dict; the hash, which depends
+      only on the option names (``hash(tuple(sorted(self.values())))``
+      sorts the dict's keys), is computed from the names.
+    * Highlighted messages for failed overload candidates. Typing tries
+      candidates that do not match, and each failure's message is
+      highlighted (colorama set up and torn down around every string)
+      although almost all are discarded. While fastsim's own functions
+      compile, Numba's error messages are written without highlighting
+      (`_plain_error_messages`, as ``NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1``
+      has Numba do); a user's own jitted code keeps them as they are.
+    * The same call typed again and again. Numba types a call of a
+      function it implements (``operator.getitem`` of an array by an
+      integer, ``min`` of two integers, ...) by trying the function's
+      templates one by one, each time it meets one (more than nine in ten
+      of a cold start's calls are repeats): `_typing_memo`.
+    """
+    from numba.core import targetconfig
+    from numba.core.types import functions
+
+    config = targetconfig.TargetConfig
+    if not getattr(config, "_fastsim_quick", False):
+        defaults = {}
+
+        def values(self):
+            kind = type(self)
+            base = defaults.get(kind)
+            if base is None:
+                base = defaults[kind] = {name: option.default for name, option in kind.options.items()}
+            out = dict(base)
+            out.update((name, value) for name, value in self._values.items() if name in base)
+            return out
+
+        def hash_(self):
+            return hash(tuple(sorted(type(self).options)))
+
+        config.values, config.__hash__, config._fastsim_quick = values, hash_, True
+    if not getattr(functions.BaseFunction.get_call_type, "_fastsim_memo", False):
+        functions.BaseFunction.get_call_type = _typing_memo(functions.BaseFunction.get_call_type)
+
+
+#: The methods of Numba's highlighting colour scheme (`_plain_error_messages`).
+_HIGHLIGHTS = ("code", "errmsg", "filename", "indicate", "highlight", "reset")
+
+
+def _unmarked(msg):
+    return msg
+
+
+def _plain_error_messages():
+    """Numba's error messages without highlighting from now until
+    `_restore_error_messages` (its colour scheme's methods shadowed by the
+    identity, as ``NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1`` has it);
+    what to restore. Only while fastsim's own functions compile
+    (`_FastsimCompiler`): a user's own jitted code keeps Numba's messages."""
+    from numba.core import errors
+
+    scheme = errors.termcolor()
+    if type(scheme).__name__ != "HighlightColorScheme":   # (no colorama, or highlighting off)
+        return None
+    saved = {name: scheme.__dict__[name] for name in _HIGHLIGHTS if name in scheme.__dict__}
+    for name in _HIGHLIGHTS:
+        setattr(scheme, name, _unmarked)
+    return scheme, saved
+
+
+def _restore_error_messages(plain):
+    """Undo `_plain_error_messages` (``plain``: what it returned)."""
+    if plain is None:
+        return
+    scheme, saved = plain
+    for name in _HIGHLIGHTS:
+        if name in saved:
+            setattr(scheme, name, saved[name])
+        else:
+            scheme.__dict__.pop(name, None)
+
+
+#: How many compilations of fastsim's own functions (`_FastsimCompiler`)
+#: are under way in this thread: `_typing_memo` serves only them.
+_fastsim_compiling = threading.local()
+
+
+def _typing_memo(get_call_type):
+    """Numba's ``BaseFunction.get_call_type`` (type a call of a function
+    Numba implements, by its templates), remembered, while one of fastsim's
+    own functions compiles (`_FastsimCompiler`): a call typed before returns
+    the signature found then. The key is what the result depends on: the
+    function, its templates (their number: Numba only adds), the typing
+    context, the argument types (literal ones included), the compiler flags
+    in force (as Numba's own cache of ``@overload`` implementations keys
+    them) and the target. Only successes are kept (a failure raises, with
+    its message). The implementation key that lowering looks the call up
+    by is recorded with the signature and set again on each hit. Other
+    code in the process (the user's own jitted functions) is typed as
+    Numba types it."""
+    from numba.core.target_extension import get_local_target
+    from numba.core.targetconfig import ConfigStack
+
+    memo = {}
+
+    def remembered(self, context, args, kws):
+        if not getattr(_fastsim_compiling, "depth", 0):
+            return get_call_type(self, context, args, kws)
+        try:
+            key = (self, len(self.templates), context, tuple(args), tuple(kws.items()), ConfigStack.top_or_none(),
+                   get_local_target(context))
+            hit = memo.get(key)
+        except TypeError:   # (an unhashable type: typed as Numba types it)
+            return get_call_type(self, context, args, kws)
+        if hit is not None:
+            sig, impl = hit
+            self._impl_keys[sig.args] = impl
+            return sig
+        sig = get_call_type(self, context, args, kws)
+        if sig is not None:
+            memo[key] = sig, self._impl_keys[sig.args]
+        return sig
+
+    remembered._fastsim_memo = True
+    remembered.__wrapped__ = get_call_type
+    return remembered
+
+
+class _FastsimCompiler(Compiler):
+    """Numba's compiler for fastsim's functions (entries and internal ones):
+    while it runs, `_typing_memo` serves the typing and Numba's error
+    messages are not highlighted (`_plain_error_messages`)."""
+
+    def compile_extra(self, func):
+        depth = getattr(_fastsim_compiling, "depth", 0)
+        _fastsim_compiling.depth = depth + 1
+        plain = _plain_error_messages() if depth == 0 else None
+        try:
+            return super().compile_extra(func)
+        finally:
+            _fastsim_compiling.depth = depth
+            _restore_error_messages(plain)
+
+
+_quicker_typing()
+
+NUMBA_OPTIONS = {"cache": True, "error_model": "numpy", "nogil": True, "pipeline_class": _FastsimCompiler}
 if KERNEL_DEBUG:
     NUMBA_OPTIONS["boundscheck"] = True
 
@@ -246,6 +415,15 @@ class _EnvlessCodegen:
         return getattr(self._codegen, name)
 
 
+#: LLVM's optimisation level for a link-only library's function passes
+#: (`_LinkOnlyLibrary`): the level that simplifies each function's IR
+#: (registers for its stack slots, its control flow and instructions
+#: combined) before it is linked into the entries, without the costlier
+#: passes of Numba's full level (3), which the entries' module passes run
+#: over the linked code anyway.
+LINK_ONLY_OPT = 1
+
+
 class _LinkOnlyLibrary(JITCodeLibrary):
     """An internal function's code library that is only ever linked into
     its callers: finalising it links its callees' modules in and stops
@@ -268,6 +446,19 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         self._finalize_dynamic_globals()
         self._verify_declare_only_symbols()
         self._finalized = True
+
+    def _optimize_functions(self, ll_module):
+        # Numba's per-function passes, at `LINK_ONLY_OPT` (Numba's own run
+        # them at its full level) and on definitions only: the entries that
+        # link the function in run the full module passes over it again
+        ll_module.data_layout = self._codegen._data_layout
+        opt = min(int(numba.config.OPT), LINK_ONLY_OPT)   # (never above the user's NUMBA_OPT)
+        for func in ll_module.functions:
+            if func.is_declaration:
+                continue
+            fpm, pb = self._codegen._function_pass_manager(opt=opt)
+            with self._recorded_timings.record(f"Function passes on {func.name!r}", pb):
+                fpm.run(func, pb)
 
     def get_pointer_to_function(self, name):
         self._ensure_finalized()
@@ -295,7 +486,7 @@ def _out_of_line(library_class):
     return type(f"_OutOfLine{library_class.__name__}", (_OutOfLine, library_class), {})
 
 
-class _InternalCompiler(Compiler):
+class _InternalCompiler(_FastsimCompiler):
     """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
     the function unless this process builds internal functions in full or
     is to save this one (``saving``: its `_InternalCache`'s); kept out of

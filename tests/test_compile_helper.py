@@ -533,3 +533,107 @@ def test_a_helper_whose_parent_died_exits_by_itself(toy, tmp_path):
         time.sleep(0.1)
     assert _exited(pid), "the orphaned helper is still running"
     assert len(os.listdir(tmp_path / "claims")) < 3   # it stopped before the last jobs
+
+
+def test_quicker_typing_keeps_the_flags_values_and_hash():
+    """`_quicker_typing`'s `TargetConfig.values` and hash are Numba's own:
+    every option's value (the default where none is set) and the hash of the
+    sorted option names, for fresh, set and copied flags."""
+    from numba.core.compiler import Flags
+
+    def numbas_values(flags):   # Numba's definition: each option through its property
+        return {name: getattr(flags, name) for name in type(flags).options}
+
+    fresh = Flags()
+    set_ = Flags()
+    set_.nrt = True
+    set_.error_model = "numpy"
+    set_.boundscheck = False   # set to its default: still equal to a fresh one's value
+    copied = Flags(set_)
+    for flags in (fresh, set_, copied):
+        assert flags.values() == numbas_values(flags)
+        assert hash(flags) == hash(tuple(sorted(numbas_values(flags))))
+    assert copied == set_ and hash(copied) == hash(set_)
+    assert fresh != set_
+    assert Flags().values() is not Flags().values()   # a fresh dict each time (callers may change it)
+
+
+def test_numba_errors_are_written_without_highlighting():
+    """A typing error in a function fastsim compiles carries no terminal
+    escape codes (`_plain_error_messages`), whether or not colorama is
+    installed; afterwards Numba's colour scheme is as it was (a user's own
+    jitted code keeps Numba's messages)."""
+    import numba
+    from numba.core import errors
+
+    from fastsim._numba_options import _HIGHLIGHTS, njit
+
+    scheme = errors.termcolor()
+    before = {name: scheme.__dict__.get(name) for name in _HIGHLIGHTS}
+
+    @njit(cache=False)
+    def bad(x):
+        return x.no_such_attribute
+
+    with pytest.raises(numba.core.errors.TypingError) as info:
+        bad(1)
+    assert "\x1b[" not in str(info.value)
+    assert "no_such_attribute" in str(info.value)
+    assert {name: scheme.__dict__.get(name) for name in _HIGHLIGHTS} == before
+
+
+def _typing_counter(monkeypatch):
+    """Count the calls that reach Numba's own typing of calls (under the memo)."""
+    from numba.core.types import functions
+
+    memo = functions.BaseFunction.get_call_type
+    numbas = memo.__wrapped__
+    seen = []
+
+    def counted(self, context, args, kws):
+        seen.append((self, tuple(args)))
+        return numbas(self, context, args, kws)
+
+    monkeypatch.setattr(functions.BaseFunction, "get_call_type", O._typing_memo(counted))
+    return seen
+
+
+def test_typing_memo_serves_fastsim_compiles_with_numbas_signatures(monkeypatch):
+    """While a fastsim function compiles, a call typed before is not typed
+    again (`_typing_memo`), and the code is what Numba's own typing gives:
+    the same results as a plain ``numba.njit`` copy, compiled without it."""
+    import numba
+
+    seen = _typing_counter(monkeypatch)
+
+    def body(a, i):
+        s = a[i] + a[i + 1]          # the same getitem typed twice
+        return min(s, a[0]) + min(a[1], a[2])   # and min of two int64
+
+    fast = O.njit(body, cache=False)
+    assert fast(np.arange(5), 1) == 0 + 1   # min(1 + 2, 0) + min(1, 2)
+    ours = list(seen)
+    getitems = [args for fn, args in ours if "getitem" in str(fn) and args[1] == types.int64]
+    assert len(getitems) == 1   # a[i] and a[i + 1]: typed once, then remembered
+    seen.clear()
+    plain = numba.njit(body)   # not fastsim's: Numba's typing, every call
+    for a, i in ((np.arange(5), 1), (np.array([7, -3, 4, 9]), 0)):
+        assert plain(a, i) == fast(a, i)
+    assert len([args for fn, args in seen if "getitem" in str(fn) and args[1] == types.int64]) >= 2
+
+
+def test_typing_memo_keys_the_argument_types(monkeypatch):
+    """Calls of one function with other argument types are typed apart
+    (``min`` of two int64 and of two float64: typed once each, for both
+    call sites, with their own result types)."""
+    seen = _typing_counter(monkeypatch)
+
+    def body(x, y):
+        return min(x, y) + min(x, y)
+
+    fast = O.njit(body, cache=False)
+    assert fast(3, 4) == 6 and isinstance(fast(3, 4), int)
+    assert fast(2.5, 4.0) == 5.0 and isinstance(fast(2.5, 4.0), float)
+    mins = [args for fn, args in seen if "min" in str(fn)]
+    pairs = sorted(str(args) for args in mins if len(args) == 2)
+    assert pairs == ["(float64, float64)", "(int64, int64)"]   # each typed by Numba once, for both calls
