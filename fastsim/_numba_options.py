@@ -48,9 +48,8 @@ in) the entries that call it. An internal function compiled in this
 process is therefore a *link-only* library (`_LinkOnlyLibrary`): its LLVM
 IR after Numba's function passes, linked with its callees' and nothing
 more; the entry that links it in optimises the whole once and generates its
-code. Its function passes run at LLVM's level 1 (`LINK_ONLY_OPT`), which
-simplifies its IR for the linking, not at Numba's full level: the entries'
-module passes optimise it in full. The helper process builds them in full,
+code. Its function passes run at Numba's full level (`LINK_ONLY_OPT`) and
+on its definitions only. The helper process builds them in full,
 since its cache entries hold machine code (`_helper_main`); so does the
 debug mode.
 
@@ -416,12 +415,11 @@ class _EnvlessCodegen:
 
 
 #: LLVM's optimisation level for a link-only library's function passes
-#: (`_LinkOnlyLibrary`): the level that simplifies each function's IR
-#: (registers for its stack slots, its control flow and instructions
-#: combined) before it is linked into the entries, without the costlier
-#: passes of Numba's full level (3), which the entries' module passes run
-#: over the linked code anyway.
-LINK_ONLY_OPT = 1
+#: (`_LinkOnlyLibrary`): Numba's full level. (Level 1 saved about 0.4 s of a
+#: cold start, within its noise, but the entries' code, optimised from the
+#: less simplified IR, ran 2 % slower with the compile helper off:
+#: `benchmarks/HISTORY.md`.)
+LINK_ONLY_OPT = 3
 
 
 class _LinkOnlyLibrary(JITCodeLibrary):
