@@ -5,7 +5,7 @@ the prefill pool runs the stream with every output capped at one token
 (`cluster._simulate_fleet`, its router and all); each request that
 completed there is then handed, in order of its first token ``t1`` (ties
 by request index), to the decode replica the decode router picks from the
-decode pool's state at ``t1`` (`cluster._look`, `router._route`), arriving
+decode pool's state at ``t1`` (`cluster._look_due`, `router._route`), arriving
 there when its KV has crossed that replica's inbound link (`_transfer`)
 with its prompt's KV but the last token already computed (the engine's
 admission starts it there: `replica._schedule_fast`, `_admit_waiting`,
@@ -29,11 +29,11 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import _call, _look, _set_up_uniform, _simulate_fleet
+from .cluster import _call, _look_due, _queue_handed, _queue_init, _set_up_uniform, _simulate_fleet
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
-                     F_TTFT_SLO, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, N_ACC,
+                     F_TTFT_SLO, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_SWAP, I_WARMUP, N_ACC,
                      N_HIST, ST_COMPLETED, _COL)
 from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
@@ -179,8 +179,18 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         db.ready[i] = np.nan
     reads = _needs_state(router_d) and nrep_d > 1
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router_d) else 0)
-    nblk = ipar_d[I_NUM_GPU_BLOCKS]
     cap = link[DL_LOAD_CAP]
+    # the decode router's look by the fleet's event queue (`cluster._look_due`: the replicas whose state can
+    # change by the hand-off advanced, and the departure bound for the routers that read requests in the
+    # system only), each replica on its rows of records
+    bound = _in_system_only(router_d) and fbd.dep.size >= nrep_d
+    for r in range(nrep_d):
+        for j in range(fpar_d.size):
+            fbd.rfp[r, j] = fpar_d[j]
+        for j in range(lat_d.size):
+            fbd.rlat[r, j] = lat_d[j]
+    if reads:
+        _queue_init(fbd, nrep_d, n, what, bound)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -191,7 +201,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if reads:
-            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, nblk, what, _in_system_only(router_d))
+            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound)
             if rc < 0:
                 return rc
         d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
@@ -205,6 +215,8 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.owner[i] = d
         fbd.local[i] = j
         db.ready[i] = at
+        if reads:
+            _queue_handed(fbd, d, nrep_d, n, what, bound)
     for r in range(nrep_d):
         rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
