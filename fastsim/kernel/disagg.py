@@ -182,8 +182,10 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     cap = link[DL_LOAD_CAP]
     # the decode router's look by the fleet's event queue (`cluster._look_due`: only the replicas whose state
     # can change by the hand-off advanced, with the departure bound for the routers that read requests in
-    # the system only; the same bits as advancing every replica, `cluster._look`, which a short ``fbd.ev``
-    # asks for: tests), each replica on its rows of records
+    # the system only, each replica on its rows of records). The same bits as advancing and observing every
+    # replica (`cluster._look`, which a short ``fbd.ev`` asks for: tests): each look advances exactly the
+    # replicas `_look` would (`cluster`, the comment before `_due`), and a replica not advanced keeps the
+    # row of the view it had, which is what `_look` would observe of it
     queue = reads and fbd.ev.size >= 4 * nrep_d + 1
     bound = _in_system_only(router_d)
     for r in range(nrep_d):
