@@ -276,3 +276,67 @@ def test_the_kept_stretch_end_is_not_idle():
     prio = _scenario(V1_OFF, NO_CACHE, **roomy, policy="priority", priority_preemption=True)
     for sc in off_cases + [fastsim.Scenario(engine=prio.engine, workload=prio.workload, latency=LAT_FLAT)]:
         assert share(sc, "jsq", 3) == 0.0
+
+
+# The disaggregated server's decode router looks by the fleet's event queue (`cluster._look_due`): only the
+# decode replicas whose state can change by a hand-off are advanced, with the departure bound where the
+# router reads requests in the system only. That must change no bit: the server that looks so is the one
+# that advances and observes every decode replica at every hand-off (`cluster._look`), per request, over
+# random engines on both sides (vLLM 0.22's switches on and off, caching by block hash, tight and roomy KV,
+# FCFS, priority and SJF, swap, admission control), every decode router, finite and instant links, stale
+# prefill routers and routing latency.
+
+def _disagg_runs(pe, de, router_p, router_d, n_p, n_d, stream, link, stale, lag, rep):
+    from fastsim.kernel import disagg as D
+    pp, pd_ = pack_scenario(pe), pack_scenario(de)
+    prefill = (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, lag, 2.0]), K.ROUTER_CODES[router_p], n_p)
+    decode = (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d)
+    return tuple(D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, rep, queue=q) for q in (True, False))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_decode_pools_event_queue_changes_no_bit(seed):
+    rng = np.random.default_rng(300 + seed)
+    routers = tuple(K.ROUTER_CODES)
+    for k in range(6):
+        sc_p, sc_d = _keep_scenario(rng), _keep_scenario(rng)
+        router_d = routers[(seed * 6 + k) % len(routers)]
+        router_p = str(rng.choice(routers))
+        n_p, n_d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
+        link = np.array([float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        stale, lag = float(rng.choice([0.0, 0.0, 0.3])), float(rng.choice([0.0, 0.01]))
+        stream, _p = _stream(sc_p, k)
+        de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)
+        (per, row, extra), (per0, row0, extra0) = _disagg_runs(sc_p, de, router_p, router_d, n_p, n_d, stream,
+                                                               link, stale, lag, k)
+        for key in per:
+            assert np.array_equal(per[key], per0[key], equal_nan=True), (router_d, key)
+        assert np.array_equal(row, row0, equal_nan=True) and np.array_equal(extra, extra0, equal_nan=True)
+
+
+def test_the_decode_pools_event_queue_is_taken(monkeypatch):
+    """With a decode router that reads the replicas' state, the event queue keys the decode replicas (their
+    due times written); with the short queue buffer asked for by ``queue=False`` it is not used."""
+    from fastsim.kernel import disagg as D
+    made = []
+    fleet_buffers = C.fleet_buffers
+
+    def buffers(*args):
+        fb = fleet_buffers(*args)
+        fb.due[:] = np.nan   # (only the event queue writes them)
+        made.append(fb)
+        return fb
+
+    monkeypatch.setattr(C, "fleet_buffers", buffers)
+    sc = _scenario(V1_OFF, NO_CACHE, max_num_seqs=16, num_gpu_blocks=4000)
+    stream, p = _stream(sc, 0)
+    link = np.array([np.inf, 0.0, 1000.0, 2.0])
+    prefill = (p["ipar"], p["fpar"], p["lat"], np.zeros(3), K.ROUTER_CODES["jsq"], 2)
+    for router in ("jsq", "least_kv", "power_of_two"):
+        decode = (p["ipar"], p["fpar"], p["lat"], K.ROUTER_CODES[router], 3)
+        for queue in (True, False):
+            made.clear()
+            D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, 0, queue=queue)
+            fbd = made[1]   # (the prefill pool's first, then the decode pool's)
+            assert np.isnan(fbd.due).all() != queue, (router, queue)
+

@@ -76,8 +76,36 @@ def sharegpt_static(num_requests=1000):
 
 
 #: The workloads the benchmark scripts' ``--workload`` option names.
+def _fleet(replicas, router, num_requests):
+    """The reference workload's server, ``replicas`` of them behind ``router``, at ``replicas`` times its
+    rate (`bench_fleet.fleet_scenario`'s fleet, ``num_requests`` in all)."""
+    sc = reference_workload(num_requests)
+    return sc.replace(**{"workload.arrival_rate": 4.0 * replicas},
+                      fleet=fastsim.Fleet(replicas=replicas, router=router))
+
+
+def fleet_jsq_8(num_requests=2000):
+    """8 replicas behind join the shortest queue (`benchmarks/fleet_throughput.py`'s)."""
+    return _fleet(8, "jsq", num_requests)
+
+
+def fleet_jsq_64(num_requests=16000):
+    """64 replicas behind join the shortest queue."""
+    return _fleet(64, "jsq", num_requests)
+
+
+def disagg_jsq_2p4d(num_requests=1500):
+    """2 prefill and 4 decode replicas behind join the shortest queue (`benchmarks/disagg_throughput.py`'s)."""
+    sc = reference_workload(num_requests)
+    dis = fastsim.Disaggregated(prefill=fastsim.Fleet(2, router="jsq"), decode=fastsim.Fleet(4, router="jsq"),
+                                link_bandwidth_gbps=100.0, link_latency_s=0.0005, kv_bytes_per_token=131072.0)
+    return sc.replace(**{"workload.arrival_rate": 4.0 * 4}, fleet=dis)
+
+
 WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
-             "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults}
+             "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults,
+             # fleets (for `ab_interleaved.py --same-process`: a fleet's `replicate` against a parent's)
+             "fleet-jsq-8": fleet_jsq_8, "fleet-jsq-64": fleet_jsq_64, "disagg-jsq-2p4d": disagg_jsq_2p4d}
 
 
 def warm_up():

@@ -5,7 +5,7 @@ the prefill pool runs the stream with every output capped at one token
 (`cluster._simulate_fleet`, its router and all); each request that
 completed there is then handed, in order of its first token ``t1`` (ties
 by request index), to the decode replica the decode router picks from the
-decode pool's state at ``t1`` (`cluster._look`, `router._route`), arriving
+decode pool's state at ``t1`` (`cluster._look_due`, `router._route`), arriving
 there when its KV has crossed that replica's inbound link (`_transfer`)
 with its prompt's KV but the last token already computed (the engine's
 admission starts it there: `replica._schedule_fast`, `_admit_waiting`,
@@ -29,7 +29,7 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import _call, _look, _set_up_uniform, _simulate_fleet
+from .cluster import _call, _look, _look_due, _queue_handed, _queue_init, _set_up_uniform, _simulate_fleet
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
@@ -179,8 +179,22 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         db.ready[i] = np.nan
     reads = _needs_state(router_d) and nrep_d > 1
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router_d) else 0)
-    nblk = ipar_d[I_NUM_GPU_BLOCKS]
     cap = link[DL_LOAD_CAP]
+    # the decode router's look by the fleet's event queue (`cluster._look_due`: only the replicas whose state
+    # can change by the hand-off advanced, with the departure bound for the routers that read requests in
+    # the system only, each replica on its rows of records). The same bits as advancing and observing every
+    # replica (`cluster._look`, which a short ``fbd.ev`` asks for: tests): each look advances exactly the
+    # replicas `_look` would (`cluster`, the comment before `_due`), and a replica not advanced keeps the
+    # row of the view it had, which is what `_look` would observe of it
+    queue = reads and fbd.ev.size >= 4 * nrep_d + 1
+    bound = _in_system_only(router_d)
+    for r in range(nrep_d):
+        for j in range(fpar_d.size):
+            fbd.rfp[r, j] = fpar_d[j]
+        for j in range(lat_d.size):
+            fbd.rlat[r, j] = lat_d[j]
+    if queue:
+        _queue_init(fbd, nrep_d, n, what, bound and fbd.dep.size >= nrep_d)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -190,10 +204,12 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
             for r in range(nrep_d):
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
-        if reads:
-            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, nblk, what, _in_system_only(router_d))
-            if rc < 0:
-                return rc
+        if queue:
+            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound and fbd.dep.size >= nrep_d)
+        elif reads:
+            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
+        if reads and rc < 0:
+            return rc
         d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
         at = _transfer(link, db.link_free, d, t1, prompt[i])
         ri = fbd.rs_i
@@ -205,6 +221,8 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.owner[i] = d
         fbd.local[i] = j
         db.ready[i] = at
+        if queue:
+            _queue_handed(fbd, d, nrep_d, n, what, bound and fbd.dep.size >= nrep_d)
     for r in range(nrep_d):
         rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
@@ -354,7 +372,7 @@ def disagg_buffers(n, nrep_d):
 # From Python
 
 def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
-                           rep=0):
+                           rep=0, queue=True):
     """Simulate a disaggregated server over one given request stream (a
     Python entry, for tests and the reference's comparisons).
 
@@ -373,6 +391,11 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     key0, key1, rep : int
         The run's seed keys and the replication's index, as
         `cluster.simulate_fleet_stream` takes them.
+    queue : bool
+        False: the decode router's look advances and observes every decode
+        replica at every hand-off (`cluster._look`) instead of those the
+        event queue says can have changed (`cluster._look_due`; the same
+        bits, more calls; for tests).
 
     Returns
     -------
@@ -397,6 +420,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     need_d = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
     fbp = fleet_buffers(n, nrep_p, *need_p, ng)
     fbd = fleet_buffers(n, nrep_d, *need_d, ng)
+    if not queue:
+        fbd = fbd._replace(ev=np.empty(0, np.int64))
     db = disagg_buffers(n, nrep_d)
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
