@@ -34,8 +34,8 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
 * ``--cpu-time`` (with ``--same-process``): each call timed by the process's
   CPU time instead of the wall clock. With other processes on the machine
   (helpers' compilations, test suites on 2 cores), a call's wall time
-  includes the time it waited for a core; its CPU time does not, so the
-  ratios stay within a few percent where the wall clock's range reached 2-3x.
+  includes the time it waited for a core; its CPU time does not
+  (`benchmarks/HISTORY.md` compares the two).
 
 Prints each round, then the median and range per tree.
 """

@@ -48,22 +48,25 @@ in) the entries that call it. An internal function compiled in this
 process is therefore a *link-only* library (`_LinkOnlyLibrary`): its LLVM
 IR after Numba's function passes, linked with its callees' and nothing
 more; the entry that links it in optimises the whole once and generates its
-code. Its function passes run at Numba's full level (`LINK_ONLY_OPT`) and
-on its definitions only. The helper process builds them in full,
+code. The helper process builds them in full,
 since its cache entries hold machine code (`_helper_main`); so does the
 debug mode.
 
 Typing without repeated work. Numba types a call of a function it
 implements (an array's ``getitem``, ``min``, ...) by trying that function's
-templates in turn, every time it meets the call; on a cold start more than
-nine in ten of these are repeats of one already typed. While one of
+templates in turn, every time it meets the call; on a cold start most of
+these are repeats of one already typed (`benchmarks/HISTORY.md`). While one of
 fastsim's functions compiles (`_FastsimCompiler`, every fastsim dispatcher's
 pipeline), `_typing_memo` returns the signature found the first time, keyed
 by everything the result depends on. Two costs of Numba's that grow with the
 number of typed operations are taken out as well (`_quicker_typing`): the
 compiler flags' values and hash, built through a property per option, and
 the highlighting of error messages (almost all of them for candidates that
-do not match, and discarded). The compiled code is the same.
+do not match, and discarded). The compiled code is the same. The first two
+are installed in the whole process at import (value-preserving: Numba's own
+values and an equal hash; outside fastsim's compilations the memo passes
+every call through); the highlighting is off only while fastsim's functions
+compile.
 
 Calls through a pointer where linking costs more than it gives. When a
 jitted function calls another, Numba links the callee's LLVM module into
@@ -154,8 +157,8 @@ def _quicker_typing():
       up in a cache keyed by the current compiler flags
       (``templates._get_impl``): each lookup hashes the flags and compares
       them, and `TargetConfig` builds the dict of every option's value
-      through a property per option for each (tens of thousands of
-      lookups on a cold start). Here that dict is the class's defaults
+      through a property per option for each (many lookups on a cold
+      start). Here that dict is the class's defaults
       updated with the options set, the same dict; the hash, which depends
       only on the option names (``hash(tuple(sorted(self.values())))``
       sorts the dict's keys), is computed from the names.
@@ -169,8 +172,8 @@ def _quicker_typing():
     * The same call typed again and again. Numba types a call of a
       function it implements (``operator.getitem`` of an array by an
       integer, ``min`` of two integers, ...) by trying the function's
-      templates one by one, each time it meets one (more than nine in ten
-      of a cold start's calls are repeats): `_typing_memo`.
+      templates one by one, each time it meets one (most of a cold start's
+      calls are repeats): `_typing_memo`.
     """
     from numba.core import targetconfig
     from numba.core.types import functions
@@ -243,14 +246,15 @@ def _typing_memo(get_call_type):
     Numba implements, by its templates), remembered, while one of fastsim's
     own functions compiles (`_FastsimCompiler`): a call typed before returns
     the signature found then. The key is what the result depends on: the
-    function, its templates (their number: Numba only adds), the typing
-    context, the argument types (literal ones included), the compiler flags
+    function (its key holds its templates), the typing context, the argument types (literal ones included), the compiler flags
     in force (as Numba's own cache of ``@overload`` implementations keys
     them) and the target. Only successes are kept (a failure raises, with
     its message). The implementation key that lowering looks the call up
     by is recorded with the signature and set again on each hit. Other
     code in the process (the user's own jitted functions) is typed as
-    Numba types it."""
+    Numba types it, unless it is compiled from inside one of fastsim's
+    compilations (the count is per thread). The memo keeps its keys (types,
+    contexts, flags) for the life of the process."""
     from numba.core.target_extension import get_local_target
     from numba.core.targetconfig import ConfigStack
 
@@ -260,7 +264,7 @@ def _typing_memo(get_call_type):
         if not getattr(_fastsim_compiling, "depth", 0):
             return get_call_type(self, context, args, kws)
         try:
-            key = (self, len(self.templates), context, tuple(args), tuple(kws.items()), ConfigStack.top_or_none(),
+            key = (self, context, tuple(args), tuple(kws.items()), ConfigStack.top_or_none(),
                    get_local_target(context))
             hit = memo.get(key)
         except TypeError:   # (an unhashable type: typed as Numba types it)
@@ -414,14 +418,6 @@ class _EnvlessCodegen:
         return getattr(self._codegen, name)
 
 
-#: LLVM's optimisation level for a link-only library's function passes
-#: (`_LinkOnlyLibrary`): Numba's full level. (Level 1 saved about 0.4 s of a
-#: cold start, within its noise, but the entries' code, optimised from the
-#: less simplified IR, ran 2 % slower with the compile helper off:
-#: `benchmarks/HISTORY.md`.)
-LINK_ONLY_OPT = 3
-
-
 class _LinkOnlyLibrary(JITCodeLibrary):
     """An internal function's code library that is only ever linked into
     its callers: finalising it links its callees' modules in and stops
@@ -445,19 +441,6 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         self._verify_declare_only_symbols()
         self._finalized = True
 
-    def _optimize_functions(self, ll_module):
-        # Numba's per-function passes, at `LINK_ONLY_OPT` (Numba's own run
-        # them at its full level) and on definitions only: the entries that
-        # link the function in run the full module passes over it again
-        ll_module.data_layout = self._codegen._data_layout
-        opt = min(int(numba.config.OPT), LINK_ONLY_OPT)   # (never above the user's NUMBA_OPT)
-        for func in ll_module.functions:
-            if func.is_declaration:
-                continue
-            fpm, pb = self._codegen._function_pass_manager(opt=opt)
-            with self._recorded_timings.record(f"Function passes on {func.name!r}", pb):
-                fpm.run(func, pb)
-
     def get_pointer_to_function(self, name):
         self._ensure_finalized()
         return 0
@@ -469,7 +452,9 @@ class _LinkOnlyLibrary(JITCodeLibrary):
 
 class _OutOfLine:
     """A code library whose function LLVM keeps out of line (``noinline``)
-    in the callers it is linked into (`njit_noalloc`'s ``inline="never"``)."""
+    in the callers it is linked into (`njit_noalloc`'s ``inline="never"``).
+    Every definition of the module is marked: compiled without a Python or C
+    wrapper, the module defines the function itself and nothing else."""
 
     def add_ir_module(self, ir_module):
         for fn in ir_module.functions:

@@ -75,7 +75,6 @@ def sharegpt_static(num_requests=1000):
     return sharegpt_80pct(num_requests).replace(**{"engine.scheduler": "static"})
 
 
-#: The workloads the benchmark scripts' ``--workload`` option names.
 def _fleet(replicas, router, num_requests):
     """The reference workload's server, ``replicas`` of them behind ``router``, at ``replicas`` times its
     rate (`bench_fleet.fleet_scenario`'s fleet, ``num_requests`` in all)."""
@@ -102,6 +101,7 @@ def disagg_jsq_2p4d(num_requests=1500):
     return sc.replace(**{"workload.arrival_rate": 4.0 * 4}, fleet=dis)
 
 
+#: The workloads the benchmark scripts' ``--workload`` option names.
 WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
              "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults,
              # fleets (for `ab_interleaved.py --same-process`: a fleet's `replicate` against a parent's)

@@ -138,11 +138,13 @@ def _stretch_steps(t, t_prev, plan):
     # later). Only with a constant duration: no context term.
     lim = min(kmax, _BINADE_AFTER) if c_ctx == 0.0 else kmax
     # A step that starts before lag_limit has its previous step before it
-    # too (the clock only grows), so the loop tests the clock against one
-    # bound; the one step that may follow (it starts at or after lag_limit,
-    # its previous step before) runs as a loop of one below. (A third test
-    # in every step of the loop costs the synchronous engine's steps time.)
-    tlim = min(limit, lag_limit)
+    # too (t_prev <= t: durations are not negative), so the loop tests the
+    # clock against one bound; the one step that may follow (it starts at or
+    # after lag_limit, its previous step before) runs as a loop of one
+    # below. (A third test in every step of the loop costs the synchronous
+    # engine's steps time.) Written so that a NaN lag_limit is the bound, as
+    # the per-step test would have it (no step).
+    tlim = lag_limit if not lag_limit >= limit else limit
     while True:
         # (no call inside this loop: a call would make LLVM keep t and the
         # sums in memory, which doubles the cost of a step)
