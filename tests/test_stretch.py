@@ -389,6 +389,7 @@ def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
     step), a previous step at or after the lag limit, NaN lag limits, the
     free blocks running out, with and without a context term."""
     rng = np.random.default_rng(seed)
+    long_runs = crossings = 0
     for _ in range(400):
         bs = int(rng.choice([1, 4, 16]))
         ph = rng.integers(0, 3, bs).astype(np.int64)
@@ -410,3 +411,6 @@ def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
         assert got[0] == want[0] and got[2] == want[2], (plan, got, want)
         assert [float(x).hex() for x in (got[1], got[3], got[4], got[5])] == \
             [float(x).hex() for x in (want[1], want[3], want[4], want[5])], (plan, got, want)
+        long_runs += want[0] > 40 and c_ctx == 0.0   # (binades)
+        crossings += want[0] > 0 and want[5] >= lag   # (async's step after the lag limit)
+    assert long_runs > 5 and crossings > 5   # (the cases this test is for were drawn)
