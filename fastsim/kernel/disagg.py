@@ -188,13 +188,14 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     # row of the view it had, which is what `_look` would observe of it
     queue = reads and fbd.ev.size >= 4 * nrep_d + 1
     bound = _in_system_only(router_d)
-    for r in range(nrep_d):
-        for j in range(fpar_d.size):
-            fbd.rfp[r, j] = fpar_d[j]
-        for j in range(lat_d.size):
-            fbd.rlat[r, j] = lat_d[j]
+    bound_q = bound and fbd.dep.size >= nrep_d   # (the event queue's departure bound: its buffers hold it)
     if queue:
-        _queue_init(fbd, nrep_d, n, what, bound and fbd.dep.size >= nrep_d)
+        for r in range(nrep_d):   # (`_look_due` reads each replica's own records)
+            for j in range(fpar_d.size):
+                fbd.rfp[r, j] = fpar_d[j]
+            for j in range(lat_d.size):
+                fbd.rlat[r, j] = lat_d[j]
+        _queue_init(fbd, nrep_d, n, what, bound_q)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -205,7 +206,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if queue:
-            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound and fbd.dep.size >= nrep_d)
+            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound_q)
         elif reads:
             rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
@@ -222,7 +223,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.local[i] = j
         db.ready[i] = at
         if queue:
-            _queue_handed(fbd, d, nrep_d, n, what, bound and fbd.dep.size >= nrep_d)
+            _queue_handed(fbd, d, nrep_d, n, what, bound_q)
     for r in range(nrep_d):
         rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
