@@ -191,8 +191,14 @@ def _quicker_typing():
             out.update((name, value) for name, value in self._values.items() if name in base)
             return out
 
+        hashes = {}
+
         def hash_(self):
-            return hash(tuple(sorted(type(self).options)))
+            kind = type(self)
+            h = hashes.get(kind)
+            if h is None:
+                h = hashes[kind] = hash(tuple(sorted(kind.options)))
+            return h
 
         config.values, config.__hash__, config._fastsim_quick = values, hash_, True
     if not getattr(functions.BaseFunction.get_call_type, "_fastsim_memo", False):
