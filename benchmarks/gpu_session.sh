@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU backend's device check, as one script for a short lease on a lent
 # machine with an NVIDIA GPU: run the real-GPU tests of tests/test_cuda.py,
-# then time the GPU against the same machine's CPU cores at 10^3 .. 10^6
+# then (in the same process) time the GPU against the same machine's CPU cores at 10^3 .. 10^6
 # replications x 1,000 requests (benchmarks/gpu_vs_cpu.py), with launch
 # variants if time is left. Prints everything it measured; writes the logs
 # and a JSON of the figures to $OUT when set (the device tool's output
@@ -22,8 +22,10 @@ mkdir -p "$out"
 export NUMBA_CACHE_DIR=/tmp/fastsim_numba_cache PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if ls .whl/*.whl >/dev/null 2>&1; then
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
+    if $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/fastsim_wheels .whl/*.whl; then
+        export PYTHONPATH=/tmp/fastsim_wheels
+    fi
 fi
 if ! $py -c "import numba, numba.cuda, cupy, scipy, pandas, joblib, tqdm, pyarrow, matplotlib" 2>/dev/null; then
     $py -m pip install --quiet -e ".[test,gpu]" 2>&1 | tail -3
@@ -40,12 +42,23 @@ for name in ("numba_cuda", "cupy", "llvmlite"):
 EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.csv"
 nproc | tee -a "$out/gpu.csv"
-# the real-GPU tests (the CUDA-simulator ones run in CI on every change)
-timeout 240 $py -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py -k "real_gpu_agrees or unknown_backend or groups_fit" \
-    2>&1 | tee "$out/test_cuda.log"
-left=$(( budget - ($(date +%s) - start) ))
-echo "seconds left for timing: $left"
-timeout $(( left > 30 ? left : 30 )) $py benchmarks/gpu_vs_cpu.py --requests 1000 \
-    --replications 1000 10000 100000 1000000 --cpu-max 100000 --time-limit 90 --deadline $(( left > 40 ? left - 20 : 20 )) \
-    --variants --bits --json "$out/gpu_vs_cpu.json" 2>&1 | tee "$out/gpu_vs_cpu.log"
+# The real-GPU tests (the CUDA-simulator ones run in CI on every change), then
+# the timings, in one process: the kernels the tests compile (minutes, on the
+# CPU) are the ones the timings launch, not compiled a second time.
+$py - "$budget" "$start" "$out" <<'EOF' 2>&1 | tee "$out/session.log"
+import runpy, sys, time
+import pytest
+
+budget, start, out = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+t0 = time.time()
+rc = pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "--durations=8", "tests/test_cuda.py",
+                  "-k", "real_gpu_agrees or unknown_backend or groups_fit"])
+print(f"pytest exit code {int(rc)}, {time.time() - t0:.0f} s", flush=True)
+left = budget - (time.time() - start)
+print(f"seconds left for timing: {left:.0f}", flush=True)
+sys.argv = ["gpu_vs_cpu.py", "--requests", "1000", "--replications", "1000", "10000", "100000", "1000000",
+            "--cpu-max", "100000", "--time-limit", "90", "--deadline", str(max(left - 20, 20)),
+            "--variants", "--bits", "--json", f"{out}/gpu_vs_cpu.json"]
+runpy.run_path("benchmarks/gpu_vs_cpu.py", run_name="__main__")
+EOF
 echo "total: $(( $(date +%s) - start )) s"
