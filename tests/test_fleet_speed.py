@@ -340,3 +340,35 @@ def test_the_decode_pools_event_queue_is_taken(monkeypatch):
             fbd = made[1]   # (the prefill pool's first, then the decode pool's)
             assert np.isnan(fbd.due).all() != queue, (router, queue)
 
+
+
+# The hand-offs' order (`disagg._sort_by_time`): an insertion sort for the nearly sorted first tokens of the
+# prefill side, a merge sort finishing past ``4 m`` moves. Either way the order must be the one by first
+# token, ties by request index: numpy's stable sort of the same keys.
+
+def test_the_hand_off_sort_is_the_stable_sort():
+    from fastsim.kernel import disagg as D
+    sort = python_entry(D._sort_by_time)
+    rng = np.random.default_rng(7)
+    paths = set()
+    for case in range(60):
+        m = int(rng.integers(0, 400))
+        n = m + int(rng.integers(0, 20))
+        kind = case % 4
+        if kind == 0:     # nearly in index order, as the prefill side's first tokens come
+            key = np.arange(n) * 0.05 + rng.exponential(0.08, n)
+        elif kind == 1:   # many ties
+            key = rng.integers(0, 6, n).astype(float)
+        elif kind == 2:   # reversed: past the insertion sort's budget
+            key = -np.arange(n, dtype=float)
+        else:
+            key = rng.random(n)
+        idx = np.sort(rng.choice(n, m, replace=False)) if n else np.zeros(0, np.int64)
+        order, scratch = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        order[:m] = idx
+        sort(np.int64(m), key, order, scratch)
+        expect = idx[np.argsort(key[idx], kind="stable")]
+        assert np.array_equal(order[:m], expect), (case, m)
+        inversions = sum(int((key[idx[e + 1:]] < key[idx[e]]).sum()) for e in range(m))
+        paths.add(inversions > 4 * m)
+    assert paths == {True, False}   # (both the insertion sort alone and the merge sort after it were run)
