@@ -210,15 +210,15 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     # replicas `_look` would (`cluster`, the comment before `_due`), and a replica not advanced keeps the
     # row of the view it had, which is what `_look` would observe of it
     queue = reads and fbd.ev.size >= 4 * nrep_d + 1
-    bound = _in_system_only(router_d)
-    bound_q = bound and fbd.dep.size >= nrep_d   # (the event queue's departure bound: its buffers hold it)
+    # the departure bound (`cluster._departs`) where its buffers hold it (an empty ``fbd.dep``: off, for tests)
+    bound = _in_system_only(router_d) and fbd.dep.size >= nrep_d
     if queue:
         for r in range(nrep_d):   # (`_look_due` reads each replica's own records)
             for j in range(fpar_d.size):
                 fbd.rfp[r, j] = fpar_d[j]
             for j in range(lat_d.size):
                 fbd.rlat[r, j] = lat_d[j]
-        _queue_init(fbd, nrep_d, n, what, bound_q)
+        _queue_init(fbd, nrep_d, n, what, bound)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -229,7 +229,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if queue:
-            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound_q)
+            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound)
         elif reads:
             rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
@@ -246,7 +246,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.local[i] = j
         db.ready[i] = at
         if queue:
-            _queue_handed(fbd, d, nrep_d, n, what, bound_q)
+            _queue_handed(fbd, d, nrep_d, n, what, bound)
     for r in range(nrep_d):
         rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
@@ -396,7 +396,7 @@ def disagg_buffers(n, nrep_d):
 # From Python
 
 def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
-                           rep=0, queue=True):
+                           rep=0, queue=True, bound=True):
     """Simulate a disaggregated server over one given request stream (a
     Python entry, for tests and the reference's comparisons).
 
@@ -420,6 +420,9 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         replica at every hand-off (`cluster._look`) instead of those the
         event queue says can have changed (`cluster._look_due`; the same
         bits, more calls; for tests).
+    bound : bool
+        False turns the departure bound off in both pools (`cluster._departs`:
+        the same bits, more calls; for tests).
 
     Returns
     -------
@@ -446,6 +449,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     fbd = fleet_buffers(n, nrep_d, *need_d, ng)
     if not queue:
         fbd = fbd._replace(ev=np.empty(0, np.int64))
+    if not bound:
+        fbp, fbd = fbp._replace(dep=np.empty(0)), fbd._replace(dep=np.empty(0))
     db = disagg_buffers(n, nrep_d)
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
