@@ -615,13 +615,15 @@ def _look_at(fb, r, n, full, t, what, bound=False):
 
 
 @njit_noalloc
-def _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full):
+def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
     """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
     ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
-    states every row's layout), router's view and prefix-group table
-    cleared; the warm-up count of each the whole capacity (unknown until
-    the fleet's first measured request). Returns the first negative code of
-    `_simulate`, else 0. (Autoscaled and disaggregated fleets set up so.)"""
+    ``(arrival, prompt, output, prio, sjfk, pgrp, plen)`` states every row's
+    layout), router's view and prefix-group table cleared; the warm-up count
+    of each the whole capacity (unknown until the fleet's first measured
+    request). Returns the first negative code of `_simulate`, else 0.
+    (Autoscaled and disaggregated fleets set up so.)"""
+    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
     w0 = fb.wi[0]
     for r in range(nrep):

@@ -132,8 +132,7 @@ def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
     does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
     plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
-    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    rc = _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full)
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full)
     if rc < 0:
         return rc
     for r in range(nrep):
