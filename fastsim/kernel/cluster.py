@@ -188,8 +188,11 @@ def _due(fb, r, what, t=np.inf):
 # session affinity) sees a replica change only when a request leaves it (a
 # completion, a rejection at ingestion) or is handed to it. A request with
 # m tokens still to emit leaves after m more steps that emit one each, and
-# no step is shorter than `_min_step`; so until the earliest such time
-# (`_departs`) advancing the replica cannot change what the router reads,
+# no step is shorter than `_min_step` (a request handed and not yet taken
+# in also has its prompt's prefill term to run first, `_after_prefill`: a
+# disaggregated prefill pool's requests emit one token); so until the
+# earliest such time (`_departs`) advancing the replica cannot change what
+# the router reads,
 # and it is left paused (a replica advanced later, in fewer calls, gives the
 # same bits). Where the rule cannot say (abandonment, closed loops, static
 # batches, async scheduling's finished requests held, a rejection that
