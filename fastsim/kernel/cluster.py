@@ -192,9 +192,8 @@ def _due(fb, r, what, t=np.inf):
 # in also has its prompt's prefill term to run first, `_after_prefill`: a
 # disaggregated prefill pool's requests emit one token); so until the
 # earliest such time (`_departs`) advancing the replica cannot change what
-# the router reads,
-# and it is left paused (a replica advanced later, in fewer calls, gives the
-# same bits). Where the rule cannot say (abandonment, closed loops, static
+# the router reads, and it is left paused (a replica advanced later, in
+# fewer calls, gives the same bits). Where the rule cannot say (abandonment, closed loops, static
 # batches, async scheduling's finished requests held, a rejection that
 # admission control may still make), the bound is -inf: the event queue's
 # due time alone decides, as for the other routers.
