@@ -340,3 +340,141 @@ def test_the_decode_pools_event_queue_is_taken(monkeypatch):
             fbd = made[1]   # (the prefill pool's first, then the decode pool's)
             assert np.isnan(fbd.due).all() != queue, (router, queue)
 
+
+
+# The hand-offs' order (`disagg._sort_by_time`): an insertion sort for the nearly sorted first tokens of the
+# prefill side, a merge sort finishing past ``4 m`` moves. Either way the order must be the one by first
+# token, ties by request index: numpy's stable sort of the same keys.
+
+def test_the_hand_off_sort_is_the_stable_sort():
+    from fastsim.kernel import disagg as D
+    sort = python_entry(D._sort_by_time)
+    rng = np.random.default_rng(7)
+    paths = set()
+    for case in range(60):
+        m = int(rng.integers(0, 400))
+        n = m + int(rng.integers(0, 20))
+        kind = case % 4
+        if kind == 0:     # nearly in index order, as the prefill side's first tokens come
+            key = np.arange(n) * 0.05 + rng.exponential(0.08, n)
+        elif kind == 1:   # many ties
+            key = rng.integers(0, 6, n).astype(float)
+        elif kind == 2:   # reversed: past the insertion sort's budget
+            key = -np.arange(n, dtype=float)
+        else:
+            key = rng.random(n)
+        idx = np.sort(rng.choice(n, m, replace=False)) if n else np.zeros(0, np.int64)
+        order, scratch = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        order[:m] = idx
+        sort(np.int64(m), key, order, scratch)
+        expect = idx[np.argsort(key[idx], kind="stable")]
+        assert np.array_equal(order[:m], expect), (case, m)
+        inversions = sum(int((key[idx[e + 1:]] < key[idx[e]]).sum()) for e in range(m))
+        paths.add(inversions > 4 * m)
+    assert paths == {True, False}   # (both the insertion sort alone and the merge sort after it were run)
+
+
+# A handed request's departure bound counts its prompt's prefill (`cluster._after_prefill`): it leaves no
+# earlier than its arrival plus its output times the shortest step plus the prefill term of the prompt tokens
+# it still has to compute (the regression model, no prefix caching). That bound must be below every
+# request's real departure, and it must change no bit of a fleet or a disaggregated server (whose prefill
+# pool it keys: one step a request there).
+
+after_prefill = python_entry(C._after_prefill)
+
+
+def test_after_prefill_is_below_every_departure():
+    """Over random engines without prefix caching (vLLM 0.22's switches on and off, chunked prefill with
+    small budgets, tight KV, swap, priority), each completed request's finish, simulated alone on one
+    replica, is at or after the bound of its arrival, output and whole prompt; and the tightest case (one
+    prefill step, then steps of exactly the base) from large clocks."""
+    from fastsim.kernel.drivers import simulate_stream
+    rng = np.random.default_rng(17)
+    checked = 0
+    for k in range(24):
+        sc = _keep_scenario(rng)
+        if sc.engine.enable_prefix_caching:
+            sc = sc.replace(**{"engine.enable_prefix_caching": False, "engine.block_hash_caching": False})
+        stream, p = _stream(sc, k)
+        status, _first, finish = simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])[:3]
+        dmin, pf = min_step(p["lat"]), p["lat"][K.L_PREFILL]
+        assert dmin > 0.0 and pf > 0.0
+        arrival, prompt, output = stream[0], stream[1], stream[2]
+        done = status == K.ST_COMPLETED
+        for i in np.flatnonzero(done):
+            assert after_prefill(arrival[i], output[i], dmin, pf * prompt[i]) <= finish[i], (k, i)
+        checked += int(done.sum())
+    assert checked > 1000
+    for _ in range(200):
+        c = float(rng.uniform(0, 1e6))
+        d, pf = float(rng.uniform(1e-4, 0.05)), float(rng.uniform(0.0, 1e-4))
+        m, p = int(rng.integers(1, 3000)), int(rng.integers(1, 4000))
+        t = c + (d + pf * p)
+        for _k in range(m - 1):
+            t += d
+        assert after_prefill(c, m, d, pf * p) <= t
+
+
+def test_the_prefill_bound_is_taken(monkeypatch):
+    """`_departs_parts` keys a handed request by `_after_prefill` of the prompt left to compute (all of it, or
+    one token where a disaggregated decode replica holds the rest), and by the output alone with prefix
+    caching on: a fleet's replica after its run, its last request set back to handed and not taken in."""
+    from fastsim.kernel import workspace as W
+    made = []
+    fleet_buffers = C.fleet_buffers
+
+    def buffers(*args):
+        made.append(fleet_buffers(*args))
+        return made[-1]
+
+    monkeypatch.setattr(C, "fleet_buffers", buffers)
+    sc = _scenario(V1_OFF, NO_CACHE, max_num_seqs=16, num_gpu_blocks=4000)
+    stream, p = _stream(sc, 0)
+    C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(0.0, 0.0), K.ROUTER_CODES["jsq"],
+                            2, 11, 12, 3)
+    fb = made[-1]
+    parts = python_entry(C._departs_parts)
+    n = stream[0].size
+    w = fb.wi[0]
+    b = fb.size[0, 0] - W.N_RI
+    j = w[b + W.RI_N_KNOWN] - 1
+    assert w[b + W.RI_N_RUN] + w[b + W.RI_N_WAIT] + w[b + W.RI_N_SWAPPED] == 0 and w[b + W.RI_N_HELD] == 0
+    w[b + W.RI_NEXT_ARRIVAL] = j
+    lat = fb.rlat[0]
+    dmin, pf = min_step(lat), lat[K.L_PREFILL]
+    a, pr, o = fb.rs_a[0, j], fb.rs_i[0, 0, j], fb.rs_i[1, 0, j]
+    for k, want in ((0, pf * pr), (pr - 1, pf)):
+        w[K.WI_K * n + j] = k
+        d, h = parts(fb, np.int64(0), np.int64(n), dmin, lat)
+        assert h == after_prefill(a, o, dmin, want) and h > after(a, o, dmin)
+    fb.rip[0, K.I_CACHING] = 1
+    d, h = parts(fb, np.int64(0), np.int64(n), dmin, lat)
+    assert h == after_prefill(a, o, dmin, 0.0) <= after(a, o, dmin) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_disaggregated_bound_changes_no_bit(seed):
+    """A disaggregated server with the departure bound in both pools (the prefill pool's requests keyed by
+    their prompts' prefill, the decode pool's by the one token left) is the server without it, per request,
+    over random engines on both sides and the routers that read requests in the system only."""
+    from fastsim.kernel import disagg as D
+    rng = np.random.default_rng(500 + seed)
+    routers = ("jsq", "least_outstanding", "prefix_affinity", "session_affinity")
+    for k in range(5):
+        sc_p, sc_d = _keep_scenario(rng), _keep_scenario(rng)
+        router_d, router_p = routers[(seed + k) % 4], routers[int(rng.integers(4))]
+        n_p, n_d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
+        link = np.array([float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        stale, lag = float(rng.choice([0.0, 0.0, 0.3])), float(rng.choice([0.0, 0.01]))
+        stream, _p = _stream(sc_p, k)
+        de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)
+        pp, pd_ = pack_scenario(sc_p), pack_scenario(de)
+        prefill = (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, lag, 2.0]), K.ROUTER_CODES[router_p], n_p)
+        decode = (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d)
+        runs = [D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, k, queue=q, bound=bd)
+                for q, bd in ((True, True), (True, False), (False, False))]
+        per, row, extra = runs[0]
+        for per0, row0, extra0 in runs[1:]:
+            for key in per:
+                assert np.array_equal(per[key], per0[key], equal_nan=True), (router_d, key)
+            assert np.array_equal(row, row0, equal_nan=True) and np.array_equal(extra, extra0, equal_nan=True)

@@ -239,11 +239,12 @@ def _serving_view(fb, ab, m):
 
 
 @njit_noalloc
-def _set_up(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fb, ab, apar, full):
-    """Every row set up empty (as `cluster._simulate_fleet`), the first
+def _set_up(n, stream, ipar, fpar, lat, fb, ab, apar, full):
+    """Every row set up empty (as `cluster._simulate_fleet`) for the stream
+    ``(arrival, prompt, output, prio, sjfk, pgrp, plen)``, the first
     ``initial_replicas`` serving; returns the first negative code, else 0."""
     m = np.int64(apar[AS_MAX])
-    rc = _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, m, fb, full)
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, m, fb, full)
     if rc < 0:
         return rc
     for r in range(m):
@@ -292,7 +293,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         0, AS_WINDOWS_FULL, or the first negative code of `replica._simulate` or `_hand`.
     """
     m = np.int64(apar[AS_MAX])
-    rc = _set_up(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fb, ab, apar, full)
+    rc = _set_up(n, (arrival, prompt, output, prio, sjfk, pgrp, plen), ipar, fpar, lat, fb, ab, apar, full)
     if rc < 0:
         return rc
     _seed_streams(key0, key1, rep, fb.rstate)

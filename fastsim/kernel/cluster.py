@@ -53,7 +53,7 @@ from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _rout
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
                         RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
-                        RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY,
+                        RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY, WI_K,
                         WI_HEAP_SIZE, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _int_sizes)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
@@ -148,7 +148,7 @@ def _look(fb, nrep, n, fpar, lat, full, t, nblk, what, bound=False):
     as it stands (its rows of ``fb.seg`` set up, `_segments`)."""
     dmin = _min_step(lat) if bound else 0.0
     for r in range(nrep):
-        if not bound or t >= _departs(fb, r, n, dmin):
+        if not bound or t >= _departs(fb, r, n, dmin, lat):
             rc = _advance(fb, r, n, fpar, lat, full, t, what)
             if rc < 0:
                 return rc
@@ -188,10 +188,12 @@ def _due(fb, r, what, t=np.inf):
 # session affinity) sees a replica change only when a request leaves it (a
 # completion, a rejection at ingestion) or is handed to it. A request with
 # m tokens still to emit leaves after m more steps that emit one each, and
-# no step is shorter than `_min_step`; so until the earliest such time
-# (`_departs`) advancing the replica cannot change what the router reads,
-# and it is left paused (a replica advanced later, in fewer calls, gives the
-# same bits). Where the rule cannot say (abandonment, closed loops, static
+# no step is shorter than `_min_step` (a request handed and not yet taken
+# in also has its prompt's prefill term to run first, `_after_prefill`: a
+# disaggregated prefill pool's requests emit one token); so until the
+# earliest such time (`_departs`) advancing the replica cannot change what
+# the router reads, and it is left paused (a replica advanced later, in
+# fewer calls, gives the same bits). Where the rule cannot say (abandonment, closed loops, static
 # batches, async scheduling's finished requests held, a rejection that
 # admission control may still make), the bound is -inf: the event queue's
 # due time alone decides, as for the other routers.
@@ -219,6 +221,22 @@ def _after(c, m, dmin):
     if m <= 0 or dmin <= 0.0:
         return c
     return (c + m * dmin) * (1.0 - (m + 8) * 2.3e-16)
+
+
+@njit_noalloc(inline="llvm")
+def _after_prefill(a, m, dmin, pre):
+    """No earlier than the departure of a request arriving at ``a`` that
+    emits ``m`` >= 1 tokens, with ``pre`` the prefill term of the prompt
+    tokens it still has to compute (``prefill_per_token_s`` times them):
+    its first token ends the step that computes its last prompt token, and
+    the steps that compute its prompt last at least the base plus their
+    prefill terms (`latency._step_time` of the regression model, its terms
+    not negative: ``dmin`` > 0, `_min_step`), each chunk's own in its
+    step; then ``m - 1`` more steps of at least ``dmin``. The sums are
+    shrunk as `_after`'s (the step's own three roundings inside the margin)."""
+    if m <= 0 or dmin <= 0.0:
+        return a
+    return (a + m * dmin + pre) * (1.0 - (m + 16) * 2.3e-16)
 
 
 @njit_noalloc
@@ -254,7 +272,7 @@ def _segments(fb, r, n):
 
 
 @njit_noalloc(inline="llvm")
-def _departs_parts(fb, r, n, dmin):
+def _departs_parts(fb, r, n, dmin, lat):
     """The earliest times at which a request can leave replica ``r`` (paused,
     with the requests handed to it so far): of those it has taken in, and of
     those handed and not yet taken in; ``inf`` if there are none, both
@@ -263,8 +281,9 @@ def _departs_parts(fb, r, n, dmin):
     end (its requests may emit there), else the replica's clock; a request
     handed and not yet taken in from its arrival, if admission cannot
     reject it (its bound in the system and KV reserved are at most what
-    they are now plus the requests handed before it). ``dmin``: the
-    replica's shortest step (`_min_step`)."""
+    they are now plus the requests handed before it), its prompt's prefill
+    counted (`_after_prefill`). ``dmin``: the replica's shortest step
+    (`_min_step`) under its latency record ``lat``."""
     ipar = fb.rip[r]
     if (ipar[I_HAS_DELAY] == 1 or ipar[I_MAX_CONCURRENCY] > 0 or ipar[I_SESSIONS] != 0 or ipar[I_STATIC] == 1
             or _ri(fb, r, RI_N_HELD) > 0):
@@ -294,21 +313,25 @@ def _departs_parts(fb, r, n, dmin):
     arr, prompt = fb.rs_a[r], fb.rs_i[0, r]
     in_sys = n_run + n_wait + n_sw
     reserved = w[b + RI_RESERVED]
+    # a handed request's prompt still to compute (``WI_K``: its KV computed, 0, or a disaggregated decode
+    # replica's prompt less one) is prefilled before its first token, each chunk's term in its step: where the
+    # step time is the regression model's (no roofline) and no token is a cache hit (no prefix caching)
+    pf = lat[L_PREFILL] if lat[L_ROOF] == 0.0 and ipar[I_CACHING] == 0 else 0.0
     h = np.inf
     for i in range(w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]):
         if _arrival_status(prompt[i], out[i], ipar, in_sys, reserved) != ST_WAITING:
             return -np.inf, -np.inf
         in_sys += 1
         reserved += prompt[i] + out[i]
-        h = min(h, _after(arr[i], out[i], dmin))
+        h = min(h, _after_prefill(arr[i], out[i], dmin, pf * (prompt[i] - w[WI_K * n + i])))
     return d, h
 
 
 @njit_noalloc(inline="llvm")
-def _departs(fb, r, n, dmin):
+def _departs(fb, r, n, dmin, lat):
     """The earliest time at which a request can leave replica ``r``
     (`_departs_parts`, the earlier of the two)."""
-    d, h = _departs_parts(fb, r, n, dmin)
+    d, h = _departs_parts(fb, r, n, dmin, lat)
     return min(d, h)
 
 
@@ -460,7 +483,8 @@ def _due_for(fb, r, nrep, n, what, t, bound):
     so, and only until the replica's next call (`_look_due` resets it)."""
     d = _due(fb, r, what, t)
     if bound:
-        taken, handed = _departs_parts(fb, r, n, _min_step(fb.rlat[r]))
+        lat = fb.rlat[r]
+        taken, handed = _departs_parts(fb, r, n, _min_step(lat), lat)
         if fb.dep.size >= 3 * nrep:
             taken = max(taken, fb.dep[nrep + r])
         fb.dep[r] = min(taken, handed)
@@ -586,20 +610,22 @@ def _look_at(fb, r, n, full, t, what, bound=False):
     """Replica ``r`` advanced to ``t`` on its own records and observed;
     ``bound``: not advanced while no request can have left it (`_departs`)."""
     rc = 0
-    if not bound or t >= _departs(fb, r, n, _min_step(fb.rlat[r])):
+    if not bound or t >= _departs(fb, r, n, _min_step(fb.rlat[r]), fb.rlat[r]):
         rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
     _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
     return rc
 
 
 @njit_noalloc
-def _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full):
+def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
     """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
     ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
-    states every row's layout), router's view and prefix-group table
-    cleared; the warm-up count of each the whole capacity (unknown until
-    the fleet's first measured request). Returns the first negative code of
-    `_simulate`, else 0. (Autoscaled and disaggregated fleets set up so.)"""
+    ``(arrival, prompt, output, prio, sjfk, pgrp, plen)`` states every row's
+    layout), router's view and prefix-group table cleared; the warm-up count
+    of each the whole capacity (unknown until the fleet's first measured
+    request). Returns the first negative code of `_simulate`, else 0.
+    (Autoscaled and disaggregated fleets set up so.)"""
+    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
     w0 = fb.wi[0]
     for r in range(nrep):

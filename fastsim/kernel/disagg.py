@@ -53,7 +53,30 @@ DisaggBuffers = namedtuple("DisaggBuffers", ("t1", "ready", "order", "scratch", 
 @njit_noalloc
 def _sort_by_time(m, key, order, scratch):
     """Sort ``order[:m]`` (request indices, ascending) by ``key``, ties
-    keeping the index order: a bottom-up merge sort (stable)."""
+    keeping the index order. The prefill side's first tokens come nearly
+    in index order (each request's a prefill step or a few after its
+    arrival), so an insertion sort, O(m + inversions), does it in one pass;
+    past ``4 m`` moves it stops and a bottom-up merge sort finishes (both
+    stable, and the array they leave or take has equal keys in index order:
+    the part sorted so far holds lower indices than the rest, which is still
+    in index order), so the order is the same either way: by key, then
+    index."""
+    moves = 0
+    done = m
+    for e in range(1, m):
+        x = order[e]
+        kx = key[x]
+        f = e
+        while f > 0 and key[order[f - 1]] > kx:
+            order[f] = order[f - 1]
+            f -= 1
+        order[f] = x
+        moves += e - f
+        if moves > 4 * m:
+            done = e
+            break
+    if done == m:
+        return
     width = 1
     src, dst = order, scratch
     while width < m:
@@ -109,8 +132,7 @@ def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
     does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
     plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
-    arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    rc = _set_up_uniform(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, nrep, fb, full)
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full)
     if rc < 0:
         return rc
     for r in range(nrep):
@@ -187,15 +209,15 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     # replicas `_look` would (`cluster`, the comment before `_due`), and a replica not advanced keeps the
     # row of the view it had, which is what `_look` would observe of it
     queue = reads and fbd.ev.size >= 4 * nrep_d + 1
-    bound = _in_system_only(router_d)
-    bound_q = bound and fbd.dep.size >= nrep_d   # (the event queue's departure bound: its buffers hold it)
+    # the departure bound (`cluster._departs`) where its buffers hold it (an empty ``fbd.dep``: off, for tests)
+    bound = _in_system_only(router_d) and fbd.dep.size >= nrep_d
     if queue:
         for r in range(nrep_d):   # (`_look_due` reads each replica's own records)
             for j in range(fpar_d.size):
                 fbd.rfp[r, j] = fpar_d[j]
             for j in range(lat_d.size):
                 fbd.rlat[r, j] = lat_d[j]
-        _queue_init(fbd, nrep_d, n, what, bound_q)
+        _queue_init(fbd, nrep_d, n, what, bound)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -206,7 +228,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 w = fbd.wi[r]
                 fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
         if queue:
-            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound_q)
+            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound)
         elif reads:
             rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
@@ -223,7 +245,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.local[i] = j
         db.ready[i] = at
         if queue:
-            _queue_handed(fbd, d, nrep_d, n, what, bound_q)
+            _queue_handed(fbd, d, nrep_d, n, what, bound)
     for r in range(nrep_d):
         rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
@@ -373,7 +395,7 @@ def disagg_buffers(n, nrep_d):
 # From Python
 
 def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
-                           rep=0, queue=True):
+                           rep=0, queue=True, bound=True):
     """Simulate a disaggregated server over one given request stream (a
     Python entry, for tests and the reference's comparisons).
 
@@ -397,6 +419,9 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         replica at every hand-off (`cluster._look`) instead of those the
         event queue says can have changed (`cluster._look_due`; the same
         bits, more calls; for tests).
+    bound : bool
+        False turns the departure bound off in both pools (`cluster._departs`:
+        the same bits, more calls; for tests).
 
     Returns
     -------
@@ -423,6 +448,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     fbd = fleet_buffers(n, nrep_d, *need_d, ng)
     if not queue:
         fbd = fbd._replace(ev=np.empty(0, np.int64))
+    if not bound:
+        fbp, fbd = fbp._replace(dep=np.empty(0)), fbd._replace(dep=np.empty(0))
     db = disagg_buffers(n, nrep_d)
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
