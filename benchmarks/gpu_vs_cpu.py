@@ -106,13 +106,15 @@ def main():
         print(f"no GPU backend here: {reason}")
         return 2
     clock = Clock(args.time_limit, args.deadline)
-    try:
+    from numba import config as numba_config
+
+    if numba_config.ENABLE_CUDASIM:   # (CuPy may be installed beside it, with no device to ask)
+        gpu_name = "CUDA simulator"
+    else:
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         gpu_name = props["name"].decode()
-    except ImportError:   # Numba's CUDA simulator
-        gpu_name = "CUDA simulator"
     threads = fastsim._replicate._thread_count(None)
     print(f"GPU: {gpu_name}; CPU threads: {threads}", flush=True)
     report = dict(gpu=gpu_name, cpu_threads=threads, requests=args.requests, workloads={})
