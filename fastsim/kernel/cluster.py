@@ -53,8 +53,8 @@ from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _rout
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
                         RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
-                        RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY, WI_K,
-                        WI_HEAP_SIZE, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _int_sizes)
+                        RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY,
+                        WI_HEAP_SIZE, WI_K, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _int_sizes)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
@@ -193,10 +193,11 @@ def _due(fb, r, what, t=np.inf):
 # disaggregated prefill pool's requests emit one token); so until the
 # earliest such time (`_departs`) advancing the replica cannot change what
 # the router reads, and it is left paused (a replica advanced later, in
-# fewer calls, gives the same bits). Where the rule cannot say (abandonment, closed loops, static
-# batches, async scheduling's finished requests held, a rejection that
-# admission control may still make), the bound is -inf: the event queue's
-# due time alone decides, as for the other routers.
+# fewer calls, gives the same bits). Where the rule cannot say
+# (abandonment, closed loops, static batches, async scheduling's finished
+# requests held, a rejection that admission control may still make), the
+# bound is -inf: the event queue's due time alone decides, as for the other
+# routers.
 
 @njit_noalloc(inline="llvm")
 def _min_step(lat):
@@ -233,7 +234,11 @@ def _after_prefill(a, m, dmin, pre):
     prefill terms (`latency._step_time` of the regression model, its terms
     not negative: ``dmin`` > 0, `_min_step`), each chunk's own in its
     step; then ``m - 1`` more steps of at least ``dmin``. The sums are
-    shrunk as `_after`'s (the step's own three roundings inside the margin)."""
+    shrunk as `_after`'s (the step's own three roundings inside the margin).
+    A prompt computed in several chunks takes one clock addition more per
+    chunk than the margin counts; each such step adds at least ``dmin``,
+    which covers its rounding while ``dmin`` exceeds about 1e-16 of the
+    clock (a base of 1e-12 s would need a clock beyond 1e4 s)."""
     if m <= 0 or dmin <= 0.0:
         return a
     return (a + m * dmin + pre) * (1.0 - (m + 16) * 2.3e-16)

@@ -60,7 +60,8 @@ def _sort_by_time(m, key, order, scratch):
     stable, and the array they leave or take has equal keys in index order:
     the part sorted so far holds lower indices than the rest, which is still
     in index order), so the order is the same either way: by key, then
-    index."""
+    index. The keys are not NaN (the first tokens of completed requests):
+    the two sorts would place a NaN differently."""
     moves = 0
     done = m
     for e in range(1, m):
