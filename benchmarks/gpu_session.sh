@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU backend's device check, as one script for a short lease on a lent
 # machine with an NVIDIA GPU: run the real-GPU tests of tests/test_cuda.py,
-# then (in the same process) time the GPU against the same machine's CPU cores at 10^3 .. 10^6
-# replications x 1,000 requests (benchmarks/gpu_vs_cpu.py), with launch
+# then, in the same process, time the GPU against the same machine's CPU
+# cores at 10^3 .. 10^6 replications x 1,000 requests
+# (benchmarks/gpu_vs_cpu.py), with launch
 # variants if time is left. Prints everything it measured; writes the logs
 # and a JSON of the figures to $OUT when set (the device tool's output
 # folder), else to ./gpu_session.
