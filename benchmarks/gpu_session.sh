@@ -46,7 +46,8 @@ nproc | tee -a "$out/gpu.csv"
 # The real-GPU tests (the CUDA-simulator ones run in CI on every change), then
 # the timings, in one process: the kernels the tests compile (minutes, on the
 # CPU) are the ones the timings launch, not compiled a second time.
-$py - "$budget" "$start" "$out" <<'EOF' 2>&1 | tee "$out/session.log"
+# (`timeout`: a hung test or launch must not hold the lease past the budget)
+timeout $(( budget + 60 )) $py - "$budget" "$start" "$out" <<'EOF' 2>&1 | tee "$out/session.log"
 import runpy, sys, time
 import pytest
 
