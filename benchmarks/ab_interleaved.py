@@ -37,6 +37,12 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   includes the time it waited for a core; its CPU time does not
   (`benchmarks/HISTORY.md` compares the two).
 
+Which build is timed: each tree's kernels are compiled as a cold start on
+this machine compiles them, with the compile helper where two cores are
+usable; ``FASTSIM_COMPILE_HELPER=0`` in the environment (the children
+inherit it) times the one-core build instead, whose engine can differ in
+speed (`perf_profile.py`'s ``--helper``, `benchmarks/HISTORY.md`, stop 53).
+
 Prints each round, then the median and range per tree.
 """
 
