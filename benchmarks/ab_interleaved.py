@@ -23,7 +23,10 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   A change to the kernels is then measured against the same interpreter,
   memory layout and moment, not against another process: one run gives the
   ratio of each tree's time to the first tree's, round by round (their
-  median), of the trees' fastest calls and of their 10th percentiles, and
+  median, with a distribution-free 95 % interval for it,
+  `common.median_interval`, which takes the rounds as independent draws: a
+  machine whose speed drifts within the run makes it too narrow), of the
+  trees' fastest calls and of their 10th percentiles, and
   checks that every tree gives the first tree's results (per replication,
   to the bit). The workload is built by this checkout's
   ``benchmarks/common.py``. On a noisy VM, many short calls resolve best,
@@ -232,7 +235,9 @@ def main():
             if j > 0:
                 ratios = [t[j] / t[0] for t in times]
                 first = sorted(t[0] for t in times)
-                line += (f"; time / {names[0]}'s, by round: median {statistics.median(ratios):.4f}, range "
+                ci = common.median_interval(ratios)
+                line += (f"; time / {names[0]}'s, by round: median {statistics.median(ratios):.4f}"
+                         + (f" (95 % interval {ci[0]:.4f}-{ci[1]:.4f})" if ci else "") + ", range "
                          f"{min(ratios):.3f}-{max(ratios):.3f}; of the fastest calls {mine[0] / first[0]:.4f}, "
                          f"of the 10th percentiles {common.decile(mine) / common.decile(first):.4f}; "
                          f"{'the same' if same[j] else 'DIFFERENT'} results")

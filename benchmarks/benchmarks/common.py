@@ -1,5 +1,6 @@
 """Scenarios shared by the benchmarks, and the performance issue's drawing floor."""
 
+import math
 import time
 
 import numpy as np
@@ -203,6 +204,30 @@ def decile(times):
     `profile_breakdown.py` give beside the fastest call)."""
     ordered = sorted(times)
     return ordered[(len(ordered) - 1) // 10]
+
+
+def median_interval(values, level=0.95):
+    """A distribution-free interval for the median of the distribution that
+    ``values`` (independent draws, e.g. the rounds' time ratios of
+    `ab_interleaved.py`) come from: the order statistics x_(k) and
+    x_(n+1-k), with k the largest such that P(Binomial(n, 1/2) < k) <=
+    (1 - level) / 2. For any continuous distribution it covers the median
+    with probability at least ``level``. None when ``values`` are too few for
+    any k (fewer than 6 at 95 %)."""
+    xs = sorted(values)
+    n = len(xs)
+    tail = (1.0 - level) / 2.0
+    below = 0.0   # P(B < k)
+    k = 0
+    while k < n:
+        nxt = below + math.comb(n, k) / 2.0 ** n   # P(B < k + 1)
+        if nxt > tail:
+            break
+        below = nxt
+        k += 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
 
 
 def median_ratio(numerator, denominator, rounds=3):
