@@ -39,6 +39,10 @@ fresh process that imports that tree's ``fastsim`` (``PYTHONPATH``).
   (helpers' compilations, test suites on 2 cores), a call's wall time
   includes the time it waited for a core; its CPU time does not
   (`benchmarks/HISTORY.md` compares the two).
+  Not for the fleet workloads: with two fastsim packages compiled in one
+  process, the second one's fleet kernels run 1.3-1.45x slower (an identical
+  copy of the first tree included), so a fleet change is timed in a fresh
+  process per tree and round (the default mode), or by `fleet_throughput.py`.
 
 Which build is timed: each tree's kernels are compiled as a cold start on
 this machine compiles them, with the compile helper where two cores are
@@ -105,6 +109,9 @@ for _ in range(30):
 print(statistics.median(times) * 1e3)
 """
 
+
+# Workloads that --same-process cannot time fairly (see main()).
+_FLEET_WORKLOADS = ("fleet-jsq-8", "fleet-jsq-64", "disagg-jsq-2p4d")
 
 # --workload: a name of benchmarks/common.py's WORKLOADS; each tree's process
 # looks its function up by the function's name, so an older tree needs only
@@ -209,6 +216,10 @@ def main():
     args = ap.parse_args()
     if args.cpu_time and not args.same_process:
         ap.error("--cpu-time needs --same-process")
+    if args.same_process and args.workload in _FLEET_WORKLOADS:
+        ap.error(f"--same-process cannot time --workload {args.workload}: in one process, the fleet kernels of "
+                 f"every tree after the first run 1.3-1.45x slower (an identical copy included; "
+                 f"benchmarks/HISTORY.md, stop 53); leave --same-process out (a fresh process per tree and round)")
     for name in ("rounds", "replications", "requests"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")

@@ -105,7 +105,7 @@ def disagg_jsq_2p4d(num_requests=1500):
 #: The workloads the benchmark scripts' ``--workload`` option names.
 WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
              "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults,
-             # fleets (for `ab_interleaved.py --same-process`: a fleet's `replicate` against a parent's)
+             # fleets (for `ab_interleaved.py`, a process per tree: a fleet's `replicate` against a parent's)
              "fleet-jsq-8": fleet_jsq_8, "fleet-jsq-64": fleet_jsq_64, "disagg-jsq-2p4d": disagg_jsq_2p4d}
 
 
