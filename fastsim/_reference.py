@@ -1078,7 +1078,13 @@ class _Reference:
             self.apply_batch(outputs)
             self.session_sends(self.t)
             if self.horizon is not None and self.t >= self.horizon:
-                break     # steps still in flight leave their requests unfinished
+                # steps still in flight leave their requests unfinished, and
+                # the arrivals no schedule has seen yet are unfinished too
+                for r in self.arrivals[self.next_arrival:]:
+                    if not r.arrival < self.horizon:
+                        break
+                    r.status = UNFINISHED
+                break
         self.check_invariants()
         for r in self.running:
             r.status = UNFINISHED

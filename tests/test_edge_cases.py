@@ -4,6 +4,7 @@ mislead or fail."""
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fastsim
@@ -76,3 +77,35 @@ def test_simulate_requests_rejects_non_integer_priorities():
     reqs["priority"] = 1.7
     with pytest.raises(ValueError, match=r"requests\['priority'\] must hold integers"):
         fastsim.simulate_requests(sc, reqs)
+
+
+def test_async_arrivals_no_schedule_saw_before_the_horizon_are_unfinished():
+    # Found by test_fuzz (seed 15000): with async scheduling the run stops at the horizon before a
+    # schedule sees the last arrivals; they arrived, so they are unfinished (from their arrival to
+    # the end), in the kernel and the reference alike. (The kernel had left them pending, uncounted;
+    # the reference, in no final state.)
+    lengths = fastsim.LengthTrace(prompt_len=np.array([1]), output_len=np.array([1]), order="replay")
+    sc = fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=1, max_num_batched_tokens=1, block_size=1, num_gpu_blocks=2,
+                                    enable_chunked_prefill=False, async_scheduling=True),
+        workload=fastsim.Workload(arrival_rate=40.0, num_requests=50, lengths=lengths, horizon_s=1.0,
+                                  normalize_arrivals=True),
+        latency=fastsim.LatencyModel(base_s=0.007966691784345647, decode_scale_s=4.1233062523776856e-05,
+                                     decode_alpha=1.148156986935774, prefill_per_token_s=6.738016205660655e-05,
+                                     ttft_overhead_s=0.012487641921946478))
+    stream = fastsim.sample_requests(sc, seed=15000, replication=1)
+    fast = fastsim.simulate_requests(sc, stream, backend="numba")
+    ref = fastsim.simulate_requests(sc, stream, backend="reference")
+    pd.testing.assert_frame_equal(fast, ref, check_exact=True)
+    last = fast.iloc[-1]
+    assert last["arrival_s"] < 1.0 and last["status"] == "unfinished"
+    assert not np.isfinite(last["first_token_s"])
+    for backend in ("numba", "reference"):
+        rows = fastsim.replicate(sc, n_replications=4, seed=15000, backend=backend).per_replication
+        total = rows["n_completed"] + rows["n_rejected"] + rows["n_dropped"] + rows["n_unfinished"]
+        np.testing.assert_array_equal(rows["n_arrived"], total)
+        np.testing.assert_allclose(rows["time_in_system_integral"], rows["sojourn_sum"], rtol=1e-9, atol=1e-9)
+    kernel = fastsim.replicate(sc, n_replications=4, seed=15000).per_replication
+    reference = fastsim.replicate(sc, n_replications=4, seed=15000, backend="reference").per_replication
+    for col in ("n_arrived", "n_completed", "n_unfinished", "end_s"):
+        np.testing.assert_array_equal(kernel[col], reference[col])

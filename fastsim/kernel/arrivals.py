@@ -14,7 +14,8 @@ from .layout import (ADMISSION_KV_RESERVATION, ADMISSION_QUEUE_LIMIT, ARRIVAL_CL
                      I_ADMISSION, I_ARRIVAL_KIND, I_BLOCK_SIZE, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
                      I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_MODEL_LEN, I_MAX_NUM_SEQS, I_MAX_WAITING,
                      I_NUM_GPU_BLOCKS, I_POLICY, I_SESSIONS, POLICY_PRIORITY, SESSIONS_USERS, ST_COMPLETED,
-                     ST_DROPPED, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_RUNNING, ST_SWAPPED, ST_WAITING)
+                     ST_DROPPED, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_RUNNING, ST_SWAPPED, ST_UNFINISHED,
+                     ST_WAITING)
 from .waiting_queue import _q_push
 
 
@@ -53,6 +54,21 @@ def _ingest(n, req, batch, ipar, t, nxt, in_system, n_wait, reserved):
             in_system += 1
             _q_push(batch.q, batch.qs, req.key, ipar[I_POLICY], i, False)
     return nxt, n_wait, reserved
+
+
+@njit_noalloc
+def _unseen_at_horizon(n, req, horizon, t, nxt, acc):
+    """Async scheduling, the run stopping at the horizon at ``t``: the
+    arrivals before the horizon that no schedule has seen yet (they came
+    during the last steps) are in the system, unfinished, from their
+    arrival to ``t`` (the in-system integral counts that time; they never
+    queued). Return the updated (next arrival, accumulators)."""
+    a_occ, a_queue, a_kv, a_l, a_steps, a_max = acc
+    while nxt < n and req.arrival[nxt] < horizon:
+        req.status[nxt] = ST_UNFINISHED
+        a_l += t - req.arrival[nxt]
+        nxt += 1
+    return nxt, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)
 
 
 @njit_noalloc(inline="llvm")

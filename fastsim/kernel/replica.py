@@ -57,7 +57,7 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .accounting import _account_step, _add_in_system, _gap_add
 from .arrivals import (_abandon, _arrivals_during_step, _closed_loop_init, _ingest, _release_seats,
-                       _session_init, _session_max_len, _session_sends)
+                       _session_init, _session_max_len, _session_sends, _unseen_at_horizon)
 from .decoders import _complete_decoders, _d_add, _hold_decoders
 from .kv_cache import _blocks_of, _log2_exact, _phase
 from .latency import (_closed_forms, _constant_in_step, _context_slope, _decode_step_time, _fill_decode_costs,
@@ -214,6 +214,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 if c.async_on:
                     if c.has_h and st.t >= c.horizon:
                         rc = ADVANCE_DONE   # (scheduled, as vLLM had, but not run)
+                        st = _stop_at_horizon(req, c, st)
                         break
                 else:
                     st = _arrivals_in_step(req, batch, ipar, c, st)
@@ -241,6 +242,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             stop, st = _wake(req, c, st)
             if stop != GO_ON:
                 rc = stop
+                if stop == ADVANCE_DONE and c.async_on:
+                    st = _stop_at_horizon(req, c, st)
                 break
             # -- arrivals, the closed loop's sends, abandonment
             st = _ingest_step(req, batch, sc, ipar, fpar, c, st)
@@ -552,6 +555,17 @@ def _arrivals_in_step(req, batch, ipar, c, st):
      n_itl, swap_used, pending_swap, acc5) = st
     nxt, n_wait, reserved, acc5 = _arrivals_during_step(c.n, req, batch, ipar, t_end, nxt, n_run + n_sw, n_wait,
                                                         reserved, acc5, c.ws, c.we)
+    return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
+                n_pf, n_itl, swap_used, pending_swap, acc5)
+
+
+@njit_noalloc(inline="never")
+def _stop_at_horizon(req, c, st):
+    """Async scheduling, the run stopping at the horizon: the arrivals no
+    schedule has seen are unfinished (`arrivals._unseen_at_horizon`)."""
+    (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
+     n_itl, swap_used, pending_swap, acc5) = st
+    nxt, acc5 = _unseen_at_horizon(c.n, req, c.horizon, t, nxt, acc5)
     return Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec,
                 n_pf, n_itl, swap_used, pending_swap, acc5)
 
