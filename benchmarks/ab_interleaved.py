@@ -110,8 +110,6 @@ print(statistics.median(times) * 1e3)
 """
 
 
-# Workloads that --same-process cannot time fairly (see main()).
-_FLEET_WORKLOADS = ("fleet-jsq-8", "fleet-jsq-64", "disagg-jsq-2p4d")
 
 # --workload: a name of benchmarks/common.py's WORKLOADS; each tree's process
 # looks its function up by the function's name, so an older tree needs only
@@ -216,7 +214,7 @@ def main():
     args = ap.parse_args()
     if args.cpu_time and not args.same_process:
         ap.error("--cpu-time needs --same-process")
-    if args.same_process and args.workload in _FLEET_WORKLOADS:
+    if args.same_process and args.workload in common.FLEET_WORKLOADS:
         ap.error(f"--same-process cannot time --workload {args.workload}: in one process, the fleet kernels of "
                  f"every tree after the first run 1.3-1.45x slower (an identical copy included; "
                  f"benchmarks/HISTORY.md, stop 53); leave --same-process out (a fresh process per tree and round)")

@@ -114,9 +114,7 @@ def main():
 
 def callees(full):
     """Compile the engine's callees in the helper's order, saving them as the helper does."""
-    from fastsim import _numba_options, kernel
-
-    _numba_options._BUILD_INTERNAL = True   # (built in full, as the helper builds them for the cache)
+    from fastsim import kernel
 
     t0 = time.perf_counter()
     jobs = kernel.drivers._callee_types(1 if full else None)

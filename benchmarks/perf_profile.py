@@ -32,16 +32,12 @@ line of the innermost function it came from; line 0, code LLVM merged from
 several lines, is reported as "(no line)"), and prints the lines that hold
 the most samples.
 
-Which build. By default every kernel is compiled in this process
-(``FASTSIM_COMPILE_HELPER=0``): the build of a one-core machine, whose
-internal functions are linked in as unoptimised IR. On two or more cores a
-cold start's helper builds the engine's callees in full (optimised) and the
-engine is compiled over those; the engine's machine code then differs, and
-so can its speed (`benchmarks/HISTORY.md`, stop 53: one tree's engine ran at
-4.0 M requests/s built one way and 5.4 M the other). ``--helper`` profiles
-that build: the helper on, and any entry it compiled compiled again here
-over the same callees. With ``--lines``, only the code compiled here has
-line tables: the helper's callees are reported at their call sites' lines.
+Which build. Every kernel is compiled in this process
+(``FASTSIM_COMPILE_HELPER=0``), whose symbols and object code this script
+reads. A cold start with the compile helper (two or more cores) makes the
+same machine code: the helper saves the internal functions as the IR this
+process would link (`benchmarks/HISTORY.md`, stop 54; before, the helper
+built them in full and the engine's code differed with the build).
 """
 
 import argparse
@@ -58,10 +54,7 @@ import time
 if "--report" not in sys.argv:   # (--report only reads a recorded run)
     # Before Numba is imported: a fresh cache, so that everything is compiled here.
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsim_perf_")
-    if "--helper" not in sys.argv:
-        os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
-    else:
-        os.environ.pop("FASTSIM_COMPILE_HELPER", None)
+    os.environ["FASTSIM_COMPILE_HELPER"] = "0"   # compile every kernel here (a helper's would come from the cache)
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numba  # noqa: E402
@@ -121,23 +114,6 @@ def _symbol_sizes(lib):
             return {name: size for name, (_, size) in _nm_functions(f.name).items()}
         except (OSError, subprocess.CalledProcessError):
             return None
-
-
-def _compile_entries_here():
-    """With the compile helper, an entry that the helper compiled was loaded
-    from the cache, without the symbols and object code this script reads:
-    compile it again here, over the callees loaded from the helper's builds
-    (the inputs the helper's own compilation had)."""
-    for name in _ENTRIES:
-        dispatcher = kernel.namespace()[name]
-        for cres in list(dispatcher.overloads.values()):
-            try:
-                cres.library._get_compiled_object()
-            except RuntimeError:   # (loaded from the cache)
-                print(f"{name}: loaded from the helper's cache entry; compiled again here")
-                dispatcher._cache.flush()
-                dispatcher.recompile()
-                break
 
 
 def write_perf_map():
@@ -263,9 +239,6 @@ def main():
                     "code to DIR (for --report)")
     ap.add_argument("--report", metavar="PERF_DATA", help="print the samples by source line, from a run "
                     "recorded with --lines DIR")
-    ap.add_argument("--helper", action="store_true", help="profile the build a cold start with the compile "
-                    "helper makes (two or more cores: the engine's callees built in full by the helper), not "
-                    "the serial one (one core, FASTSIM_COMPILE_HELPER=0); their machine code differs")
     ap.add_argument("--function", default="_simulate", choices=_ENTRIES, help="with --report")
     ap.add_argument("--top", type=int, default=40, help="with --report: lines to print")
     args = ap.parse_args()
@@ -279,8 +252,6 @@ def main():
         return
     sc = WORKLOADS[args.workload](args.requests)
     fastsim.replicate(sc, n_replications=2, seed=0, progress=False)   # compile
-    if args.helper:
-        _compile_entries_here()
     n, exact = write_perf_map()
     print(f"perf map: {n} functions ({exact} with their size from the object code)")
     if args.lines:

@@ -525,14 +525,16 @@ def _ceil_lognormal_moment(median, sigma, order, terms=200_000):
     values), plus the tail beyond K from the lognormal partial moments with
     ceil(X) ~ X + 1/2 there (relative error below ~1/K of the tail).
     """
-    from scipy import special, stats
+    # (scipy.special's normal law, as scipy.stats.lognorm computes it, to the
+    # bit: scipy.stats takes half a second to import, on a cold start's way)
+    from scipy import special
 
     if sigma == 0:
         return float(math.ceil(median)) ** order
-    dist = stats.lognorm(s=sigma, scale=median)
-    hi = int(min(np.ceil(dist.ppf(1 - 1e-15)), terms))
+    with np.errstate(over="ignore"):   # (a quantile beyond the doubles: the sum stops at ``terms``)
+        hi = int(min(np.ceil(np.exp(sigma * special.ndtri(1 - 1e-15)) * median), terms))
     k = np.arange(1, hi + 1, dtype=float)
-    probs = np.diff(dist.cdf(np.concatenate([[0.0], k])))
+    probs = np.diff(np.concatenate([[0.0], special.ndtr(np.log(k / median) / sigma)]))
     head = float(np.sum(probs * k ** order))
     mu = math.log(median)
 

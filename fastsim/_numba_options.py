@@ -44,13 +44,13 @@ Internal functions are linked, not built. Numba builds every compiled
 function as a library of its own: LLVM optimises it with everything it
 links in, at the full level, then generates its machine code, although an
 internal function's code only ever runs linked into (and optimised again
-in) the entries that call it. An internal function compiled in this
-process is therefore a *link-only* library (`_LinkOnlyLibrary`): its LLVM
-IR after Numba's function passes, linked with its callees' and nothing
-more; the entry that links it in optimises the whole once and generates its
-code. The helper process builds them in full,
-since its cache entries hold machine code (`_helper_main`); so does the
-debug mode.
+in) the entries that call it. An internal function is therefore a
+*link-only* library (`_LinkOnlyLibrary`): its LLVM IR after Numba's
+function passes, linked with its callees' and nothing more; the entry that
+links it in optimises the whole once and generates its code. The helper
+process saves them so, as that IR (`_InternalCacheImpl`), so the engine is
+the same machine code whether a cold start had a helper or not. Only the
+debug mode builds them in full.
 
 Typing without repeated work. Numba types a call of a function it
 implements (an array's ``getitem``, ``min``, ...) by trying that function's
@@ -86,7 +86,8 @@ drawing, the reduction and the driver. `compile_entries` compiles the costliest 
 here and, at the same time, the others in a helper process that writes them
 to Numba's disk cache, from which this process then loads them. The
 helper first compiles the internal functions the engine's phases call
-(`kernel.callees.TABLE`), which the engine's compilation then loads as
+and two of its late phases (`kernel.callees.TABLE`, `callees.HELPER_PHASES`),
+which the engine's compilation then loads as
 it asks for them, waiting for the helper where it must; at the end, this
 process takes the jobs the helper has not begun, from the last back (a
 process claims a job by creating a file). It does so only when the
@@ -113,9 +114,10 @@ import warnings
 
 import numba
 from numba.core import sigutils
-from numba.core.caching import FunctionCache, IndexDataCacheFile
+from llvmlite import binding as llvm
+from numba.core.caching import CompileResultCacheImpl, FunctionCache, IndexDataCacheFile
 from numba.core.codegen import JITCodeLibrary
-from numba.core.compiler import Compiler
+from numba.core.compiler import CompileResult, Compiler
 from numba.core.compiler_lock import require_global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.types import FunctionType, WrapperAddressProtocol
@@ -403,10 +405,9 @@ def _one_specialisation(dispatcher):
     return dispatcher
 
 
-#: Whether internal functions compiled in this process are built in full
-#: (the helper process, whose cache entries hold machine code), rather
-#: than as link-only libraries.
-_BUILD_INTERNAL = False
+#: The serialisation kind of a link-only library in Numba's disk cache (its
+#: IR for linking; Numba's own kinds are "object" and "bitcode").
+_LINK_ONLY_KIND = "fastsim-link-only"
 
 
 class _EnvlessCodegen:
@@ -430,8 +431,27 @@ class _LinkOnlyLibrary(JITCodeLibrary):
     there, without the module passes and the machine code that Numba's
     library would make (the caller's own finalisation optimises and
     generates the linked code). It has no function pointers (an internal
-    function has no Python or C wrapper to point at) and cannot be cached
-    (`_InternalCache.save_overload`)."""
+    function has no Python or C wrapper to point at). In the disk cache it
+    is its module for linking (`serialize_using_object_code`, read back by
+    `from_cache`)."""
+
+    def serialize_using_object_code(self):
+        # (the name Numba's cache calls: a link-only library has no object code)
+        return self.name, _LINK_ONLY_KIND, self._get_module_for_linking().as_bitcode()
+
+    @classmethod
+    def from_cache(cls, codegen, state):
+        """The library `serialize_using_object_code` wrote, finalised:
+        its module ready to link, nothing added to the JIT engine."""
+        name, kind, bitcode = state
+        if kind != _LINK_ONLY_KIND:
+            raise ValueError(f"not a link-only library: {kind!r}")
+        library = codegen.create_library(name)
+        library.__class__ = cls
+        library._final_module = library._shared_module = llvm.parse_bitcode(bitcode)
+        library._finalize_dynamic_globals()
+        library._finalized = True
+        return library
 
     def finalize(self):
         require_global_compiler_lock()
@@ -477,15 +497,13 @@ def _out_of_line(library_class):
 
 class _InternalCompiler(_FastsimCompiler):
     """Numba's compiler, with a link-only library (`_LinkOnlyLibrary`) for
-    the function unless this process builds internal functions in full or
-    is to save this one (``saving``: its `_InternalCache`'s); kept out of
-    line (`_OutOfLine`) where the function asks for it."""
+    the function (in the debug mode, Numba's own); kept out of line
+    (`_OutOfLine`) where the function asks for it."""
 
-    saving = frozenset()
     out_of_line = False
 
     def compile_extra(self, func):
-        if not (_BUILD_INTERNAL or KERNEL_DEBUG or self.saving) and self.state.library is None:
+        if not KERNEL_DEBUG and self.state.library is None:
             library = self.state.targetctx.codegen().create_library(func.__qualname__)
             library.__class__ = _LinkOnlyLibrary
             self.state.library = library
@@ -548,9 +566,6 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
         if not _no_locator(exc):
             raise
         _warn_uncached(func, exc)   # (the dispatcher keeps its NullCache)
-    else:   # (its compiler sees what is to be saved)
-        base = dispatcher._compiler.pipeline_class
-        dispatcher._compiler.pipeline_class = type(base.__name__, (base,), {"saving": dispatcher._cache.saving})
     return _stamp(dispatcher)
 
 
@@ -647,6 +662,28 @@ def _safe_dispatcher(dispatcher):
     return dispatcher
 
 
+class _InternalCacheImpl(CompileResultCacheImpl):
+    """Numba's cache of compile results, which also reads a link-only
+    library back (`_LinkOnlyLibrary.from_cache`); other kinds (a debug
+    build's object code) as Numba reads them."""
+
+    def rebuild(self, target_context, payload):
+        libdata = payload[0]
+        if libdata[1] != _LINK_ONLY_KIND:
+            return super().rebuild(target_context, payload)
+        # (`CompileResult._rebuild`, with the library made here)
+        _, fndesc, env, signature, objectmode, lifted, typeann, reload_init, referenced_envs = payload
+        for fn in reload_init or ():
+            fn()
+        library = _LinkOnlyLibrary.from_cache(target_context.codegen(), libdata)
+        return CompileResult(target_context=target_context, typing_context=target_context.typing_context,
+                             library=library, environment=env,
+                             entry_point=target_context.get_executable(library, fndesc, env), fndesc=fndesc,
+                             type_annotation=typeann, signature=signature, objectmode=objectmode, lifted=lifted,
+                             typing_error=None, call_helper=None, metadata=None, reload_init=reload_init,
+                             referenced_envs=referenced_envs)
+
+
 class _InternalCache(_SafeFunctionCache):
     """Numba's disk cache for an internal function: every process reads it,
     but only a cold start's helper process writes it, and only the argument
@@ -654,6 +691,8 @@ class _InternalCache(_SafeFunctionCache):
     the index names them (`_DataFirstCacheFile`). While a helper runs, this
     process loads only what the helper has reported saved, and waits for
     what it is about to save (`_Helper.ready`)."""
+
+    _impl_class = _InternalCacheImpl
 
     def __init__(self, py_func):
         super().__init__(py_func)
@@ -667,7 +706,7 @@ class _InternalCache(_SafeFunctionCache):
         return super().load_overload(sig, target_context)
 
     def save_overload(self, sig, data):
-        if sigutils.normalize_signature(sig)[0] in self.saving and not isinstance(data.library, _LinkOnlyLibrary):
+        if sigutils.normalize_signature(sig)[0] in self.saving:
             super().save_overload(sig, data)
 
 
@@ -926,8 +965,6 @@ def _helper_main(report, lock=None, orphaned=None):
     process died: a worker that outlives its parent exits by itself), it
     begins no further job; the one it is at finishes, so that no cache file
     is left half-written."""
-    global _BUILD_INTERNAL
-    _BUILD_INTERNAL = True   # (its cache entries hold machine code)
     lock = lock or threading.Lock()
     orphaned = orphaned or threading.Event()
 

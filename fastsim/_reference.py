@@ -1080,10 +1080,7 @@ class _Reference:
             if self.horizon is not None and self.t >= self.horizon:
                 # steps still in flight leave their requests unfinished, and
                 # the arrivals no schedule has seen yet are unfinished too
-                for r in self.arrivals[self.next_arrival:]:
-                    if not r.arrival < self.horizon:
-                        break
-                    r.status = UNFINISHED
+                self.unseen_unfinished()
                 break
         self.check_invariants()
         for r in self.running:
@@ -1091,6 +1088,14 @@ class _Reference:
         for r in self.waiting:
             r.status = UNFINISHED
         return self.t
+
+    def unseen_unfinished(self) -> None:
+        """At an (async) stop at the horizon: the requests that arrived
+        before it but that no schedule has seen yet are unfinished."""
+        for r in self.arrivals[self.next_arrival:]:
+            if not r.arrival < self.horizon:
+                break
+            r.status = UNFINISHED
 
     def run(self) -> float:
         e = self.e

@@ -164,11 +164,7 @@ class _PausedReplica(_Reference):
             for r in q:
                 r.status = UNFINISHED
         if self.e.async_scheduling and self.done:
-            # stopped at the horizon before a schedule saw them: arrived, so unfinished (`run_async`)
-            for r in self.arrivals[self.next_arrival:]:
-                if not r.arrival < self.horizon:
-                    break
-                r.status = UNFINISHED
+            self.unseen_unfinished()   # (as `run_async` stops)
         for r in self.swapped:
             r.swapped_s += self.t - r.swapped_since
 

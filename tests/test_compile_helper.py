@@ -7,6 +7,7 @@ compiled what (``dispatcher.stats``).
 """
 
 import importlib
+import re
 import subprocess
 import sys
 import time
@@ -117,20 +118,42 @@ def test_this_process_reads_internal_functions_but_never_writes_them(toy):
     assert (compiled_here(again.inner), loaded_from_cache(again.inner)) == (0, 1)
 
 
-def test_an_internal_function_compiled_here_is_only_linked_into_its_callers(toy):
-    """Not to be saved, an internal function's library is link-only (no
-    module passes, no machine code of its own): its caller links it in,
-    optimises it and runs it. To be saved (a helper's job), it is built in
-    full, since the cache holds machine code."""
+def test_an_internal_function_is_only_linked_into_its_callers_compiled_here_or_loaded(toy):
+    """An internal function's library is link-only (no module passes, no
+    machine code of its own): its caller links it in, optimises it and runs
+    it. Saved (a helper's job), it is saved so and read back so, and a
+    caller compiled over the loaded one gets the same machine code as over
+    one compiled here: the engine is one build whether a cold start had a
+    helper or not."""
     assert toy.first(4) == 13
     (cres,) = toy.inner.overloads.values()
     assert isinstance(cres.library, O._LinkOnlyLibrary) != O.KERNEL_DEBUG   # (debug builds are full)
     assert cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name) == 0 or O.KERNEL_DEBUG
-    fresh = importlib.reload(toy)
-    fresh.inner._cache.saving.add(SIG)   # as in a helper
-    fresh.inner.compile(SIG)
-    (cres,) = fresh.inner.overloads.values()
-    assert not isinstance(cres.library, O._LinkOnlyLibrary)
+    (here,) = toy.first.overloads.values()
+    saver = importlib.reload(toy)
+    saver.inner._cache.saving.add(SIG)   # as in a helper
+    saver.inner.compile(SIG)
+    assert O._in_disk_cache(saver.inner, SIG)
+    (cres,) = saver.inner.overloads.values()
+    assert isinstance(cres.library, O._LinkOnlyLibrary) != O.KERNEL_DEBUG
+    loader = importlib.reload(toy)
+    loader.first._cache.flush()   # (compiled again over the loaded callee)
+    loader.inner.compile(SIG)
+    assert (compiled_here(loader.inner), loaded_from_cache(loader.inner)) == (0, 1)
+    (cres,) = loader.inner.overloads.values()
+    assert isinstance(cres.library, O._LinkOnlyLibrary) != O.KERNEL_DEBUG
+    assert loader.first(4) == 13 and compiled_here(loader.first) == 1
+    (there,) = loader.first.overloads.values()
+
+    def code(library):   # (Numba numbers each compiled version of a function: names differ by it)
+        return re.sub(r"B\d+v\d+B", "B", library.get_asm_str())
+
+    assert code(here.library) == code(there.library)
+
+
+def test_a_link_only_cache_entry_is_read_back_only_as_one():
+    with pytest.raises(ValueError, match="not a link-only library"):
+        O._LinkOnlyLibrary.from_cache(None, ("f", "object", b""))
 
 
 def test_while_a_helper_runs_an_internal_function_is_loaded_only_once_it_reported_it(toy, tmp_path):
@@ -353,7 +376,8 @@ class Record(event.Listener):
     def on_start(self, ev):
         d = ev.data["dispatcher"]
         module = d.py_func.__module__.rsplit(".", 1)[1]
-        if isinstance(d, O._InternalDispatcher) and module not in K.callees.ENGINE_MODULES:
+        if isinstance(d, O._InternalDispatcher) and (module not in K.callees.ENGINE_MODULES
+                                                      or d.py_func.__name__ in K.callees.HELPER_PHASES):
             asked.append((O._name_in_module(d), [str(t) for t in ev.data["args"]]))
 
     def on_end(self, ev):
@@ -368,7 +392,8 @@ print(json.dumps(asked))
 
 def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_asks_for(tmp_path):
     """`kernel.callees.TABLE`, for each engine: the internal functions its
-    compilation asks for outside the engine's own modules, with their
+    compilation asks for outside the engine's own modules (and the phases
+    of `callees.HELPER_PHASES`), with their
     argument types, in that order (the helper's order of work), as a
     listener recorded here (not the table's own recorder) sees them. Each engine is compiled in a fresh process
     with an empty cache (both at once)."""
@@ -387,6 +412,45 @@ def test_the_engine_callees_listed_for_the_helper_are_what_compiling_the_engine_
         listed = [(O._name_in_module(d), [str(t) for t in argtypes]) for d, argtypes in K.drivers._callee_types(full)]
         assert listed == asked, (f"engine {full}: kernel.callees.TABLE is stale; "
                                  "write it again with: python -c 'from fastsim.kernel import callees; callees.main()'")
+
+
+_ENGINE_CODE = r"""
+import hashlib, os, re, sys
+sys.path.insert(0, {benchmarks!r})
+import fastsim
+from benchmarks.common import reference_workload
+from fastsim.kernel import replica
+fastsim.replicate(reference_workload(20), n_replications=2, seed=0, progress=False)
+(cres,) = replica._simulate.overloads.values()
+# Numba numbers each compiled version of a function (names differ by it); an
+# environment that no code reads may be declared once more
+code = re.sub(r"B\d+v\d+B", "B", cres.library.get_asm_str())
+code = "\n".join(line for line in code.splitlines() if "_ZN08NumbaEnv" not in line or not line.lstrip().startswith((".type", ".comm")))
+print(hashlib.sha256(code.encode()).hexdigest(), len(code))
+"""
+
+
+def test_the_engine_is_the_same_machine_code_with_and_without_the_helper(tmp_path):
+    """A cold start with the compile helper (two cores) and one without
+    (one core) make the same engine: the helper saves the internal
+    functions as the link-only IR this process would have made, and the
+    engine links them in either way. (Before, the helper built them in
+    full, and the engine's code, and its speed, depended on the machine.)"""
+    import os
+
+    procs = {}
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    for helper in ("0", "1"):
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"cache_{helper}"), FASTSIM_COMPILE_HELPER=helper)
+        procs[helper] = subprocess.Popen([sys.executable, "-c", _ENGINE_CODE.format(benchmarks=benchmarks)],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    codes = {}
+    for helper, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        codes[helper] = out.split()[-2:]
+    assert int(codes["0"][1]) > 100_000   # (the engine, not a stub)
+    assert codes["0"] == codes["1"]
 
 
 def test_the_helper_skips_an_internal_function_it_cannot_compile(toy, tmp_path):

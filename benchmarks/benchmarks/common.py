@@ -108,6 +108,9 @@ WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full"
              # fleets (for `ab_interleaved.py`, a process per tree: a fleet's `replicate` against a parent's)
              "fleet-jsq-8": fleet_jsq_8, "fleet-jsq-64": fleet_jsq_64, "disagg-jsq-2p4d": disagg_jsq_2p4d}
 
+#: Of `WORKLOADS`, those with several replicas (a fleet's kernels, not one replica's).
+FLEET_WORKLOADS = tuple(name for name, f in WORKLOADS.items() if f in (fleet_jsq_8, fleet_jsq_64, disagg_jsq_2p4d))
+
 
 def warm_up():
     """Compile every kernel (or load it from Numba's cache) outside the timed body."""

@@ -127,7 +127,10 @@ TABLE = {
         ('block_pool._count_scheduled', ('Requests', 'vi', 'i', 'BlockPool', 'f', 'b', 'i')),
         ('block_pool._known_tokens', ('Requests', 'i', 'f', 'b')),
         ('block_pool._count_cached', ('i', 'i', 'BlockPool', 'i')),
+        ('replica._prefill_work', ('Requests', 'vi', 'i', 'vi', 'none')),
         ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f', 'i', 'i')),
+        ('replica._slow_step', ('Requests', 'Batch', 'Decoders', 'Swap', 'PrefixCache', 'Record', 'vi', 'vf',
+             'Call', 'Loop', 'b', 'none')),
         ('block_pool._count_lazy', ('Decoders', 'i', 'BlockPool', 'i')),
         ('scheduler._rebuild', ('vi', 'i', 'vi')),
     ),
@@ -215,6 +218,9 @@ TABLE = {
         ('block_pool._count_scheduled', ('Requests', 'vi', 'i', 'BlockPool', 'f', 'b', 'i')),
         ('block_pool._known_tokens', ('Requests', 'i', 'f', 'b')),
         ('block_pool._count_cached', ('i', 'i', 'BlockPool', 'i')),
+        ('replica._prefill_work', ('Requests', 'vi', 'i', 'vi', 'i')),
+        ('replica._slow_step', ('Requests', 'Batch', 'Decoders', 'Swap', 'PrefixCache', 'Record', 'vi', 'vf',
+             'Call', 'Loop', 'b', 'i')),
         ('block_pool._count_lazy', ('Decoders', 'i', 'BlockPool', 'i')),
         ('prefix_cache._lookup', ('i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._evictable_hits', ('i', 'i', 'vi', 'PrefixCache', 'i')),
@@ -265,6 +271,10 @@ def type_codes():
     need_i, need_f = python_version(W._ws_sizes)(*dims)
     views = python_version(W._carve)(stream, dims, np.zeros(need_i, np.int64), np.zeros(need_f))
     codes["Stream"] = numba.typeof(stream)
+    from . import replica as R   # (the engine loop's records, as its phases take them)
+    codes["Call"] = nb_types.NamedTuple((i64, f64, i64, i64, i64, f64, f64, nb_types.boolean, f64, nb_types.boolean,
+                                         nb_types.boolean, nb_types.boolean, vi), R.Call)
+    codes["Loop"] = nb_types.NamedTuple((f64,) * 3 + (i64,) * (len(R.Loop._fields) - 4) + (codes["acc"],), R.Loop)
     codes["Stretch"] = numba.typeof(S.Stretch(0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, ints, 0, 0, 0))
     for view in views:
         codes[type(view).__name__] = numba.typeof(view)
@@ -292,12 +302,20 @@ def callee_types(full):
 #: by the helper, the phases made this process wait for them, one by one.
 ENGINE_MODULES = ("replica",)
 
+#: The engine's phases the helper compiles all the same: the last costly
+#: one the engine's compilation asks for (`replica._slow_step`, about a
+#: tenth of it), which the helper has compiled by then, and the one phase
+#: it shares with an earlier phase (`_prefill_work`, with `_fast_step`),
+#: so that the engine holds one copy of it. (The helper's other jobs end
+#: earlier than the engine; `benchmarks/HISTORY.md`, stop 54.)
+HELPER_PHASES = ("_prefill_work", "_slow_step")
+
 
 def record(full):
     """Compile the engine ``full`` selects in this process (which must not
     have compiled anything of the kernel, and should have an empty Numba
     cache and ``FASTSIM_COMPILE_HELPER=0``) and return what its compilation
-    asks for outside `ENGINE_MODULES`: ``[(name, (code, ...)), ...]``."""
+    asks for outside `ENGINE_MODULES`, and `HELPER_PHASES`: ``[(name, (code, ...)), ...]``."""
     from numba.core import event
 
     from .. import _numba_options as O
@@ -309,7 +327,8 @@ def record(full):
         def on_start(self, ev):
             d = ev.data["dispatcher"]
             module = d.py_func.__module__.rsplit(".", 1)[1]
-            if isinstance(d, O._InternalDispatcher) and module not in ENGINE_MODULES:
+            if isinstance(d, O._InternalDispatcher) and (module not in ENGINE_MODULES
+                                                          or d.py_func.__name__ in HELPER_PHASES):
                 args = [str(t) for t in ev.data["args"]]
                 missing = [a for a in args if a not in by_type]
                 if missing:
@@ -345,7 +364,7 @@ def _write(tables):
                 words = [repr(a) for a in args]
                 row, line = f"        ({name!r}, (", ""
                 for w in words:
-                    if len(row) + len(line) + len(w) + 2 > 116:
+                    if len(row.rsplit("\n", 1)[-1]) + len(line) + len(w) + 2 > 116:
                         row += line.rstrip() + "\n"
                         line = " " * 13
                     line += w + ", "
