@@ -110,7 +110,6 @@ print(statistics.median(times) * 1e3)
 """
 
 
-
 # --workload: a name of benchmarks/common.py's WORKLOADS; each tree's process
 # looks its function up by the function's name, so an older tree needs only
 # the function it runs.

@@ -113,8 +113,8 @@ import types
 import warnings
 
 import numba
-from numba.core import sigutils
 from llvmlite import binding as llvm
+from numba.core import sigutils
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, IndexDataCacheFile
 from numba.core.codegen import JITCodeLibrary
 from numba.core.compiler import CompileResult, Compiler

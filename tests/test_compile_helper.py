@@ -425,7 +425,8 @@ fastsim.replicate(reference_workload(20), n_replications=2, seed=0, progress=Fal
 # Numba numbers each compiled version of a function (names differ by it); an
 # environment that no code reads may be declared once more
 code = re.sub(r"B\d+v\d+B", "B", cres.library.get_asm_str())
-code = "\n".join(line for line in code.splitlines() if "_ZN08NumbaEnv" not in line or not line.lstrip().startswith((".type", ".comm")))
+code = "\n".join(line for line in code.splitlines()
+                 if "_ZN08NumbaEnv" not in line or not line.lstrip().startswith((".type", ".comm")))
 print(hashlib.sha256(code.encode()).hexdigest(), len(code))
 """
 

@@ -68,8 +68,7 @@ TABLE = {
         ('latency._gemm_entry', ('vf', 'i', 'f')),
         ('arrivals._session_init', ('i', 'Requests', 'vi', 'vi')),
         ('arrivals._unseen_at_horizon', ('i', 'Requests', 'f', 'f', 'i', 'acc')),
-        ('arrivals._arrivals_during_step', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i', 'acc', 'f',
-             'f')),
+        ('arrivals._arrivals_during_step', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i', 'acc', 'f', 'f')),
         ('arrivals._arrival_status', ('i', 'i', 'vi', 'i', 'i')),
         ('waiting_queue._q_push', ('vi', 'vi', 'vf', 'i', 'i', 'b')),
         ('waiting_queue._heap_push', ('vi', 'vi', 'vf', 'i')),
@@ -130,7 +129,7 @@ TABLE = {
         ('replica._prefill_work', ('Requests', 'vi', 'i', 'vi', 'none')),
         ('latency._step_time', ('vf', 'vf', 'i', 'i', 'i', 'i', 'f', 'i', 'i')),
         ('replica._slow_step', ('Requests', 'Batch', 'Decoders', 'Swap', 'PrefixCache', 'Record', 'vi', 'vf',
-             'Call', 'Loop', 'b', 'none')),
+                                'Call', 'Loop', 'b', 'none')),
         ('block_pool._count_lazy', ('Decoders', 'i', 'BlockPool', 'i')),
         ('scheduler._rebuild', ('vi', 'i', 'vi')),
     ),
@@ -156,8 +155,7 @@ TABLE = {
         ('latency._gemm_entry', ('vf', 'i', 'f')),
         ('arrivals._session_init', ('i', 'Requests', 'vi', 'vi')),
         ('arrivals._unseen_at_horizon', ('i', 'Requests', 'f', 'f', 'i', 'acc')),
-        ('arrivals._arrivals_during_step', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i', 'acc', 'f',
-             'f')),
+        ('arrivals._arrivals_during_step', ('i', 'Requests', 'Batch', 'vi', 'f', 'i', 'i', 'i', 'i', 'acc', 'f', 'f')),
         ('arrivals._arrival_status', ('i', 'i', 'vi', 'i', 'i')),
         ('waiting_queue._q_push', ('vi', 'vi', 'vf', 'i', 'i', 'b')),
         ('waiting_queue._heap_push', ('vi', 'vi', 'vf', 'i')),
@@ -220,7 +218,7 @@ TABLE = {
         ('block_pool._count_cached', ('i', 'i', 'BlockPool', 'i')),
         ('replica._prefill_work', ('Requests', 'vi', 'i', 'vi', 'i')),
         ('replica._slow_step', ('Requests', 'Batch', 'Decoders', 'Swap', 'PrefixCache', 'Record', 'vi', 'vf',
-             'Call', 'Loop', 'b', 'i')),
+                                'Call', 'Loop', 'b', 'i')),
         ('block_pool._count_lazy', ('Decoders', 'i', 'BlockPool', 'i')),
         ('prefix_cache._lookup', ('i', 'vi', 'PrefixCache', 'i')),
         ('prefix_cache._evictable_hits', ('i', 'i', 'vi', 'PrefixCache', 'i')),
@@ -327,8 +325,8 @@ def record(full):
         def on_start(self, ev):
             d = ev.data["dispatcher"]
             module = d.py_func.__module__.rsplit(".", 1)[1]
-            if isinstance(d, O._InternalDispatcher) and (module not in ENGINE_MODULES
-                                                          or d.py_func.__name__ in HELPER_PHASES):
+            wanted = module not in ENGINE_MODULES or d.py_func.__name__ in HELPER_PHASES
+            if isinstance(d, O._InternalDispatcher) and wanted:
                 args = [str(t) for t in ev.data["args"]]
                 missing = [a for a in args if a not in by_type]
                 if missing:
@@ -361,14 +359,15 @@ def _write(tables):
         for name, args in rows:
             row = f"        ({name!r}, {tuple(args)!r}),\n"
             if len(row) > 118:   # (the project's line length)
-                words = [repr(a) for a in args]
-                row, line = f"        ({name!r}, (", ""
-                for w in words:
-                    if len(row.rsplit("\n", 1)[-1]) + len(line) + len(w) + 2 > 116:
-                        row += line.rstrip() + "\n"
-                        line = " " * 13
-                    line += w + ", "
-                row += line.rstrip(", ") + ")),\n"
+                head = f"        ({name!r}, ("
+                out, line = [], head   # (continuation lines aligned with the arguments' tuple)
+                for k, w in enumerate(repr(a) for a in args):
+                    piece = w + (", " if k < len(args) - 1 else "")
+                    if len(line) + len(piece) > 116 and line.strip() != head.strip():
+                        out.append(line.rstrip())
+                        line = " " * len(head)
+                    line += piece
+                row = "\n".join(out + [line]) + ")),\n"
             lines.append(row)
         lines.append("    ),\n")
     with open(path, "w") as f:
