@@ -39,6 +39,10 @@ each is A/B measured (``benchmarks/ab_interleaved.py``). Numba's own IR
 inlining (``inline="always"``) is not offered: it types and lowers the
 helper again at every call site, which cost much compile time for no speed
 that LLVM's inlining does not give as well (`benchmarks/HISTORY.md`).
+``inline="never"`` keeps a function out of line (``noinline``); an entry's
+module makes such functions internal before its module passes
+(`_EntryLibrary`), so that LLVM may call them by its own convention and
+drop the arguments they do not read.
 
 Internal functions are linked, not built. Numba builds every compiled
 function as a library of its own: LLVM optimises it with everything it
@@ -104,6 +108,7 @@ import hashlib
 import importlib
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -291,12 +296,51 @@ def _typing_memo(get_call_type):
     return remembered
 
 
+# Numba's per-process version in a mangled name (``...B3v54B...``).
+_VERSION = re.compile(r"B\d+v\d+B")
+
+
+class _EntryLibrary(JITCodeLibrary):
+    """An entry's code library (one that Python or another entry calls), in
+    which the functions kept out of line (``noinline``: `_OutOfLine`) that
+    it links in are made internal before its module passes. Nothing outside
+    the module calls its copies of them (each entry links its own), and
+    LLVM's interprocedural passes may then drop their unused arguments and
+    call them by its fast convention. (Made internal, every linked function
+    would be: LLVM then inlined much more, and the engine ran 17 % slower.)"""
+
+    def add_llvm_module(self, ll_module):
+        # (the entry's own functions and wrappers: they stay as Numba made them)
+        self.__dict__.setdefault("_own", set()).update(fn.name for fn in ll_module.functions
+                                                       if not fn.is_declaration)
+        super().add_llvm_module(ll_module)
+
+    def _optimize_final_module(self):
+        own = self.__dict__.get("_own", ())
+        # The JIT resolves a name across the modules it has loaded, internal ones included: a later
+        # module's linked copy of the function (``linkonce_odr``, Numba's convention) would be bound to
+        # this module's internal one, whose arguments LLVM may have changed. So the internal copies get
+        # names of their own, the same in every build of this entry (Numba's version numbers left out).
+        tag = hashlib.sha1("".join(sorted(_VERSION.sub("B", name) for name in own)).encode()).hexdigest()[:16]
+        for fn in self._final_module.functions:
+            if not fn.is_declaration and fn.name not in own and b"noinline" in set(fn.attributes):
+                fn.linkage = "internal"
+                fn.name = f"{fn.name}.in.{tag}"
+        super()._optimize_final_module()
+
+
 class _FastsimCompiler(Compiler):
     """Numba's compiler for fastsim's functions (entries and internal ones):
     while it runs, `_typing_memo` serves the typing and Numba's error
-    messages are not highlighted (`_plain_error_messages`)."""
+    messages are not highlighted (`_plain_error_messages`); an entry's
+    library is an `_EntryLibrary` (outside the debug mode)."""
 
     def compile_extra(self, func):
+        if self.state.library is None and not KERNEL_DEBUG:   # (an entry: internal functions set theirs)
+            library = self.state.targetctx.codegen().create_library(func.__qualname__)
+            library.__class__ = _EntryLibrary
+            library.enable_object_caching()   # (as Numba's lowering does for the library it makes)
+            self.state.library = library
         depth = getattr(_fastsim_compiling, "depth", 0)
         _fastsim_compiling.depth = depth + 1
         plain = _plain_error_messages() if depth == 0 else None

@@ -702,3 +702,55 @@ def test_typing_memo_keys_the_argument_types(monkeypatch):
     mins = [args for fn, args in seen if "min" in str(fn)]
     pairs = sorted(str(args) for args in mins if len(args) == 2)
     assert pairs == ["(float64, float64)", "(int64, int64)"]   # each typed by Numba once, for both calls
+
+
+OUT_OF_LINE_TOY = '''
+import numba
+import numpy as np
+from fastsim._numba_options import njit_noalloc
+
+@njit_noalloc(inline="never")
+def kept(unused, x):
+    return x * 7
+
+@njit_noalloc
+def merged(x):
+    return x + 1
+
+@numba.njit(cache=True, pipeline_class=__import__("fastsim")._numba_options._FastsimCompiler)
+def entry(x):
+    return kept(np.zeros(3), x) + merged(x)
+
+@numba.njit
+def plain(a, x):   # (not an entry: Numba's own library, its copy of ``kept`` by Numba's convention)
+    return kept(a, x)
+'''
+
+
+def test_an_entry_makes_the_functions_kept_out_of_line_internal(tmp_path, monkeypatch):
+    """An entry's module makes the out-of-line (``noinline``) functions it
+    links in internal before its module passes (`_EntryLibrary`), and
+    leaves its own functions as Numba made them."""
+    import llvmlite.binding as ll
+
+    name = f"fastsim_ool_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(OUT_OF_LINE_TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module(name)
+    try:
+        assert mod.entry(3) == 25
+        # a later module's copy of ``kept`` is its own, not the entry's internal one (whose unused
+        # argument LLVM dropped): the JIT binds a name across modules, so the internal copy is renamed
+        assert mod.plain(np.ones(3), 5) == 35
+        (cres,) = mod.entry.overloads.values()
+        if O.KERNEL_DEBUG:   # (debug builds are Numba's own)
+            assert not isinstance(cres.library, O._EntryLibrary)
+            return
+        assert isinstance(cres.library, O._EntryLibrary)
+        functions = {fn.name: fn for fn in cres.library._final_module.functions if not fn.is_declaration}
+        kept = [fn for n, fn in functions.items() if ".kept" in n or "4kept" in n]
+        assert kept and all(fn.linkage == ll.Linkage.internal and ".in." in fn.name for fn in kept)
+        own = [fn for n, fn in functions.items() if "5entry" in n]
+        assert own and all(fn.linkage != ll.Linkage.internal for fn in own)
+    finally:
+        sys.modules.pop(name, None)

@@ -100,9 +100,12 @@ Stretch = namedtuple("Stretch", ("kmax", "limit", "lag_limit", "d", "c_ctx", "n_
                                  "free"))
 
 
-# Inlined into the engine loop (its one call site), so that the clock and the
-# sums stay in registers.
-@njit_noalloc(inline="llvm")
+# Out of line: the step loop's clock and sums then live in registers that
+# LLVM allocates for this function alone. Inlined into the 60 KB engine
+# loop, the same loop went to stack slots after unrelated edits anywhere in
+# the engine (`benchmarks/HISTORY.md`, stops 52-54). Its call is cheap as the
+# engine's module makes it internal (`_numba_options._EntryLibrary`).
+@njit_noalloc(inline="never")
 def _stretch_steps(t, t_prev, plan):
     """The steps of the stretch ``plan`` (a `Stretch`) from ``t``: at most
     ``kmax``, that start before ``limit``
