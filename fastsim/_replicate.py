@@ -213,7 +213,9 @@ def pack_scenario(scenario: Scenario) -> dict:
         prio_val = np.asarray(w.priorities, dtype=np.int64)
         prio_cdf = np.cumsum(np.asarray(w.priority_probs, dtype=np.float64))
         prio_cdf[-1] = 1.0
-    packed = dict(ipar=ipar, fpar=fpar, lat=scenario.latency._params(), arr_times=arr_times,
+    lat = scenario.latency._params()
+    ipar[K.I_STEP_EXTRAS] = int(lat[K.L_ROOF] != 0.0 or lat[K.L_NOISE] != 0.0)   # (the full engine's)
+    packed = dict(ipar=ipar, fpar=fpar, lat=lat, arr_times=arr_times,
                   lcomp=lcomp, lpar=lpar, ltab=ltab, lrange=lrange, trace=trace,
                   prio_val=prio_val, prio_cdf=prio_cdf, pred_edges=pred_edges)
     f = scenario.fleet

@@ -57,13 +57,17 @@ SCENARIOS = {
                                  workload=dict(arrival_rate=4.0, num_requests=40, warmup_requests=5,
                                                output_len=fastsim.LogNormal(25, 0.6), prompt_len=50),
                                  ttft_slo_s=1.0, tpot_slo_s=0.05),
-    # the common engine's kernel (`replica.engine_variant` None): V1's asynchronous
-    # loop without prefix caching, and the synchronous loop (V1's rules off)
-    "common-async-tight-kv": dict(engine=dict(max_num_seqs=6, num_gpu_blocks=40, max_num_batched_tokens=256,
-                                              enable_prefix_caching=False),
-                                  workload=dict(arrival_rate=6.0, num_requests=40,
-                                                prompt_len=fastsim.LogNormal(60, 0.6),
-                                                output_len=fastsim.LogNormal(40, 0.7))),
+    # V1's asynchronous loop without prefix caching (the full engine's kernel), the
+    # common engine's (`replica.engine_variant` None) with the full-input gate and the
+    # null block, and the synchronous loop (V1's rules off)
+    "async-tight-kv": dict(engine=dict(max_num_seqs=6, num_gpu_blocks=40, max_num_batched_tokens=256,
+                                       enable_prefix_caching=False),
+                           workload=dict(arrival_rate=6.0, num_requests=40, prompt_len=fastsim.LogNormal(60, 0.6),
+                                         output_len=fastsim.LogNormal(40, 0.7))),
+    "common-tight-kv": dict(engine=dict(max_num_seqs=6, num_gpu_blocks=40, max_num_batched_tokens=256,
+                                        enable_prefix_caching=False, async_scheduling=False),
+                            workload=dict(arrival_rate=6.0, num_requests=40, prompt_len=fastsim.LogNormal(60, 0.6),
+                                          output_len=fastsim.LogNormal(40, 0.7))),
     "common-sync": dict(engine=dict(max_num_seqs=4, num_gpu_blocks=30, admission="kv_reservation",
                                     async_scheduling=False, scheduler_reserve_full_isl=False, null_block=False,
                                     enable_prefix_caching=False),
@@ -157,8 +161,8 @@ def test_both_engines_kernels_are_in_the_grid(simulated):
     from fastsim._replicate import pack_scenario
 
     common = {name for name in SCENARIOS if K.engine_variant(pack_scenario(build(name))["ipar"]) is None}
-    assert common == {"common-async-tight-kv", "common-sync"}
-    assert simulated["common-async-tight-kv"][:, K.COLUMNS.index("n_preemptions")].sum() > 0
+    assert common == {"common-tight-kv", "common-sync"}
+    assert simulated["common-tight-kv"][:, K.COLUMNS.index("n_preemptions")].sum() > 0
 
 
 def test_chunks_and_memory_groups_do_not_change_results(simulated):

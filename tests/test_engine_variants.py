@@ -1,13 +1,16 @@
 """The two compilations of the engine (`kernel.replica._simulate`'s ``full``).
 
 ``full=None`` compiles the *common* engine: static batching, active priority
-preemption, swap preemption and prefix caching are constants there, and
-Numba drops their branches before typing (a shorter cold start). ``full=1``
+preemption, swap preemption, prefix caching, async scheduling, closed loops,
+sessions, the roofline and per-step noise are constants there, and Numba
+drops their branches before typing (a shorter cold start). ``full=1``
 compiles the engine with every option. On a scenario that uses none of
 those options the two must be one engine: the same metrics rows and the same
 per-request results, bit for bit. The common engine refuses a scenario that
 needs the full one instead of simulating it without the option.
 """
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -21,8 +24,9 @@ from test_reference_agreement import GRID, LATENCIES, scenario
 # Mechanisms of the reference-agreement grid that the common engine has, and
 # a few more: priority aging, SJF on predicted lengths, bursty arrivals with
 # a horizon, prefix groups without caching, trace rows, multi-user arrivals.
-# (prefix caching, on by default as in vLLM, is an option of the full engine)
-COMMON = {"enable_prefix_caching": False}
+# (prefix caching and async scheduling, on by default as in vLLM, are options
+# of the full engine; the full-input admission gate and the null block are not)
+COMMON = {"enable_prefix_caching": False, "async_scheduling": False}
 BASE = scenario(COMMON, LATENCIES["a10g"])
 CASES = {f"{name}/{lat}": scenario({**COMMON, **GRID[name]}, LATENCIES[lat])
          for name in GRID if "static" not in name for lat in ("a10g", "full")}
@@ -79,20 +83,32 @@ def test_the_common_engine_is_the_full_engine_without_its_options(name):
     assert (ints_c[0] == K.ST_COMPLETED).any()
 
 
-# each with a load under which the option changes what happens
+NOISY = dataclasses.replace(LATENCIES["a10g"],
+                            noise=fastsim.StepNoise(jitter_sd=0.2, stall_prob=0.05, stall_mean_s=0.05))
+ROOFLINE = fastsim.Deployment(model="Qwen/Qwen2.5-1.5B-Instruct", gpu="A10G").latency
+
+# each with a load under which the option changes what happens: the engine's
+# settings, and the scenario's other fields with the option, and without it
 OPTIONS = {
-    "static": ({"scheduler": "static", "num_gpu_blocks": 200}, {}),
-    "priority_preemption": ({"policy": "priority", "priority_preemption": True}, {}),
-    "swap": ({"preemption_mode": "swap", "swap_space_blocks": 24}, {}),
+    "static": ({"scheduler": "static", "num_gpu_blocks": 200}, {}, {}),
+    "priority_preemption": ({"policy": "priority", "priority_preemption": True}, {}, {}),
+    "swap": ({"preemption_mode": "swap", "swap_space_blocks": 24}, {}, {}),
     "prefix_caching": ({"enable_prefix_caching": True, "num_gpu_blocks": 200},
-                       {"workload.prefix_groups": 2, "workload.prefix_len": 48}),
+                       {"workload.prefix_groups": 2, "workload.prefix_len": 48}, {}),
+    "async_scheduling": ({"async_scheduling": True}, {}, {}),
+    "closed_loop": ({}, {"workload.max_concurrency": 4, "workload.warmup_requests": 0},
+                    {"workload.max_concurrency": None}),
+    "sessions": ({}, {"workload.warmup_requests": 0, "workload.sessions": fastsim.Sessions(turns=3, think_time_s=0.5)},
+                 {"workload.sessions": None}),
+    "noise": ({}, {"latency": NOISY}, {"latency": LATENCIES["a10g"]}),
+    "roofline": ({}, {"latency": ROOFLINE}, {"latency": LATENCIES["a10g"]}),
 }
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
-    engine, workload = OPTIONS[option]
-    sc = scenario(engine, LATENCIES["a10g"]).replace(**workload)
+    engine, with_it, without_it = OPTIONS[option]
+    sc = scenario({**COMMON, **engine}, LATENCIES["a10g"]).replace(**with_it)
     p = pack_scenario(sc)
     ipar = p["ipar"]
     assert K.engine_variant(ipar) == 1
@@ -112,8 +128,8 @@ def test_a_scenario_with_an_option_of_the_full_engine_gets_it(option):
     pd.testing.assert_frame_equal(kernel, fastsim.simulate_requests(sc, stream, backend="reference"),
                                   check_exact=True)
     off = {"scheduler": "continuous", "priority_preemption": False, "preemption_mode": "recompute",
-           "swap_space_blocks": 0, "enable_prefix_caching": False}
-    plain = sc.replace(**{f"engine.{k}": off[k] for k in engine if k in off})
-    assert not kernel.equals(fastsim.simulate_requests(plain, stream, backend="numba"))
+           "swap_space_blocks": 0, "enable_prefix_caching": False, "async_scheduling": False}
+    plain = sc.replace(**{f"engine.{k}": off[k] for k in engine if k in off}, **without_it)
+    assert not kernel.equals(fastsim.simulate_requests(plain, fastsim.sample_requests(plain, seed=1), backend="numba"))
     res = fastsim.replicate(sc, n_replications=3, seed=0)
     assert res.estimate("request_throughput") > 0

@@ -28,7 +28,8 @@ thread per replication.
 
 The engine is compiled in two versions (`replica.engine_variant`): the
 common one, in which Numba prunes static batching, active priority
-preemption, swap preemption and prefix caching before typing (a shorter
+preemption, swap preemption, prefix caching, async scheduling, closed
+loops, sessions, the roofline and per-step noise before typing (a shorter
 cold start), and the full one.
 
 Modules, in reading order: `layout` (parameter slots, codes, streams,

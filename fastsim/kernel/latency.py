@@ -59,11 +59,12 @@ from .rng import _GOLDEN, _mix64, _normal_at, _uniform
 
 
 @njit_noalloc
-def _fill_decode_costs(lat, dec_cost):
+def _fill_decode_costs(lat, dec_cost, extras):
     """The decode term by decoder count, ``dec_cost[b]`` for b = 0 .. size - 1
     (0.0 for b < 2), computed once per replication: a power per step would
-    cost more than the rest of the step."""
-    if lat[L_ROOF] != 0.0:
+    cost more than the rest of the step. ``extras``: None where ``lat`` is
+    the regression model without per-step noise (`_step_time`)."""
+    if extras is not None and lat[L_ROOF] != 0.0:
         # the roofline: the whole duration of a pure decode step less its
         # context term (`_step_time` takes it from here: the same bits)
         for b in range(dec_cost.size):
@@ -79,14 +80,17 @@ def _fill_decode_costs(lat, dec_cost):
 
 
 @njit_noalloc(inline="llvm")
-def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k, pairs2, n_pfs):
+def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k, pairs2, n_pfs, extras):
     """Duration of step ``k`` of a run (counted from 0, a float), a step of
     ``n_dec`` decoders, ``n_pf`` prefill tokens and ``n_ctx`` context tokens
     that moves ``n_swap`` blocks to or from swap space. ``pairs2`` (twice
     the causal query-key pairs of the prefill chunks) and ``n_pfs`` (the
     prefilling sequences) are read by the roofline only (0 for the
-    regression model, and in steps without prefill)."""
-    if lat[L_ROOF] != 0.0:
+    regression model, and in steps without prefill). ``extras``: None
+    where ``lat`` is known to be the regression model without per-step
+    noise (the common engine, `replica.engine_variant`): then neither the
+    roofline nor the noise is compiled in (Numba prunes the branches)."""
+    if extras is not None and lat[L_ROOF] != 0.0:
         if n_pf == 0:
             d = dec_cost[n_dec]   # (`_fill_decode_costs`: the same function, once per replication)
         else:
@@ -99,7 +103,7 @@ def _step_time(lat, dec_cost, n_dec, n_pf, n_ctx, n_swap, k, pairs2, n_pfs):
     d += lat[L_CTX] * n_ctx
     if n_swap > 0:
         d += lat[L_SWAP] * n_swap   # the swap term last (docs/engine-model.md)
-    if lat[L_NOISE] != 0.0:
+    if extras is not None and lat[L_NOISE] != 0.0:
         d = _step_noise(lat, d, k)   # (a call: the rare case stays out of the loop's registers)
     return d
 

@@ -48,7 +48,9 @@ I_BLOCK_HASH = 35     # with I_CACHING: 1 prefix caching by block hash (vLLM V1,
                       # with the block pool's conservation checked after every step (a test path)
 I_SESSIONS = 36       # multi-turn sessions (`arrivals._session_sends`): SESSIONS_*; 0: none
 I_TRACE_HASH = 37     # 1: a replayed trace's block identities (`workload._trace_parents`) key the block pool
-N_IPAR = 38
+I_STEP_EXTRAS = 38   # 1: the latency record is the roofline or has per-step noise (`replica.engine_variant`
+                      # reads it: the common engine has neither)
+N_IPAR = 39
 
 
 # --- layout of the float parameter vector ``fpar`` ---------------------------

@@ -40,11 +40,13 @@ start, and a replica run in many calls gives the bits of one call.
 The options that act on scheduling (active priority preemption, swap
 preemption, prefix caching) are implemented in the slow step only, and force
 it (correctness first). ``full`` chooses the compiled engine
-(`engine_variant`): ``None``, the *common* engine, without static batching
-and those three options, or ``1``, the engine with all of them. When
-``full`` is None, Numba prunes the branches of the options before typing
-(every function below that reads an option takes ``full`` and tests it
-first), so the common engine compiles faster; both run the same code
+(`engine_variant`): ``None``, the *common* engine, without static batching,
+those three options, async scheduling, closed loops, sessions, the roofline
+and per-step noise (what the synchronous open-loop server with the
+regression step time never runs), or ``1``, the engine with all of them.
+When ``full`` is None, Numba prunes the branches of the options before
+typing (every function below that reads an option takes ``full`` and tests
+it first), so the common engine compiles faster; both run the same code
 otherwise.
 """
 
@@ -68,7 +70,7 @@ from .layout import (I_ASYNC, A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT,
                      I_HAS_DELAY, I_HAS_HORIZON, I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY,
                      I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY, I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP,
                      I_SWAP_BLOCKS, I_WARMUP, N_ACC, POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF, ST_COMPLETED, ST_PENDING,
-                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING, L_ROOF)
+                     ST_RUNNING, ST_SWAPPED, ST_UNFINISHED, ST_WAITING, L_NOISE, L_ROOF, I_STEP_EXTRAS)
 from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _count_lazy, _count_scheduled,
                          _known_tokens, _list_capacity, _pool_cache_full, _pool_check, _pool_claim, _pool_counted,
                          _pool_hits, _pool_init, _pool_queued_hits, _pool_session_lists, _pool_take, _preempted)
@@ -87,8 +89,12 @@ from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV,
                         RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
 
 # Static batching, active priority preemption, swap preemption, prefix
-# caching: the options only the full engine has (`_simulate`'s ``full``).
-_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING)
+# caching, async scheduling, the roofline and per-step noise (`I_STEP_EXTRAS`):
+# the options only the full engine has (`_simulate`'s ``full``); closed loops
+# and sessions too (`_full_engine_needed`). The common engine is what the
+# synchronous open-loop server with the regression step time needs: the
+# others' code is not compiled for it.
+_FULL_ENGINE_FLAGS = (I_STATIC, I_PRIO_PREEMPT, I_SWAP, I_CACHING, I_ASYNC, I_STEP_EXTRAS)
 
 # Where a paused replica stands (``RI_MODE``).
 MODE_BETWEEN_STEPS = 0   # the next step is not scheduled
@@ -108,7 +114,7 @@ def _full_engine_needed(ipar):
     for i in _FULL_ENGINE_FLAGS:
         if ipar[i] == 1:
             return True
-    return False
+    return ipar[I_MAX_CONCURRENCY] > 0 or ipar[I_SESSIONS] != 0
 
 
 _needs_full_engine = njit_noalloc(_full_engine_needed)
@@ -183,7 +189,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     so that LLVM optimises and generates the engine's code once (a
     callee's code is optimised again in every caller it is linked into).
     """
-    if full is None and _needs_full_engine(ipar):
+    if full is None and (_needs_full_engine(ipar) or lat[L_ROOF] != 0.0 or lat[L_NOISE] != 0.0):
         return -2
     bs = ipar[I_BLOCK_SIZE]
     cap, ncnt, nheld, nitl, jmax, nbp, nbt = _layout_dims(n, prompt, output, pgrp, plen, ipar, wi, what)
@@ -202,7 +208,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
     if what & STEP_ADVANCE:
         # The engine's step, phase by phase; the scalar state in a `Loop` of locals (registers), stored
         # back at the end. (`Call`: what the loop reads and never changes.)
-        c = _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax)
+        c = _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax, full)
         st = _load_loop(sc)
         mode = sc.ri[RI_MODE]
         rc = ADVANCE_PAUSED
@@ -211,7 +217,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             if mode == MODE_FAST_STEP or mode == MODE_SLOW_STEP:
                 if st.t_end > t_stop:
                     break
-                if c.async_on:
+                if full is not None and c.async_on:
                     if c.has_h and st.t >= c.horizon:
                         rc = ADVANCE_DONE   # (scheduled, as vLLM had, but not run)
                         st = _stop_at_horizon(req, c, st)
@@ -225,7 +231,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
                 else:
                     st = _end_slow_step(req, batch, dec, cache, rec, ipar, c, st, full)
                     mode = MODE_BETWEEN_STEPS
-                st = _step_departures(req, sc, ipar, fpar, c, st)
+                st = _step_departures(req, sc, ipar, fpar, c, st, full)
             # -- stretches of pure decode steps (event skipping)
             if mode == MODE_STRETCH:
                 if what & STEP_NO_STRETCH == 0:
@@ -242,11 +248,11 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             stop, st = _wake(req, c, st)
             if stop != GO_ON:
                 rc = stop
-                if stop == ADVANCE_DONE and c.async_on:
+                if stop == ADVANCE_DONE and full is not None and c.async_on:
                     st = _stop_at_horizon(req, c, st)
                 break
             # -- arrivals, the closed loop's sends, abandonment
-            st = _ingest_step(req, batch, sc, ipar, fpar, c, st)
+            st = _ingest_step(req, batch, sc, ipar, fpar, c, st, full)
             if st.n_run == 0 and st.n_wait == 0 and st.n_sw == 0:
                 continue
             # -- schedule: a fast step or a slow one
@@ -268,7 +274,7 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             st = _start_step(req, batch, cache, ipar, fpar, c, st, d, n_in_queue, mode == MODE_SLOW_STEP, full)
         _store_loop(sc, st, mode)
     if what & STEP_FINISH:
-        if sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
+        if full is not None and sc.ri[RI_N_HELD] > 0:   # (they completed; nothing schedules after the end)
             _release_held(req, batch, cache, sc, ipar, jmax, full)
         return _finish_replica(sc.ri[RI_N_KNOWN], req, dec, swap, cache, rec, sc, ipar, lat, bs, bsh, full)
     return rc
@@ -317,7 +323,7 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
     ``req`` in the workspace's views (`workspace._carve`); `_hand` hands it
     the others."""
     _init_requests(known, req, ipar, fpar)
-    if ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
+    if full is not None and ipar[I_MAX_CONCURRENCY] > 0 and ipar[I_SESSIONS] == 0:
         _closed_loop_init(known, req, ipar)
     if full is not None:
         _init_full_engine(known, req, swap, cache, ipar, dec.ph.size)
@@ -326,10 +332,10 @@ def _init_replica(n, known, req, batch, dec, swap, cache, rec, sc, ipar, fpar, l
             _pool_init(n, req, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, countable)
             if ipar[I_SESSIONS] != 0:
                 _pool_session_lists(n, cache.pool, ipar[I_NUM_GPU_BLOCKS], dec.ph.size, _session_max_len(ipar))
-    _init_state(lat, batch, dec, swap, cache, rec)
+    _init_state(lat, batch, dec, swap, cache, rec, full)
     for j in range(N_RI):
         sc.ri[j] = 0
-    if ipar[I_SESSIONS] != 0:
+    if full is not None and ipar[I_SESSIONS] != 0:
         _session_init(known, req, ipar, sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
     for j in range(N_RF):
         sc.rf[j] = 0.0
@@ -402,7 +408,7 @@ def _init_full_engine(n, req, swap, cache, ipar, bs):
 
 
 @njit_noalloc
-def _init_state(lat, batch, dec, swap, cache, rec):
+def _init_state(lat, batch, dec, swap, cache, rec, full):
     """Empty queues, no lazy decoders, an empty prefix cache, no gaps, the
     accumulators at zero, and the decode term by batch size."""
     for j in range(dec.ph.size):
@@ -423,7 +429,7 @@ def _init_state(lat, batch, dec, swap, cache, rec):
     cache.cst[1] = -1
     cache.cst[2] = 0
     cache.cst[3] = 0
-    _fill_decode_costs(lat, rec.dec_cost)
+    _fill_decode_costs(lat, rec.dec_cost, full)
     for j in range(N_ACC):
         rec.acc[j] = 0.0
 
@@ -505,19 +511,22 @@ GO_ON = -1
 
 
 @njit_noalloc(inline="llvm")
-def _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax):
+def _call_of(sc, rec, ipar, fpar, t_stop, bs, bsh, jmax, full):
     """The `Call` of a replica advanced to ``t_stop``. Closed loop
     (`arrivals._release_seats`): ``RI_RELEASED``, the departures turned into
     arrivals, and ``RI_PEND_DEPARTURES``, (async) a step's completions not
     yet turned, since vLLM schedules the step after it before it sees them
     (kept in memory, not in the loop's registers). Sessions
     (`arrivals._session_sends`): a turn's departure sends its session's next turn."""
-    sessions = ipar[I_SESSIONS] != 0
+    async_on, closed, sessions = False, False, False   # (the common engine has none of the three)
+    if full is not None:
+        async_on = ipar[I_ASYNC] == 1
+        sessions = ipar[I_SESSIONS] != 0
+        closed = ipar[I_MAX_CONCURRENCY] > 0 or sessions
     has_h = ipar[I_HAS_HORIZON] == 1
     horizon = fpar[F_HORIZON]
     return Call(sc.ri[RI_N_KNOWN], t_stop, bs, bsh, jmax, rec.acc[A_WINDOW_START], horizon if has_h else np.inf,
-                has_h, horizon, ipar[I_ASYNC] == 1, ipar[I_MAX_CONCURRENCY] > 0 or sessions, sessions,
-                sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
+                has_h, horizon, async_on, closed, sessions, sc.ri[RI_SESS_SCAN:RI_SESS_MADE + 1])
 
 
 @njit_noalloc(inline="llvm")
@@ -571,13 +580,16 @@ def _stop_at_horizon(req, c, st):
 
 
 @njit_noalloc(inline="llvm")
-def _step_departures(req, sc, ipar, fpar, c, st):
+def _step_departures(req, sc, ipar, fpar, c, st, full):
     """After a step's end: its departures send the closed loop's or the
-    sessions' next requests; the clock moves to the step's end."""
+    sessions' next requests (the full engine's); the clock moves to the
+    step's end."""
     (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
      n_itl, swap_used, pending_swap, acc5) = st
     ri = sc.ri
-    if c.sessions:
+    if full is None:
+        pass
+    elif c.sessions:
         _session_sends(c.n, req, ipar, fpar, nxt, t_end, c.sess)
     elif c.closed:
         # (async: the finished requests held have left, as the client sees it)
@@ -599,7 +611,9 @@ def _stretch_phase(req, batch, dec, cache, rec, ipar, lat, c, st, full):
     the next stretch would end if it ends after ``t_stop`` (paused; else
     0.0), and the state."""
     paused = 0.0
-    if _closed_forms(lat):
+    if full is None:   # (the common engine: no noise; ``noisy`` None, so its code is not compiled)
+        paused, st = _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, None)
+    elif _closed_forms(lat):
         paused, st = _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, False)
     elif st.n_oth == 0 and st.n_run > 0 and st.n_sw == 0 and (st.n_wait == 0 or st.n_run == ipar[I_MAX_NUM_SEQS]):
         # per-step noise: a copy of its own (`_noisy_stretches`), entered only where a stretch may follow
@@ -635,7 +649,7 @@ def _wake(req, c, st):
 
 
 @njit_noalloc(inline="llvm")
-def _ingest_step(req, batch, sc, ipar, fpar, c, st):
+def _ingest_step(req, batch, sc, ipar, fpar, c, st, full):
     """A step's first phase: the arrivals it sees (up to ``t_in``: the clock,
     or with async scheduling the start of the step that just ended), the
     closed loop's or the sessions' sends, abandonment."""
@@ -644,11 +658,11 @@ def _ingest_step(req, batch, sc, ipar, fpar, c, st):
     n, ri, sess = c.n, sc.ri, c.sess
     t_in = t_vis if c.async_on else t   # arrivals up to t_in are seen
     w0 = n_wait
-    if c.async_on:
+    if full is not None and c.async_on:
         nxt, n_wait, reserved, acc5 = _arrivals_during_step(n, req, batch, ipar, t_in, nxt, n_run + n_sw,
                                                             n_wait, reserved, acc5, c.ws, c.we)
     nxt, n_wait, reserved = _ingest(n, req, batch, ipar, t_in, nxt, n_run + n_wait + n_sw, n_wait, reserved)
-    if c.closed:
+    if full is not None and c.closed:
         # a rejection's seat sends the client's next request at once (zero think time)
         pend = ri[RI_PEND_DEPARTURES]
         while True:
@@ -667,7 +681,9 @@ def _ingest_step(req, batch, sc, ipar, fpar, c, st):
         # counted up to t_in, and are from now on: their time from t_in to now; those
         # dropped as of t_in were counted in the step that ended now: not after t_in)
         acc5 = _add_in_system(acc5, (n_wait - w0) * (t - t_in))
-    if c.sessions:
+    if full is None:
+        pass
+    elif c.sessions:
         _session_sends(n, req, ipar, fpar, nxt, t_in, sess)
     elif c.closed:
         left = nxt - (n_run + n_wait + n_sw) + n_held
@@ -711,9 +727,9 @@ def _fast_step(req, batch, dec, cache, rec, ipar, lat, c, st, counted, full):
         _count_scheduled(req, batch.oth, st.n_oth, cache.pool, t, lag, c.bs)
     ran = st.n_dec + st.n_pf > 0   # (async: all running may be finished, held)
     pairs2, n_pfs = 0, 0
-    if st.n_pf > 0 and lat[L_ROOF] != 0.0:
+    if full is not None and st.n_pf > 0 and lat[L_ROOF] != 0.0:
         pairs2, n_pfs = _prefill_work(req, batch.oth, st.n_oth, ipar, full)
-    d = _step_time(lat, rec.dec_cost, st.n_dec, st.n_pf, n_ctx, 0, st.acc5[4], pairs2, n_pfs)
+    d = _step_time(lat, rec.dec_cost, st.n_dec, st.n_pf, n_ctx, 0, st.acc5[4], pairs2, n_pfs, full)
     return ran, d, st.n_wait, st
 
 
@@ -743,9 +759,9 @@ def _slow_step(req, batch, dec, swap, cache, rec, ipar, lat, c, st, counted, ful
                 and _pool_check(req, batch.run, n_run, cache.pool, free) != 0):
             err = -3
     pairs2, n_pfs = 0, 0
-    if n_pf > 0 and lat[L_ROOF] != 0.0:
+    if full is not None and n_pf > 0 and lat[L_ROOF] != 0.0:
         pairs2, n_pfs = _prefill_work(req, batch.run, n_run, ipar, full)
-    d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs)
+    d = _step_time(lat, rec.dec_cost, n_dec, n_pf, n_ctx, pending_swap, acc5[4], pairs2, n_pfs, full)
     return err, ran, d, n_wait + n_sw, Loop(t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held,
                                             free, reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
 
@@ -759,7 +775,7 @@ def _retry_held(req, batch, cache, ipar, fpar, c, st, full):
     caching = False if full is None else ipar[I_CACHING] == 1
     (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
      n_itl, swap_used, pending_swap, acc5) = st
-    if n_held > 0:
+    if full is not None and n_held > 0:   # (async: the full engine's)
         free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved, n_run,
                                                           n_wait, c.jmax, caching)
         n_held = 0
@@ -785,7 +801,9 @@ def _start_step(req, batch, cache, ipar, fpar, c, st, d, n_in_queue, slow, full)
     t_end = t + d
     acc5 = _account_step(acc5, t, t_end, d, n_run, n_in_queue, ipar[I_NUM_GPU_BLOCKS] - free - cache.cst[2], c.ws,
                          c.we)
-    if c.async_on and c.has_h and t >= c.horizon:
+    if full is None:
+        pass   # (async scheduling is the full engine's)
+    elif c.async_on and c.has_h and t >= c.horizon:
         acc5 = _add_in_system(acc5, -(n_run + n_in_queue) * d)   # (async: not run, the run ends at t)
     elif n_held > 0:
         acc5 = _add_in_system(acc5, -n_held * d)   # (async: finished at t, held in the batch)
@@ -914,7 +932,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, lat, c, st, full):
     (t, t_end, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
      n_itl, swap_used, pending_swap, acc5) = st
     bs, bsh = c.bs, c.bsh
-    async_on = ipar[I_ASYNC] == 1
+    async_on = c.async_on
     dstate = dec.dstate
     if dstate[2] > 0:
         if _constant_in_step(lat) and n_pf == 0:
@@ -925,7 +943,7 @@ def _end_fast_step(req, batch, dec, rec, ipar, lat, c, st, full):
     sph = sph - 1 if sph > 0 else bs - 1
     warmup = ipar[I_WARMUP]
     admission = ipar[I_ADMISSION]
-    if async_on:
+    if full is not None and async_on:
         if dec.hs[0] > 0 and dec.hk[0] == S:   # (a call passes every array of its views: test first)
             n_held = _hold_decoders(t_end, S, dec, req, batch.zl, n_held, warmup, bs, bsh)
     else:
@@ -991,7 +1009,9 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
 
     ``noisy``: per-step noise (`latency._closed_forms` says no), the steps
     summed one by one (`stretch._stretch_steps_noisy`); a constant at each
-    call, so that the deterministic engine's inlined copy has none of it."""
+    call, so that the deterministic engine's inlined copy has none of it;
+    None in the common engine (`engine_variant`), whose build then has no
+    noise code at all (Numba prunes ``noisy is not None`` before typing)."""
     if full is None:
         prio_preempt = False
         caching = False
@@ -1001,7 +1021,7 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
     (t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free, reserved, S, sph, n_dec, n_pf,
      n_itl, swap_used, pending_swap, acc5) = st
     n, t_stop, ws, we, bs, bsh, jmax = c.n, c.t_stop, c.ws, c.we, c.bs, c.bsh, c.jmax
-    async_on = ipar[I_ASYNC] == 1
+    async_on = c.async_on
     mns = ipar[I_MAX_NUM_SEQS]
     has_delay = ipar[I_HAS_DELAY] == 1
     dstate = dec.dstate
@@ -1031,7 +1051,7 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
         else:
             plan = Stretch(kmax, min(next_a, we), np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free)
             t_prev = t
-        if noisy:   # step by step, each step's own duration (s1: the KV weight itself)
+        if noisy is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
             kk, t_end, nb, s1, s2, t_last = _stretch_steps_noisy(t, t_prev, plan, lat, k0, rec.itl_v, rec.itl_w,
                                                                  n_itl, dstate[2])
@@ -1043,14 +1063,14 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             return t_end, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
                                reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
         n_held0 = n_held
-        if n_held > 0:
+        if full is not None and n_held > 0:   # (async: the full engine's)
             free, reserved, n_run, n_wait = _release_finished(req, batch.zl, n_held, cache, ipar, free, reserved,
                                                               n_run, n_wait, jmax, caching)
             n_held = 0
         t, free, S, sph, n_itl, acc5 = _account_stretch(dec, rec, ipar, lat, c, plan, (kk, t_end, nb, s1, s2),
                                                         (n_held0, hb), (n_run, n_wait), (t, free, S, sph, n_itl, acc5),
                                                         noisy)
-        if async_on:
+        if full is not None and async_on:
             t_vis = t_last
             if dec.hs[0] > 0 and dec.hk[0] == S:
                 # finished, held: the next stretch takes them in its first step
@@ -1096,10 +1116,10 @@ def _account_stretch(dec, rec, ipar, lat, c, plan, taken, holding, in_batch, cur
     nm_d = dec.dstate[2]
     if (ws <= t and t_end <= we) or t_end <= ws or t >= we:
         # the stretch lies inside the window or outside it
-        x = t_end - t if noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
+        x = t_end - t if noisy is not None and noisy else _elapsed(kk, d0, dlt)   # its duration, for the integrals
         used0 = nblk - free
         if n_held0 > 0:   # its first step: the held requests still in (`pipeline`), not in the system
-            if noisy:
+            if noisy is not None and noisy:
                 d0 = _step_noise(lat, d0, k0)   # (the first step's duration)
             if used0 + dec.ph[sph] + hb > a_max:
                 a_max = used0 + dec.ph[sph] + hb
@@ -1115,9 +1135,9 @@ def _account_stretch(dec, rec, ipar, lat, c, plan, taken, holding, in_batch, cur
         if ws <= t and t_end <= we:
             a_occ += x * n_run
             a_queue += x * n_wait
-            a_kv += (used0 + nb) * x - (s1 if noisy else _kv_weight(s1, s2, d0, dlt))
+            a_kv += (used0 + nb) * x - (s1 if noisy is not None and noisy else _kv_weight(s1, s2, d0, dlt))
         if nm_d > 0:
-            if noisy:
+            if noisy is not None and noisy:
                 n_itl += kk   # (the gaps `_stretch_steps_noisy` wrote)
             elif _constant_in_step(lat):
                 rec.gapw[n_d] += kk * nm_d
@@ -1136,7 +1156,7 @@ def _account_stretch(dec, rec, ipar, lat, c, plan, taken, holding, in_batch, cur
             free -= dec.ph[sph]
             used = nblk - free
             d = dp + slope * (ksum + n_d * (S + 1))
-            if noisy:
+            if noisy is not None and noisy:
                 d = _step_noise(lat, d, a_steps)
             t_end = t + d
             held = n_held0 if _j == 0 else 0   # (the first step: the held requests still in)
@@ -1344,7 +1364,7 @@ def _schedule_running(req, batch, swap, cache, rec, ipar, c, st, budget, lag, fu
         swap_on = ipar[I_SWAP] == 1
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
-    async_on = ipar[I_ASYNC] == 1
+    async_on = c.async_on
     policy = ipar[I_POLICY]
     # The victim of a preemption: the largest (key, index) for priority, and
     # for sjf with active priority preemption; else the last admitted.
@@ -1535,7 +1555,7 @@ def _admit_waiting(req, batch, cache, ipar, c, st, budget, lag, full):
             else:   # (a counted pool: no hits, `block_pool`)
                 req.blocks[w] = nb
                 free -= nb
-                if ipar[I_ASYNC] == 1:
+                if c.async_on:
                     _count_cached(w, min(kw + s, _known_tokens(req, w, t, lag)), cache.pool, bs)
         else:
             req.blocks[w] = nb
@@ -1610,7 +1630,7 @@ def _end_slow_step(req, batch, dec, cache, rec, ipar, c, st, full):
         static = ipar[I_STATIC] == 1
         hashing = ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1
         caching = ipar[I_CACHING] == 1 and not hashing
-    async_on = ipar[I_ASYNC] == 1
+    async_on = c.async_on
     warmup = ipar[I_WARMUP]
     run = batch.run
     for jj in range(n_run):
@@ -1849,7 +1869,7 @@ def _static_decode(req, batch, rec, ipar, fpar, lat, c, st, used):
     while j + 1 < last:
         if (has_h and t >= horizon) or t >= t_stop:
             break
-        d = _step_time(lat, rec.dec_cost, n_run, 0, n_ctx, 0, acc5[4], 0, 0)
+        d = _step_time(lat, rec.dec_cost, n_run, 0, n_ctx, 0, acc5[4], 0, 0, 1)   # (the full engine only)
         t_end = t + d
         if t_end > t_stop:
             break
