@@ -61,7 +61,7 @@ def stream_rows(p, reps, key=(1, 2)):
 
 
 def prefix_caching():
-    engine, workload = OPTIONS["prefix_caching"]
+    engine, workload, _ = OPTIONS["prefix_caching"]
     return scenario(engine, LATENCIES["a10g"]).replace(**workload)
 
 

@@ -105,12 +105,12 @@ def test_min_step_is_a_lower_bound_of_every_step():
             dmin = min_step(lat)
             assert dmin > 0.0
             dec = np.empty(65)
-            fill_decode_costs(lat, dec)
+            fill_decode_costs(lat, dec, 1)   # (``extras``: the full engine's, every term read)
             for _ in range(300):
                 nd, npf, nctx, nsw = (int(x) for x in rng.integers(0, [65, 5000, 200000, 50]))
                 npfs = int(rng.integers(0, min(npf, 64) + 1))          # sequences prefilling
                 pairs2 = float(rng.integers(0, npf * (npf + 1) + 1))   # twice their causal pairs
-                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0, pairs2, npfs) >= dmin
+                assert step_time(lat, dec, nd, npf, nctx, nsw, 0.0, pairs2, npfs, 1) >= dmin
     noisy = np.array(pack_scenario(sc)["lat"])
     noisy[K.L_NOISE] = 1.0
     assert min_step(noisy) == 0.0
