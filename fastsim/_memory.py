@@ -450,10 +450,15 @@ def _written_bytes(sizes, written, unit, leave_out=(), rows=1):
     return pages * unit * rows // walked
 
 
-def _options(engine):
-    """The options of `WRITTEN_ONLY_WITH` the engine uses."""
+def _options(scenario):
+    """The options of `WRITTEN_ONLY_WITH` the scenario uses ("full": it runs
+    the full engine, `replica.engine_variant`'s rule on the scenario's
+    fields; tests/test_memory_estimate.py holds the two together)."""
+    engine, w = scenario.engine, scenario.workload
+    lat = scenario.latency._params()
     full = (engine.scheduler == "static" or engine.priority_preemption or engine.preemption_mode == "swap"
-            or engine.enable_prefix_caching)
+            or engine.enable_prefix_caching or engine.async_scheduling or w.max_concurrency is not None
+            or w.sessions is not None or lat[K.L_ROOF] != 0.0 or lat[K.L_NOISE] != 0.0)
     keyed = engine.policy != "fcfs" or engine.priority_aging_s is not None or engine.priority_preemption
     return {"full": full, "swap": engine.preemption_mode == "swap", "keyed": keyed}
 
@@ -500,7 +505,7 @@ def resident_segments(scenario, n=None):
     never write (`WRITTEN_ONLY_WITH`), the gap samples at `gap_entries`.
     (The engine writes each segment from its start.)"""
     n = scenario.workload.num_requests if n is None else n
-    used = _options(scenario.engine)
+    used = _options(scenario)
     si, sf = layout(*_dims(scenario, n))
     gaps = gap_entries(scenario, n) if n else 0
     out = []

@@ -4,6 +4,7 @@ and it is within a stated factor of the peak resident memory a run is
 measured to add; memory bombs through fleets and the block pool are refused
 before anything is allocated."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -221,3 +222,20 @@ def test_the_block_pool_is_in_the_64_bit_check():
     p = pack_scenario(POOL_BOMB)
     n, a, pr, o, c, q, grp, plen = stream(POOL_BOMB)[0]
     assert _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])[5:] == (2 ** 35, n * 24)
+
+
+@pytest.mark.parametrize("name", list(PROBES) + ["sync", "sync noisy", "sync closed loop"])
+def test_the_estimate_knows_which_engine_runs(name):
+    """`_memory._options`'s "full" is the kernel's choice of engine
+    (`replica.engine_variant`), which decides the segments a run writes."""
+    sync = dict(async_scheduling=False, enable_prefix_caching=False)
+    extra = {"sync": S(engine=E(**sync), workload=W(arrival_rate=20.0, num_requests=300)),
+             "sync noisy": S(engine=E(**sync), workload=W(arrival_rate=20.0, num_requests=300),
+                             latency=dataclasses.replace(fastsim.LatencyModel.default(),
+                                                         noise=fastsim.StepNoise(jitter_sd=0.1))),
+             "sync closed loop": S(engine=E(**sync), workload=W(num_requests=300, max_concurrency=8))}
+    sc = PROBES[name] if name in PROBES else extra[name]
+    full = K.engine_variant(pack_scenario(sc)["ipar"]) is not None
+    assert _memory._options(sc)["full"] == full
+    if name == "sync":
+        assert not full
