@@ -451,9 +451,12 @@ def _written_bytes(sizes, written, unit, leave_out=(), rows=1):
 
 
 def _options(scenario):
-    """The options of `WRITTEN_ONLY_WITH` the scenario uses ("full": it runs
-    the full engine, `replica.engine_variant`'s rule on the scenario's
-    fields; tests/test_memory_estimate.py holds the two together)."""
+    """The options of `WRITTEN_ONLY_WITH` the scenario may use. "full": it
+    may run the full engine, by the scenario's fields, before anything is
+    packed: never False where `replica.engine_variant` picks the full
+    engine (prefix caching counts even where the stream may turn out to
+    share no prefix: an estimate may count a segment that is not written,
+    never leave out one that is; tests/test_memory_estimate.py)."""
     engine, w = scenario.engine, scenario.workload
     lat = scenario.latency._params()
     full = (engine.scheduler == "static" or engine.priority_preemption or engine.preemption_mode == "swap"
