@@ -22,6 +22,10 @@ inlined into it included):
         python benchmarks/perf_profile.py --workload sharegpt --replications 8000 --lines DIR
     python benchmarks/perf_profile.py --report perf.data --lines DIR [--function _simulate] [--top 40]
 
+A fleet's routing loop: ``--workload fleet-jsq-8 --requests 2000 --replications 1500`` (a replication's
+requests, the fleet's), then ``--report ... --function _simulate_fleet_rows`` (or ``_simulate``, the
+replicas' resumed calls).
+
 With ``--lines``, the kernels are compiled with line tables and no other
 debug information (`_line_tables_only`: the optimisation of a normal build) and
 each entry's object code is written to DIR with the address it was loaded
@@ -85,10 +89,12 @@ if "--lines" in sys.argv and "--report" not in sys.argv:
 
 import fastsim  # noqa: E402
 from fastsim import kernel  # noqa: E402
+from fastsim.kernel import autoscale, cluster, disagg  # noqa: E402
 from benchmarks.common import WORKLOADS  # noqa: E402
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
-_ENTRIES = ("_simulate", "_draw_workload", "_reduce")   # the functions --lines writes out
+# the functions --lines writes out (a fleet's routing loop, `cluster._simulate_fleet_rows`, too)
+_ENTRIES = ("_simulate", "_draw_workload", "_reduce", "_simulate_fleet_rows")
 
 
 def _nm_functions(path):
@@ -120,7 +126,8 @@ def write_perf_map():
     """Write /tmp/perf-<pid>.map for every function the kernel's dispatchers
     compiled; return (functions, how many have their exact size)."""
     entries = {}
-    for obj in kernel.namespace().values():
+    fleets = [o for m in (cluster, disagg, autoscale) for o in vars(m).values()]   # (the fleets' entries too)
+    for obj in list(kernel.namespace().values()) + fleets:
         if not isinstance(obj, numba.core.registry.CPUDispatcher):
             continue
         for cres in obj.overloads.values():
@@ -149,13 +156,14 @@ def write_objects(directory):
     os.makedirs(directory, exist_ok=True)
     index = {}
     for name in _ENTRIES:
-        for i, cres in enumerate(kernel.namespace()[name].overloads.values()):
+        found = kernel.namespace().get(name) or getattr(cluster, name)
+        for i, cres in enumerate(found.overloads.values()):
             path = os.path.abspath(os.path.join(directory, f"{name}_{i}.o"))
             with open(path, "wb") as f:
                 f.write(cres.library._get_compiled_object())
             for fn in _DEFINE.findall(cres.library.get_llvm_str()):
                 addr = cres.library.get_pointer_to_function(fn)
-                if addr:
+                if addr and fn not in index:   # (first: an entry's own, not a later caller's link to it)
                     index[fn] = [path, addr]
     with open(os.path.join(directory, "index.json"), "w") as f:
         json.dump(index, f)
@@ -182,7 +190,11 @@ def _source_lines(name):
     """The lines of source file ``name`` (a bare name is looked up in the
     fastsim package: the line table names its own files without a directory),
     or [] where it cannot be read."""
-    path = name if os.path.isabs(name) else os.path.join(os.path.dirname(fastsim.__file__), name)
+    path = name
+    if not os.path.isabs(name):   # (the package's own files, then its kernel's)
+        root = os.path.dirname(fastsim.__file__)
+        path = next((p for p in (os.path.join(root, name), os.path.join(root, "kernel", name))
+                     if os.path.exists(p)), name)
     try:
         with open(path) as f:
             return f.read().splitlines()

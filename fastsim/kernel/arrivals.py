@@ -93,7 +93,9 @@ def _arrivals_during_step(n, req, batch, ipar, t_end, nxt, n_in_step, n_wait, re
             n_wait += 1
             _q_push(batch.q, batch.qs, req.key, ipar[I_POLICY], i, False)
             a_l += t_end - req.arrival[i]
-            part = min(t_end, we) - max(req.arrival[i], ws)
+            # (not the builtin ``min`` of two floats: compiled by both the compile helper and this process,
+            # its two copies made the engine's code differ with the helper, benchmarks/HISTORY.md, stop 56)
+            part = (t_end if t_end < we else we) - max(req.arrival[i], ws)
             if part > 0.0:
                 a_queue += part
     return nxt, n_wait, reserved, (a_occ, a_queue, a_kv, a_l, a_steps, a_max)

@@ -1049,7 +1049,9 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             plan = Stretch(kmax, we, next_a, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb)
             t_prev = t_vis
         else:
-            plan = Stretch(kmax, min(next_a, we), np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free)
+            # (the earlier written out, not the builtin ``min``: see `arrivals._arrivals_during_step`)
+            plan = Stretch(kmax, next_a if next_a < we else we, np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs,
+                           free)
             t_prev = t
         if noisy is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
