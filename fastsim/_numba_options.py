@@ -589,6 +589,13 @@ def njit_noalloc(func=None, *, entry=False, inline=None):
     ``"never"`` keeps the function out of line (``noinline``), so that its
     code does not spread the engine's hot code over more cache lines.
     Measure before adding one: inlining the wrong ones slowed the engine down.
+
+    Without the runtime, a function that returns a view of an array (such
+    as `kernel.cluster._rows`) takes no reference for it; code compiled
+    with the runtime (a plain ``numba.njit`` function) that calls it would
+    release one it never took, and free the array under Python (seen as
+    "malloc(): unaligned tcache chunk"). Call the kernel's functions from
+    code compiled as they are (`njit` with ``_nrt=False``, or this).
     """
     if func is None:
         return lambda f: njit_noalloc(f, entry=entry, inline=inline)
