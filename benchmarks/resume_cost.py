@@ -50,14 +50,10 @@ def main():
 
     @njit(cache=False, _nrt=False)
     def set_up(fb, n, stream, ipar, fpar, lat, full, handed):
-        # replica 0 set up empty, handed the stream's first requests at an eighth of their times
-        arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-        replica._state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
-        for j in range(ipar.size):
-            fb.rip[0, j] = ipar[j]
+        # replica 0 set up empty (as a fleet's), handed the stream's first requests at an eighth of their times
+        rc = cluster._set_up_uniform(n, stream, ipar, fpar, lat, 1, fb, full)
         wi, wf = cluster._rows(fb, 0)
-        rc = replica._simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[0], fpar, lat, wi, wf,
-                               full, 0.0, replica.STEP_INIT | replica.STEP_EMPTY)
+        arrival, prompt, output, prio, sjfk, pgrp, plen = stream
         ri = fb.rs_i
         for i in range(handed):
             if rc >= 0:
