@@ -57,7 +57,7 @@ def main():
                 stream = K.draw_workload(rep, 5, 6, *K.scenario_arrays(p, lat=False))
                 n = stream[0].size
                 lat, fpar = K.run_records(p["lat"], p["fpar"], 5, 6, rep)
-                need = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+                need = K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
                 calls.append(((np.int64(n), *stream, ipar, fpar, lat, p["fleet"], np.int64(p["router"]),
                                np.int64(nrep), np.uint64(5), np.uint64(6), np.int64(rep)), need))
             n_max = max(c[0][0] for c in calls)

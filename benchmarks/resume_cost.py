@@ -44,7 +44,7 @@ def main():
     stream = K.draw_workload(1, 5, 6, *K.scenario_arrays(p, lat=False))
     n = np.int64(stream[0].size)
     lat, fpar = K.run_records(p["lat"], p["fpar"], 5, 6, 1)
-    need = K._ws_need(n, stream[1], stream[2], stream[5], stream[6], ipar)
+    need = K._ws_need_handed(n, stream[1], stream[2], stream[5], stream[6], ipar)
     fb = cluster.fleet_buffers(int(n), 1, int(need[0]), int(need[1]), 0)
     fb.size[0, 0], fb.size[0, 1] = int(need[0]), int(need[1])
 

@@ -69,7 +69,7 @@ def _one_run(worker, rep, k0, k1, packed, full):
     stream = tuple(c[:n] for c in buf.requests)
     ipar = packed["ipar"]
     lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)
-    need_i, need_f = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    need_i, need_f = K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb, wm_i, wm_f = worker.fleet.uniform_buffers(n, need_i, need_f)
     apar = packed["apar"]
     nwin = A._window_guess(stream[0], apar)

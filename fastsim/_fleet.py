@@ -162,7 +162,12 @@ def _small_pages(count, dtype):
 
 class _FleetWorker:
     """One thread's buffers: the fleet stream and the replicas' rows, grown
-    when a replication needs more (rows are views of exactly `_ws_need`'s size)."""
+    when a replication needs more. The rows are as wide as the allocation,
+    each replica's workspace their first ``fb.size[r]`` entries
+    (`cluster._rows`): a row stays where it was whatever a replication's
+    size, so that the pages a replica wrote in one replication are written
+    again in the next, not faulted in afresh (with the layout's rounded gap
+    room, `kernel.workspace._gap_room`, its segments stay in place too)."""
 
     def __init__(self, num_requests, nrep, ngroups):
         self.buf = K.ChunkBuffers(num_requests)
@@ -173,7 +178,7 @@ class _FleetWorker:
 
     def buffers(self, n, sizes):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
-        ``sizes[r]`` (int, float) entries (its rows as wide as the largest)."""
+        ``sizes[r]`` (int, float) entries (its rows as wide as the allocation)."""
         need_i, need_f = (int(x) for x in sizes.max(axis=0))
         if self.fb is None or self.size[0] < n or self.size[1] < need_i or self.size[2] < need_f:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
@@ -185,8 +190,8 @@ class _FleetWorker:
             self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
         rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)
         rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * n].reshape(6, self.nrep, n)
-        wi = self._wi[:self.nrep * need_i].reshape(self.nrep, need_i)
-        wf = self._wf[:self.nrep * need_f].reshape(self.nrep, need_f)
+        wi = self._wi.reshape(self.nrep, self.size[1])
+        wf = self._wf.reshape(self.nrep, self.size[2])
         fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
         return fb, self.wm[0][:need_i], self.wm[1][:need_f]
 
@@ -241,7 +246,7 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     for ipar, fpar0, lat0, rows in kinds:
         # the replication's latency records: its per-run effects, shared by the replicas of a kind
         lats[rows], fpars[rows] = K.run_records(lat0, fpar0, k0, k1, rep)
-        sizes[rows] = K._ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+        sizes[rows] = K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
     fb, wm_i, wm_f = worker.buffers(n, sizes)
     cluster.fill_records(fb, ipars, fpars, lats, sizes)

@@ -181,10 +181,25 @@ def _python_ws_sizes():
     return python_version(K.workspace._ws_sizes)
 
 
-def ws_dims(n, prompt, output, pgrp, plen, ipar):
+def gap_room(nitl):
+    """The gap samples' room of a replica handed its requests (a fleet's) for
+    a bound of ``nitl`` (`kernel.workspace._gap_room`, run as Python: exact
+    integers)."""
+    return _python_gap_room()(int(nitl))
+
+
+@functools.lru_cache(maxsize=None)
+def _python_gap_room():
+    from ._numba_options import python_version
+
+    return python_version(K.workspace._gap_room)
+
+
+def ws_dims(n, prompt, output, pgrp, plen, ipar, handed=False):
     """``kernel.workspace._ws_dims`` of given requests, in Python integers: (seats,
     prefix-cache entries, prefix references, gap samples, most prefix blocks
-    of a request, blocks of the block pool, entries of the requests' block lists)."""
+    of a request, blocks of the block pool, entries of the requests' block lists);
+    ``handed``: of a replica handed its requests (`kernel.workspace._handed_dims`)."""
     bs = int(ipar[K.I_BLOCK_SIZE])
     cap = max(1, min(int(ipar[K.I_MAX_NUM_SEQS]), n))
     kv_tokens = int(ipar[K.I_NUM_GPU_BLOCKS]) * bs
@@ -204,7 +219,8 @@ def ws_dims(n, prompt, output, pgrp, plen, ipar):
         nbp = int(ipar[K.I_NUM_GPU_BLOCKS])
         tok = np.asarray(prompt[:n], dtype=object) + np.asarray(output[:n], dtype=object)
         nbt = int(sum(min((int(x) + bs - 1) // bs, nbp) for x in tok))
-    return cap, max(ngrp * jmax, 1), max(nheld, 1), max(n_tok, 1), jmax, nbp, nbt
+    nitl = max(n_tok, 1)
+    return cap, max(ngrp * jmax, 1), max(nheld, 1), gap_room(nitl) if handed else nitl, jmax, nbp, nbt
 
 
 def law_max(law) -> int:
@@ -276,7 +292,7 @@ def workspace_bound(scenario):
     p_hi, o_hi, _, _ = _lengths(w)
     nreq = "num_requests" if w.users is None else "users (num_requests = users x per-user cap)"
     dims = {"n": (n, nreq), "cap": (max(1, min(e.max_num_seqs, n)), "max_num_seqs"),
-            "nitl": (max((n - w.warmup_requests) * min(o_hi, kv), 1),
+            "nitl": (gap_room(max((n - w.warmup_requests) * min(o_hi, kv), 1)),
                      f"{nreq}, output_len and num_gpu_blocks * block_size")}
     ncnt = nheld = 1
     if e.enable_prefix_caching and w.prefix_groups > 0:
@@ -472,24 +488,32 @@ def gap_entries(scenario, n):
     latency model has no context term, else the mean output tokens (each
     step's duration differs; never more than the output tokens)."""
     w = scenario.workload
-    tokens = _gap_room(scenario, n)
+    tokens = _output_tokens(scenario, n)
     if scenario.latency.ctx_per_token_s > 0:
         return tokens
     return min(tokens, GAP_ENTRIES_PER_REQUEST * max(n - w.warmup_requests, 0) + 1)
 
 
-def _gap_room(scenario, n):
-    """The gap samples' room (the layout's ``nitl``) of ``n`` requests at the mean output length."""
+def _output_tokens(scenario, n):
+    """The output tokens of the measured requests of ``n``, at the mean output length (each capped at the KV cache)."""
     e, w = scenario.engine, scenario.workload
     _, _, o_mean, _ = _lengths(w)
     return max(1, int(min(o_mean, e.kv_capacity_tokens) * max(n - w.warmup_requests, 0)))
 
 
-def _dims(scenario, n):
+def _gap_room(scenario, n, handed=False):
+    """The gap samples' room (the layout's ``nitl``) of ``n`` requests at the
+    mean output length; ``handed``: of a fleet's replica (`gap_room`)."""
+    tokens = _output_tokens(scenario, n)
+    return gap_room(tokens) if handed else tokens
+
+
+def _dims(scenario, n, handed=False):
     """The layout's dimensions (`kernel.workspace._ws_dims`'s, with ``n``
     and the block size) of a replication of ``n`` requests, estimated: the
     gap samples' room and the block lists at the mean lengths, the prefix
-    dimensions at `_typical_prefix`."""
+    dimensions at `_typical_prefix`; ``handed``: of a fleet's replica
+    (`kernel.workspace._handed_dims`)."""
     e, w = scenario.engine, scenario.workload
     bs = e.block_size
     ncnt, nheld = _typical_prefix(scenario, n)
@@ -498,7 +522,7 @@ def _dims(scenario, n):
         _, _, o_mean, p_mean = _lengths(w)
         nbp = e.usable_gpu_blocks
         nbt = n * min(int(math.ceil((p_mean + o_mean) / bs)) + 1, nbp)
-    return n, bs, max(1, min(e.max_num_seqs, n)), ncnt, nheld, _gap_room(scenario, n), nbp, nbt
+    return n, bs, max(1, min(e.max_num_seqs, n)), ncnt, nheld, _gap_room(scenario, n, handed), nbp, nbt
 
 
 def resident_segments(scenario, n=None):
@@ -525,7 +549,8 @@ def _workspace_bytes(scenario, n_layout, n_written, rows=1, small_pages=False):
     `_fleet._small_pages`); in one allocation each for ``wi`` and ``wf``
     (their `granule`)."""
     total = 0
-    for sizes, written in zip(layout(*_dims(scenario, n_layout)), resident_segments(scenario, n_written)):
+    handed = small_pages   # (a fleet's rows, laid out for its replicas, `kernel.workspace._handed_dims`)
+    for sizes, written in zip(layout(*_dims(scenario, n_layout, handed)), resident_segments(scenario, n_written)):
         unit = PAGE if small_pages else granule(8 * rows * sum(sizes.values()))
         total += _written_bytes(sizes, written, unit, rows=rows)
     return total
@@ -617,7 +642,7 @@ def _fleet_parts(scenario):
     streams = sum(_written_bytes({"row": n}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
                   for c in (1, 6)) + _column_bytes(n, 2)
     merged = 0
-    for sizes, written in zip(layout(*_dims(scenario, n)), resident_segments(scenario, n)):
+    for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):
         head = K.workspace.WI_HEAD if next(iter(sizes)).startswith("WI") else K.workspace.WF_HEAD
         keep = {k: v for k, v in written.items() if getattr(K.workspace, k) < head
                 or k in GAP_SEGMENTS or k in ("WI_HIST", "WF_ACC")}
@@ -630,12 +655,13 @@ def fleet_address_space(scenario):
     """Bytes of address space one thread of a fleet's run reserves in its
     larger allocation (``wi``'s or ``wf``'s rows, `_fleet._FleetWorker`):
     each of the ``replicas`` rows a workspace laid out for the whole stream
-    (the gap samples' room at the mean output tokens), with the quarter to
+    (the gap samples' room at the mean output tokens, rounded as a
+    replica handed its requests rounds it), with the quarter to
     spare the worker grows by. (Pages never written cost address space
     only; but an allocation larger than the machine's memory and swap is
     refused by the OS's default overcommit heuristic.)"""
     n = scenario.workload.num_requests
-    si, sf = layout(*_dims(scenario, n))
+    si, sf = layout(*_dims(scenario, n, True))
     return _fleet_replicas(scenario.fleet) * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
 
 

@@ -17,7 +17,8 @@ from fastsim._replicate import pack_scenario
 from fastsim.kernel import autoscale as A
 from fastsim.kernel import cluster as C
 from fastsim.kernel.workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD,
-                                      RI_DIM_NITL, WF_FINISH, WF_FIRST, WI_CTOK, WI_STATUS, Stream, _carve, _ws_need)
+                                      RI_DIM_NITL, WF_FINISH, WF_FIRST, WI_CTOK, WI_STATUS, Stream, _carve,
+                                      _ws_need_handed)
 
 #: Bursts, a lull (the fleet shrinks, replicas drain and leave), bursts again
 #: (new replicas start in the rows left).
@@ -46,7 +47,7 @@ def _run_kernel(stream, p, router, policy):
     ipar = p["ipar"]
     full = K.engine_variant(ipar)
     m = policy["max_replicas"]
-    need_i, need_f = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    need_i, need_f = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb = C.fleet_buffers(n, m, need_i, need_f, C._ngroups(stream[5]))
     ab = A.autoscale_buffers(m, 4096)
     rc = A._simulate_autoscaled(np.int64(n), *stream, ipar, p["fpar"], p["lat"], np.zeros(3),

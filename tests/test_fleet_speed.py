@@ -485,3 +485,26 @@ def test_the_disaggregated_bound_changes_no_bit(seed):
             for key in per:
                 assert np.array_equal(per[key], per0[key], equal_nan=True), (router_d, key)
             assert np.array_equal(row, row0, equal_nan=True) and np.array_equal(extra, extra0, equal_nan=True)
+
+
+def test_a_workers_rows_stay_in_place_and_change_no_bit():
+    """A thread's fleet buffers (`_fleet._FleetWorker`) keep each replica's
+    row where it was, whatever a replication's workspace size (the rows are
+    as wide as the allocation), so that the pages a replica wrote are
+    written again, not faulted in afresh; and replications run one after
+    the other in one worker's dirty rows give the bits of each run alone."""
+    from fastsim import _fleet as F
+
+    sc = _scenario(V1_OFF, NO_CACHE).replace(fleet=fastsim.Fleet(replicas=3, router="jsq"))
+    packed = pack_scenario(sc)
+    together = F.run_fleet(sc, packed, 5, 6, 0, 6)
+    alone = np.vstack([F.run_fleet(sc, packed, 5, 6, j, 1) for j in range(6)])
+    assert np.array_equal(together, alone, equal_nan=True)
+
+    worker = F._FleetWorker(120, 3, 0)
+    sizes = np.array([[5000, 4000]] * 3)
+    fb = worker.buffers(120, sizes)[0]
+    where = [(fb.wi[r].ctypes.data, fb.wf[r].ctypes.data) for r in range(3)]
+    for shrink in (1, 7, 600):   # (smaller workspaces: no regrowth)
+        fb = worker.buffers(120, sizes - shrink)[0]
+        assert [(fb.wi[r].ctypes.data, fb.wf[r].ctypes.data) for r in range(3)] == where

@@ -31,6 +31,14 @@ def test_exact_sizes_mirror_the_kernel(name, rep):
     dims = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"])
     mine = _memory.ws_sizes(n, int(p["ipar"][K.I_BLOCK_SIZE]), *dims[:4], *dims[5:])
     assert mine == tuple(int(x) for x in K._ws_need(n, pr, o, grp, plen, p["ipar"]))
+    # a replica handed its requests (a fleet's): the gap room rounded, as `replica._state_dims` states it
+    handed = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"], handed=True)
+    assert handed[3] == _memory.gap_room(dims[3]) and handed[:3] + handed[4:] == dims[:3] + dims[4:]
+    mine = _memory.ws_sizes(n, int(p["ipar"][K.I_BLOCK_SIZE]), *handed[:4], *handed[5:])
+    assert mine == tuple(int(x) for x in K._ws_need_handed(n, pr, o, grp, plen, p["ipar"]))
+    wi = np.zeros(mine[0], np.int64)
+    K.replica._state_dims(n, pr, o, grp, plen, p["ipar"], wi)
+    assert tuple(wi[wi.size - K.workspace.N_RI + K.workspace.RI_DIM_CAP:][:7]) == handed
 
 
 @pytest.mark.parametrize("name", list(CASES))

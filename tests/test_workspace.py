@@ -150,3 +150,28 @@ def test_the_views_are_the_segments_of_the_layout():
     for j in (W.WF_FIRST, W.WF_FINISH, W.WF_SWAPPED):
         assert sum(sf[:j]) == j * dims[0]
     assert sum(sf[:W.WF_ACC]) == W.WF_HEAD * dims[0] and sum(si[:W.WI_HIST]) == W.WI_HEAD * dims[0]
+
+
+def test_the_gap_room_rounds_up_by_at_most_an_eighth():
+    """`workspace._gap_room` (the gap samples' room of a replica handed its
+    requests, a fleet's): at least the bound, at most an eighth more, never
+    smaller for a larger bound, compiled and as Python alike
+    (`_memory.gap_room`, which the memory checks use); replications whose
+    tokens differ by a little share it."""
+    from fastsim import _memory
+    from fastsim._numba_options import njit
+    from fastsim.kernel import workspace as W
+
+    @njit(cache=False)
+    def compiled(xs, out):
+        for i in range(xs.size):
+            out[i] = W._gap_room(xs[i])
+
+    xs = np.unique(np.concatenate([np.arange(1, 5000), np.geomspace(5000, 2 ** 50, 3000).astype(np.int64),
+                                   2 ** np.arange(13, 51) + 1, 2 ** np.arange(13, 51) - 1]))
+    room = np.empty_like(xs)
+    compiled(xs, room)
+    assert np.all(room >= xs) and np.all(room <= xs + xs // 8) and np.all(np.diff(room) >= 0)
+    assert all(_memory.gap_room(int(x)) == int(r) for x, r in zip(xs[::37], room[::37]))
+    assert _memory.gap_room(2 ** 70 + 1) == 2 ** 70 + 2 ** 67   # (Python's integers: no wrap-around)
+    assert len({int(r) for r in room[(xs >= 300_000) & (xs < 310_000)]}) == 1

@@ -56,7 +56,8 @@ from .metrics import _reduce  # noqa: F401
 from .replica import WHOLE_RUN, _simulate, engine_variant  # noqa: F401
 from .workload import _draw_workload  # noqa: F401
 from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SWAPPED, WI_BLOCKS,  # noqa: F401
-                        WI_CTOK, WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS, _ws_need)
+                        WI_CTOK, WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS, _ws_need,
+                        _ws_need_handed)
 
 #: The kernel's modules, in reading order.
 MODULES = (layout, rng, workload, waiting_queue, kv_cache, block_pool, prefix_cache, arrivals, scheduler, decoders,

@@ -36,7 +36,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import _advance, _call, _observe, _set_up_uniform
+from .cluster import _advance, _call, _observe, _ri, _rows, _set_up_uniform
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -94,13 +94,13 @@ def _cold(fb, r, n, full):
     if full is not None:   # (the block pool is the full engine's)
         ip = fb.rip[r]
         if ip[I_CACHING] == 1 and ip[I_BLOCK_HASH] >= 1:
-            w = fb.wi[r]
+            w, wf = _rows(fb, r)
             ri = w[w.size - N_RI:]
             rs = fb.rs_i
             stream = Stream(fb.rs_a[r], rs[0, r], rs[1, r], rs[2, r], rs[3, r], rs[4, r], rs[5, r])
             dims = (n, ip[I_BLOCK_SIZE], ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL],
                     ri[RI_DIM_NBP], ri[RI_DIM_NBT])
-            cache = _carve(stream, dims, w, fb.wf[r])[4]
+            cache = _carve(stream, dims, w, wf)[4]
             _pool_cold(cache.pool, ip[I_NUM_GPU_BLOCKS])
 
 
@@ -308,8 +308,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         t = arrival[i]
         if i == warmup and warmup > 0:
             for r in range(m):
-                w = fb.wi[r]
-                fb.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+                fb.rip[r, I_WARMUP] = _ri(fb, r, RI_N_KNOWN)
         while k * interval <= t:
             tau = k * interval
             _activate(ab, m, tau)
@@ -330,8 +329,9 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         ns = _serving_view(fb, ab, m)
         r = ab.pos[_route(router, i, pgrp[i], ab.sload, fb.table, fb.rstate, cap, ns)]
         ri = fb.rs_i
+        wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
-                  fb.wi[r], fb.wf[r], full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
         if j < 0:
             return j
         fb.owner[i] = r
@@ -466,13 +466,13 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     """
     from .cluster import _gather, _ngroups, fleet_buffers
     from .replica import engine_variant
-    from .workspace import _ws_need
+    from .workspace import _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
     full = engine_variant(ipar)
     m = int(apar[AS_MAX])
-    need_i, need_f = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    need_i, need_f = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb = fleet_buffers(n, m, need_i, need_f, _ngroups(stream[5]))
     nwin = _window_guess(stream[0], apar)
     while True:

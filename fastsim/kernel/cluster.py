@@ -20,7 +20,7 @@ replica runs to its end. Semantics: ``docs/engine-model.md``, "Fleets".
 Replica ``r`` lives in row ``r`` of 2-D workspaces (`FleetBuffers`), each
 row the workspace of a replica able to hold every request of the stream
 (pages of rows a replica never reaches are never touched); its first
-``size[r]`` entries, exactly `workspace._ws_need` for its parameters (the
+``size[r]`` entries, exactly `workspace._ws_need_handed` for its parameters (the
 replicas of a mixed fleet differ). Its parameter records are row ``r`` of
 ``rip``, ``rfp`` and ``rlat``: its engine's and latency model's (a uniform
 fleet's are all the same), with its warm-up count, which is its requests
@@ -68,7 +68,7 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: since the router's last look in ``ev[2N..3N-1]`` with their count in
 #: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``); each replica's float and
 #: latency records (``rfp``, ``rlat``, as ``rip``) and its workspace's
-#: entries (``size[r]``: int, float; the rows' widths in a uniform fleet).
+#: entries (``size[r]``: int, float; its rows may be wider, `_rows`).
 #: Appended: for the routers that read requests in the system only
 #: (`router._in_system_only`), each replica's departure bound (``dep[r]``:
 #: no request leaves it before then, `_departs`; an empty ``dep`` turns
@@ -631,16 +631,16 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
     request). Returns the first negative code of `_simulate`, else 0.
     (Autoscaled and disaggregated fleets set up so.)"""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    _state_dims(n, prompt, output, pgrp, plen, ipar, fb.wi[0])
-    w0 = fb.wi[0]
+    w0 = _rows(fb, 0)[0]
+    _state_dims(n, prompt, output, pgrp, plen, ipar, w0)
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
-        w = fb.wi[r]
+        w, wf = _rows(fb, r)
         for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
             w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, fb.wi[r],
-                       fb.wf[r], full, 0.0, STEP_INIT | STEP_EMPTY)
+        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, w, wf, full, 0.0,
+                       STEP_INIT | STEP_EMPTY)
         if rc < 0:
             return rc
         fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
@@ -673,7 +673,7 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
         The router's random stream: keyed as replication ``rep``'s workload.
     fb : FleetBuffers
         The replicas and the router's memory (`fleet_buffers`); each
-        replica's workspace exactly `workspace._ws_need` of the stream.
+        replica's workspace exactly `workspace._ws_need_handed` of the stream.
     full : None or int
         The compiled engine (`replica.engine_variant`).
 
@@ -700,7 +700,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     rows of ``fb.rip``, ``fb.rfp``, ``fb.rlat`` (a mixed fleet: replicas
     of different engines and latency models; the warm-up count, the
     workload's, is the same in every row) and its workspace's size in
-    ``fb.size[r]`` (`workspace._ws_need` of the stream for its records).
+    ``fb.size[r]`` (`workspace._ws_need_handed` of the stream for its records).
     ``full``: the engine every replica runs (the full one if any needs it)."""
     warmup = fb.rip[0, I_WARMUP]
     # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
@@ -963,7 +963,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     """
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
-    from .workspace import _ws_need
+    from .workspace import _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
@@ -971,7 +971,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
-    sizes = np.array([_ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
+    sizes = np.array([_ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
                      np.int64).reshape(nrep, 2)
     need_i, need_f = sizes.max(axis=0)
     fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))

@@ -29,7 +29,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import _call, _look, _look_due, _queue_handed, _queue_init, _set_up_uniform, _simulate_fleet
+from .cluster import (_call, _look, _look_due, _queue_handed, _queue_init, _ri, _rows, _set_up_uniform,
+                      _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
@@ -39,7 +40,7 @@ from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
-from .workspace import (N_RI, RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
+from .workspace import (RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
 #: The hand-off's buffers (`disagg_buffers`), per request of the stream:
@@ -226,8 +227,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if not measured and i >= warmup:   # the decode pool's warm-up: hand-offs before the first measured one
             measured = True
             for r in range(nrep_d):
-                w = fbd.wi[r]
-                fbd.rip[r, I_WARMUP] = w[w.size - N_RI + RI_N_KNOWN]
+                fbd.rip[r, I_WARMUP] = _ri(fbd, r, RI_N_KNOWN)
         if queue:
             rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound)
         elif reads:
@@ -237,8 +237,9 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
         at = _transfer(link, db.link_free, d, t1, prompt[i])
         ri = fbd.rs_i
+        wi, wf = _rows(fbd, d)
         j = _hand(n, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
-                  fbd.wi[d], fbd.wf[d], full_d, at, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+                  wi, wf, full_d, at, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
         if j < 0:
             return j
         fbd.wi[d][WI_K * n + j] = prompt[i] - 1   # its KV but the last token's: vLLM recomputes that one
@@ -434,7 +435,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     from .cluster import _ngroups, fleet_buffers
     from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
-    from .workspace import WI_G, _ws_need
+    from .workspace import WI_G, _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
@@ -443,8 +444,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     ones = np.ones(n, np.int64)
     full_p, full_d = engine_variant(ipar_p), engine_variant(ipar_d)
     ng = _ngroups(stream[5])
-    need_p = _ws_need(np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
-    need_d = _ws_need(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
+    need_p = _ws_need_handed(np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
+    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
     fbp = fleet_buffers(n, nrep_p, *need_p, ng)
     fbd = fleet_buffers(n, nrep_d, *need_d, ng)
     if not queue:

@@ -27,7 +27,7 @@ from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
 from .rng import _seed_streams
 from .workload import _draw_workload, _trace_window
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
-                        WI_STATUS, Stream, _ws_need)
+                        WI_STATUS, Stream, _ws_need, _ws_need_handed)
 from .replica import (STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RUN, _hand, _simulate, _state_dims,
                       engine_variant)
 from .metrics import _reduce
@@ -439,8 +439,9 @@ class Replica:
         self.n = np.int64(arrival.size)
         self.params = (ipar, fpar, lat)
         self.full = engine_variant(ipar)
-        need_i, need_f = _ws_need(self.n, self.stream.prompt, self.stream.output, self.stream.pgrp,
-                                  self.stream.plen, ipar)
+        need = _ws_need_handed if empty else _ws_need
+        need_i, need_f = need(self.n, self.stream.prompt, self.stream.output, self.stream.pgrp, self.stream.plen,
+                              ipar)
         self.wi = np.zeros(need_i, np.int64)
         self.wf = np.zeros(need_f)
         # the replica's scalars: the last segment of each layout (`workspace`)

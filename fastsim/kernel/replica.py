@@ -84,6 +84,7 @@ from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
                         RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN,
+                        _handed_dims,
                         WF_FINISH, WF_FIRST, WF_KEY, WF_LAST, WI_BLOCKS, WI_G, WI_K, WI_NPRE, WI_STATUS,
                         _key_offset, _sched_offset,
                         RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
@@ -308,12 +309,13 @@ def _layout_dims(n, prompt, output, pgrp, plen, ipar, wi, what):
 
 @njit_noalloc(entry=True)
 def _state_dims(n, prompt, output, pgrp, plen, ipar, wi):
-    """State the layout's dimensions for requests ``0..n-1`` in the scalars
-    of the workspace ``wi`` (exactly `workspace._ws_need`'s size) before a
+    """State the layout's dimensions of a replica handed its requests, bounded
+    by requests ``0..n-1`` (`workspace._handed_dims`), in the scalars of the
+    workspace ``wi`` (exactly `workspace._ws_need_handed`'s size) before a
     `STEP_INIT` | `STEP_EMPTY` call (or copy them from one that has them)."""
     ri = wi[wi.size - N_RI:]
     (ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX], ri[RI_DIM_NBP],
-     ri[RI_DIM_NBT]) = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+     ri[RI_DIM_NBT]) = _handed_dims(n, prompt, output, pgrp, plen, ipar)
     return 0
 
 
@@ -1710,7 +1712,7 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
     """Hand one request to a paused replica: it becomes request
     ``RI_N_KNOWN`` of the stream arrays (capacity ``n``), set up as
     `_init_replica` sets up a known one. O(1): the layout's dimensions are
-    the replica's (`_layout_dims`), its workspace exactly `_ws_need`'s size.
+    the replica's (`_layout_dims`), its workspace exactly `_ws_need_handed`'s size.
 
     Parameters
     ----------

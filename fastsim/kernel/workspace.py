@@ -79,6 +79,30 @@ WF_HEAD = 4
 (RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
 
 
+@njit_noalloc(inline="llvm")
+def _gap_room(nitl):
+    """The gap samples' room of a replica handed its requests (`_handed_dims`)
+    for a bound of ``nitl`` (>= 1): rounded up to four significant bits (at
+    most an eighth more). Replications whose output tokens differ a little
+    then share one layout, so that a fleet's replica rows (`cluster`, laid
+    out for the whole stream, in buffers kept from one replication to the
+    next) find every segment after the gap samples where the last
+    replication left it, its pages faulted in once (exact, the segments
+    moved with each replication's tokens and were faulted in afresh). Pages
+    of the room never written cost address space only. (One replica run
+    over its stream keeps the exact room: a layout the same in every
+    replication fixes where its segments fall in the processor's caches
+    relative to each other, which measured slower on the single-replica
+    workloads than the exact room's, different in each replication;
+    `benchmarks/HISTORY.md`.)"""
+    s = 0
+    x = nitl - 1
+    while x >= 16:
+        x >>= 1
+        s += 1
+    return (x + 1) << s
+
+
 @njit_noalloc
 def _ws_dims(n, prompt, output, pgrp, plen, ipar):
     """Data-dependent sizes: (seats, prefix-cache entries, prefix references,
@@ -143,6 +167,23 @@ def _session_dims(n, output, ipar, cap):
 def _ws_need(n, prompt, output, pgrp, plen, ipar):
     """Sizes (int64 entries, float64 entries) of the workspace of requests ``0..n-1``."""
     cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    return _ws_sizes(n, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl, nbp, nbt)
+
+
+@njit_noalloc(inline="llvm")
+def _handed_dims(n, prompt, output, pgrp, plen, ipar):
+    """`_ws_dims` of a replica set up empty and handed its requests (a
+    fleet's, bounded by the requests ``0..n-1`` of the stream): the gap
+    samples' room rounded up (`_gap_room`)."""
+    cap, ncnt, nheld, nitl, jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    return cap, ncnt, nheld, _gap_room(nitl), jmax, nbp, nbt
+
+
+@njit_noalloc(entry=True)
+def _ws_need_handed(n, prompt, output, pgrp, plen, ipar):
+    """`_ws_need` of a replica handed its requests (`_handed_dims`; a
+    fleet's, `replica._state_dims`)."""
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _handed_dims(n, prompt, output, pgrp, plen, ipar)
     return _ws_sizes(n, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl, nbp, nbt)
 
 
