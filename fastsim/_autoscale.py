@@ -55,6 +55,10 @@ class _Worker:
         self.nrep = nrep
         self.ab = None
 
+    def give_back(self):
+        """Hand the fleet's buffers on to a later run (`_fleet._FleetWorker.give_back`)."""
+        self.fleet.give_back()
+
     def policy_buffers(self, nwin):
         if self.ab is None or self.ab.windows.shape[0] < nwin:
             self.ab = A.autoscale_buffers(self.nrep, nwin)

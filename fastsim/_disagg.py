@@ -209,6 +209,11 @@ class _DisaggWorker:
         self.db = None
         self.nrep_d = dis.decode.replicas
 
+    def give_back(self):
+        """Hand each pool's buffers on to a later run (`_fleet._FleetWorker.give_back`)."""
+        self.p.give_back()
+        self.d.give_back()
+
     def hand_off(self, n):
         if self.db is None or self.db.t1.size < n:
             self.db = disagg.disagg_buffers(n + n // 4, self.nrep_d)

@@ -5,7 +5,6 @@ the compiled `kernel.cluster`). Fleet sizing: `fastsim._fleet_capacity`.
 
 from __future__ import annotations
 
-import mmap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
+from ._pages import small_pages
 from .kernel import cluster
 from ._validation import check_float, check_int
 
@@ -136,28 +136,17 @@ def _members(entries):
     return tuple(out)
 
 
-
-def _small_pages(count, dtype):
-    """An uninitialised 1-D array of ``count`` entries in memory mapped with
-    ordinary pages. The replicas' rows are each as large as one replica's
-    workspace for the whole stream, and a replica touches only a few pages
-    of each of its segments; NumPy asks for transparent huge pages on large
-    arrays (where the system grants them on request), and each touched huge
-    page is then zeroed whole: the rows would cost their full size at
-    every replication that regrows them, and more when the system splits
-    and reclaims them."""
-    size = max(int(count), 1) * np.dtype(dtype).itemsize
-    if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):   # (not shared memory: POSIX's default)
-        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    else:
-        buf = mmap.mmap(-1, size)
-    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
-    if advice is not None:
-        try:
-            buf.madvise(advice)
-        except OSError:   # (a kernel without transparent huge pages)
-            pass
-    return np.frombuffer(buf, dtype=dtype, count=max(int(count), 1))
+#: Fleet buffers of finished runs, kept for the next run of as many replicas
+#: (`_FleetWorker.give_back`): a fresh set faults in its rows' pages at every
+#: `replicate` call (as one replica's workspaces are handed on,
+#: `kernel.drivers.ChunkBuffers.give_back`). Each entry: (replicas, prefix
+#: groups, the buffers' state); at most `FLEET_SPARE_MAX` of them, whose rows
+#: reserve at most `FLEET_SPARE_MAX_SPACE` of address space in all (rows of
+#: the whole stream's layout reserve far more than they write).
+_FLEET_SPARE = []
+_FLEET_SPARE_LOCK = threading.Lock()
+FLEET_SPARE_MAX = 4
+FLEET_SPARE_MAX_SPACE = 2 ** 32
 
 
 class _FleetWorker:
@@ -175,6 +164,27 @@ class _FleetWorker:
         self.size = (-1, -1, -1)
         self.fb = None
         self.wm = None
+        with _FLEET_SPARE_LOCK:   # (an earlier run's of as many replicas, `give_back`)
+            for k, (m, g, _) in enumerate(_FLEET_SPARE):
+                if (m, g) == (nrep, ngroups):
+                    self.size, self.fb, self._wi, self._wf, self.wm = _FLEET_SPARE.pop(k)[2]
+                    break
+
+    def give_back(self):
+        """Hand the buffers on to the next worker made for as many replicas
+        (a later run's), within `FLEET_SPARE_MAX` and
+        `FLEET_SPARE_MAX_SPACE` (the latest kept); call it only once no
+        kernel uses them."""
+        if self.fb is None:
+            return
+        state = (self.size, self.fb, self._wi, self._wf, self.wm)
+        self.fb = self.wm = None
+        self.size = (-1, -1, -1)
+        with _FLEET_SPARE_LOCK:
+            _FLEET_SPARE.append((self.nrep, self.ngroups, state))
+            while len(_FLEET_SPARE) > FLEET_SPARE_MAX or sum(e[2][2].nbytes + e[2][3].nbytes
+                                                             for e in _FLEET_SPARE) > FLEET_SPARE_MAX_SPACE:
+                _FLEET_SPARE.pop(0)
 
     def buffers(self, n, sizes):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
@@ -184,8 +194,8 @@ class _FleetWorker:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
             # each regrowth faults in the pages of fresh replica rows
             self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
-            self._wi = _small_pages(self.nrep * self.size[1], np.int64)
-            self._wf = _small_pages(self.nrep * self.size[2], np.float64)
+            self._wi = small_pages(self.nrep * self.size[1], np.int64)
+            self._wf = small_pages(self.nrep * self.size[2], np.float64)
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
             self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
         rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)
@@ -300,21 +310,27 @@ def run_replications(nrep, threads, make_worker, one):
     its buffers). Fleets, autoscaled fleets and disaggregated servers run so."""
     threads = max(1, min(threads, nrep))
     local = threading.local()
+    made = []   # (each thread's worker: its buffers handed on at the end, ``give_back``)
 
     def work(lo, hi):
         worker = getattr(local, "worker", None)
         if worker is None:
             worker = local.worker = make_worker()
+            made.append(worker)
         for j in range(lo, hi):
             one(worker, j)
 
-    if threads == 1:
-        work(0, nrep)
-    else:
-        size = -(-nrep // (4 * threads))
-        with ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
-                f.result()
+    try:
+        if threads == 1:
+            work(0, nrep)
+        else:
+            size = -(-nrep // (4 * threads))
+            with ThreadPoolExecutor(threads) as pool:   # (its exit waits for every thread)
+                for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
+                    f.result()
+    finally:
+        for worker in made:
+            worker.give_back()
 
 
 

@@ -39,6 +39,7 @@ import weakref
 
 import numpy as np
 
+from . import _pages
 from . import kernel as K
 from ._distributions import KIND_EMPIRICAL, KIND_FIXED, KIND_LOGNORMAL, KIND_REPLAY, KIND_UNIFORM
 from ._validation import MAX_TOKENS
@@ -431,9 +432,15 @@ def _huge_page():
     return None
 
 
-def granule(nbytes):
+def granule(nbytes, workspace=False):
     """The bytes in which an array of ``nbytes`` becomes resident: a huge
-    page (`_huge_page`) for a large one where they apply, else a page."""
+    page (`_huge_page`) for a large one where they apply, else a page;
+    ``workspace``: a thread's engine workspace (`_pages.huge_pages`: on
+    huge pages from `_pages.HUGE_WORKSPACE_MIN` bytes where the system
+    grants them on request)."""
+    if workspace:
+        huge = _pages.thp_size()
+        return huge if huge is not None and nbytes >= _pages.HUGE_WORKSPACE_MIN else PAGE
     huge = _huge_page()
     return huge if huge is not None and nbytes >= HUGEPAGE_MIN_ARRAY else PAGE
 
@@ -546,12 +553,12 @@ def _workspace_bytes(scenario, n_layout, n_written, rows=1, small_pages=False):
     """Resident bytes of ``rows`` workspaces laid out for ``n_layout``
     requests, each written by a replica of ``n_written`` requests (a
     fleet's rows: laid out for the whole stream, on ordinary pages,
-    `_fleet._small_pages`); in one allocation each for ``wi`` and ``wf``
+    `_pages.small_pages`); in one allocation each for ``wi`` and ``wf``
     (their `granule`)."""
     total = 0
     handed = small_pages   # (a fleet's rows, laid out for its replicas, `kernel.workspace._handed_dims`)
     for sizes, written in zip(layout(*_dims(scenario, n_layout, handed)), resident_segments(scenario, n_written)):
-        unit = PAGE if small_pages else granule(8 * rows * sum(sizes.values()))
+        unit = PAGE if small_pages else granule(8 * rows * sum(sizes.values()), workspace=True)
         total += _written_bytes(sizes, written, unit, rows=rows)
     return total
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import math
 import threading
 import time
@@ -1368,4 +1369,18 @@ def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, p
     finally:
         if bar is not None:
             bar.close()
+        _give_back_buffers(run_chunk.pool)
     return out
+
+
+def _give_back_buffers(pool):
+    """The workspaces of the runner's buffers handed on to a later run
+    (`kernel.drivers.ChunkBuffers.give_back`): those in its pool, which no
+    thread is using (a thread still running a chunk after an interruption
+    holds its own)."""
+    while True:
+        try:
+            buf = pool.get_nowait()
+        except queue.Empty:
+            return
+        buf.give_back()

@@ -198,7 +198,7 @@ def test_fleet_bomb_is_refused_before_allocating(monkeypatch):
     # where the rows could be reserved, the estimate refuses it
     monkeypatch.setattr(_memory, "reservable_memory", lambda: None)
     monkeypatch.setenv("FASTSIM_MEMORY_LIMIT", "16G")
-    # (each replica's rows on ordinary pages, `_fleet._small_pages`: the rows' streams, n entries a
+    # (each replica's rows on ordinary pages, `_pages.small_pages`: the rows' streams, n entries a
     # replica, cost as much as their workspaces)
     _refused_fast(lambda: fastsim.replicate(FLEET_BOMB, 2, seed=0),
                   r"replicate needs about .* the (replica workspaces|fleet's streams and results) \(.*\) grows "

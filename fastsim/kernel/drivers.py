@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import queue
+import threading
 
 import numba
 import numpy as np
 from numba.core import types as nb_types
 
 from .._numba_options import KERNEL_DEBUG, compile_entries, debug_errors, function_pointer, njit, python_caller
+from .._pages import huge_pages
 from . import callees
 from .latency import _draw_run_latency
 from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
@@ -139,6 +141,25 @@ def engine_pointers(arrays, full):
     return pointers
 
 
+#: Workspaces of finished runs kept for the next (`ChunkBuffers.give_back`):
+#: a fresh workspace on huge pages (`_pages.huge_pages`) is faulted in, 2 MiB
+#: zeroed at a time, at every `replicate` call, which small calls felt (NumPy's
+#: memory from the C heap was reused from call to call). At most
+#: `SPARE_MAX_BYTES` in all, each pair ``(wi, wf)`` taken by one set of buffers.
+_SPARE = []
+_SPARE_LOCK = threading.Lock()
+SPARE_MAX_BYTES = 64 * 2 ** 20
+
+
+def _take_spare(need_i, need_f):
+    """The smallest spare workspace pair of at least ``need_i`` and ``need_f`` entries, or None."""
+    with _SPARE_LOCK:
+        for k, (wi, wf) in enumerate(_SPARE):
+            if wi.size >= need_i and wf.size >= need_f:
+                return _SPARE.pop(k)
+    return None
+
+
 class ChunkBuffers:
     """One thread's buffers for `_run_chunk`: the stream state, the request
     arrays of a replication (``requests``: arrival, prompt, output, priority,
@@ -149,7 +170,10 @@ class ChunkBuffers:
     grows the workspace with room to spare, so that its pages are faulted in
     about once per thread and call: buffers allocated per chunk, grown to
     exactly what a replication needed, made long replications pay the page
-    faults of a fresh workspace nearly every time (`benchmarks/HISTORY.md`)."""
+    faults of a fresh workspace nearly every time (`benchmarks/HISTORY.md`).
+    The workspace is on huge pages where the system grants them
+    (`_pages.huge_pages`), and is handed on to the next run's buffers
+    (`give_back`)."""
 
     def __init__(self, num_requests):
         self.state = np.empty(N_STREAMS, np.uint64)
@@ -170,10 +194,29 @@ class ChunkBuffers:
         room is the sum of their output lengths), and each regrowth costs a
         call of `_run_chunk` (unused room costs address space only)."""
         need_i, need_f = (int(x) for x in self.need)
+        if need_i > self.wi.size or need_f > self.wf.size:
+            spare = _take_spare(need_i, need_f)   # (an earlier run's, `give_back`)
+            if spare is not None:
+                self.give_back()
+                self.wi, self.wf = spare
+                return
         if need_i > self.wi.size:
-            self.wi = np.empty(max(need_i + need_i // 4, self.wi.size + self.wi.size // 2), np.int64)
+            self.wi = huge_pages(max(need_i + need_i // 4, self.wi.size + self.wi.size // 2), np.int64)
         if need_f > self.wf.size:
-            self.wf = np.empty(max(need_f + need_f // 4, self.wf.size + self.wf.size // 2))
+            self.wf = huge_pages(max(need_f + need_f // 4, self.wf.size + self.wf.size // 2), np.float64)
+
+    def give_back(self):
+        """Hand the workspace on to the next set of buffers made (a later run's):
+        kept while the spares stay within `SPARE_MAX_BYTES` (the largest first),
+        else let go. Call it only once no kernel uses the buffers."""
+        pair, self.wi, self.wf = (self.wi, self.wf), np.empty(0, np.int64), np.empty(0)
+        if pair[0].size == 0 and pair[1].size == 0:
+            return
+        with _SPARE_LOCK:
+            _SPARE.append(pair)
+            _SPARE.sort(key=lambda p: p[0].nbytes + p[1].nbytes)
+            while sum(a.nbytes + b.nbytes for a, b in _SPARE) > SPARE_MAX_BYTES:
+                _SPARE.pop(0)   # (the smallest: a larger one serves more runs)
 
 
 def chunk_runner(arrays, full):
