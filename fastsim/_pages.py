@@ -3,10 +3,11 @@
 A thread's workspace for one replica at a time (`kernel.drivers.ChunkBuffers`)
 is written densely, replication after replication: above
 `HUGE_WORKSPACE_MIN` bytes it is backed by transparent huge pages
-(`huge_pages`), which the engine's scattered reads across its per-request
-columns run faster on (fewer TLB misses, and where the columns fall in the
-processor's caches is then the same in every process; about 12 % faster on
-the reference workload, `benchmarks/HISTORY.md`, stop 57). A fleet's rows,
+(`huge_pages`), starting on one. On ordinary pages from the C heap, where
+the workspace landed, which the process's history decides, moved the
+engine's speed by 15-20 % (its scattered reads across the per-request
+columns); on huge pages it runs at the best of those speeds in every
+process (`benchmarks/HISTORY.md`, stop 57). A fleet's rows,
 each laid out for the whole stream and written only where its replica's
 requests fall, are on ordinary pages (`small_pages`): a huge page is zeroed
 whole when first touched.
