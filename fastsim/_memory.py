@@ -412,13 +412,10 @@ def layout(n, bs, cap, ncnt, nheld, nitl, nbp=0, nbt=0):
 def _huge_page():
     """The transparent huge page's bytes where NumPy's large arrays get them
     (THP ``always``, or ``madvise`` and NumPy's advice on), else None."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read().split("[")[1].split("]")[0]
-        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as f:
-            size = int(f.read())
-    except (OSError, IndexError, ValueError):
+    thp = _pages.thp_mode()
+    if thp is None:
         return None
+    mode, size = thp
     try:
         from numpy._core.multiarray import _get_madvise_hugepage
     except ImportError:

@@ -27,9 +27,9 @@ HUGE_WORKSPACE_MIN = 2 ** 20
 
 
 @functools.lru_cache(maxsize=None)
-def thp_size():
-    """The transparent huge page's bytes where a mapping advised to use them
-    gets them (Linux's THP mode ``always`` or ``madvise``), else None."""
+def thp_mode():
+    """Linux's transparent huge pages: (mode, bytes of a huge page), the mode
+    ``always``, ``madvise`` or ``never``; None where they cannot be read."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             mode = f.read().split("[")[1].split("]")[0]
@@ -37,7 +37,14 @@ def thp_size():
             size = int(f.read())
     except (OSError, IndexError, ValueError):
         return None
-    return size if mode in ("always", "madvise") and size > 0 else None
+    return mode, size
+
+
+def thp_size():
+    """The transparent huge page's bytes where a mapping advised to use them
+    gets them (THP mode ``always`` or ``madvise``), else None."""
+    thp = thp_mode()
+    return thp[1] if thp is not None and thp[0] in ("always", "madvise") and thp[1] > 0 else None
 
 
 def _anonymous(size):
