@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._pages import small_pages
+from ._pages import Spares, small_pages
 from .kernel import cluster
 from ._validation import check_float, check_int
 
@@ -137,16 +137,12 @@ def _members(entries):
 
 
 #: Fleet buffers of finished runs, kept for the next run of as many replicas
-#: (`_FleetWorker.give_back`): a fresh set faults in its rows' pages at every
-#: `replicate` call (as one replica's workspaces are handed on,
-#: `kernel.drivers.ChunkBuffers.give_back`). Each entry: (replicas, prefix
-#: groups, the buffers' state); at most `FLEET_SPARE_MAX` of them, whose rows
-#: reserve at most `FLEET_SPARE_MAX_SPACE` of address space in all (rows of
-#: the whole stream's layout reserve far more than they write).
-_FLEET_SPARE = []
-_FLEET_SPARE_LOCK = threading.Lock()
-FLEET_SPARE_MAX = 4
-FLEET_SPARE_MAX_SPACE = 2 ** 32
+#: (`_FleetWorker.give_back`), as one replica's workspaces are
+#: (`kernel.drivers.SPARES`): a fresh set faults in its rows' pages at every
+#: `replicate` call. At most 4 sets, whose rows reserve at most 4 GiB of
+#: address space in all (rows of the whole stream's layout reserve far more
+#: than they write).
+SPARES = Spares(max_bytes=2 ** 32, max_items=4)
 
 
 class _FleetWorker:
@@ -164,27 +160,17 @@ class _FleetWorker:
         self.size = (-1, -1, -1)
         self.fb = None
         self.wm = None
-        with _FLEET_SPARE_LOCK:   # (an earlier run's of as many replicas, `give_back`)
-            for k, (m, g, _) in enumerate(_FLEET_SPARE):
-                if (m, g) == (nrep, ngroups):
-                    self.size, self.fb, self._wi, self._wf, self.wm = _FLEET_SPARE.pop(k)[2]
-                    break
+        spare = SPARES.take((nrep, ngroups))   # (an earlier run's of as many replicas, `give_back`)
+        if spare is not None:
+            self.size, self.fb, self._wi, self._wf, self.wm = spare
 
     def give_back(self):
-        """Hand the buffers on to the next worker made for as many replicas
-        (a later run's), within `FLEET_SPARE_MAX` and
-        `FLEET_SPARE_MAX_SPACE` (the latest kept); call it only once no
-        kernel uses them."""
-        if self.fb is None:
-            return
-        state = (self.size, self.fb, self._wi, self._wf, self.wm)
-        self.fb = self.wm = None
-        self.size = (-1, -1, -1)
-        with _FLEET_SPARE_LOCK:
-            _FLEET_SPARE.append((self.nrep, self.ngroups, state))
-            while len(_FLEET_SPARE) > FLEET_SPARE_MAX or sum(e[2][2].nbytes + e[2][3].nbytes
-                                                             for e in _FLEET_SPARE) > FLEET_SPARE_MAX_SPACE:
-                _FLEET_SPARE.pop(0)
+        """Hand the buffers on to a later worker for as many replicas
+        (`SPARES`); call it only once no kernel uses them."""
+        if self.fb is not None:
+            SPARES.give_back((self.nrep, self.ngroups), (self._wi, self._wf),
+                             (self.size, self.fb, self._wi, self._wf, self.wm))
+            self.size, self.fb, self.wm = (-1, -1, -1), None, None
 
     def buffers(self, n, sizes):
         """The buffers for ``n`` requests, replica ``r``'s workspace of

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import threading
 
 import numpy as np
 
@@ -101,3 +102,40 @@ def small_pages(count, dtype):
         except OSError:   # (a kernel without transparent huge pages)
             pass
     return np.frombuffer(buf, dtype=dtype, count=max(int(count), 1))
+
+
+class Spares:
+    """Buffers of finished runs kept for later ones: a fresh mapping's pages
+    are faulted in (a huge page zeroed whole) when first touched, at every
+    call, where NumPy's memory from the C heap used to be reused from one
+    call to the next. At most ``max_items`` entries and ``max_bytes`` of
+    their arrays' bytes (address space: pages never written cost none of
+    the memory); the oldest let go first. Thread-safe. Give back only
+    buffers no kernel uses any more."""
+
+    def __init__(self, max_bytes, max_items=None):
+        self.max_bytes, self.max_items = max_bytes, max_items
+        self._items = []   # (key, arrays, buffers)
+        self._lock = threading.Lock()
+
+    def take(self, key, fits=lambda arrays: True):
+        """The buffers of the oldest entry kept under ``key`` whose arrays
+        ``fits`` accepts (removed), or None."""
+        with self._lock:
+            for k, (kk, arrays, _) in enumerate(self._items):
+                if kk == key and fits(arrays):
+                    return self._items.pop(k)[2]
+        return None
+
+    def give_back(self, key, arrays, buffers):
+        """Keep ``buffers`` under ``key``; ``arrays``: its large arrays, whose
+        bytes count against ``max_bytes`` (and which `take`'s ``fits`` sees)."""
+        with self._lock:
+            self._items.append((key, arrays, buffers))
+            while self._items and ((self.max_items is not None and len(self._items) > self.max_items)
+                                   or sum(a.nbytes for _, arrs, _ in self._items for a in arrs) > self.max_bytes):
+                self._items.pop(0)
+
+    def __len__(self):
+        with self._lock:
+            return len(self._items)

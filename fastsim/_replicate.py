@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import queue
 import math
+import queue
 import threading
 import time
 from dataclasses import dataclass, field

@@ -513,25 +513,24 @@ def test_a_workers_rows_stay_in_place_and_change_no_bit():
 def test_a_fleet_runs_buffers_are_handed_to_the_next_run(monkeypatch):
     """`run_replications` hands each worker's buffers on (`_FleetWorker.give_back`):
     the next run of as many replicas takes them, dirty, and gives the same
-    results; the spares stay within their bounds."""
+    results; a spare serves only as many replicas and prefix groups."""
     from fastsim import _fleet as F
+    from fastsim._pages import Spares
 
-    monkeypatch.setattr(F, "_FLEET_SPARE", [])
+    spares = Spares(max_bytes=2 ** 32, max_items=4)
+    monkeypatch.setattr(F, "SPARES", spares)
     sc = _scenario(V1_OFF, NO_CACHE).replace(fleet=fastsim.Fleet(replicas=3, router="jsq"))
     first = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=1).to_frame()
-    assert [(m, g) for m, g, _ in F._FLEET_SPARE] == [(3, 4)]
-    rows = F._FLEET_SPARE[0][2][2]
+    assert [key for key, _, _ in spares._items] == [(3, 4)]
+    rows = spares._items[0][1][0]
     again = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=2).to_frame()
     assert first.equals(again)
-    assert any(e[2][2] is rows for e in F._FLEET_SPARE) and len(F._FLEET_SPARE) <= 2
-    monkeypatch.setattr(F, "FLEET_SPARE_MAX", 1)
-    for k in range(3):
-        w = F._FleetWorker(120, 2 + k, 0)
-        w.uniform_buffers(120, 500, 400)
-        w.give_back()
-        assert w.fb is None and len(F._FLEET_SPARE) == 1 and F._FLEET_SPARE[0][0] == 2 + k
-    monkeypatch.setattr(F, "FLEET_SPARE_MAX_SPACE", 0)
+    assert any(arrays[0] is rows for _, arrays, _ in spares._items) and len(spares) <= 2
     w = F._FleetWorker(120, 2, 0)
+    assert w.fb is None   # (no spare for 2 replicas)
     w.uniform_buffers(120, 500, 400)
+    given = w._wi
     w.give_back()
-    assert F._FLEET_SPARE == []
+    assert w.fb is None and spares._items[-1][0] == (2, 0)
+    w = F._FleetWorker(120, 2, 0)
+    assert w.fb is not None and w._wi is given and w.size[1] >= 500 and len(spares) <= 2

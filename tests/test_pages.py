@@ -78,34 +78,47 @@ def test_a_runs_workspace_is_handed_to_the_next_run(monkeypatch):
     import fastsim
     from fastsim.kernel import drivers
 
-    monkeypatch.setattr(drivers, "_SPARE", [])
+    spares = _pages.Spares(max_bytes=64 * 2 ** 20)
+    monkeypatch.setattr(drivers, "SPARES", spares)
     sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=4.0, num_requests=300))
     first = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=1).to_frame()
-    assert len(drivers._SPARE) == 1
-    wi, wf = drivers._SPARE[0]
+    assert len(spares) == 1
+    (_, (wi, wf), _), = spares._items
     again = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=1).to_frame()
-    assert len(drivers._SPARE) == 1 and drivers._SPARE[0][0] is wi and drivers._SPARE[0][1] is wf
+    assert len(spares) == 1 and spares._items[0][1][0] is wi and spares._items[0][1][1] is wf
     assert first.equals(again)
 
 
-def test_the_spares_stay_within_their_bound(monkeypatch):
+def test_the_spares_stay_within_their_bounds_and_let_the_oldest_go():
+    spares = _pages.Spares(max_bytes=3 * 8000, max_items=3)
+    arrays = {n: np.empty(n, np.int64) for n in (200, 1000, 100, 600, 50, 60)}
+    for n in (200, 1000, 100, 600):
+        spares.give_back("k", (arrays[n],), n)
+        assert sum(a.nbytes for _, arrs, _ in spares._items for a in arrs) <= spares.max_bytes
+    assert [b for _, _, b in spares._items] == [1000, 100, 600]   # (200 let go: the oldest)
+    spares.give_back("other", (arrays[50],), 50)
+    spares.give_back("k", (arrays[60],), 60)
+    assert [b for _, _, b in spares._items] == [600, 50, 60]   # (at most three)
+    assert spares.take("k", lambda a: a[0].size >= 700) is None
+    assert spares.take("k", lambda a: a[0].size >= 100) == 600   # (the oldest that fits, under its key)
+    assert spares.take("k") == 60 and spares.take("k") is None and spares.take("other") == 50 and len(spares) == 0
+
+
+def test_buffers_take_a_spare_that_fits(monkeypatch):
     from fastsim.kernel import drivers
 
-    monkeypatch.setattr(drivers, "_SPARE", [])
-    monkeypatch.setattr(drivers, "SPARE_MAX_BYTES", 3 * 8000)
-    for n in (200, 1000, 100, 600):
-        buf = K.ChunkBuffers(1)
-        buf.wi, buf.wf = np.empty(n, np.int64), np.empty(n)
-        buf.give_back()
-        assert buf.wi.size == 0 and buf.wf.size == 0
-        assert sum(a.nbytes + b.nbytes for a, b in drivers._SPARE) <= drivers.SPARE_MAX_BYTES
-    assert [a.size for a, _ in drivers._SPARE] == [1000]   # (the smallest let go first)
-    spare = drivers._SPARE[0][0]
+    spares = _pages.Spares(max_bytes=2 ** 20)
+    monkeypatch.setattr(drivers, "SPARES", spares)
+    buf = K.ChunkBuffers(1)
+    buf.wi, buf.wf = np.empty(1000, np.int64), np.empty(1000)
+    spare = buf.wi
+    buf.give_back()
+    assert buf.wi.size == 0 and buf.wf.size == 0 and len(spares) == 1
     buf = K.ChunkBuffers(1)
     buf.need[:] = (1200, 10)
     buf.grow()
-    assert buf.wi.size >= 1200 and drivers._SPARE[0][0] is spare   # (too small: a fresh one)
+    assert buf.wi.size >= 1200 and len(spares) == 1   # (too small: a fresh one)
     buf2 = K.ChunkBuffers(1)
     buf2.need[:] = (500, 500)
     buf2.grow()
-    assert buf2.wi is spare and drivers._SPARE == []
+    assert buf2.wi is spare and len(spares) == 0

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import functools
 import queue
-import threading
 
 import numba
 import numpy as np
 from numba.core import types as nb_types
 
 from .._numba_options import KERNEL_DEBUG, compile_entries, debug_errors, function_pointer, njit, python_caller
-from .._pages import huge_pages
+from .._pages import Spares, huge_pages
 from . import callees
 from .latency import _draw_run_latency
 from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
@@ -142,22 +141,9 @@ def engine_pointers(arrays, full):
 
 
 #: Workspaces of finished runs kept for the next (`ChunkBuffers.give_back`):
-#: a fresh workspace on huge pages (`_pages.huge_pages`) is faulted in, 2 MiB
-#: zeroed at a time, at every `replicate` call, which small calls felt (NumPy's
-#: memory from the C heap was reused from call to call). At most
-#: `SPARE_MAX_BYTES` in all, each pair ``(wi, wf)`` taken by one set of buffers.
-_SPARE = []
-_SPARE_LOCK = threading.Lock()
-SPARE_MAX_BYTES = 64 * 2 ** 20
-
-
-def _take_spare(need_i, need_f):
-    """The smallest spare workspace pair of at least ``need_i`` and ``need_f`` entries, or None."""
-    with _SPARE_LOCK:
-        for k, (wi, wf) in enumerate(_SPARE):
-            if wi.size >= need_i and wf.size >= need_f:
-                return _SPARE.pop(k)
-    return None
+#: a workspace on huge pages (`_pages.huge_pages`), fresh at every `replicate`
+#: call, was zeroed 2 MiB at a time, which small calls felt.
+SPARES = Spares(max_bytes=64 * 2 ** 20)
 
 
 class ChunkBuffers:
@@ -195,8 +181,8 @@ class ChunkBuffers:
         call of `_run_chunk` (unused room costs address space only)."""
         need_i, need_f = (int(x) for x in self.need)
         if need_i > self.wi.size or need_f > self.wf.size:
-            spare = _take_spare(need_i, need_f)   # (an earlier run's, `give_back`)
-            if spare is not None:
+            spare = SPARES.take("workspace", lambda a: a[0].size >= need_i and a[1].size >= need_f)
+            if spare is not None:   # (an earlier run's, `give_back`)
                 self.give_back()
                 self.wi, self.wf = spare
                 return
@@ -206,17 +192,11 @@ class ChunkBuffers:
             self.wf = huge_pages(max(need_f + need_f // 4, self.wf.size + self.wf.size // 2), np.float64)
 
     def give_back(self):
-        """Hand the workspace on to the next set of buffers made (a later run's):
-        kept while the spares stay within `SPARE_MAX_BYTES` (the largest first),
-        else let go. Call it only once no kernel uses the buffers."""
+        """Hand the workspace on to a later run's buffers (`SPARES`); call it
+        only once no kernel uses the buffers."""
         pair, self.wi, self.wf = (self.wi, self.wf), np.empty(0, np.int64), np.empty(0)
-        if pair[0].size == 0 and pair[1].size == 0:
-            return
-        with _SPARE_LOCK:
-            _SPARE.append(pair)
-            _SPARE.sort(key=lambda p: p[0].nbytes + p[1].nbytes)
-            while sum(a.nbytes + b.nbytes for a, b in _SPARE) > SPARE_MAX_BYTES:
-                _SPARE.pop(0)   # (the smallest: a larger one serves more runs)
+        if pair[0].size or pair[1].size:
+            SPARES.give_back("workspace", pair, pair)
 
 
 def chunk_runner(arrays, full):
