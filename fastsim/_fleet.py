@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._pages import Spares, small_pages
+from ._pages import Spares, huge_pages, small_pages
 from .kernel import cluster
 from ._validation import check_float, check_int
 
@@ -145,6 +145,23 @@ def _members(entries):
 SPARES = Spares(max_bytes=2 ** 32, max_items=4)
 
 
+#: The largest allocation of compact replica rows (bytes, each of ``wi`` and
+#: ``wf``) put on huge pages (`huge_rows`).
+HUGE_ROWS_MAX = 2 ** 27
+
+
+def huge_rows(entries, compact):
+    """Whether a fleet's replica rows of ``entries`` (int64 or float64) go on
+    huge pages: compact rows (`cluster.compact_capacity`) are dense, and on
+    huge pages the processor's TLB misses fewer as the router turns from one
+    replica to the next (`benchmarks/HISTORY.md`); but their gap samples'
+    room, mostly never written, then becomes resident too: up to
+    `HUGE_ROWS_MAX` bytes. Rows for the whole stream are sparse (each
+    segment's first entries written): on ordinary pages, where a huge page
+    a segment would be gigabytes."""
+    return compact and 8 * entries <= HUGE_ROWS_MAX
+
+
 class _FleetWorker:
     """One thread's buffers: the fleet stream and the replicas' rows, grown
     when a replication needs more. The rows are as wide as the allocation,
@@ -157,39 +174,56 @@ class _FleetWorker:
     def __init__(self, num_requests, nrep, ngroups):
         self.buf = K.ChunkBuffers(num_requests)
         self.nrep, self.ngroups = nrep, ngroups
-        self.size = (-1, -1, -1)
+        self.compact = True   # (compact rows, `cluster.compact_capacity`, until one overfills)
+        self.size = (-1, -1, -1, -1, -1)
         self.fb = None
         self.wm = None
+        self.dense = False
         spare = SPARES.take((nrep, ngroups))   # (an earlier run's of as many replicas, `give_back`)
         if spare is not None:
-            self.size, self.fb, self._wi, self._wf, self.wm = spare
+            self.size, self.fb, self._wi, self._wf, self.wm, self.dense = spare
 
     def give_back(self):
         """Hand the buffers on to a later worker for as many replicas
         (`SPARES`); call it only once no kernel uses them."""
         if self.fb is not None:
             SPARES.give_back((self.nrep, self.ngroups), (self._wi, self._wf),
-                             (self.size, self.fb, self._wi, self._wf, self.wm))
-            self.size, self.fb, self.wm = (-1, -1, -1), None, None
+                             (self.size, self.fb, self._wi, self._wf, self.wm, self.dense))
+            self.size, self.fb, self.wm = (-1, -1, -1, -1, -1), None, None
 
-    def buffers(self, n, sizes):
+    def capacity(self, n, ipars):
+        """The replicas' row capacity for a stream of ``n`` requests: compact
+        (`cluster.compact_capacity`) until a row overfills in this worker's
+        run, then ``n`` (the same bits either way)."""
+        return cluster.compact_capacity(n, self.nrep, bool(ipars[0, K.I_SESSIONS])) if self.compact else n
+
+    def buffers(self, n, sizes, m=None, merged=None):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
-        ``sizes[r]`` (int, float) entries (its rows as wide as the allocation)."""
+        ``sizes[r]`` (int, float) entries for a capacity of ``m`` requests
+        (default ``n``; its rows as wide as the allocation), and the fleet's
+        workspace for the reduction, ``merged`` (int, float) entries
+        (default: the largest of ``sizes``)."""
+        m = n if m is None else m
         need_i, need_f = (int(x) for x in sizes.max(axis=0))
-        if self.fb is None or self.size[0] < n or self.size[1] < need_i or self.size[2] < need_f:
+        wm_i, wm_f = (need_i, need_f) if merged is None else (int(x) for x in merged)
+        want = (n, need_i, need_f, wm_i, wm_f)
+        dense = m < n
+        if self.fb is None or any(s < x for s, x in zip(self.size, want)) or self.dense != dense:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
             # each regrowth faults in the pages of fresh replica rows
-            self.size = tuple(max(x + x // 4, s + s // 2) for x, s in zip((n, need_i, need_f), self.size))
-            self._wi = small_pages(self.nrep * self.size[1], np.int64)
-            self._wf = small_pages(self.nrep * self.size[2], np.float64)
+            self.size = tuple(max(x + x // 4, s + s // 2) if s < x else s for x, s in zip(want, self.size))
+            pages = huge_pages if huge_rows(self.nrep * max(self.size[1], self.size[2]), dense) else small_pages
+            self.dense = dense
+            self._wi = pages(self.nrep * self.size[1], np.int64)
+            self._wf = pages(self.nrep * self.size[2], np.float64)
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
-            self.wm = (np.empty(self.size[1], np.int64), np.empty(self.size[2]))
-        rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * n].reshape(self.nrep, n)
-        rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * n].reshape(6, self.nrep, n)
+            self.wm = (np.empty(self.size[3], np.int64), np.empty(self.size[4]))
+        rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * m].reshape(self.nrep, m)
+        rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * m].reshape(6, self.nrep, m)
         wi = self._wi.reshape(self.nrep, self.size[1])
         wf = self._wf.reshape(self.nrep, self.size[2])
         fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
-        return fb, self.wm[0][:need_i], self.wm[1][:need_f]
+        return fb, self.wm[0][:wm_i], self.wm[1][:wm_f]
 
     def uniform_buffers(self, n, need_i, need_f):
         """`buffers` for identical replicas, each workspace ``need_i``/``need_f``
@@ -242,12 +276,22 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     for ipar, fpar0, lat0, rows in kinds:
         # the replication's latency records: its per-run effects, shared by the replicas of a kind
         lats[rows], fpars[rows] = K.run_records(lat0, fpar0, k0, k1, rep)
-        sizes[rows] = K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
-    fb, wm_i, wm_f = worker.buffers(n, sizes)
-    cluster.fill_records(fb, ipars, fpars, lats, sizes)
-    rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
-                                      np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
+    merged = np.max([K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+                     for ipar, _, _, _ in kinds], axis=0)   # (the reduction's: the whole stream's)
+    while True:
+        m = worker.capacity(n, ipars)
+        for ipar, _, _, rows in kinds:
+            sizes[rows] = K._ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6],
+                                             ipar)
+        fb, wm_i, wm_f = worker.buffers(n, sizes, m, merged)
+        cluster.fill_records(fb, ipars, fpars, lats, sizes)
+        rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
+                                          np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
+        if rc == cluster.ROW_FULL and m < n:
+            worker.compact = False   # (a row overfilled: this replication again, and the run's others, on whole rows)
+            continue
+        break
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     red_i = ipars[0].copy()

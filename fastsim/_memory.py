@@ -196,11 +196,13 @@ def _python_gap_room():
     return python_version(K.workspace._gap_room)
 
 
-def ws_dims(n, prompt, output, pgrp, plen, ipar, handed=False):
+def ws_dims(n, prompt, output, pgrp, plen, ipar, handed=False, capacity=None):
     """``kernel.workspace._ws_dims`` of given requests, in Python integers: (seats,
     prefix-cache entries, prefix references, gap samples, most prefix blocks
     of a request, blocks of the block pool, entries of the requests' block lists);
-    ``handed``: of a replica handed its requests (`kernel.workspace._handed_dims`)."""
+    ``handed``: of a replica handed its requests (`kernel.workspace._handed_dims`);
+    ``capacity``: of a fleet's compact row of that many of them
+    (`kernel.workspace._compact_dims`)."""
     bs = int(ipar[K.I_BLOCK_SIZE])
     cap = max(1, min(int(ipar[K.I_MAX_NUM_SEQS]), n))
     kv_tokens = int(ipar[K.I_NUM_GPU_BLOCKS]) * bs
@@ -221,6 +223,10 @@ def ws_dims(n, prompt, output, pgrp, plen, ipar, handed=False):
         tok = np.asarray(prompt[:n], dtype=object) + np.asarray(output[:n], dtype=object)
         nbt = int(sum(min((int(x) + bs - 1) // bs, nbp) for x in tok))
     nitl = max(n_tok, 1)
+    handed = handed or capacity is not None   # (a compact row is a replica handed its requests)
+    if capacity is not None and capacity < n:
+        cap = max(1, min(int(ipar[K.I_MAX_NUM_SEQS]), capacity))
+        nitl = _python_gap_share()(int(capacity), n, nitl)
     return cap, max(ngrp * jmax, 1), max(nheld, 1), gap_room(nitl) if handed else nitl, jmax, nbp, nbt
 
 
@@ -512,12 +518,14 @@ def _gap_room(scenario, n, handed=False):
     return gap_room(tokens) if handed else tokens
 
 
-def _dims(scenario, n, handed=False):
+def _dims(scenario, n, handed=False, capacity=None):
     """The layout's dimensions (`kernel.workspace._ws_dims`'s, with ``n``
     and the block size) of a replication of ``n`` requests, estimated: the
     gap samples' room and the block lists at the mean lengths, the prefix
     dimensions at `_typical_prefix`; ``handed``: of a fleet's replica
-    (`kernel.workspace._handed_dims`)."""
+    (`kernel.workspace._handed_dims`); ``capacity``: of a fleet's compact
+    row of that many of the ``n`` requests (`kernel.workspace._compact_dims`;
+    its per-request columns the first of the dimensions)."""
     e, w = scenario.engine, scenario.workload
     bs = e.block_size
     ncnt, nheld = _typical_prefix(scenario, n)
@@ -526,7 +534,19 @@ def _dims(scenario, n, handed=False):
         _, _, o_mean, p_mean = _lengths(w)
         nbp = e.usable_gpu_blocks
         nbt = n * min(int(math.ceil((p_mean + o_mean) / bs)) + 1, nbp)
-    return n, bs, max(1, min(e.max_num_seqs, n)), ncnt, nheld, _gap_room(scenario, n, handed), nbp, nbt
+    m = n if capacity is None else min(capacity, n)
+    if m < n:
+        nitl = gap_room(_python_gap_share()(m, n, _output_tokens(scenario, n)))
+    else:
+        nitl = _gap_room(scenario, n, handed or capacity is not None)
+    return m, bs, max(1, min(e.max_num_seqs, m)), ncnt, nheld, nitl, nbp, nbt
+
+
+@functools.lru_cache(maxsize=None)
+def _python_gap_share():
+    from ._numba_options import python_version
+
+    return python_version(K.workspace._gap_share)
 
 
 def resident_segments(scenario, n=None):
@@ -546,16 +566,22 @@ def resident_segments(scenario, n=None):
     return tuple(out)
 
 
-def _workspace_bytes(scenario, n_layout, n_written, rows=1, small_pages=False):
+def _workspace_bytes(scenario, n_layout, n_written, rows=1, small_pages=False, capacity=None):
     """Resident bytes of ``rows`` workspaces laid out for ``n_layout``
     requests, each written by a replica of ``n_written`` requests (a
     fleet's rows: laid out for the whole stream, on ordinary pages,
-    `_pages.small_pages`); in one allocation each for ``wi`` and ``wf``
-    (their `granule`)."""
+    `_pages.small_pages`; or compact, for ``capacity`` of its requests,
+    on huge pages where they apply); in one allocation each for ``wi``
+    and ``wf`` (their `granule`)."""
     total = 0
     handed = small_pages   # (a fleet's rows, laid out for its replicas, `kernel.workspace._handed_dims`)
-    for sizes, written in zip(layout(*_dims(scenario, n_layout, handed)), resident_segments(scenario, n_written)):
-        unit = PAGE if small_pages else granule(8 * rows * sum(sizes.values()), workspace=True)
+    dims = layout(*_dims(scenario, n_layout, handed, capacity))
+    huge = not small_pages
+    if capacity is not None:   # (compact fleet rows: on huge pages up to a size, `_fleet.huge_rows`)
+        from ._fleet import huge_rows
+        huge = huge_rows(rows * max(sum(sizes.values()) for sizes in dims), True)
+    for sizes, written in zip(dims, resident_segments(scenario, n_written)):
+        unit = granule(8 * rows * sum(sizes.values()), workspace=True) if huge else PAGE
         total += _written_bytes(sizes, written, unit, rows=rows)
     return total
 
@@ -640,10 +666,20 @@ def _fleet_parts(scenario):
     w = scenario.workload
     nrep, n = _fleet_replicas(scenario.fleet), w.num_requests
     share = -(-n // nrep)
-    rows = _workspace_bytes(scenario, n, share, rows=nrep, small_pages=True)
+    from ._fleet import Fleet
+    from .kernel.cluster import compact_capacity
+    m = n
+    if isinstance(scenario.fleet, Fleet) and scenario.fleet.autoscaler is None:   # (`_fleet._one`'s rows)
+        m = compact_capacity(n, nrep, w.sessions is not None)
+    if m < n:
+        rows = _workspace_bytes(scenario, n, share, rows=nrep, capacity=m)
+    else:
+        rows = _workspace_bytes(scenario, n, share, rows=nrep, small_pages=True)
     # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
     # replica writing its share of its rows; the stream's owner and local index columns
-    streams = sum(_written_bytes({"row": n}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
+    # (compact rows: the replicas' streams of m entries, `_fleet._FleetWorker.buffers`, in the allocation's first
+    # entries, which is of the whole stream's)
+    streams = sum(_written_bytes({"row": m}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
                   for c in (1, 6)) + _column_bytes(n, 2)
     merged = 0
     for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):

@@ -534,3 +534,88 @@ def test_a_fleet_runs_buffers_are_handed_to_the_next_run(monkeypatch):
     assert w.fb is None and spares._items[-1][0] == (2, 0)
     w = F._FleetWorker(120, 2, 0)
     assert w.fb is not None and w._wi is given and w.size[1] >= 500 and len(spares) <= 2
+
+
+def _compact_run(stream, p, router, nrep, m):
+    """The fleet kernel on rows of capacity ``m`` (`cluster.compact_capacity`'s
+    rows, any ``m``): its return code and buffers."""
+    ipars, fpars, lats, _, _, full = C.fleet_records(p["ipar"], p["fpar"], p["lat"], nrep)
+    n = stream[0].size
+    sizes = np.array([K._ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)
+                      for row in ipars], np.int64).reshape(nrep, 2)
+    fb = C.fleet_buffers(n, nrep, *sizes.max(axis=0), C._ngroups(stream[5]), m)
+    C.fill_records(fb, ipars, fpars, lats, sizes)
+    rc = C._simulate_fleet_rows(np.int64(n), *stream, _fleet_record(0.0, 0.0), np.int64(K.ROUTER_CODES[router]),
+                                np.int64(nrep), np.uint64(11), np.uint64(12), np.int64(3), fb, full)
+    return rc, fb
+
+
+@pytest.mark.parametrize("router", ("jsq", "round_robin", "power_of_two", "least_kv", "prefix_affinity",
+                                    "session_affinity"))
+def test_compact_rows_change_no_bit(router):
+    """A fleet's replicas on compact rows (`cluster.compact_capacity`: rows
+    for a share of the stream) give the bits of rows for the whole stream;
+    a row a request would overfill stops the run (`cluster.ROW_FULL`), and
+    `simulate_fleet_stream` runs it again on whole rows."""
+    full_rows = 0
+    for name in ("tight-sync", "tight-async", "block-hash-async"):
+        sc = CASES[name]
+        for rep, nrep in enumerate((3, 5)):
+            stream, p = _stream(sc, rep)
+            n = stream[0].size
+            whole = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(0.0, 0.0),
+                                            K.ROUTER_CODES[router], nrep, 11, 12, 3, capacity=n)
+            for m in (n // 2, n // nrep + 8, 5):
+                rc, _ = _compact_run(stream, p, router, nrep, m)
+                assert rc in (0, C.ROW_FULL)
+                full_rows += rc == C.ROW_FULL
+                got = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(0.0, 0.0),
+                                              K.ROUTER_CODES[router], nrep, 11, 12, 3, capacity=m)
+                for x, y in zip(got, whole):
+                    assert np.array_equal(x, y, equal_nan=True), (name, rep, m)
+    assert full_rows >= 6   # (a capacity of 5 overfills in every case: the run again on whole rows was taken)
+
+
+def test_a_compact_row_is_full_by_its_gap_room():
+    """A compact row is full when the measured output tokens handed to it
+    would overfill its gap samples' room (`workspace._compact_dims`), not
+    only its seats: round robin hands replica 0 every long output."""
+    sc = CASES["tight-sync"]
+    stream, p = _stream(sc, 0)
+    stream = tuple(x[:40].copy() for x in stream)
+    stream[2][0::2], stream[2][1::2] = 150, 1
+    n, m = 40, 30   # (seats to spare: 20 requests each)
+    rc, fb = _compact_run(stream, p, "round_robin", 2, m)
+    room = fb.wi[0, fb.size[0, 0] - K.workspace.N_RI + K.workspace.RI_DIM_NITL]
+    assert rc == C.ROW_FULL and fb.tok[0] <= room < 20 * 150
+    assert _compact_run(stream, p, "round_robin", 2, n)[0] == 0
+    args = (*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(0.0, 0.0), K.ROUTER_CODES["round_robin"], 2)
+    for x, y in zip(C.simulate_fleet_stream(*args, capacity=m), C.simulate_fleet_stream(*args, capacity=n)):
+        assert np.array_equal(x, y, equal_nan=True)
+    with pytest.raises(ValueError, match="capacity must be an int in 1 .. 40"):
+        C.simulate_fleet_stream(*args, capacity=0)
+
+
+def test_replicate_on_compact_rows_is_replicate_on_whole_rows(monkeypatch):
+    """`replicate` of a fleet on compact rows (the default where they apply),
+    on rows too small for any replication (each run again on whole rows,
+    `_fleet._FleetWorker.compact`), and on whole rows: the same results."""
+    from fastsim import _fleet as F
+
+    sc = _scenario(V1_OFF, NO_CACHE).replace(
+        workload=fastsim.Workload(arrival_rate=40.0, num_requests=600, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(1, 160)),
+        fleet=fastsim.Fleet(replicas=6, router="jsq"))
+    assert C.compact_capacity(600, 6, False) == 264
+    compact = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=2).to_frame()
+    real = C.compact_capacity
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: min(n, 5))
+    tiny = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=1).to_frame()
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: n)
+    whole = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=1).to_frame()
+    assert compact.equals(whole) and tiny.equals(whole)
+    monkeypatch.setattr(C, "compact_capacity", real)
+    w = F._FleetWorker(600, 6, 0)
+    assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 264
+    w.compact = False   # (after a row overfilled: whole rows for the rest of the worker's run)
+    assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 600

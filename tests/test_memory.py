@@ -39,6 +39,17 @@ def test_exact_sizes_mirror_the_kernel(name, rep):
     wi = np.zeros(mine[0], np.int64)
     K.replica._state_dims(n, pr, o, grp, plen, p["ipar"], wi)
     assert tuple(wi[wi.size - K.workspace.N_RI + K.workspace.RI_DIM_CAP:][:7]) == handed
+    # a fleet's compact row of m of the requests (`cluster.compact_capacity`): m seats at most, the gap room
+    # shared by count; m = n is the handed layout itself
+    for m in (1, max(1, n // 3), n):
+        compact = _memory.ws_dims(n, pr, o, grp, plen, p["ipar"], capacity=m)
+        if m == n:
+            assert compact == handed
+        mine = _memory.ws_sizes(m, int(p["ipar"][K.I_BLOCK_SIZE]), *compact[:4], *compact[5:])
+        assert mine == tuple(int(x) for x in K._ws_need_compact(m, n, pr, o, grp, plen, p["ipar"]))
+        wi = np.zeros(mine[0], np.int64)
+        K.replica._state_dims_compact(m, n, pr, o, grp, plen, p["ipar"], wi)
+        assert tuple(wi[wi.size - K.workspace.N_RI + K.workspace.RI_DIM_CAP:][:7]) == compact
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -18,10 +18,12 @@ replica is advanced for them until the end. After the last arrival every
 replica runs to its end. Semantics: ``docs/engine-model.md``, "Fleets".
 
 Replica ``r`` lives in row ``r`` of 2-D workspaces (`FleetBuffers`), each
-row the workspace of a replica able to hold every request of the stream
-(pages of rows a replica never reaches are never touched); its first
-``size[r]`` entries, exactly `workspace._ws_need_handed` for its parameters (the
-replicas of a mixed fleet differ). Its parameter records are row ``r`` of
+row the workspace of a replica able to hold ``m`` requests of the stream
+(its capacity, ``rs_a.shape[1]``: every request, ``m`` = ``n``, whose
+pages a replica never reaches are never touched; or a compact row,
+`compact_capacity`, which a request may overfill, `ROW_FULL`); its first
+``size[r]`` entries, exactly `workspace._ws_need_compact` for its
+parameters (the replicas of a mixed fleet differ). Its parameter records are row ``r`` of
 ``rip``, ``rfp`` and ``rlat``: its engine's and latency model's (a uniform
 fleet's are all the same), with its warm-up count, which is its requests
 handed before the fleet's first measured request (unknown until then: the
@@ -46,7 +48,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
 from .latency import _constant_in_step
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
-                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims)
+                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims, _state_dims_compact)
 from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
@@ -74,9 +76,19 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: no request leaves it before then, `_departs`; an empty ``dep`` turns
 #: the bound off; ``dep[N + r]`` and ``dep[2N + r]``, where ``dep`` is 3N
 #: long, its kept stretch end and its plan's, `_keep_end`) and where its running lists start in its row
-#: (``seg[r, SEG_*]``, `_segments`; ``SEG_DEC_COST`` in its float row).
+#: (``seg[r, SEG_*]``, `_segments`; ``SEG_DEC_COST`` in its float row);
+#: each replica's measured output tokens handed (``tok[r]``: bounded by
+#: its gap samples' room, `workspace._compact_dims`). A replica's capacity
+#: is its stream's length, ``rs_a.shape[1]``: the fleet's whole stream, or
+#: fewer (a compact row, `compact_capacity`).
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
-                                           "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg"))
+                                           "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg",
+                                           "tok"))
+
+#: `_simulate_fleet_rows`' code for a request that would overfill its
+#: replica's compact row (`compact_capacity`): the caller runs the
+#: replication again on rows for the whole stream (the same bits).
+ROW_FULL = -1
 
 # The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row).
 SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS, SEG_DEC_COST = range(5)
@@ -700,8 +712,12 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     rows of ``fb.rip``, ``fb.rfp``, ``fb.rlat`` (a mixed fleet: replicas
     of different engines and latency models; the warm-up count, the
     workload's, is the same in every row) and its workspace's size in
-    ``fb.size[r]`` (`workspace._ws_need_handed` of the stream for its records).
-    ``full``: the engine every replica runs (the full one if any needs it)."""
+    ``fb.size[r]`` (`workspace._ws_need_compact` for its records, of its
+    capacity ``m``, ``fb.rs_a.shape[1]``, and the stream: ``m`` = ``n``,
+    `workspace._ws_need_handed`). ``full``: the engine every replica runs
+    (the full one if any needs it). Returns `ROW_FULL` if a request would
+    overfill a compact row (``m`` < ``n``)."""
+    m = fb.rs_a.shape[1]
     warmup = fb.rip[0, I_WARMUP]
     # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
     # for each run of replicas with the same integer record)
@@ -715,16 +731,17 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
                 w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
         else:
-            _state_dims(n, prompt, output, pgrp, plen, fb.rip[r], w)
+            _state_dims_compact(m, n, prompt, output, pgrp, plen, fb.rip[r], w)
     for r in range(nrep):
         wi, wf = _rows(fb, r)
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fb.rfp[r], fb.rlat[r], wi,
+        rc = _simulate(m, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fb.rfp[r], fb.rlat[r], wi,
                        wf, full, 0.0, STEP_INIT | STEP_EMPTY)
         if rc < 0:
             return rc
-        fb.rip[r, I_WARMUP] = n if warmup > 0 else 0
+        fb.rip[r, I_WARMUP] = m if warmup > 0 else 0
         for c in range(fb.load.shape[1]):
             fb.load[r, c] = 0.0
+        fb.tok[r] = 0
     for g in range(fb.table.size):
         fb.table[g] = -1
     _seed_streams(key0, key1, rep, fb.rstate)
@@ -743,12 +760,12 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     bound = (reads or two) and (two or _in_system_only(router)) and fb.dep.size >= nrep
     if two and bound:
         for r in range(nrep):
-            _segments(fb, r, n)
+            _segments(fb, r, m)
     # the event queue's routers keep a stretch end across a hand (`_keep_end`) where ``dep`` is 3N long
     keep = reads and bound and fb.dep.size >= 3 * nrep
     kept, chain = -np.inf, -np.inf
     if reads:
-        _queue_init(fb, nrep, n, what, bound)
+        _queue_init(fb, nrep, m, what, bound)
     k_scrape = 0
     for i in range(n):
         t = arrival[i]
@@ -758,7 +775,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         if reads:
             rc = 0
             while rc == 0 and (live or k_scrape * stale <= t):   # live: at t; stale: every scrape up to t
-                rc = _look_due(fb, nrep, n, full, t if live else k_scrape * stale, what, bound)
+                rc = _look_due(fb, nrep, m, full, t if live else k_scrape * stale, what, bound)
                 if live:
                     break
                 k_scrape += 1
@@ -766,19 +783,21 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                 return rc
         if two:
             a, b = _two_choices(fb.rstate, nrep)
-            rc = _look_at(fb, a, n, full, t, what, bound)
+            rc = _look_at(fb, a, m, full, t, what, bound)
             if rc >= 0:
-                rc = _look_at(fb, b, n, full, t, what, bound)
+                rc = _look_at(fb, b, m, full, t, what, bound)
             if rc < 0:
                 return rc
             r = _shorter(fb.load, a, b)
         else:
             r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+        if m < n and not _fits(fb, r, i >= warmup, output[i]):
+            return ROW_FULL
         if keep:
-            kept, chain = _keep_end(fb, r, nrep, n, t + lag, prompt[i], output[i])
+            kept, chain = _keep_end(fb, r, nrep, m, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
-        j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
+        j = _hand(m, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
                   wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
         if j < 0:
             return j
@@ -790,12 +809,28 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             if fb.dep.size > 3 * nrep + i:   # (for tests: each hand's kept end, `simulate_fleet_stream`)
                 fb.dep[3 * nrep + i] = kept
         if reads:
-            _queue_handed(fb, r, nrep, n, what, bound)
+            _queue_handed(fb, r, nrep, m, what, bound)
     for r in range(nrep):
-        rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
+        rc = _call(fb, r, m, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
             return rc
     return 0
+
+
+@njit_noalloc(inline="llvm")
+def _fits(fb, r, measured, o):
+    """Whether replica ``r``'s compact row takes one more request of
+    ``o`` output tokens (``measured``: after the warm-up, its tokens
+    counted in the gap samples' room, as `workspace._ws_dims` counts them);
+    if so, its tokens are counted. (Its seats: `replica._hand`.)"""
+    if _ri(fb, r, RI_N_KNOWN) >= fb.rs_a.shape[1]:
+        return False
+    if measured:
+        x = fb.tok[r] + min(o, fb.rip[r, I_NUM_GPU_BLOCKS] * fb.rip[r, I_BLOCK_SIZE])
+        if x > _ri(fb, r, RI_DIM_NITL):
+            return False
+        fb.tok[r] = x
+    return True
 
 
 C_WINDOW = _COL["window_s"]
@@ -807,17 +842,21 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
     fleet, from its replicas' results gathered in the workspace ``wm_i``/
     ``wm_f`` of the stream) and its load balance (`layout.FLEET_COLUMNS`)
     into ``balance``. ``lag``: the routing latency, during which a request
-    is in the fleet and in no replica."""
+    is in the fleet and in no replica. (A replica's rows are laid out for
+    its capacity, ``fb.rs_a.shape[1]``.)"""
+    cm = fb.rs_a.shape[1]
     swap = ipar[I_SWAP] == 1   # (a mixed fleet: if any replica swaps; the others' counts are 0)
     macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
     for j in range(N_ACC):
         macc[j] = 0.0
     o_wv = WF_HEAD * n + N_ACC
     o_ww = WI_HEAD * n + N_HIST
+    o_rv = WF_HEAD * cm + N_ACC
+    o_rw = WI_HEAD * cm + N_HIST
     m = 0
     for r in range(nrep):
         wi, wf = _rows(fb, r)
-        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        acc = wf[WF_HEAD * cm:WF_HEAD * cm + N_ACC]
         for j in (A_OCC_INT, A_KV_INT):
             macc[j] += acc[j] / nrep   # (means over the replicas)
         for j in (A_QUEUE_INT, A_L_INT, A_STEPS, A_BLOCKS_END, A_HIT_TOK, A_QUERY_TOK):
@@ -827,8 +866,8 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
         macc[A_WINDOW_START] = acc[A_WINDOW_START]
         k = np.int64(acc[A_N_ITL])
         for e in range(k):
-            wm_i[o_ww + m + e] = wi[o_ww + e]
-            wm_f[o_wv + m + e] = wf[o_wv + e]
+            wm_i[o_ww + m + e] = wi[o_rw + e]
+            wm_f[o_wv + m + e] = wf[o_rv + e]
         m += k
     macc[A_N_ITL] = m
     if lag > 0.0:   # requests in transit are in the system (Little's law over the fleet)
@@ -837,12 +876,12 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
     for i in range(n):
         r, j = fb.owner[i], fb.local[i]
         wi, wf = _rows(fb, r)
-        wm_i[WI_STATUS * n + i] = wi[WI_STATUS * n + j]
-        wm_i[WI_NPRE * n + i] = wi[WI_NPRE * n + j]
+        wm_i[WI_STATUS * n + i] = wi[WI_STATUS * cm + j]
+        wm_i[WI_NPRE * n + i] = wi[WI_NPRE * cm + j]
         if swap:
-            wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * n + j] if fb.rip[r, I_SWAP] == 1 else 0
-        wm_f[WF_FIRST * n + i] = wf[WF_FIRST * n + j]
-        wm_f[WF_FINISH * n + i] = wf[WF_FINISH * n + j]
+            wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * cm + j] if fb.rip[r, I_SWAP] == 1 else 0
+        wm_f[WF_FIRST * n + i] = wf[WF_FIRST * cm + j]
+        wm_f[WF_FINISH * n + i] = wf[WF_FINISH * cm + j]
     _reduce(n, arrival, output, ipar, fpar, wm_i, wm_f, row)
     _balance(n, nrep, fb, row[C_WINDOW], balance)
 
@@ -862,7 +901,7 @@ def _balance(n, nrep, fb, window, balance):
         s += c
         s2 += c * c
         mx = max(mx, c)
-        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        acc = wf[WF_HEAD * fb.rs_a.shape[1]:WF_HEAD * fb.rs_a.shape[1] + N_ACC]
         kv, q = acc[A_KV_INT], acc[A_QUEUE_INT]
         kv_lo, kv_hi, q_lo, q_hi = min(kv_lo, kv), max(kv_hi, kv), min(q_lo, q), max(q_hi, q)
     mean = s / nrep
@@ -872,20 +911,37 @@ def _balance(n, nrep, fb, window, balance):
     balance[3] = (q_hi - q_lo) / window if window > 0 else np.nan
 
 
-def fleet_buffers(n, nrep, need_i, need_f, ngroups):
+def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None):
     """The buffers of a fleet of ``nrep`` replicas over streams of at most
     ``n`` requests (workspaces of ``need_i``/``need_f`` entries each), with
-    a table of ``ngroups`` prefix groups. ``np.empty``: the pages of
-    replica rows a replica never reaches are never touched."""
+    a table of ``ngroups`` prefix groups; each replica holds ``capacity``
+    requests at most (default ``n``). ``np.empty``: the pages of replica
+    rows a replica never reaches are never touched."""
     from .layout import N_FPAR, N_LAT, N_LOAD, N_STREAMS
+    m = n if capacity is None else capacity
     size = np.empty((nrep, 2), np.int64)
     size[:, 0], size[:, 1] = need_i, need_f
-    return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, n)), np.empty((6, nrep, n), np.int64),
+    return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, m)), np.empty((6, nrep, m), np.int64),
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
                         np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
-                        np.empty((nrep, N_SEG), np.int64))
+                        np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64))
+
+
+def compact_capacity(n, nrep, sessions):
+    """The capacity of a fleet's compact replica rows (`workspace._compact_dims`)
+    for a stream of ``n`` requests over ``nrep`` replicas: twice an even share
+    and 64 more, so that a router that spreads the load never fills one,
+    and the rows lie dense (a row for the whole stream touches a page or
+    more per segment: the processor's TLB misses, and `_fleet` puts compact
+    rows on huge pages). ``n`` (rows for the whole stream) for one replica,
+    and for ``sessions`` (a workload of sessions, whose layout is not
+    bounded by a share). A request that would overfill a compact row stops
+    the run (`ROW_FULL`); it is run again on whole rows, the same bits."""
+    if nrep <= 1 or sessions:
+        return n
+    return min(n, 2 * (-(-n // nrep)) + 64)
 
 
 # ------------------------------------------------------------------------------
@@ -920,7 +976,7 @@ def fill_records(fb, ipars, fpars, lats, sizes):
 
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
-                          key0=0, key1=0, rep=0, bound=True, keep=True, kept=None):
+                          key0=0, key1=0, rep=0, bound=True, keep=True, kept=None, capacity=None):
     """Simulate a fleet over one given request stream (a Python entry, for
     tests and the reference's comparisons).
 
@@ -953,6 +1009,10 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     kept : ndarray, optional
         An array of the stream's size that receives each hand's kept end
         (``-inf``: none; for tests).
+    capacity : int, optional
+        Each replica's row capacity (1 .. the stream's size; default
+        `compact_capacity`); a run that would overfill a row is run again
+        on rows for the whole stream (the same bits; for tests).
 
     Returns
     -------
@@ -963,7 +1023,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     """
     from .drivers import _per_request
     from .layout import N_FLEET_COLUMNS
-    from .workspace import _ws_need_handed
+    from .workspace import _ws_need_compact, _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
@@ -971,24 +1031,35 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
-    sizes = np.array([_ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
-                     np.int64).reshape(nrep, 2)
-    need_i, need_f = sizes.max(axis=0)
-    fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]))
-    if not bound:
-        fb = fb._replace(dep=np.empty(0))
-    elif not keep:
-        fb = fb._replace(dep=np.empty(nrep))
-    elif kept is not None:
-        fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
-    fill_records(fb, ipars, fpars, lats, sizes)
-    rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
-                              np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
-    if rc < 0:
-        raise RuntimeError(f"the fleet could not be simulated (code {rc})")
+    m = compact_capacity(n, nrep, bool(ipars[0, I_SESSIONS])) if capacity is None else int(capacity)
+    if not 1 <= m <= max(n, 1):
+        raise ValueError(f"capacity must be an int in 1 .. {max(n, 1)} (the stream's requests), got {capacity!r}")
+    while True:
+        sizes = np.array([_ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)
+                          for row in ipars], np.int64).reshape(nrep, 2)
+        need_i, need_f = sizes.max(axis=0)
+        fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]), m)
+        if not bound:
+            fb = fb._replace(dep=np.empty(0))
+        elif not keep:
+            fb = fb._replace(dep=np.empty(nrep))
+        elif kept is not None:
+            fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
+        fill_records(fb, ipars, fpars, lats, sizes)
+        rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router),
+                                  np.int64(nrep), np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
+        if rc == ROW_FULL and m < n:
+            m = n   # (a row overfilled: the replication again on rows for the whole stream)
+            continue
+        if rc < 0:
+            raise RuntimeError(f"the fleet could not be simulated (code {rc})")
+        break
     if kept is not None:
         kept[:n] = fb.dep[3 * nrep:]
-    wm_i, wm_f = np.zeros(need_i, np.int64), np.zeros(need_f)
+    # (the fleet's workspace for the reduction: of the whole stream, whatever the rows)
+    wm_i, wm_f = (np.zeros(x, t) for x, t in zip(
+        np.max([_ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
+               axis=0), (np.int64, np.float64)))
     row, balance = np.empty(N_COLUMNS), np.empty(N_FLEET_COLUMNS)
     _reduce_fleet(np.int64(n), stream[0], stream[2], red_i, red_f, np.int64(nrep), np.float64(fleet[FL_LATENCY]), fb,
                   wm_i, wm_f, row, balance)
@@ -998,6 +1069,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
 def _gather(fb, n):
     """(preemptions, tokens) of each fleet request from its replica."""
     from .workspace import WI_G
-    npre = np.array([fb.wi[r][WI_NPRE * n + j] for r, j in zip(fb.owner, fb.local)], np.int64)
-    g = np.array([fb.wi[r][WI_G * n + j] for r, j in zip(fb.owner, fb.local)], np.int64)
+    m = fb.rs_a.shape[1]
+    npre = np.array([fb.wi[r][WI_NPRE * m + j] for r, j in zip(fb.owner[:n], fb.local[:n])], np.int64)
+    g = np.array([fb.wi[r][WI_G * m + j] for r, j in zip(fb.owner[:n], fb.local[:n])], np.int64)
     return npre, g

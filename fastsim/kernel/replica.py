@@ -84,7 +84,7 @@ from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV,
                         RI_N_PREFILL, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_NEXT_DROP,
                         RI_N_HELD, RF_VISIBLE, RI_PENDING_SWAP, RI_PEND_DEPARTURES, RI_PHASE, RI_RELEASED,
                         RI_RESERVED, RI_RUN_LEN, RI_SWAP_USED, Stream, _carve, _ws_dims, _ws_sizes, RI_N_KNOWN,
-                        _handed_dims,
+                        _compact_dims, _handed_dims,
                         WF_FINISH, WF_FIRST, WF_KEY, WF_LAST, WI_BLOCKS, WI_G, WI_K, WI_NPRE, WI_STATUS,
                         _key_offset, _sched_offset,
                         RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RF_STRETCH_END)
@@ -316,6 +316,17 @@ def _state_dims(n, prompt, output, pgrp, plen, ipar, wi):
     ri = wi[wi.size - N_RI:]
     (ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX], ri[RI_DIM_NBP],
      ri[RI_DIM_NBT]) = _handed_dims(n, prompt, output, pgrp, plen, ipar)
+    return 0
+
+
+@njit_noalloc(entry=True)
+def _state_dims_compact(m, n, prompt, output, pgrp, plen, ipar, wi):
+    """`_state_dims` of a replica of ``m`` seats for the requests ``0..n-1``
+    (`workspace._compact_dims`; its workspace exactly `workspace._ws_need_compact`'s
+    size, its capacity ``m`` in `_simulate` and `_hand`)."""
+    ri = wi[wi.size - N_RI:]
+    (ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_JMAX], ri[RI_DIM_NBP],
+     ri[RI_DIM_NBT]) = _compact_dims(m, n, prompt, output, pgrp, plen, ipar)
     return 0
 
 

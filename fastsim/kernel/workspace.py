@@ -188,6 +188,39 @@ def _ws_need_handed(n, prompt, output, pgrp, plen, ipar):
 
 
 @njit_noalloc
+def _compact_dims(m, n, prompt, output, pgrp, plen, ipar):
+    """`_handed_dims` of a replica that holds at most ``m`` (<= ``n``) of
+    the requests ``0..n-1`` it may be handed (a fleet's compact row,
+    `cluster.compact_capacity`): ``m`` seats at most, and the gap samples'
+    room for ``m / n`` of the stream's bound (`_gap_share`); the
+    prefix-cache and block-pool sizes stay the whole stream's (they bound
+    any ``m`` of its requests). With ``m`` = ``n``, `_handed_dims` itself.
+    A request that would overfill either bound is not handed
+    (`cluster.ROW_FULL`)."""
+    cap, ncnt, nheld, nitl, jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    if m < n:
+        cap = max(1, min(ipar[I_MAX_NUM_SEQS], m))
+        nitl = _gap_share(m, n, nitl)
+    return cap, ncnt, nheld, _gap_room(nitl), jmax, nbp, nbt
+
+
+@njit_noalloc(inline="llvm")
+def _gap_share(m, n, nitl):
+    """The gap samples' bound of a compact row of ``m`` of the ``n``
+    requests (`_compact_dims`): the stream's bound ``nitl`` shared by
+    request count (``m`` has room to spare for a router's imbalance)."""
+    return max((nitl * m) // n, 1)
+
+
+@njit_noalloc(entry=True)
+def _ws_need_compact(m, n, prompt, output, pgrp, plen, ipar):
+    """`_ws_need` of a replica of ``m`` seats for the stream's requests ``0..n-1``
+    (`_compact_dims`; a fleet's compact row)."""
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _compact_dims(m, n, prompt, output, pgrp, plen, ipar)
+    return _ws_sizes(m, ipar[I_BLOCK_SIZE], cap, ncnt, nheld, nitl, nbp, nbt)
+
+
+@njit_noalloc
 def _table_size(nbp):
     """Slots of the block pool's identity table: a power of two, at least
     twice the blocks (each cached block adds at most one identity)."""
