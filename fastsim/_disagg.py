@@ -21,7 +21,7 @@ from . import kernel as K
 from ._fleet import Fleet, _FleetWorker, run_replications, stream_columns
 from ._latency import LatencyModel
 from ._validation import check_float, check_int
-from .kernel import disagg
+from .kernel import cluster, disagg
 
 __all__ = ["Disaggregated", "run_disagg"]
 
@@ -230,19 +230,29 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
     lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
     lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)
     ipar_p, ipar_d = pk_p["ipar"], pk_d["ipar"]
-    need_p = K._ws_need_handed(np.int64(n), prompt, ones, pgrp, plen, ipar_p)
-    need_d = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, ipar_d)
-    fbp, _, _ = worker.p.uniform_buffers(n, *need_p)
-    fbd, wm_i, wm_f = worker.d.uniform_buffers(n, *need_d)
-    db = worker.hand_off(n)
-    rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
-                                 ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
-                                 np.int64(dis.prefill.replicas), fbp, K.engine_variant(ipar_p),
-                                 ipar_d, fpar_d, lat_d, np.int64(pk_d["router"]), np.int64(dis.decode.replicas), fbd,
-                                 K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1), np.int64(rep), db)
+    merged = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, ipar_d)   # (the reduction's)
+    while True:
+        # each pool on compact rows (`cluster.compact_capacity`) until one overfills
+        mp, md = worker.p.capacity(n, ipar_p[None]), worker.d.capacity(n, ipar_d[None])
+        need_p = K._ws_need_compact(np.int64(mp), np.int64(n), prompt, ones, pgrp, plen, ipar_p)
+        need_d = K._ws_need_compact(np.int64(md), np.int64(n), prompt, output, pgrp, plen, ipar_d)
+        fbp, _, _ = worker.p.uniform_buffers(n, *need_p, mp)
+        fbd, wm_i, wm_f = worker.d.uniform_buffers(n, *need_d, md, merged)
+        db = worker.hand_off(n)
+        rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
+                                     ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
+                                     np.int64(dis.prefill.replicas), fbp, K.engine_variant(ipar_p),
+                                     ipar_d, fpar_d, lat_d, np.int64(pk_d["router"]), np.int64(dis.decode.replicas),
+                                     fbd, K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1),
+                                     np.int64(rep), db)
+        if rc == cluster.ROW_FULL and min(mp, md) < n:
+            worker.p.compact = worker.d.compact = False   # (this replication again, and the run's others, on whole rows)
+            continue
+        break
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
-    disagg._reduce_disagg(np.int64(n), arrival, output, ipar_d, fpar_d, np.int64(dis.prefill.replicas),
+    disagg._reduce_disagg(np.int64(n), arrival, output, disagg.reduction_record(ipar_p, ipar_d), fpar_d,
+                          np.int64(dis.prefill.replicas),
                           np.int64(dis.decode.replicas), np.float64(pk_p["fleet"][K.FL_LATENCY]), fbp, fbd, db,
                           wm_i, wm_f, out_row, extra_row)
 

@@ -225,12 +225,12 @@ class _FleetWorker:
         fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
         return fb, self.wm[0][:wm_i], self.wm[1][:wm_f]
 
-    def uniform_buffers(self, n, need_i, need_f):
+    def uniform_buffers(self, n, need_i, need_f, m=None, merged=None):
         """`buffers` for identical replicas, each workspace ``need_i``/``need_f``
         entries, stated in the buffers' sizes (as `cluster.fill_records` does)."""
         sizes = np.empty((self.nrep, 2), np.int64)
         sizes[:, 0], sizes[:, 1] = need_i, need_f
-        fb, wm_i, wm_f = self.buffers(n, sizes)
+        fb, wm_i, wm_f = self.buffers(n, sizes, m, merged)
         fb.size[:self.nrep] = sizes
         return fb, wm_i, wm_f
 

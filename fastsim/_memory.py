@@ -656,31 +656,36 @@ def _fleet_replicas(fleet) -> int:
 
 
 def _fleet_parts(scenario):
-    """A fleet's parts of one thread (`_fleet._FleetWorker`): each replica
-    a row of workspaces laid out for the whole stream (`kernel.cluster`),
-    of which it writes each segment's first entries as a replica of its
-    share of the requests would (the routers balance the load: an equal
-    share); the rows' streams; and the workspace of the stream's merged
-    results (`cluster._reduce_fleet`: the per-request columns, gap samples
-    and reduction scratch)."""
-    w = scenario.workload
-    nrep, n = _fleet_replicas(scenario.fleet), w.num_requests
-    share = -(-n // nrep)
-    from ._fleet import Fleet
+    """A fleet's parts of one thread (`_fleet._FleetWorker`, each pool's of
+    a disaggregated server): each replica a row of workspaces, compact
+    (`kernel.cluster.compact_capacity`, on huge pages up to a size) or laid
+    out for the whole stream (an autoscaled fleet's; on ordinary pages), of
+    which it writes each segment's first entries as a replica of its share
+    of the requests would (the routers balance the load: an equal share);
+    the rows' streams; and the workspace of the stream's merged results
+    (`cluster._reduce_fleet`: the per-request columns, gap samples and
+    reduction scratch)."""
     from .kernel.cluster import compact_capacity
-    m = n
-    if isinstance(scenario.fleet, Fleet) and scenario.fleet.autoscaler is None:   # (`_fleet._one`'s rows)
-        m = compact_capacity(n, nrep, w.sessions is not None)
-    if m < n:
-        rows = _workspace_bytes(scenario, n, share, rows=nrep, capacity=m)
-    else:
-        rows = _workspace_bytes(scenario, n, share, rows=nrep, small_pages=True)
-    # the replicas' streams: rows of n entries in two arrays (arrival; the six integer columns), each
-    # replica writing its share of its rows; the stream's owner and local index columns
-    # (compact rows: the replicas' streams of m entries, `_fleet._FleetWorker.buffers`, in the allocation's first
-    # entries, which is of the whole stream's)
-    streams = sum(_written_bytes({"row": m}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
-                  for c in (1, 6)) + _column_bytes(n, 2)
+    w, fleet = scenario.workload, scenario.fleet
+    n = w.num_requests
+    if hasattr(fleet, "prefill") and hasattr(fleet, "decode"):   # (`fastsim.Disaggregated`: two pools)
+        pools = [(_fleet_replicas(fleet.prefill), True), (_fleet_replicas(fleet.decode), True)]
+    else:   # (an autoscaled fleet's rows are for the whole stream)
+        pools = [(_fleet_replicas(fleet), getattr(fleet, "autoscaler", None) is None)]
+    rows = streams = 0
+    for nrep, compact in pools:
+        share = -(-n // nrep)
+        m = compact_capacity(n, nrep, w.sessions is not None) if compact else n   # (`_fleet._one`'s rows)
+        if m < n:
+            rows += _workspace_bytes(scenario, n, share, rows=nrep, capacity=m)
+        else:
+            rows += _workspace_bytes(scenario, n, share, rows=nrep, small_pages=True)
+        # the replicas' streams: rows of m entries (in the first entries of an allocation for the whole stream)
+        # in two arrays (arrival; the six integer columns), each replica writing its share of its rows; the
+        # stream's owner and local index columns
+        streams += sum(_written_bytes({"row": m}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
+                       for c in (1, 6)) + _column_bytes(n, 2)
+    nrep = _fleet_replicas(fleet)
     merged = 0
     for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):
         head = K.workspace.WI_HEAD if next(iter(sizes)).startswith("WI") else K.workspace.WF_HEAD

@@ -619,3 +619,53 @@ def test_replicate_on_compact_rows_is_replicate_on_whole_rows(monkeypatch):
     assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 264
     w.compact = False   # (after a row overfilled: whole rows for the rest of the worker's run)
     assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 600
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_disaggregated_servers_compact_rows_change_no_bit(seed):
+    """Both pools of a disaggregated server on compact rows of several
+    capacities (`cluster.compact_capacity`'s rows, any capacity) give the
+    bits of rows for the whole stream, over random engines and routers; a
+    row that would overfill (`cluster.ROW_FULL`, a capacity of 4 always)
+    has the run again on whole rows."""
+    from fastsim.kernel import disagg as D
+    rng = np.random.default_rng(700 + seed)
+    routers = tuple(K.ROUTER_CODES)
+    for k in range(4):
+        sc_p, sc_d = _keep_scenario(rng), _keep_scenario(rng)
+        router_p, router_d = (str(x) for x in rng.choice(routers, 2))
+        n_p, n_d = int(rng.integers(2, 4)), int(rng.integers(2, 6))
+        link = np.array([float(rng.choice([np.inf, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        stream, _p = _stream(sc_p, k)
+        n = stream[0].size
+        de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)
+        pp, pd_ = pack_scenario(sc_p), pack_scenario(de)
+        prefill = (pp["ipar"], pp["fpar"], pp["lat"], np.array([0.0, 0.0, 2.0]), K.ROUTER_CODES[router_p], n_p)
+        decode = (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d)
+        per0, row0, extra0 = D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, k, capacity=(n, n))
+        # (swaps: each pool's column read only where it swaps; this test found the prefill pool's unwritten
+        # column read when the decode pool swapped)
+        swaps = row0[K.COLUMNS.index("n_swaps")]
+        assert np.isnan(swaps) or (swaps >= 0 and swaps == int(swaps))
+        for cap in ((n // n_p + 8, n // n_d + 8), (n // 2, n), (n, n // 2), (4, 4)):
+            per, row, extra = D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, k, capacity=cap)
+            for key in per:
+                assert np.array_equal(per[key], per0[key], equal_nan=True), (cap, key)
+            assert np.array_equal(row, row0, equal_nan=True) and np.array_equal(extra, extra0, equal_nan=True)
+
+
+def test_replicate_of_a_disaggregated_server_on_compact_rows(monkeypatch):
+    """`replicate` of a disaggregated server with both pools on compact rows,
+    on rows too small (each replication run again on whole rows), and on
+    whole rows: the same results."""
+    sc = _scenario(V1_OFF, NO_CACHE).replace(
+        workload=fastsim.Workload(arrival_rate=30.0, num_requests=500, prompt_len=fastsim.Uniform(20, 300),
+                                  output_len=fastsim.Uniform(1, 160)),
+        fleet=fastsim.Disaggregated(prefill=2, decode=5))
+    assert C.compact_capacity(500, 5, False) < 500 and C.compact_capacity(500, 2, False) == 500
+    compact = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: min(n, 5))
+    tiny = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: n)
+    whole = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
+    assert compact.equals(whole) and tiny.equals(whole)

@@ -641,25 +641,28 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
     layout), router's view and prefix-group table cleared; the warm-up count
     of each the whole capacity (unknown until the fleet's first measured
     request). Returns the first negative code of `_simulate`, else 0.
-    (Autoscaled and disaggregated fleets set up so.)"""
+    (Autoscaled and disaggregated fleets set up so.) Each replica's
+    capacity is ``fb.rs_a.shape[1]`` (compact rows: `compact_capacity`)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
+    m = fb.rs_a.shape[1]
     w0 = _rows(fb, 0)[0]
-    _state_dims(n, prompt, output, pgrp, plen, ipar, w0)
+    _state_dims_compact(m, n, prompt, output, pgrp, plen, ipar, w0)
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
         w, wf = _rows(fb, r)
         for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
             w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        rc = _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, w, wf, full, 0.0,
+        rc = _simulate(m, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fpar, lat, w, wf, full, 0.0,
                        STEP_INIT | STEP_EMPTY)
         if rc < 0:
             return rc
-        fb.rip[r, I_WARMUP] = n if ipar[I_WARMUP] > 0 else 0
+        fb.rip[r, I_WARMUP] = m if ipar[I_WARMUP] > 0 else 0
         for c in range(fb.load.shape[1]):
             fb.load[r, c] = 0.0
+        fb.tok[r] = 0
         if fb.seg.shape[0] >= nrep:
-            _segments(fb, r, n)
+            _segments(fb, r, m)
     for g in range(fb.table.size):
         fb.table[g] = -1
     return 0

@@ -29,8 +29,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import (_call, _look, _look_due, _queue_handed, _queue_init, _ri, _rows, _set_up_uniform,
-                      _simulate_fleet)
+from .cluster import (ROW_FULL, _call, _fits, _look, _look_due, _queue_handed, _queue_init, _ri, _rows,
+                      _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
@@ -115,12 +115,13 @@ def _sort_by_time(m, key, order, scratch):
 def _handoffs(n, fbp, db):
     """The requests that completed on the prefill side into ``db.order``,
     sorted by their first token (ties: by index); returns how many."""
+    cp = fbp.rs_a.shape[1]   # (a replica's capacity: its rows' per-request columns)
     m = 0
     for i in range(n):
         r, j = fbp.owner[i], fbp.local[i]
         wi, wf = fbp.wi[r], fbp.wf[r]
-        if wi[WI_STATUS * n + j] == ST_COMPLETED:
-            db.t1[i] = wf[WF_FIRST * n + j]
+        if wi[WI_STATUS * cp + j] == ST_COMPLETED:
+            db.t1[i] = wf[WF_FIRST * cp + j]
             db.order[m] = i
             m += 1
         else:
@@ -138,7 +139,7 @@ def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     if rc < 0:
         return rc
     for r in range(nrep):
-        fb.wf[r][WF_HEAD * n + A_WINDOW_START] = ws
+        fb.wf[r][WF_HEAD * fb.rs_a.shape[1] + A_WINDOW_START] = ws
     return 0
 
 
@@ -181,8 +182,11 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     Returns
     -------
     int
-        0, or the first negative code of `replica._simulate` or `_hand`.
+        0, or the first negative code of `replica._simulate` or `_hand`;
+        `cluster.ROW_FULL` if a request would overfill a compact row of
+        either pool (its capacity ``fb.rs_a.shape[1]`` below ``n``).
     """
+    md = fbd.rs_a.shape[1]
     rc = _simulate_fleet(n, arrival, prompt, ones, prio, sjfk, pgrp, plen, ipar_p, fpar_p, lat_p, fleet_p,
                          router_p, nrep_p, key0, key1, rep, fbp, full_p)
     if rc < 0:
@@ -219,7 +223,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                 fbd.rfp[r, j] = fpar_d[j]
             for j in range(lat_d.size):
                 fbd.rlat[r, j] = lat_d[j]
-        _queue_init(fbd, nrep_d, n, what, bound)
+        _queue_init(fbd, nrep_d, md, what, bound)
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -229,27 +233,29 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
             for r in range(nrep_d):
                 fbd.rip[r, I_WARMUP] = _ri(fbd, r, RI_N_KNOWN)
         if queue:
-            rc = _look_due(fbd, nrep_d, n, full_d, t1, what, bound)
+            rc = _look_due(fbd, nrep_d, md, full_d, t1, what, bound)
         elif reads:
-            rc = _look(fbd, nrep_d, n, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
+            rc = _look(fbd, nrep_d, md, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
             return rc
         d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
+        if md < n and not _fits(fbd, d, measured, output[i]):
+            return ROW_FULL
         at = _transfer(link, db.link_free, d, t1, prompt[i])
         ri = fbd.rs_i
         wi, wf = _rows(fbd, d)
-        j = _hand(n, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
+        j = _hand(md, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
                   wi, wf, full_d, at, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
         if j < 0:
             return j
-        fbd.wi[d][WI_K * n + j] = prompt[i] - 1   # its KV but the last token's: vLLM recomputes that one
+        fbd.wi[d][WI_K * md + j] = prompt[i] - 1   # its KV but the last token's: vLLM recomputes that one
         fbd.owner[i] = d
         fbd.local[i] = j
         db.ready[i] = at
         if queue:
-            _queue_handed(fbd, d, nrep_d, n, what, bound)
+            _queue_handed(fbd, d, nrep_d, md, what, bound)
     for r in range(nrep_d):
-        rc = _call(fbd, r, n, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
+        rc = _call(fbd, r, md, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
             return rc
     return 0
@@ -262,11 +268,14 @@ def _gather_pool(n, fb, nrep, share, macc, pool, wm_i, wm_f, m):
     maxima) and its own time integrals into ``pool`` (occupancy, KV use:
     means over the pool; queue: total); its inter-token gaps appended to
     the server's from entry ``m``; returns the new count."""
+    c = fb.rs_a.shape[1]   # (a replica's capacity)
     o_wv = WF_HEAD * n + N_ACC
     o_ww = WI_HEAD * n + N_HIST
+    o_rv = WF_HEAD * c + N_ACC
+    o_rw = WI_HEAD * c + N_HIST
     for r in range(nrep):
         wi, wf = fb.wi[r], fb.wf[r]
-        acc = wf[WF_HEAD * n:WF_HEAD * n + N_ACC]
+        acc = wf[WF_HEAD * c:WF_HEAD * c + N_ACC]
         for j in (A_OCC_INT, A_KV_INT):
             macc[j] += acc[j] * share
         for j in (A_QUEUE_INT, A_L_INT, A_STEPS, A_BLOCKS_END, A_HIT_TOK, A_QUERY_TOK):
@@ -278,8 +287,8 @@ def _gather_pool(n, fb, nrep, share, macc, pool, wm_i, wm_f, m):
         pool[2] += acc[A_QUEUE_INT]
         k = np.int64(acc[A_N_ITL])
         for e in range(k):
-            wm_i[o_ww + m + e] = wi[o_ww + e]
-            wm_f[o_wv + m + e] = wf[o_wv + e]
+            wm_i[o_ww + m + e] = wi[o_rw + e]
+            wm_f[o_wv + m + e] = wf[o_rv + e]
         m += k
     return m
 
@@ -289,19 +298,22 @@ def _merge_requests(n, fbp, fbd, wm_i, wm_f, swap):
     """Each request's status, preemptions, first token and finish into the
     server's workspace: the decode side's where it got there (preemptions
     of both sides), else the prefill side's."""
+    cp, cd = fbp.rs_a.shape[1], fbd.rs_a.shape[1]   # (the pools' capacities)
     for i in range(n):
         r, j = fbp.owner[i], fbp.local[i]
         wi, wf = fbp.wi[r], fbp.wf[r]
-        st, npre, first, fin = wi[WI_STATUS * n + j], wi[WI_NPRE * n + j], wf[WF_FIRST * n + j], wf[WF_FINISH * n + j]
-        nsw = wi[WI_NSWAP * n + j] if swap else 0
+        st, npre = wi[WI_STATUS * cp + j], wi[WI_NPRE * cp + j]
+        first, fin = wf[WF_FIRST * cp + j], wf[WF_FINISH * cp + j]
+        # (swaps: a pool's column is written only where its engine swaps)
+        nsw = wi[WI_NSWAP * cp + j] if swap and fbp.rip[r, I_SWAP] == 1 else 0
         d = fbd.owner[i]
         if d >= 0:
             k = fbd.local[i]
             wi, wf = fbd.wi[d], fbd.wf[d]
-            st, first, fin = wi[WI_STATUS * n + k], wf[WF_FIRST * n + k], wf[WF_FINISH * n + k]
-            npre += wi[WI_NPRE * n + k]
-            if swap:
-                nsw += wi[WI_NSWAP * n + k]
+            st, first, fin = wi[WI_STATUS * cd + k], wf[WF_FIRST * cd + k], wf[WF_FINISH * cd + k]
+            npre += wi[WI_NPRE * cd + k]
+            if swap and fbd.rip[d, I_SWAP] == 1:
+                nsw += wi[WI_NSWAP * cd + k]
         wm_i[WI_STATUS * n + i] = st
         wm_i[WI_NPRE * n + i] = npre
         if swap:
@@ -319,7 +331,8 @@ def _reduce_disagg(n, arrival, output, ipar, fpar, nrep_p, nrep_d, lag, fbp, fbd
     the decode side's first token, then TTFT and goodput again with the
     prefill side's) and its own columns (`layout.DISAGG_COLUMNS`) into
     ``extra``. ``ipar``/``fpar``: the decode pool's records with the
-    stream's warm-up; ``lag``: the prefill pool's routing latency."""
+    stream's warm-up (`reduction_record`: swaps counted if either pool
+    swaps); ``lag``: the prefill pool's routing latency."""
     swap = ipar[I_SWAP] == 1
     macc = wm_f[WF_HEAD * n:WF_HEAD * n + N_ACC]
     for j in range(N_ACC):
@@ -331,7 +344,7 @@ def _reduce_disagg(n, arrival, output, ipar, fpar, nrep_p, nrep_d, lag, fbp, fbd
     m = _gather_pool(n, fbp, nrep_p, share, macc, extra[8:14:2], wm_i, wm_f, 0)
     m = _gather_pool(n, fbd, nrep_d, share, macc, extra[9:14:2], wm_i, wm_f, m)
     macc[A_N_ITL] = m
-    macc[A_WINDOW_START] = fbd.wf[0][WF_HEAD * n + A_WINDOW_START]
+    macc[A_WINDOW_START] = fbd.wf[0][WF_HEAD * fbd.rs_a.shape[1] + A_WINDOW_START]
     for i in range(n):   # requests in transit (to a prefill replica, on a link) are in the system
         macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
         if fbd.owner[i] >= 0:
@@ -386,6 +399,15 @@ def _client_ttft(n, arrival, output, ipar, fpar, db, wm_i, wm_f, window, row, ex
     _percentiles(v, ones, m, hist, 50.0, 99.0, 0.0, 0.0, 2, extra, 6)
 
 
+def reduction_record(ipar_p, ipar_d):
+    """The integer record `_reduce_disagg` takes: the decode pool's, with
+    swaps counted if either pool swaps (as a mixed fleet's reduction)."""
+    from .layout import I_SWAP
+    red = np.array(ipar_d, np.int64)
+    red[I_SWAP] = max(int(ipar_p[I_SWAP]), int(ipar_d[I_SWAP]))
+    return red
+
+
 def disagg_buffers(n, nrep_d):
     """The hand-off's buffers for streams of at most ``n`` requests."""
     from .layout import N_STREAMS
@@ -397,7 +419,7 @@ def disagg_buffers(n, nrep_d):
 # From Python
 
 def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, prefill, decode, link, key0=0, key1=0,
-                           rep=0, queue=True, bound=True):
+                           rep=0, queue=True, bound=True, capacity=None):
     """Simulate a disaggregated server over one given request stream (a
     Python entry, for tests and the reference's comparisons).
 
@@ -424,6 +446,11 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     bound : bool
         False turns the departure bound off in both pools (`cluster._departs`:
         the same bits, more calls; for tests).
+    capacity : tuple of int, optional
+        The prefill and the decode replicas' row capacities (1 .. the
+        stream's size each; default `cluster.compact_capacity`'s); a run
+        that would overfill a row is run again on rows for the whole stream
+        (the same bits; for tests).
 
     Returns
     -------
@@ -432,10 +459,10 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         `_reference_disagg.simulate_disagg_reference`'s), the metrics row
         and the disaggregated columns (`layout.DISAGG_COLUMNS`).
     """
-    from .cluster import _ngroups, fleet_buffers
-    from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
+    from .cluster import ROW_FULL, _ngroups, compact_capacity, fleet_buffers
+    from .layout import FL_LATENCY, I_SESSIONS, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
-    from .workspace import WI_G, _ws_need_handed
+    from .workspace import WI_G, _ws_need_compact, _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
         np.array(x, dtype=np.int64) for x in (prompt, output, prio, sjfk, pgrp, plen))
     n = stream[0].size
@@ -444,26 +471,39 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     ones = np.ones(n, np.int64)
     full_p, full_d = engine_variant(ipar_p), engine_variant(ipar_d)
     ng = _ngroups(stream[5])
-    need_p = _ws_need_handed(np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
-    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
-    fbp = fleet_buffers(n, nrep_p, *need_p, ng)
-    fbd = fleet_buffers(n, nrep_d, *need_d, ng)
-    if not queue:
-        fbd = fbd._replace(ev=np.empty(0, np.int64))
-    if not bound:
-        fbp, fbd = fbp._replace(dep=np.empty(0)), fbd._replace(dep=np.empty(0))
-    db = disagg_buffers(n, nrep_d)
+    if capacity is None:
+        capacity = tuple(compact_capacity(n, k, bool(ipar_d[I_SESSIONS])) for k in (nrep_p, nrep_d))
+    for c in capacity:
+        if not 1 <= c <= max(n, 1):
+            raise ValueError(f"capacity must be two ints in 1 .. {max(n, 1)} (the stream's requests), got "
+                             f"{capacity!r}")
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
-                          ipar_p, fpar_p, lat_p, np.asarray(fleet_p, np.float64), np.int64(router_p),
-                          np.int64(nrep_p), fbp, full_p, ipar_d, fpar_d, lat_d, np.int64(router_d), np.int64(nrep_d),
-                          fbd, full_d, np.asarray(link, np.float64), np.uint64(key0), np.uint64(key1), np.int64(rep),
-                          db)
+    mp, md = (int(c) for c in capacity)
+    while True:
+        need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
+        need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
+        fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp)
+        fbd = fleet_buffers(n, nrep_d, *need_d, ng, md)
+        if not queue:
+            fbd = fbd._replace(ev=np.empty(0, np.int64))
+        if not bound:
+            fbp, fbd = fbp._replace(dep=np.empty(0)), fbd._replace(dep=np.empty(0))
+        db = disagg_buffers(n, nrep_d)
+        rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
+                              ipar_p, fpar_p, lat_p, np.asarray(fleet_p, np.float64), np.int64(router_p),
+                              np.int64(nrep_p), fbp, full_p, ipar_d, fpar_d, lat_d, np.int64(router_d),
+                              np.int64(nrep_d), fbd, full_d, np.asarray(link, np.float64), np.uint64(key0),
+                              np.uint64(key1), np.int64(rep), db)
+        if rc == ROW_FULL and min(mp, md) < n:
+            mp = md = n   # (a row overfilled: the replication again on rows for the whole stream)
+            continue
+        break
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
+    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)   # (the reduction's)
     wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
     row, extra = np.empty(N_COLUMNS), np.empty(N_DISAGG_COLUMNS)
-    _reduce_disagg(np.int64(n), arrival, output, ipar_d, fpar_d, np.int64(nrep_p), np.int64(nrep_d),
+    _reduce_disagg(np.int64(n), arrival, output, reduction_record(ipar_p, ipar_d), fpar_d, np.int64(nrep_p), np.int64(nrep_d),
                    np.float64(fleet_p[FL_LATENCY]), fbp, fbd, db, wm_i, wm_f, row, extra)
     per = {"status": wm_i[WI_STATUS * n:(WI_STATUS + 1) * n].astype(np.int8),
            "first_token_s": db.t1.copy(),
@@ -471,8 +511,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
            "ready_s": db.ready.copy(), "finish_s": wm_f[WF_FINISH * n:(WF_FINISH + 1) * n].copy(),
            "num_preemptions": wm_i[WI_NPRE * n:(WI_NPRE + 1) * n].copy(),
            "prefill_replica": fbp.owner.copy(), "decode_replica": fbd.owner.copy()}
-    per["num_tokens"] = np.array([fbd.wi[d][WI_G * n + j] if d >= 0 else fbp.wi[r][WI_G * n + k]
+    per["num_tokens"] = np.array([fbd.wi[d][WI_G * md + j] if d >= 0 else fbp.wi[r][WI_G * mp + k]
                                   for d, j, r, k in zip(fbd.owner, fbd.local, fbp.owner, fbp.local)], np.int64)
     per["decode_first_token_s"][fbd.owner < 0] = np.nan
-    per["prefill_finish_s"] = np.array([fbp.wf[r][WF_FINISH * n + k] for r, k in zip(fbp.owner, fbp.local)])
+    per["prefill_finish_s"] = np.array([fbp.wf[r][WF_FINISH * mp + k] for r, k in zip(fbp.owner, fbp.local)])
     return per, row, extra
