@@ -246,7 +246,8 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
                                      fbd, K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1),
                                      np.int64(rep), db)
         if rc == cluster.ROW_FULL and min(mp, md) < n:
-            worker.p.compact = worker.d.compact = False   # (this replication again, and the run's others, on whole rows)
+            # (a row overfilled: this replication again, and the run's others, on whole rows)
+            worker.p.compact = worker.d.compact = False
             continue
         break
     if rc < 0:

@@ -48,7 +48,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
 from .latency import _constant_in_step
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
-                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims, _state_dims_compact)
+                      STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims_compact)
 from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices

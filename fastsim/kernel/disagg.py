@@ -503,8 +503,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)   # (the reduction's)
     wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
     row, extra = np.empty(N_COLUMNS), np.empty(N_DISAGG_COLUMNS)
-    _reduce_disagg(np.int64(n), arrival, output, reduction_record(ipar_p, ipar_d), fpar_d, np.int64(nrep_p), np.int64(nrep_d),
-                   np.float64(fleet_p[FL_LATENCY]), fbp, fbd, db, wm_i, wm_f, row, extra)
+    _reduce_disagg(np.int64(n), arrival, output, reduction_record(ipar_p, ipar_d), fpar_d, np.int64(nrep_p),
+                   np.int64(nrep_d), np.float64(fleet_p[FL_LATENCY]), fbp, fbd, db, wm_i, wm_f, row, extra)
     per = {"status": wm_i[WI_STATUS * n:(WI_STATUS + 1) * n].astype(np.int8),
            "first_token_s": db.t1.copy(),
            "decode_first_token_s": wm_f[WF_FIRST * n:(WF_FIRST + 1) * n].copy(),
