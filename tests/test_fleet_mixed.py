@@ -141,3 +141,19 @@ def test_a_deployment_entry_is_its_engine_and_latency():
                                                     output_len=fastsim.Uniform(20, 200)))
     pr = fastsim.replicate(sc, n_replications=2, seed=1).per_replication
     assert (pr["n_arrived"] == pr["n_completed"]).all()
+
+
+@pytest.mark.parametrize("router", ("jsq", "round_robin", "least_kv"))
+def test_a_mixed_fleet_on_compact_rows_is_on_whole_rows(router):
+    """Each kind of replica of a mixed fleet on compact rows of its own
+    layout (`kernel.cluster.compact_capacity`'s rows, any capacity, the
+    full engine on one replica) gives the bits of whole rows; a capacity
+    too small for the run has it again on whole rows."""
+    for rep, members in enumerate((MEMBERS, MEMBERS[1:] + [SWAP])):
+        stream, (ipars, fpars, lats) = _records(members, rep)
+        n, nrep = stream[0].size, len(members)
+        args = (*stream, ipars, fpars, lats, _fleet_record(0.0, 0.0), K.ROUTER_CODES[router], nrep, 11, 12, rep)
+        whole = C.simulate_fleet_stream(*args, capacity=n)
+        for m in (n // nrep + 12, n // 2, 3):
+            for x, y in zip(C.simulate_fleet_stream(*args, capacity=m), whole):
+                assert np.array_equal(x, y, equal_nan=True), (rep, m)
