@@ -230,12 +230,14 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
     lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
     lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)
     ipar_p, ipar_d = pk_p["ipar"], pk_d["ipar"]
-    merged = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, ipar_d)   # (the reduction's)
+    # (the decode pool's rows and the reduction's workspace hold every request's gap samples, `disagg.dims_record`)
+    dims_d = disagg.dims_record(ipar_d)
+    merged = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, dims_d)
     while True:
         # each pool on compact rows (`cluster.compact_capacity`) until one overfills
         mp, md = worker.p.capacity(n, ipar_p[None]), worker.d.capacity(n, ipar_d[None])
         need_p = K._ws_need_compact(np.int64(mp), np.int64(n), prompt, ones, pgrp, plen, ipar_p)
-        need_d = K._ws_need_compact(np.int64(md), np.int64(n), prompt, output, pgrp, plen, ipar_d)
+        need_d = K._ws_need_compact(np.int64(md), np.int64(n), prompt, output, pgrp, plen, dims_d)
         fbp, _, _ = worker.p.uniform_buffers(n, *need_p, mp)
         fbd, wm_i, wm_f = worker.d.uniform_buffers(n, *need_d, md, merged)
         db = worker.hand_off(n)

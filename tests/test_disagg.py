@@ -322,3 +322,31 @@ def test_the_stability_check_runs_the_stream_through_the_disaggregated_server():
     res = fastsim.replicate(sc, n_replications=4, seed=1)
     assert not res.stability.overloaded
     assert "ttft_decode_mean" in res.summary().index
+
+
+def test_warm_up_requests_handed_late_fit_the_decode_pools_gap_room():
+    """The decode pool takes its hand-offs in order of first token, and a
+    replica measures every request handed after its first measured one, so
+    warm-up requests whose prompts take long come out measured. Their gap
+    samples (a context term: one a step) once overran a room sized for the
+    tokens after the warm-up (here 28: the run wrote past it and did not
+    end); the room now counts every request's tokens (`disagg.dims_record`),
+    and the kernel is the reference bit for bit."""
+    n, w = 24, 10
+    idx = np.arange(n)
+    prompt, output = np.where(idx < w, 3000, 10), np.where(idx < w, 600, 2)
+    z = np.zeros(n, np.int64)
+    stream = (idx * 1e-3, prompt, output, z, output.copy(), np.full(n, -1), z)
+    engine = _sync(max_num_seqs=32, num_gpu_blocks=4000, max_num_batched_tokens=512)
+    lat = fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3, prefill_per_token_s=3e-5,
+                               ctx_per_token_s=2e-7)
+    wl = fastsim.Workload(arrival_rate=100.0, num_requests=n, warmup_requests=w)
+    per, row, extra = _kernel(stream, engine, lat, 3, "round_robin", engine, lat, 1, "jsq", kvb=1000.0,
+                              bw=math.inf, lat=0.0, workload=wl)
+    ref = simulate_disagg_reference(*stream, prefill=(engine, lat, 3, "round_robin"), decode=(engine, lat, 1, "jsq"),
+                                    kv_bytes_per_token=1000.0, link_bandwidth=math.inf, seed_keys=(11, 12, 3))
+    _same(per, ref)
+    order = np.argsort(per["first_token_s"], kind="stable")
+    first_measured = int(np.argmax(order >= w))
+    assert (order[first_measured:] < w).any()   # (warm-up requests handed after the first measured one)
+    assert output[w:].sum() == 28 and np.isfinite(row[K.COLUMNS.index("tpot_mean")])

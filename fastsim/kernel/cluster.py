@@ -634,7 +634,7 @@ def _look_at(fb, r, n, full, t, what, bound=False):
 
 
 @njit_noalloc
-def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
+def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, all_tokens):
     """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
     ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
     ``(arrival, prompt, output, prio, sjfk, pgrp, plen)`` states every row's
@@ -642,11 +642,19 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full):
     of each the whole capacity (unknown until the fleet's first measured
     request). Returns the first negative code of `_simulate`, else 0.
     (Autoscaled and disaggregated fleets set up so.) Each replica's
-    capacity is ``fb.rs_a.shape[1]`` (compact rows: `compact_capacity`)."""
+    capacity is ``fb.rs_a.shape[1]`` (compact rows: `compact_capacity`).
+    ``all_tokens``: the gap samples' room counts every request's output
+    tokens, not only those after the warm-up (a pool whose requests come
+    out of index order, `disagg`: a replica measures every request handed
+    after its first measured one, `disagg.dims_record`)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     m = fb.rs_a.shape[1]
     w0 = _rows(fb, 0)[0]
-    _state_dims_compact(m, n, prompt, output, pgrp, plen, ipar, w0)
+    for j in range(N_IPAR):
+        fb.rip[0, j] = ipar[j]
+    if all_tokens:
+        fb.rip[0, I_WARMUP] = 0
+    _state_dims_compact(m, n, prompt, output, pgrp, plen, fb.rip[0], w0)
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]

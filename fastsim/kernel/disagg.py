@@ -134,8 +134,12 @@ def _handoffs(n, fbp, db):
 def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
     """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
     does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
-    plen)``, each measuring from ``ws``; returns `_simulate`'s code."""
-    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full)
+    plen)``, each measuring from ``ws``; returns `_simulate`'s code. Their
+    gap samples' room counts every request's tokens: the hand-offs come in
+    order of first token, and a replica measures each request handed after
+    its first measured one, some of them from the warm-up
+    (`dims_record`)."""
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, True)
     if rc < 0:
         return rc
     for r in range(nrep):
@@ -399,6 +403,21 @@ def _client_ttft(n, arrival, output, ipar, fpar, db, wm_i, wm_f, window, row, ex
     _percentiles(v, ones, m, hist, 50.0, 99.0, 0.0, 0.0, 2, extra, 6)
 
 
+def dims_record(ipar_d):
+    """The integer record by which the decode pool is laid out
+    (`workspace._ws_need_compact` of it; `_init_pool` states the same): its
+    own with no warm-up, so that the gap samples' room counts every
+    request's output tokens. The hand-offs come in order of first token,
+    and a replica measures every request handed after its first measured
+    one, requests of the warm-up among them: a room for the tokens after the
+    warm-up alone was overrun (a stream whose warm-up requests reach the
+    decode pool late, with long outputs; tests/test_disagg.py)."""
+    from .layout import I_WARMUP
+    out = np.array(ipar_d, np.int64)
+    out[I_WARMUP] = 0
+    return out
+
+
 def reduction_record(ipar_p, ipar_d):
     """The integer record `_reduce_disagg` takes: the decode pool's, with
     swaps counted if either pool swaps (as a mixed fleet's reduction)."""
@@ -481,7 +500,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     mp, md = (int(c) for c in capacity)
     while True:
         need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
-        need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)
+        need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6],
+                                  dims_record(ipar_d))
         fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp)
         fbd = fleet_buffers(n, nrep_d, *need_d, ng, md)
         if not queue:
@@ -500,7 +520,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         break
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
-    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar_d)   # (the reduction's)
+    # (the reduction's workspace: every request's gap samples, as the pool's rows)
+    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_record(ipar_d))
     wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
     row, extra = np.empty(N_COLUMNS), np.empty(N_DISAGG_COLUMNS)
     _reduce_disagg(np.int64(n), arrival, output, reduction_record(ipar_p, ipar_d), fpar_d, np.int64(nrep_p),
