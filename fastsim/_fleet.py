@@ -195,7 +195,7 @@ class _FleetWorker:
         """The replicas' row capacity for a stream of ``n`` requests: compact
         (`cluster.compact_capacity`) until a row overfills in this worker's
         run, then ``n`` (the same bits either way)."""
-        return cluster.compact_capacity(n, self.nrep, bool(ipars[0, K.I_SESSIONS])) if self.compact else n
+        return cluster.compact_capacity(n, self.nrep, ipars) if self.compact else n
 
     def buffers(self, n, sizes, m=None, merged=None):
         """The buffers for ``n`` requests, replica ``r``'s workspace of

@@ -606,12 +606,12 @@ def test_replicate_on_compact_rows_is_replicate_on_whole_rows(monkeypatch):
         workload=fastsim.Workload(arrival_rate=40.0, num_requests=600, prompt_len=fastsim.Uniform(20, 300),
                                   output_len=fastsim.Uniform(1, 160)),
         fleet=fastsim.Fleet(replicas=6, router="jsq"))
-    assert C.compact_capacity(600, 6, False) == 264
+    assert C.compact_capacity(600, 6, pack_scenario(sc)["ipar"]) == 264
     compact = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=2).to_frame()
     real = C.compact_capacity
-    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: min(n, 5))
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: min(n, 5))
     tiny = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=1).to_frame()
-    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: n)
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: n)
     whole = fastsim.replicate(sc, n_replications=4, seed=1, n_threads=1).to_frame()
     assert compact.equals(whole) and tiny.equals(whole)
     monkeypatch.setattr(C, "compact_capacity", real)
@@ -662,10 +662,41 @@ def test_replicate_of_a_disaggregated_server_on_compact_rows(monkeypatch):
         workload=fastsim.Workload(arrival_rate=30.0, num_requests=500, prompt_len=fastsim.Uniform(20, 300),
                                   output_len=fastsim.Uniform(1, 160)),
         fleet=fastsim.Disaggregated(prefill=2, decode=5))
-    assert C.compact_capacity(500, 5, False) < 500 and C.compact_capacity(500, 2, False) == 500
+    ipar = pack_scenario(sc)["ipar"]
+    assert C.compact_capacity(500, 5, ipar) < 500 and C.compact_capacity(500, 2, ipar) == 500
     compact = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
-    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: min(n, 5))
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: min(n, 5))
     tiny = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
-    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, sessions: n)
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: n)
     whole = fastsim.replicate(sc, n_replications=3, seed=2, n_threads=1).to_frame()
     assert compact.equals(whole) and tiny.equals(whole)
+
+
+def test_compact_rows_only_where_a_replicas_set_up_reads_its_share():
+    """A replica's set-up reads the stream's first measured arrival (its
+    measurement window) and, with caching by block hash, whether any
+    request of the stream shares a block: compact rows are laid out past
+    the warm-up and never with caching by block hash or sessions
+    (`cluster.compact_capacity`), and the kernel refuses any other
+    (`cluster._compact_ok`: `ROW_FULL`, the run again on whole rows)."""
+    sc = CASES["tight-sync"]
+    stream, p = _stream(sc, 0)
+    n = stream[0].size
+    ipar = p["ipar"].copy()
+    ipar[K.I_WARMUP] = 70   # (past twice an even share of 3 replicas: 2 * 40 + 64 = 144 > 120, so n)
+    assert C.compact_capacity(n, 3, p["ipar"]) == n and C.compact_capacity(400, 8, ipar) == 164
+    ipar[K.I_WARMUP] = 200
+    assert C.compact_capacity(400, 8, ipar) == 201
+    assert C.compact_capacity(400, 8, pack_scenario(CASES["block-hash-sync"])["ipar"]) == 400
+    assert C.whole_rows(pack_scenario(CASES["block-hash-sync"])["ipar"]) and not C.whole_rows(p["ipar"])
+    ipar[K.I_WARMUP] = 70
+    q = dict(p, ipar=ipar)
+    args = (*stream, ipar, p["fpar"], p["lat"], _fleet_record(0.0, 0.0), K.ROUTER_CODES["jsq"], 3, 11, 12, 3)
+    whole = C.simulate_fleet_stream(*args, capacity=n)
+    assert np.isfinite(whole[-2][K.COLUMNS.index("window_s")])
+    for m, rc in ((60, C.ROW_FULL), (70, C.ROW_FULL), (71, 0)):   # (the window's arrival: index 70)
+        assert _compact_run(stream, q, "jsq", 3, m)[0] == rc
+        for x, y in zip(C.simulate_fleet_stream(*args, capacity=m), whole):
+            assert np.array_equal(x, y, equal_nan=True), m
+    stream_h, p_h = _stream(CASES["block-hash-sync"], 0)
+    assert _compact_run(stream_h, p_h, "jsq", 3, 100)[0] == C.ROW_FULL

@@ -41,7 +41,7 @@ from .arrivals import _arrival_status
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
                      FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
-                     I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
+                     I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
                      L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
                      N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
@@ -87,8 +87,9 @@ FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "o
 
 #: `_simulate_fleet_rows`' code for a request that would overfill its
 #: replica's compact row (`compact_capacity`): the caller runs the
-#: replication again on rows for the whole stream (the same bits).
-ROW_FULL = -1
+#: replication again on rows for the whole stream (the same bits). (Not
+#: `replica._simulate`'s codes: a workspace of the wrong size is an error.)
+ROW_FULL = -9
 
 # The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row).
 SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS, SEG_DEC_COST = range(5)
@@ -649,6 +650,8 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, all_tokens):
     after its first measured one, `disagg.dims_record`)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     m = fb.rs_a.shape[1]
+    if not _compact_ok(ipar, m, n):
+        return ROW_FULL
     w0 = _rows(fb, 0)[0]
     for j in range(N_IPAR):
         fb.rip[0, j] = ipar[j]
@@ -730,6 +733,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     overfill a compact row (``m`` < ``n``)."""
     m = fb.rs_a.shape[1]
     warmup = fb.rip[0, I_WARMUP]
+    for r in range(nrep):
+        if not _compact_ok(fb.rip[r], m, n):
+            return ROW_FULL
     # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
     # for each run of replicas with the same integer record)
     for r in range(nrep):
@@ -826,6 +832,21 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         if rc < 0:
             return rc
     return 0
+
+
+@njit_noalloc(inline="llvm")
+def _compact_ok(ipar, m, n):
+    """Whether a replica of the integer record ``ipar`` may be set up on a
+    row of capacity ``m`` for the ``n`` requests of the stream: a row for the
+    whole stream always; a compact one (``m`` < ``n``) past the warm-up (its
+    set-up reads the first measured arrival, ``arrival[warmup]``, as
+    `replica._init_replica` does), without sessions and without caching by
+    block hash (whose set-up reads the whole stream, `block_pool._pool_init`).
+    `compact_capacity` picks capacities it takes; it is the kernel's guard."""
+    if m >= n:
+        return True
+    return (ipar[I_WARMUP] < m and ipar[I_SESSIONS] == 0
+            and not (ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1))
 
 
 @njit_noalloc(inline="llvm")
@@ -940,19 +961,34 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None):
                         np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64))
 
 
-def compact_capacity(n, nrep, sessions):
+def compact_capacity(n, nrep, ipars):
     """The capacity of a fleet's compact replica rows (`workspace._compact_dims`)
-    for a stream of ``n`` requests over ``nrep`` replicas: twice an even share
-    and 64 more, so that a router that spreads the load never fills one,
-    and the rows lie dense (a row for the whole stream touches a page or
-    more per segment: the processor's TLB misses, and `_fleet` puts compact
-    rows on huge pages). ``n`` (rows for the whole stream) for one replica,
-    and for ``sessions`` (a workload of sessions, whose layout is not
-    bounded by a share). A request that would overfill a compact row stops
-    the run (`ROW_FULL`); it is run again on whole rows, the same bits."""
-    if nrep <= 1 or sessions:
+    for a stream of ``n`` requests over ``nrep`` replicas of the integer
+    records ``ipars`` (a row each, or one): twice an even share and 64 more,
+    so that a router that spreads the load never fills one, and the rows lie
+    dense (a row for the whole stream touches a page or more per segment:
+    the processor's TLB misses, and `_fleet` puts compact rows on huge
+    pages); past the warm-up, whose first measured arrival a replica reads
+    when it is set up. ``n`` (rows for the whole stream) for one replica,
+    and where a replica's set-up reads the whole stream or its layout is not
+    bounded by a share (`whole_rows`). A request that would overfill a
+    compact row stops the run (`ROW_FULL`); it is run again on whole rows,
+    the same bits."""
+    from .layout import I_WARMUP
+    ipars = np.atleast_2d(ipars)
+    if nrep <= 1 or n <= 0 or whole_rows(ipars):
         return n
-    return min(n, 2 * (-(-n // nrep)) + 64)
+    return min(n, max(2 * (-(-n // nrep)) + 64, int(ipars[:, I_WARMUP].max()) + 1))
+
+
+def whole_rows(ipars):
+    """Whether replicas of the integer records ``ipars`` (a row each) keep
+    rows for the whole stream: sessions (their layout is not bounded by a
+    share), and prefix caching by block hash (a replica's set-up reads the
+    whole stream: its block pool starts counted only if no request shares
+    a block, `block_pool._pool_init`)."""
+    ipars = np.atleast_2d(ipars)
+    return bool(np.any(ipars[:, I_SESSIONS] != 0) or np.any((ipars[:, I_CACHING] == 1) & (ipars[:, I_BLOCK_HASH] >= 1)))
 
 
 # ------------------------------------------------------------------------------
@@ -1042,8 +1078,8 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
-    m = compact_capacity(n, nrep, bool(ipars[0, I_SESSIONS])) if capacity is None else int(capacity)
-    if not 1 <= m <= max(n, 1):
+    m = compact_capacity(n, nrep, ipars) if capacity is None else int(capacity)
+    if capacity is not None and not 1 <= m <= max(n, 1):
         raise ValueError(f"capacity must be an int in 1 .. {max(n, 1)} (the stream's requests), got {capacity!r}")
     while True:
         sizes = np.array([_ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)

@@ -479,7 +479,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         and the disaggregated columns (`layout.DISAGG_COLUMNS`).
     """
     from .cluster import ROW_FULL, _ngroups, compact_capacity, fleet_buffers
-    from .layout import FL_LATENCY, I_SESSIONS, N_COLUMNS, N_DISAGG_COLUMNS
+    from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
     from .workspace import WI_G, _ws_need_compact, _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
@@ -491,11 +491,10 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
     full_p, full_d = engine_variant(ipar_p), engine_variant(ipar_d)
     ng = _ngroups(stream[5])
     if capacity is None:
-        capacity = tuple(compact_capacity(n, k, bool(ipar_d[I_SESSIONS])) for k in (nrep_p, nrep_d))
-    for c in capacity:
-        if not 1 <= c <= max(n, 1):
-            raise ValueError(f"capacity must be two ints in 1 .. {max(n, 1)} (the stream's requests), got "
-                             f"{capacity!r}")
+        capacity = compact_capacity(n, nrep_p, ipar_p), compact_capacity(n, nrep_d, ipar_d)
+    elif not all(1 <= c <= max(n, 1) for c in capacity):
+        raise ValueError(f"capacity must be two ints in 1 .. {max(n, 1)} (the stream's requests), got "
+                         f"{capacity!r}")
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     mp, md = (int(c) for c in capacity)
     while True:

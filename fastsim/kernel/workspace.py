@@ -208,8 +208,9 @@ def _compact_dims(m, n, prompt, output, pgrp, plen, ipar):
 def _gap_share(m, n, nitl):
     """The gap samples' bound of a compact row of ``m`` of the ``n``
     requests (`_compact_dims`): the stream's bound ``nitl`` shared by
-    request count (``m`` has room to spare for a router's imbalance)."""
-    return max((nitl * m) // n, 1)
+    request count (``m`` has room to spare for a router's imbalance);
+    ``floor(nitl * m / n)`` without the product, which may pass int64."""
+    return max((nitl // n) * m + ((nitl % n) * m) // n, 1)
 
 
 @njit_noalloc(entry=True)
