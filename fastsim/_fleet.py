@@ -175,6 +175,7 @@ class _FleetWorker:
         self.buf = K.ChunkBuffers(num_requests)
         self.nrep, self.ngroups = nrep, ngroups
         self.compact = True   # (compact rows, `cluster.compact_capacity`, until one overfills)
+        self._capacity = {}   # (by stream size)
         self.size = (-1, -1, -1, -1, -1)
         self.fb = None
         self.wm = None
@@ -195,7 +196,12 @@ class _FleetWorker:
         """The replicas' row capacity for a stream of ``n`` requests: compact
         (`cluster.compact_capacity`) until a row overfills in this worker's
         run, then ``n`` (the same bits either way)."""
-        return cluster.compact_capacity(n, self.nrep, ipars) if self.compact else n
+        if not self.compact:
+            return n
+        m = self._capacity.get(n)
+        if m is None:   # (the records are the run's: one rule's reading a stream size)
+            m = self._capacity[n] = cluster.compact_capacity(n, self.nrep, ipars)
+        return m
 
     def buffers(self, n, sizes, m=None, merged=None):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
