@@ -677,8 +677,8 @@ def test_compact_rows_only_where_a_replicas_set_up_reads_its_share():
     measurement window) and, with caching by block hash, whether any
     request of the stream shares a block: compact rows are laid out past
     the warm-up and never with caching by block hash or sessions
-    (`cluster.compact_capacity`), and the kernel refuses any other
-    (`cluster._compact_ok`: `ROW_FULL`, the run again on whole rows)."""
+    (`cluster.compact_capacity`, by the kernel's own rule, which refuses
+    any other: `cluster._compact_ok`, `ROW_FULL`, the run again on whole rows)."""
     sc = CASES["tight-sync"]
     stream, p = _stream(sc, 0)
     n = stream[0].size
@@ -688,7 +688,7 @@ def test_compact_rows_only_where_a_replicas_set_up_reads_its_share():
     ipar[K.I_WARMUP] = 200
     assert C.compact_capacity(400, 8, ipar) == 201
     assert C.compact_capacity(400, 8, pack_scenario(CASES["block-hash-sync"])["ipar"]) == 400
-    assert C.whole_rows(pack_scenario(CASES["block-hash-sync"])["ipar"]) and not C.whole_rows(p["ipar"])
+    assert C.compact_capacity(400, 8, pack_scenario(CASES["block-hash-async"])["ipar"]) == 400
     ipar[K.I_WARMUP] = 70
     q = dict(p, ipar=ipar)
     args = (*stream, ipar, p["fpar"], p["lat"], _fleet_record(0.0, 0.0), K.ROUTER_CODES["jsq"], 3, 11, 12, 3)

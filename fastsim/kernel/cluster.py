@@ -32,6 +32,7 @@ whole capacity, so that none is measured).
 
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 
 import numpy as np
@@ -970,25 +971,23 @@ def compact_capacity(n, nrep, ipars):
     the processor's TLB misses, and `_fleet` puts compact rows on huge
     pages); past the warm-up, whose first measured arrival a replica reads
     when it is set up. ``n`` (rows for the whole stream) for one replica,
-    and where a replica's set-up reads the whole stream or its layout is not
-    bounded by a share (`whole_rows`). A request that would overfill a
+    and wherever the kernel's own rule refuses a compact row (`_compact_ok`:
+    sessions, caching by block hash). A request that would overfill a
     compact row stops the run (`ROW_FULL`); it is run again on whole rows,
     the same bits."""
-    from .layout import I_WARMUP
     ipars = np.atleast_2d(ipars)
-    if nrep <= 1 or n <= 0 or whole_rows(ipars):
+    if nrep <= 1 or n <= 0:
         return n
-    return min(n, max(2 * (-(-n // nrep)) + 64, int(ipars[:, I_WARMUP].max()) + 1))
+    m = min(n, max(2 * (-(-n // nrep)) + 64, int(ipars[:, I_WARMUP].max()) + 1))
+    ok = _python_compact_ok()
+    return m if all(ok(row, m, n) for row in ipars) else n
 
 
-def whole_rows(ipars):
-    """Whether replicas of the integer records ``ipars`` (a row each) keep
-    rows for the whole stream: sessions (their layout is not bounded by a
-    share), and prefix caching by block hash (a replica's set-up reads the
-    whole stream: its block pool starts counted only if no request shares
-    a block, `block_pool._pool_init`)."""
-    ipars = np.atleast_2d(ipars)
-    return bool(np.any(ipars[:, I_SESSIONS] != 0) or np.any((ipars[:, I_CACHING] == 1) & (ipars[:, I_BLOCK_HASH] >= 1)))
+@functools.lru_cache(maxsize=None)
+def _python_compact_ok():
+    from .._numba_options import python_version
+
+    return python_version(_compact_ok)
 
 
 # ------------------------------------------------------------------------------
