@@ -233,8 +233,11 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
     # (the decode pool's rows and the reduction's workspace hold every request's gap samples, `disagg.dims_record`)
     dims_d = disagg.dims_record(ipar_d)
     merged = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, dims_d)
-    while True:
+
+    def attempt(compact):
         # each pool on compact rows (`cluster.compact_capacity`) until one overfills
+        if not compact:   # (a row overfilled: this replication again, and the run's others, on whole rows)
+            worker.p.compact = worker.d.compact = False
         mp, md = worker.p.capacity(n, ipar_p[None]), worker.d.capacity(n, ipar_d[None])
         need_p = K._ws_need_compact(np.int64(mp), np.int64(n), prompt, ones, pgrp, plen, ipar_p)
         need_d = K._ws_need_compact(np.int64(md), np.int64(n), prompt, output, pgrp, plen, dims_d)
@@ -247,11 +250,9 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
                                      ipar_d, fpar_d, lat_d, np.int64(pk_d["router"]), np.int64(dis.decode.replicas),
                                      fbd, K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1),
                                      np.int64(rep), db)
-        if rc == cluster.ROW_FULL and min(mp, md) < n:
-            # (a row overfilled: this replication again, and the run's others, on whole rows)
-            worker.p.compact = worker.d.compact = False
-            continue
-        break
+        return rc, fbp, fbd, db, wm_i, wm_f
+
+    rc, fbp, fbd, db, wm_i, wm_f = cluster.until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
     disagg._reduce_disagg(np.int64(n), arrival, output, disagg.reduction_record(ipar_p, ipar_d), fpar_d,

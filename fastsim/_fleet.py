@@ -285,7 +285,10 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
     merged = np.max([K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
                      for ipar, _, _, _ in kinds], axis=0)   # (the reduction's: the whole stream's)
-    while True:
+
+    def attempt(compact):
+        if not compact:
+            worker.compact = False   # (a row overfilled: this replication again, and the run's others, on whole rows)
         m = worker.capacity(n, ipars)
         for ipar, _, _, rows in kinds:
             sizes[rows] = K._ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6],
@@ -294,10 +297,9 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
         cluster.fill_records(fb, ipars, fpars, lats, sizes)
         rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
                                           np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
-        if rc == cluster.ROW_FULL and m < n:
-            worker.compact = False   # (a row overfilled: this replication again, and the run's others, on whole rows)
-            continue
-        break
+        return rc, fb, wm_i, wm_f
+
+    rc, fb, wm_i, wm_f = cluster.until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     red_i = ipars[0].copy()

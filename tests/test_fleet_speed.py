@@ -621,6 +621,19 @@ def test_replicate_on_compact_rows_is_replicate_on_whole_rows(monkeypatch):
     assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 600
 
 
+def test_until_rows_fit_tries_whole_rows_once_after_a_full_row():
+    """`cluster.until_rows_fit`: compact rows first; whole rows once, only after `ROW_FULL`; the last result."""
+    for codes, want in (((0,), [True]), ((C.ROW_FULL, 0), [True, False]), ((-2,), [True]),
+                        ((C.ROW_FULL, C.ROW_FULL), [True, False])):
+        asked = []
+
+        def attempt(compact):
+            asked.append(compact)
+            return codes[len(asked) - 1], len(asked)
+
+        assert C.until_rows_fit(attempt) == (codes[len(want) - 1], len(want)) and asked == want
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_a_disaggregated_servers_compact_rows_change_no_bit(seed):
     """Both pools of a disaggregated server on compact rows of several

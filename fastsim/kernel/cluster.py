@@ -983,6 +983,17 @@ def compact_capacity(n, nrep, ipars):
     return m if all(ok(row, m, n) for row in ipars) else n
 
 
+def until_rows_fit(attempt):
+    """``attempt(compact)``'s result (a tuple, the kernel's code first), on
+    compact rows first (``compact`` True: as `compact_capacity` says), and
+    again on rows for the whole stream (False) if a request overfilled a
+    compact row (the code `ROW_FULL`): the same bits either way."""
+    out = attempt(True)
+    if out[0] == ROW_FULL:
+        out = attempt(False)
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def _python_compact_ok():
     from .._numba_options import python_version
@@ -1077,10 +1088,12 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
-    m = compact_capacity(n, nrep, ipars) if capacity is None else int(capacity)
-    if capacity is not None and not 1 <= m <= max(n, 1):
+    m0 = compact_capacity(n, nrep, ipars) if capacity is None else int(capacity)
+    if capacity is not None and not 1 <= m0 <= max(n, 1):
         raise ValueError(f"capacity must be an int in 1 .. {max(n, 1)} (the stream's requests), got {capacity!r}")
-    while True:
+
+    def attempt(compact):
+        m = m0 if compact else n
         sizes = np.array([_ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)
                           for row in ipars], np.int64).reshape(nrep, 2)
         need_i, need_f = sizes.max(axis=0)
@@ -1092,14 +1105,12 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         elif kept is not None:
             fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
         fill_records(fb, ipars, fpars, lats, sizes)
-        rc = _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router),
-                                  np.int64(nrep), np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
-        if rc == ROW_FULL and m < n:
-            m = n   # (a row overfilled: the replication again on rows for the whole stream)
-            continue
-        if rc < 0:
-            raise RuntimeError(f"the fleet could not be simulated (code {rc})")
-        break
+        return _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router),
+                                    np.int64(nrep), np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full), fb
+
+    rc, fb = until_rows_fit(attempt)
+    if rc < 0:
+        raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     if kept is not None:
         kept[:n] = fb.dep[3 * nrep:]
     # (the fleet's workspace for the reduction: of the whole stream, whatever the rows)

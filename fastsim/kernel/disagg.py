@@ -478,7 +478,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         `_reference_disagg.simulate_disagg_reference`'s), the metrics row
         and the disaggregated columns (`layout.DISAGG_COLUMNS`).
     """
-    from .cluster import ROW_FULL, _ngroups, compact_capacity, fleet_buffers
+    from .cluster import _ngroups, compact_capacity, fleet_buffers, until_rows_fit
     from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
     from .workspace import WI_G, _ws_need_compact, _ws_need_handed
@@ -496,8 +496,9 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         raise ValueError(f"capacity must be two ints in 1 .. {max(n, 1)} (the stream's requests), got "
                          f"{capacity!r}")
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
-    mp, md = (int(c) for c in capacity)
-    while True:
+
+    def attempt(compact):
+        mp, md = (int(c) for c in capacity) if compact else (n, n)
         need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
         need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6],
                                   dims_record(ipar_d))
@@ -513,12 +514,12 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
                               np.int64(nrep_p), fbp, full_p, ipar_d, fpar_d, lat_d, np.int64(router_d),
                               np.int64(nrep_d), fbd, full_d, np.asarray(link, np.float64), np.uint64(key0),
                               np.uint64(key1), np.int64(rep), db)
-        if rc == ROW_FULL and min(mp, md) < n:
-            mp = md = n   # (a row overfilled: the replication again on rows for the whole stream)
-            continue
-        break
+        return rc, fbp, fbd, db
+
+    rc, fbp, fbd, db = until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
+    mp, md = fbp.rs_a.shape[1], fbd.rs_a.shape[1]   # (the rows' capacities, `cluster`)
     # (the reduction's workspace: every request's gap samples, as the pool's rows)
     need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_record(ipar_d))
     wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
