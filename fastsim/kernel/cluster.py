@@ -654,7 +654,7 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, all_tokens):
     if not _compact_ok(ipar, m, n):
         return ROW_FULL
     w0 = _rows(fb, 0)[0]
-    for j in range(N_IPAR):
+    for j in range(N_IPAR):   # (row 0's record as the layout's, for the scan: the loop below writes it again)
         fb.rip[0, j] = ipar[j]
     if all_tokens:
         fb.rip[0, I_WARMUP] = 0
