@@ -312,7 +312,7 @@ def fleet_members(scenario, packed):
     """A fleet's records: an integer record per replica (rows), and each
     distinct kind of replica as (integer, float, latency records, its
     replicas' rows); one kind for identical replicas. A mixed fleet's
-    replicas are packed in ``packed["members"]`` (`_replicate.pack_scenario`)."""
+    replicas are packed in ``packed["members"]`` (`_pack.pack_scenario`)."""
     fleet = scenario.fleet
     nrep = fleet.n_replicas
     if not fleet.mixed:
@@ -391,7 +391,7 @@ def simulate_fleet_requests(scenario, packed, requests):
     """Status codes (`kernel.layout.ST_*`), first-token and finish times of
     each request of one given stream (columns as `fastsim.sample_requests`
     gives them) served by the scenario's fleet (``packed``: its
-    `_replicate.pack_scenario`): what the stability check counts. The
+    `_pack.pack_scenario`): what the stability check counts. The
     router's random stream is that of replication 0 of seed keys 0."""
     stream = stream_columns(requests)
     rows, kinds = fleet_members(scenario, packed)

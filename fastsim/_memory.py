@@ -672,11 +672,11 @@ def _fleet_parts(scenario):
         pools = [(_fleet_replicas(fleet.prefill), True), (_fleet_replicas(fleet.decode), True)]
     else:   # (an autoscaled fleet's rows are for the whole stream)
         pools = [(_fleet_replicas(fleet), getattr(fleet, "autoscaler", None) is None)]
-    records = _row_records(scenario)
+    records = _pool_records(scenario) if pools[0][1] else [None] * len(pools)
     rows = streams = 0
-    for nrep, compact in pools:
+    for (nrep, compact), ipars in zip(pools, records):
         share = -(-n // nrep)
-        m = compact_capacity(n, nrep, records) if compact else n   # (`_fleet._one`'s rows)
+        m = compact_capacity(n, nrep, ipars) if compact else n   # (`_fleet._one`'s rows)
         if m < n:
             rows += _workspace_bytes(scenario, n, share, rows=nrep, capacity=m)
         else:
@@ -697,25 +697,19 @@ def _fleet_parts(scenario):
             (rows, "replica workspaces", "replicas")]
 
 
-def _row_records(scenario):
-    """Integer records with what `kernel.cluster.compact_capacity` reads of a
-    fleet's replicas (the warm-up, sessions, caching by block hash), one per
-    engine of the scenario (a mixed fleet's, a disaggregated server's)."""
-    engines = [scenario.engine]
+def _pool_records(scenario):
+    """Each compact pool's integer records, a row per replica, as its run
+    packs them (`_pack.pack_scenario`; a mixed fleet's replicas,
+    `_fleet.fleet_members`; a disaggregated server's prefill and decode
+    pools, ``Disaggregated.pool_scenarios``): what
+    `kernel.cluster.compact_capacity` reads (the warm-up, sessions, caching
+    by block hash)."""
+    from ._fleet import fleet_members
+    from ._pack import pack_scenario
     fleet = scenario.fleet
-    members = getattr(fleet, "replicas", None)   # (a mixed fleet's: (EngineConfig, LatencyModel) pairs)
-    servers = [getattr(fleet, "prefill_server", None), getattr(fleet, "decode_server", None)]
-    for entry in (list(members) if isinstance(members, tuple) else []) + servers:
-        engine = entry[0] if isinstance(entry, tuple) else getattr(entry, "engine", None)
-        if engine is not None:
-            engines.append(engine)
-    out = np.zeros((len(engines), K.N_IPAR), np.int64)
-    out[:, K.I_WARMUP] = scenario.workload.warmup_requests
-    out[:, K.I_SESSIONS] = scenario.workload.sessions is not None
-    for k, e in enumerate(engines):
-        out[k, K.I_CACHING] = bool(e.enable_prefix_caching)
-        out[k, K.I_BLOCK_HASH] = bool(e.enable_prefix_caching and e.block_hash_caching)
-    return out
+    if hasattr(fleet, "pool_scenarios"):
+        return [pack_scenario(sc)["ipar"][None] for sc in fleet.pool_scenarios(scenario)]
+    return [fleet_members(scenario, pack_scenario(scenario))[0]]
 
 
 def fleet_address_space(scenario):

@@ -33,7 +33,7 @@ from .replica import (STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RU
                       engine_variant)
 from .metrics import _reduce
 
-# The arrays `_replicate.pack_scenario` makes of a scenario, in the order the
+# The arrays `_pack.pack_scenario` makes of a scenario, in the order the
 # drivers take them (`_draw_workload` takes them without ``lat``).
 SCENARIO_ARRAYS = ("ipar", "fpar", "lat", "arr_times", "lcomp", "lpar", "ltab", "lrange", "trace",
                    "prio_val", "prio_cdf", "pred_edges")
@@ -260,7 +260,7 @@ def run_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, l
     key0, key1 : uint64
         The run's seed keys.
     ipar, fpar, lat : arrays
-        The parameter records (`layout.I_*`, `F_*`, `L_*`; `_replicate.pack_scenario`).
+        The parameter records (`layout.I_*`, `F_*`, `L_*`; `_pack.pack_scenario`).
     arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf, pred_edges : arrays
         The workload's tables, as `workload._draw_workload` takes them (`scenario_arrays`).
     out : float64 array (nrep, N_COLUMNS)
@@ -448,7 +448,7 @@ class Replica:
     arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
         The request stream, sorted by arrival (`draw_workload`'s columns).
     ipar, fpar, lat : ndarray
-        The parameter records (`_replicate.pack_scenario`).
+        The parameter records (`_pack.pack_scenario`).
     empty : bool
         Start with no request known: the stream only bounds the requests
         that `hand` will hand it (as a router does), and the arrays are

@@ -320,7 +320,7 @@ def _draw_arrivals(ipar, fpar, state, arr_times, arrival):
     return _renewal_arrivals(ipar, fpar, state, arrival), 0
 
 
-#: The length laws of a workload (`_replicate.pack_scenario`'s tables):
+#: The length laws of a workload (`_pack.pack_scenario`'s tables):
 #: components (kind, table start, table rows), their parameters, the
 #: tables' (value, cdf) rows, and the component ranges [lo, hi) of the
 #: prompt, output, prefix-length and prefix-group laws.
@@ -417,7 +417,7 @@ def _draw_workload(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lr
 
     An entry point (called from Python, the drivers and the GPU kernel),
     whose arguments are the packed scenario's arrays
-    (`_replicate.pack_scenario`, `drivers.scenario_arrays`) and the buffers
+    (`_pack.pack_scenario`, `drivers.scenario_arrays`) and the buffers
     it fills; each draw comes from a random stream of its own, so a column
     does not depend on the options that draw the others.
 
