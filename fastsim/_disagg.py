@@ -247,7 +247,8 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
         rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                                      ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
                                      np.int64(dis.prefill.replicas), fbp, K.engine_variant(ipar_p),
-                                     ipar_d, fpar_d, lat_d, np.int64(pk_d["router"]), np.int64(dis.decode.replicas),
+                                     ipar_d, dims_d, fpar_d, lat_d, np.int64(pk_d["router"]),
+                                     np.int64(dis.decode.replicas),
                                      fbd, K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1),
                                      np.int64(rep), db)
         return rc, fbp, fbd, db, wm_i, wm_f

@@ -244,7 +244,7 @@ def _set_up(n, stream, ipar, fpar, lat, fb, ab, apar, full):
     ``(arrival, prompt, output, prio, sjfk, pgrp, plen)``, the first
     ``initial_replicas`` serving; returns the first negative code, else 0."""
     m = np.int64(apar[AS_MAX])
-    rc = _set_up_uniform(n, stream, ipar, fpar, lat, m, fb, full, False)
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, m, fb, full, ipar)
     if rc < 0:
         return rc
     for r in range(m):

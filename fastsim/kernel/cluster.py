@@ -636,7 +636,7 @@ def _look_at(fb, r, n, full, t, what, bound=False):
 
 
 @njit_noalloc
-def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, all_tokens):
+def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, dims):
     """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
     ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
     ``(arrival, prompt, output, prio, sjfk, pgrp, plen)`` states every row's
@@ -645,20 +645,15 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, all_tokens):
     request). Returns the first negative code of `_simulate`, else 0.
     (Autoscaled and disaggregated fleets set up so.) Each replica's
     capacity is ``fb.rs_a.shape[1]`` (compact rows: `compact_capacity`).
-    ``all_tokens``: the gap samples' room counts every request's output
-    tokens, not only those after the warm-up (a pool whose requests come
-    out of index order, `disagg`: a replica measures every request handed
-    after its first measured one, `disagg.dims_record`)."""
+    ``dims``: the integer record the rows are laid out by (the workspace's
+    size of it, ``fb.size``: ``ipar``, or a disaggregated decode pool's
+    `disagg.dims_record`, stated by the caller)."""
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
     m = fb.rs_a.shape[1]
     if not _compact_ok(ipar, m, n):
         return ROW_FULL
     w0 = _rows(fb, 0)[0]
-    for j in range(N_IPAR):   # (row 0's record as the layout's, for the scan: the loop below writes it again)
-        fb.rip[0, j] = ipar[j]
-    if all_tokens:
-        fb.rip[0, I_WARMUP] = 0
-    _state_dims_compact(m, n, prompt, output, pgrp, plen, fb.rip[0], w0)
+    _state_dims_compact(m, n, prompt, output, pgrp, plen, dims, w0)
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]

@@ -131,15 +131,12 @@ def _handoffs(n, fbp, db):
 
 
 @njit_noalloc
-def _init_pool(n, stream, ipar, fpar, lat, nrep, fb, full, ws):
+def _init_pool(n, stream, ipar, dims, fpar, lat, nrep, fb, full, ws):
     """Set up ``nrep`` empty replicas in ``fb`` (as `cluster._simulate_fleet`
     does) for the stream ``(arrival, prompt, output, prio, sjfk, pgrp,
-    plen)``, each measuring from ``ws``; returns `_simulate`'s code. Their
-    gap samples' room counts every request's tokens: the hand-offs come in
-    order of first token, and a replica measures each request handed after
-    its first measured one, some of them from the warm-up
-    (`dims_record`)."""
-    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, True)
+    plen)``, laid out by the record ``dims`` (`dims_record`), each
+    measuring from ``ws``; returns `_simulate`'s code."""
+    rc = _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, dims)
     if rc < 0:
         return rc
     for r in range(nrep):
@@ -160,7 +157,7 @@ def _transfer(link, link_free, d, t1, p):
 @njit_noalloc(entry=True)
 def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                      ipar_p, fpar_p, lat_p, fleet_p, router_p, nrep_p, fbp, full_p,
-                     ipar_d, fpar_d, lat_d, router_d, nrep_d, fbd, full_d,
+                     ipar_d, dims_d, fpar_d, lat_d, router_d, nrep_d, fbd, full_d,
                      link, key0, key1, rep, db):
     """Run a disaggregated server over the requests ``0..n-1`` of its stream, to the end.
 
@@ -176,6 +173,9 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     ipar_d, fpar_d, lat_d, router_d, nrep_d, fbd, full_d
         The decode pool: the same, without a fleet record (live state, no
         routing latency); ``ipar_d``'s warm-up is the stream's.
+    dims_d : 1-D int array
+        The integer record the decode pool's rows are laid out by
+        (`dims_record` of ``ipar_d``: ``fbd``'s sizes are of it).
     link : 1-D float array
         The link's record (`layout.DL_*`).
     key0, key1, rep : int
@@ -198,8 +198,8 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     m = _handoffs(n, fbp, db)
     warmup = ipar_d[I_WARMUP]
     ws = 0.0 if warmup == 0 else (arrival[warmup] if n > warmup else np.inf)
-    rc = _init_pool(n, (arrival, prompt, output, prio, sjfk, pgrp, plen), ipar_d, fpar_d, lat_d, nrep_d, fbd, full_d,
-                    ws)
+    rc = _init_pool(n, (arrival, prompt, output, prio, sjfk, pgrp, plen), ipar_d, dims_d, fpar_d, lat_d, nrep_d, fbd,
+                    full_d, ws)
     if rc < 0:
         return rc
     _seed_streams(key0, key1, rep, db.rstate)
@@ -405,7 +405,7 @@ def _client_ttft(n, arrival, output, ipar, fpar, db, wm_i, wm_f, window, row, ex
 
 def dims_record(ipar_d):
     """The integer record by which the decode pool is laid out
-    (`workspace._ws_need_compact` of it; `_init_pool` states the same): its
+    (`workspace._ws_need_compact` of it, and `_simulate_disagg`'s ``dims_d``): its
     own with no warm-up, so that the gap samples' room counts every
     request's output tokens. The hand-offs come in order of first token,
     and a replica measures every request handed after its first measured
@@ -496,12 +496,12 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         raise ValueError(f"capacity must be two ints in 1 .. {max(n, 1)} (the stream's requests), got "
                          f"{capacity!r}")
     arrival, prompt, output, prio, sjfk, pgrp, plen = stream
+    dims_d = dims_record(ipar_d)
 
     def attempt(compact):
         mp, md = (int(c) for c in capacity) if compact else (n, n)
         need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
-        need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6],
-                                  dims_record(ipar_d))
+        need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_d)
         fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp)
         fbd = fleet_buffers(n, nrep_d, *need_d, ng, md)
         if not queue:
@@ -511,7 +511,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         db = disagg_buffers(n, nrep_d)
         rc = _simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                               ipar_p, fpar_p, lat_p, np.asarray(fleet_p, np.float64), np.int64(router_p),
-                              np.int64(nrep_p), fbp, full_p, ipar_d, fpar_d, lat_d, np.int64(router_d),
+                              np.int64(nrep_p), fbp, full_p, ipar_d, dims_d, fpar_d, lat_d, np.int64(router_d),
                               np.int64(nrep_d), fbd, full_d, np.asarray(link, np.float64), np.uint64(key0),
                               np.uint64(key1), np.int64(rep), db)
         return rc, fbp, fbd, db
@@ -521,7 +521,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
     mp, md = fbp.rs_a.shape[1], fbd.rs_a.shape[1]   # (the rows' capacities, `cluster`)
     # (the reduction's workspace: every request's gap samples, as the pool's rows)
-    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_record(ipar_d))
+    need_d = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_d)
     wm_i, wm_f = np.zeros(need_d[0], np.int64), np.zeros(need_d[1])
     row, extra = np.empty(N_COLUMNS), np.empty(N_DISAGG_COLUMNS)
     _reduce_disagg(np.int64(n), arrival, output, reduction_record(ipar_p, ipar_d), fpar_d, np.int64(nrep_p),
