@@ -36,7 +36,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import _advance, _call, _observe, _ri, _rows, _set_up_uniform
+from .cluster import _advance, _call, _departs, _min_step, _observe, _ri, _rows, _set_up_uniform
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -46,7 +46,7 @@ from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS
                      W_PROVISIONING, W_QUEUE, W_SERVING, W_SLO_MET, W_T)
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
-from .router import _needs_state, _reads_kv, _route
+from .router import _in_system_only, _needs_state, _reads_kv, _route
 from .workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_N_KNOWN,
                         WF_FINISH, WF_FIRST, WI_STATUS, Stream, _carve)
 
@@ -160,15 +160,22 @@ def _desired(apar, total, serving, current):
 
 
 @njit_noalloc
-def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
+def _look_held(fb, ab, m, n, fpar, lat, full, tau, what, bound=False):
     """Every held replica advanced to ``tau`` and observed; returns the
-    first negative code of `_simulate`, else 0."""
+    first negative code of `_simulate`, else 0. ``bound``: for a router
+    that reads requests in the system only, at an arrival (not at an
+    evaluation, whose metrics read the rest of the state), a replica from
+    which no request can have left by ``tau`` (`cluster._departs`) is
+    observed as it stands, as `cluster._look` does (advanced later, in
+    fewer calls, it gives the same bits)."""
     nblk = fb.rip[0, I_NUM_GPU_BLOCKS]
+    dmin = _min_step(lat) if bound else 0.0
     for r in range(m):
         if ab.state[r] == REP_SERVING or ab.state[r] == REP_DRAINING:
-            rc = _advance(fb, r, n, fpar, lat, full, tau, what)
-            if rc < 0:
-                return rc
+            if not bound or tau >= _departs(fb, r, n, dmin, lat):
+                rc = _advance(fb, r, n, fpar, lat, full, tau, what)
+                if rc < 0:
+                    return rc
             _observe(fb, r, nblk, tau)
     return 0
 
@@ -301,6 +308,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     lag, cap, interval = fleet[FL_LATENCY], fleet[FL_LOAD_CAP], apar[AS_INTERVAL]
     reads = _needs_state(router)
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) or apar[AS_METRIC] == AS_METRIC_KV else 0)
+    # the arrivals' looks with the departure bound, for the routers it serves (each row's segments set up)
+    bound = reads and _in_system_only(router) and fb.seg.shape[0] >= m
     k = 1
     last = 0.0
     arrived = 0
@@ -323,7 +332,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         _activate(ab, m, t)
         ns = _count(ab, m, REP_SERVING)
         if reads and ns > 1:
-            rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what)
+            rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what, bound)
             if rc < 0:
                 return rc
         ns = _serving_view(fb, ab, m)
