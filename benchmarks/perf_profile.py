@@ -24,7 +24,8 @@ inlined into it included):
 
 A fleet's routing loop: ``--workload fleet-jsq-8 --requests 2000 --replications 1500`` (a replication's
 requests, the fleet's), then ``--report ... --function _simulate_fleet_rows`` (or ``_simulate``, the
-replicas' resumed calls).
+replicas' resumed calls). A disaggregated server's: ``--workload disagg-jsq-2p4d``, then ``--function
+_simulate_disagg`` (its decode pool's routing loop; the prefill pool's is ``_simulate_fleet_rows``).
 
 With ``--lines``, the kernels are compiled with line tables and no other
 debug information (`_line_tables_only`: the optimisation of a normal build) and
@@ -93,8 +94,9 @@ from fastsim.kernel import autoscale, cluster, disagg  # noqa: E402
 from benchmarks.common import WORKLOADS  # noqa: E402
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(\s]+)"?\(', re.M)
-# the functions --lines writes out (a fleet's routing loop, `cluster._simulate_fleet_rows`, too)
-_ENTRIES = ("_simulate", "_draw_workload", "_reduce", "_simulate_fleet_rows")
+# the functions --lines writes out (a fleet's routing loop, `cluster._simulate_fleet_rows`, and a
+# disaggregated server's decode pool's, `disagg._simulate_disagg`, too)
+_ENTRIES = ("_simulate", "_draw_workload", "_reduce", "_simulate_fleet_rows", "_simulate_disagg")
 
 
 def _nm_functions(path):
@@ -156,7 +158,7 @@ def write_objects(directory):
     os.makedirs(directory, exist_ok=True)
     index = {}
     for name in _ENTRIES:
-        found = kernel.namespace().get(name) or getattr(cluster, name)
+        found = kernel.namespace().get(name) or getattr(cluster, name, None) or getattr(disagg, name)
         for i, cres in enumerate(found.overloads.values()):
             path = os.path.abspath(os.path.join(directory, f"{name}_{i}.o"))
             with open(path, "wb") as f:
