@@ -51,7 +51,7 @@ def main():
     @njit(cache=False, _nrt=False)
     def set_up(fb, n, stream, ipar, fpar, lat, full, handed):
         # replica 0 set up empty (as a fleet's), handed the stream's first requests at an eighth of their times
-        rc = cluster._set_up_uniform(n, stream, ipar, fpar, lat, 1, fb, full)
+        rc = cluster._set_up_uniform(n, stream, ipar, fpar, lat, 1, fb, full, ipar)
         wi, wf = cluster._rows(fb, 0)
         arrival, prompt, output, prio, sjfk, pgrp, plen = stream
         ri = fb.rs_i

@@ -698,7 +698,8 @@ def _fleet_parts(scenario):
 
 
 def _pool_records(scenario):
-    """Each compact pool's integer records, a row per replica, as its run
+    """Each compact pool's integer records (a row per replica of a fleet, one
+    for each pool of a disaggregated server: its replicas' own), as its run
     packs them (`_pack.pack_scenario`; a mixed fleet's replicas,
     `_fleet.fleet_members`; a disaggregated server's prefill and decode
     pools, ``Disaggregated.pool_scenarios``): what

@@ -7,7 +7,7 @@ other bit for bit). ``docs/architecture.md`` is the reading guide: which
 module holds a request, a KV block, a step and a replication.
 
 The kernel sees arrays and scalars only. It does no validation: the Python
-layer (``fastsim/_replicate.py``) validates the scenario, packs it into the
+layer (``fastsim/_replicate.py``; ``fastsim/_pack.py``) validates the scenario, packs it into the
 parameter vectors whose slots `layout` names, and allocates the outputs.
 
 Randomness is counter-based (`rng`): replication ``r`` of a run keyed by

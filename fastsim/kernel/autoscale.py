@@ -161,8 +161,8 @@ def _desired(apar, total, serving, current):
 
 @njit_noalloc
 def _look_held(fb, ab, m, n, fpar, lat, full, tau, what, bound=False):
-    """Every held replica advanced to ``tau`` and observed; returns the
-    first negative code of `_simulate`, else 0. ``bound``: for a router
+    """Every held replica observed at ``tau``, advanced to it (but see
+    ``bound``); returns the first negative code of `_simulate`, else 0. ``bound``: for a router
     that reads requests in the system only, at an arrival (not at an
     evaluation, whose metrics read the rest of the state), a replica from
     which no request can have left by ``tau`` (`cluster._departs`) is

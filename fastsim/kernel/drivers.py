@@ -489,6 +489,8 @@ class Replica:
         if self.finished:
             raise RuntimeError("the replica is finished")
         rc = self._call(float(t), STEP_ADVANCE)
+        if rc < 0:   # (`replica._simulate`'s error codes; a negative index would name a state)
+            raise RuntimeError(f"the replica could not be advanced (code {rc}: `replica._simulate`)")
         return ("paused", "idle", "done")[rc]
 
     def hand(self, arrival, prompt, output, prio=0, sjfk=0, pgrp=-1, plen=0):

@@ -4,7 +4,7 @@ the fast step, the slow step and the stretch all take their durations from
 here, and the stretch asks `_constant_in_step` and `_context_slope` whether,
 and how, its closed forms apply.
 
-The latency record ``lat`` (written by ``fastsim/_replicate.py``) holds the
+The latency record ``lat`` (written by ``fastsim/_pack.py``) holds the
 coefficients at the ``L_*`` slots of `layout`: a step of ``n_dec`` decoders,
 ``n_pf`` prefill tokens and ``n_ctx`` context tokens (moving ``n_swap`` blocks
 to or from CPU swap space) lasts::

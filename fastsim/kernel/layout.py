@@ -1,6 +1,6 @@
 """The kernel's shared vocabulary: the slots of the parameter vectors, the
 request statuses, the random streams, the metric columns and the run-level
-accumulators. Python (`fastsim/_replicate.py`, the only writer of the
+accumulators. Python (`fastsim/_pack.py`, the only writer of the
 parameter vectors) and the kernel both read these names; no other module
 states a slot number.
 """
@@ -117,7 +117,7 @@ N_R_GEMM = 8
 L_R_GA_SEQ = L_R_GEMM + 4 * N_R_GEMM   # decode attention's time per decoding sequence
 N_LAT = L_R_GA_SEQ + 1
 
-# --- named codes, shared by Python (`fastsim/_replicate.py`) and the kernel ---
+# --- named codes, shared by Python (`fastsim/_pack.py`) and the kernel ---
 # ipar[I_POLICY]: the waiting queue's order
 POLICY_FCFS, POLICY_PRIORITY, POLICY_SJF = 0, 1, 2
 POLICY_CODES = {"fcfs": POLICY_FCFS, "priority": POLICY_PRIORITY, "sjf": POLICY_SJF}
