@@ -85,3 +85,19 @@ def test_pinned_bounds_are_the_static_fleet_bit_for_bit(name, router):
             assert np.array_equal(x, y, equal_nan=True)
         assert (windows[:, K.W_SERVING] == nrep).all()
         assert gpu_s == pytest.approx(nrep * end)
+
+
+@pytest.mark.parametrize("router", ["jsq", "least_outstanding"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_event_queue_changes_no_bit(name, router):
+    """The arrivals' looks by the static fleet's event queue (the routers
+    that read requests in the system only) give the bits of looks that
+    observe every held replica (`autoscale._look_held`), over policies that
+    scale out and in."""
+    for rep, pname in enumerate(("queue", "queue-now", "rate")):
+        stream, p = _stream(CASES[name], rep)
+        rec = fastsim.Autoscaler(**POLICIES[pname])._record()
+        runs = [A.simulate_autoscaled_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.array([0.0, 0.01, 2.0]),
+                                             K.ROUTER_CODES[router], rec, 11, 12, 3, queue=q) for q in (True, False)]
+        for x, y in zip(*runs):
+            assert np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)

@@ -36,7 +36,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import _advance, _call, _departs, _min_step, _observe, _ri, _rows, _set_up_uniform
+from .cluster import (_advance, _call, _departs, _due_for, _look_due, _min_step, _observe, _queue_handed, _ri,
+                      _rows, _set_up_uniform, _sift_up)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -181,6 +182,24 @@ def _look_held(fb, ab, m, n, fpar, lat, full, tau, what, bound=False):
 
 
 @njit_noalloc
+def _rekey(fb, m, n, what, tau):
+    """The static fleet's event queue (`cluster._look_due`) keyed afresh
+    after a look that advanced and observed every held replica to ``tau``
+    (an evaluation's): each row's due time by the departure bound, none
+    marked handed since, no stretch end kept (`cluster._keep_end` is not
+    used here). The rows' views stay as that look observed them."""
+    ev = fb.ev
+    for r in range(m):
+        fb.dep[m + r] = -np.inf
+        fb.due[r] = _due_for(fb, r, m, n, what, tau, True)
+        ev[r] = r
+        ev[3 * m + r] = 0
+    for k in range(m):
+        _sift_up(fb.due, ev, m, k)
+    ev[4 * m] = 0
+
+
+@njit_noalloc
 def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act, n, full):
     """The evaluation at ``tau`` (the held replicas observed): drained
     replicas leave, the rule decides, its row is written, and (``act``) the
@@ -308,8 +327,19 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     lag, cap, interval = fleet[FL_LATENCY], fleet[FL_LOAD_CAP], apar[AS_INTERVAL]
     reads = _needs_state(router)
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) or apar[AS_METRIC] == AS_METRIC_KV else 0)
-    # the arrivals' looks with the departure bound, for the routers it serves (each row's segments set up)
+    # the arrivals' looks with the departure bound, for the routers it serves (each row's segments set up),
+    # by the static fleet's event queue where ``fb`` holds one (`cluster._look_due`: of the rows, only those
+    # due advanced, and those and the ones handed a request since observed; a row not held holds no request,
+    # so is never due); an evaluation's look advances every held replica, and keys the queue afresh (`_rekey`)
     bound = reads and _in_system_only(router) and fb.seg.shape[0] >= m
+    queue = bound and fb.ev.size >= 4 * m + 1 and fb.dep.size >= 3 * m
+    if queue:
+        for r in range(m):   # (`_look_due` reads each row's own records)
+            for j in range(fpar.size):
+                fb.rfp[r, j] = fpar[j]
+            for j in range(lat.size):
+                fb.rlat[r, j] = lat[j]
+        _rekey(fb, m, n, what, 0.0)
     k = 1
     last = 0.0
     arrived = 0
@@ -327,12 +357,17 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             last = _evaluate(fb, ab, apar, m, tau, arrived, last, True, n, full)
             if last == AS_WINDOWS_FULL:
                 return AS_WINDOWS_FULL
+            if queue:
+                _rekey(fb, m, n, what, tau)
             arrived = 0
             k += 1
         _activate(ab, m, t)
         ns = _count(ab, m, REP_SERVING)
         if reads and ns > 1:
-            rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what, bound)
+            if queue:
+                rc = _look_due(fb, m, n, full, t, what, True)
+            else:
+                rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what, bound)
             if rc < 0:
                 return rc
         ns = _serving_view(fb, ab, m)
@@ -345,6 +380,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             return j
         fb.owner[i] = r
         fb.local[i] = j
+        if queue:
+            _queue_handed(fb, r, m, n, what, True)
         arrived += 1
     rc = _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what)
     if rc < 0:
@@ -445,7 +482,7 @@ def autoscale_buffers(nrep, nwin):
 # From Python
 
 def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router,
-                               apar, key0=0, key1=0, rep=0):
+                               apar, key0=0, key1=0, rep=0, queue=True):
     """Simulate an autoscaled fleet over one given request stream (a Python
     entry, for tests and the reference's comparisons).
 
@@ -465,6 +502,10 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     key0, key1, rep : int
         The run's seed keys and the replication's index, as
         `cluster.simulate_fleet_stream` takes them.
+    queue : bool
+        False: the arrivals' looks observe every held replica
+        (`_look_held`) instead of the event queue's (`cluster._look_due`;
+        the same bits, more calls; for tests).
 
     Returns
     -------
@@ -483,6 +524,8 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     m = int(apar[AS_MAX])
     need_i, need_f = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
     fb = fleet_buffers(n, m, need_i, need_f, _ngroups(stream[5]))
+    if not queue:
+        fb = fb._replace(ev=np.empty(0, np.int64))
     nwin = _window_guess(stream[0], apar)
     while True:
         ab = autoscale_buffers(m, nwin)
