@@ -36,8 +36,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (_advance, _call, _departs, _due_for, _look_due, _min_step, _observe, _queue_handed, _ri,
-                      _rows, _set_up_uniform, _sift_up)
+from .cluster import (_advance, _call, _departs, _due_for, _look_due, _min_step, _observe, _own_records,
+                      _queue_handed, _ri, _rows, _set_up_uniform, _sift_up)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -334,11 +334,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     bound = reads and _in_system_only(router) and fb.seg.shape[0] >= m
     queue = bound and fb.ev.size >= 4 * m + 1 and fb.dep.size >= 3 * m
     if queue:
-        for r in range(m):   # (`_look_due` reads each row's own records)
-            for j in range(fpar.size):
-                fb.rfp[r, j] = fpar[j]
-            for j in range(lat.size):
-                fb.rlat[r, j] = lat[j]
+        _own_records(fb, m, fpar, lat)
         _rekey(fb, m, n, what, 0.0)
     k = 1
     last = 0.0

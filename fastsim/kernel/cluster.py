@@ -636,6 +636,18 @@ def _look_at(fb, r, n, full, t, what, bound=False):
 
 
 @njit_noalloc
+def _own_records(fb, nrep, fpar, lat):
+    """Rows ``0..nrep-1`` of ``fb.rfp`` and ``fb.rlat`` set to the float and
+    latency records of identical replicas (`_look_due` and the departure
+    bound read each replica's own)."""
+    for r in range(nrep):
+        for j in range(fpar.size):
+            fb.rfp[r, j] = fpar[j]
+        for j in range(lat.size):
+            fb.rlat[r, j] = lat[j]
+
+
+@njit_noalloc
 def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, dims):
     """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of the records
     ``ipar``/``fpar``/``lat`` (identical replicas: one scan of the stream
@@ -707,10 +719,7 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
     for r in range(nrep):
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
-        for j in range(fpar.size):
-            fb.rfp[r, j] = fpar[j]
-        for j in range(lat.size):
-            fb.rlat[r, j] = lat[j]
+    _own_records(fb, nrep, fpar, lat)
     return _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1,
                                 rep, fb, full)
 

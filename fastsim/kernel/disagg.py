@@ -29,7 +29,7 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import (ROW_FULL, _call, _fits, _look, _look_due, _queue_handed, _queue_init, _ri, _rows,
+from .cluster import (ROW_FULL, _call, _fits, _look, _look_due, _own_records, _queue_handed, _queue_init, _ri, _rows,
                       _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
@@ -222,11 +222,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     # the departure bound (`cluster._departs`) where its buffers hold it (an empty ``fbd.dep``: off, for tests)
     bound = _in_system_only(router_d) and fbd.dep.size >= nrep_d
     if queue:
-        for r in range(nrep_d):   # (`_look_due` reads each replica's own records)
-            for j in range(fpar_d.size):
-                fbd.rfp[r, j] = fpar_d[j]
-            for j in range(lat_d.size):
-                fbd.rlat[r, j] = lat_d[j]
+        _own_records(fbd, nrep_d, fpar_d, lat_d)
         _queue_init(fbd, nrep_d, md, what, bound)
     measured = warmup == 0
     for e in range(m):
