@@ -92,8 +92,8 @@ def test_pinned_bounds_are_the_static_fleet_bit_for_bit(name, router):
 def test_the_event_queue_changes_no_bit(name, router):
     """The arrivals' looks by the static fleet's event queue (the routers
     that read requests in the system only) give the bits of looks that
-    observe every held replica (`autoscale._look_held`), over policies that
-    scale out and in."""
+    advance and observe every held replica (`autoscale._look_held`), over
+    policies that scale out and in."""
     for rep, pname in enumerate(("queue", "queue-now", "rate")):
         stream, p = _stream(CASES[name], rep)
         rec = fastsim.Autoscaler(**POLICIES[pname])._record()

@@ -36,8 +36,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (_advance, _call, _departs, _due_for, _look_due, _min_step, _observe, _own_records,
-                      _queue_handed, _ri, _rows, _set_up_uniform, _sift_up)
+from .cluster import (_advance, _call, _look_due, _observe, _own_records, _queue_handed, _queue_key, _ri, _rows,
+                      _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -161,42 +161,17 @@ def _desired(apar, total, serving, current):
 
 
 @njit_noalloc
-def _look_held(fb, ab, m, n, fpar, lat, full, tau, what, bound=False):
-    """Every held replica observed at ``tau``, advanced to it (but see
-    ``bound``); returns the first negative code of `_simulate`, else 0. ``bound``: for a router
-    that reads requests in the system only, at an arrival (not at an
-    evaluation, whose metrics read the rest of the state), a replica from
-    which no request can have left by ``tau`` (`cluster._departs`) is
-    observed as it stands, as `cluster._look` does (advanced later, in
-    fewer calls, it gives the same bits)."""
+def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
+    """Every held replica advanced to ``tau`` and observed; returns the
+    first negative code of `_simulate`, else 0."""
     nblk = fb.rip[0, I_NUM_GPU_BLOCKS]
-    dmin = _min_step(lat) if bound else 0.0
     for r in range(m):
         if ab.state[r] == REP_SERVING or ab.state[r] == REP_DRAINING:
-            if not bound or tau >= _departs(fb, r, n, dmin, lat):
-                rc = _advance(fb, r, n, fpar, lat, full, tau, what)
-                if rc < 0:
-                    return rc
+            rc = _advance(fb, r, n, fpar, lat, full, tau, what)
+            if rc < 0:
+                return rc
             _observe(fb, r, nblk, tau)
     return 0
-
-
-@njit_noalloc
-def _rekey(fb, m, n, what, tau):
-    """The static fleet's event queue (`cluster._look_due`) keyed afresh
-    after a look that advanced and observed every held replica to ``tau``
-    (an evaluation's): each row's due time by the departure bound, none
-    marked handed since, no stretch end kept (`cluster._keep_end` is not
-    used here). The rows' views stay as that look observed them."""
-    ev = fb.ev
-    for r in range(m):
-        fb.dep[m + r] = -np.inf
-        fb.due[r] = _due_for(fb, r, m, n, what, tau, True)
-        ev[r] = r
-        ev[3 * m + r] = 0
-    for k in range(m):
-        _sift_up(fb.due, ev, m, k)
-    ev[4 * m] = 0
 
 
 @njit_noalloc
@@ -327,15 +302,16 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     lag, cap, interval = fleet[FL_LATENCY], fleet[FL_LOAD_CAP], apar[AS_INTERVAL]
     reads = _needs_state(router)
     what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) or apar[AS_METRIC] == AS_METRIC_KV else 0)
-    # the arrivals' looks with the departure bound, for the routers it serves (each row's segments set up),
-    # by the static fleet's event queue where ``fb`` holds one (`cluster._look_due`: of the rows, only those
-    # due advanced, and those and the ones handed a request since observed; a row not held holds no request,
-    # so is never due); an evaluation's look advances every held replica, and keys the queue afresh (`_rekey`)
-    bound = reads and _in_system_only(router) and fb.seg.shape[0] >= m
-    queue = bound and fb.ev.size >= 4 * m + 1 and fb.dep.size >= 3 * m
+    # for the routers the departure bound serves, the arrivals' looks by the static fleet's event queue
+    # where ``fb`` holds one (`cluster._look_due`: of the rows, only those due advanced, and those and the
+    # ones handed a request since observed; a row not held holds no request, so is never due; each row's
+    # segments are set up, `_set_up_uniform`); an evaluation's look advances every held replica, and the
+    # queue is keyed afresh after it
+    queue = (reads and _in_system_only(router) and fb.seg.shape[0] >= m and fb.ev.size >= 4 * m + 1
+             and fb.dep.size >= 3 * m)
     if queue:
         _own_records(fb, m, fpar, lat)
-        _rekey(fb, m, n, what, 0.0)
+        _queue_key(fb, m, n, what, 0.0, True)
     k = 1
     last = 0.0
     arrived = 0
@@ -354,7 +330,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             if last == AS_WINDOWS_FULL:
                 return AS_WINDOWS_FULL
             if queue:
-                _rekey(fb, m, n, what, tau)
+                _queue_key(fb, m, n, what, tau, True)
             arrived = 0
             k += 1
         _activate(ab, m, t)
@@ -363,7 +339,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             if queue:
                 rc = _look_due(fb, m, n, full, t, what, True)
             else:
-                rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what, bound)
+                rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what)
             if rc < 0:
                 return rc
         ns = _serving_view(fb, ab, m)
@@ -499,7 +475,7 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
         The run's seed keys and the replication's index, as
         `cluster.simulate_fleet_stream` takes them.
     queue : bool
-        False: the arrivals' looks observe every held replica
+        False: the arrivals' looks advance and observe every held replica
         (`_look_held`) instead of the event queue's (`cluster._look_due`;
         the same bits, more calls; for tests).
 

@@ -551,14 +551,25 @@ def _sift_down(due, ev, nrep, k, size):
 def _queue_init(fb, nrep, n, what, bound):
     """Every replica (just set up) observed, due, and in the event queue;
     none handed a request. ``bound``: with the departure bound (`_departs`)."""
-    ev = fb.ev
     for r in range(nrep):
         _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS])
         if bound:
             _segments(fb, r, n)
-            if fb.dep.size >= 3 * nrep:
-                fb.dep[nrep + r] = -np.inf
-        fb.due[r] = _due_for(fb, r, nrep, n, what, np.inf, bound)
+    _queue_key(fb, nrep, n, what, np.inf, bound)
+
+
+@njit_noalloc
+def _queue_key(fb, nrep, n, what, t, bound):
+    """The event queue keyed afresh, each replica as it stands (its
+    segments set up where ``bound``), observed at ``t`` or, with ``t`` inf,
+    just set up: its due time (`_due_for`), none marked handed since, no
+    stretch end kept. (`_queue_init`; an autoscaled fleet after an
+    evaluation's look, which advances every replica it holds.)"""
+    ev = fb.ev
+    for r in range(nrep):
+        if bound and fb.dep.size >= 3 * nrep:
+            fb.dep[nrep + r] = -np.inf
+        fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
         ev[r] = r
         ev[3 * nrep + r] = 0
     for k in range(nrep):
