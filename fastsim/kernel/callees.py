@@ -57,9 +57,7 @@ TABLE = {
         ('workspace._ws_sizes', ('i', 'i', 'i', 'i', 'i', 'i', 'i', 'i')),
         ('workspace._int_sizes', ('i', 'i', 'i', 'i', 'i', 'i', 'i', 'i')),
         ('workspace._table_size', ('i',)),
-        ('workspace._total', ('isizes',)),
         ('workspace._float_sizes', ('i', 'i', 'i')),
-        ('workspace._total', ('fsizes',)),
         ('workspace._carve', ('Stream', 'dims', 'vi', 'vf')),
         ('kv_cache._log2_exact', ('i',)),
         ('latency._fill_decode_costs', ('vf', 'vf', 'none')),
@@ -86,6 +84,7 @@ TABLE = {
         ('latency._decode_step_time', ('vf', 'vf', 'i')),
         ('stretch._stretch_steps', ('f', 'f', 'Stretch')),
         ('stretch._stretch_blocks', ('vi', 'i', 'i', 'i', 'i')),
+        ('stretch._end_bound', ('f', 'i', 'f', 'f', 'i')),
         ('stretch._binade_steps', ('f', 'f', 'i', 'f', 'f')),
         ('stretch._steps_within', ('f', 'f', 'i', 'f')),
         ('stretch._stretch_kv', ('vi', 'i', 'i', 'i', 'f', 'f')),
@@ -119,9 +118,7 @@ TABLE = {
         ('workspace._ws_sizes', ('i', 'i', 'i', 'i', 'i', 'i', 'i', 'i')),
         ('workspace._int_sizes', ('i', 'i', 'i', 'i', 'i', 'i', 'i', 'i')),
         ('workspace._table_size', ('i',)),
-        ('workspace._total', ('isizes',)),
         ('workspace._float_sizes', ('i', 'i', 'i')),
-        ('workspace._total', ('fsizes',)),
         ('workspace._carve', ('Stream', 'dims', 'vi', 'vf')),
         ('kv_cache._log2_exact', ('i',)),
         ('arrivals._closed_loop_init', ('i', 'Requests', 'vi')),
@@ -161,6 +158,7 @@ TABLE = {
         ('latency._decode_step_time', ('vf', 'vf', 'i')),
         ('stretch._stretch_steps', ('f', 'f', 'Stretch')),
         ('stretch._stretch_blocks', ('vi', 'i', 'i', 'i', 'i')),
+        ('stretch._end_bound', ('f', 'i', 'f', 'f', 'i')),
         ('stretch._binade_steps', ('f', 'f', 'i', 'f', 'f')),
         ('stretch._steps_within', ('f', 'f', 'i', 'f')),
         ('stretch._stretch_kv', ('vi', 'i', 'i', 'i', 'f', 'f')),
@@ -251,7 +249,7 @@ def type_codes():
     codes["Call"] = nb_types.NamedTuple((i64, f64, i64, i64, i64, f64, f64, nb_types.boolean, f64, nb_types.boolean,
                                          nb_types.boolean, nb_types.boolean, vi), R.Call)
     codes["Loop"] = nb_types.NamedTuple((f64,) * 3 + (i64,) * (len(R.Loop._fields) - 4) + (codes["acc"],), R.Loop)
-    codes["Stretch"] = numba.typeof(S.Stretch(0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, ints, 0, 0, 0))
+    codes["Stretch"] = numba.typeof(S.Stretch(0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, ints, 0, 0, 0, 0.0))
     for view in views:
         codes[type(view).__name__] = numba.typeof(view)
         for part in view:   # (a view nested in a view: the block pool in PrefixCache)

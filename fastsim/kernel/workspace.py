@@ -75,7 +75,8 @@ WF_HEAD = 4
  RI_SESS_SCAN, RI_SESS_MADE,    # sessions (`arrivals._session_sends`): first request not yet handled; sends made
  N_RI) = range(32)
 # ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
-# time that stretch would end (no request comes or goes before it).
+# time that stretch would end, or a lower bound of it (`stretch._end_bound`;
+# no request comes or goes before it).
 (RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
 
 
@@ -264,13 +265,26 @@ def _float_sizes(n, cap, nitl):
             N_RF)
 
 
-@njit_noalloc(inline="llvm")
 def _total(sizes):
-    """The entries of a layout (`_int_sizes`, `_float_sizes`)."""
+    """The entries of a layout (`_int_sizes`, `_float_sizes`). Compiled, the
+    sum is written out (`_total_compiled`); in Python, the loop."""
     o = 0
     for x in sizes:
         o += x
     return o
+
+
+@overload(_total, target="generic", inline="always")
+def _total_compiled(sizes):
+    # Numba compiles a loop over a homogeneous tuple to a loop that picks each entry through a jump table,
+    # which LLVM does not unroll: half of a resumed `replica._simulate` that does nothing (it checks the
+    # workspace's size by the layout's sums at every call, `_ws_sizes`); the entries added one by one fold.
+    if not isinstance(sizes, types.UniTuple):
+        return None
+    body = " + ".join(["0"] + [f"sizes[{i}]" for i in range(sizes.count)])
+    scope = {"__name__": __name__}   # (its module: `callees.record` reads it)
+    exec(f"def total(sizes):\n    return {body}\n", scope)
+    return scope["total"]
 
 
 def _take(w, o, size):
