@@ -29,7 +29,7 @@ def stretch_clock(t, kmax, next_a, has_h, horizon, d):
     """`_stretch_steps` with no blocks to allocate: (steps, clock)."""
     ph = np.zeros(4, np.int64)
     limit = min(next_a, horizon) if has_h else next_a   # (as the engine passes them)
-    plan = K.stretch.Stretch(kmax, limit, np.inf, d, 0.0, 1, 0, 0, ph, 0, 4, 0)
+    plan = K.stretch.Stretch(kmax, limit, np.inf, d, 0.0, 1, 0, 0, ph, 0, 4, 0, np.inf)
     kk, clock, nb, s1, s2, _last = stretch_steps(t, t, plan)
     assert (nb, s1, s2) == (0, 0.0, 0.0)
     return kk, clock
@@ -228,7 +228,7 @@ def test_stretch_steps_count_the_blocks_of_the_steps_they_take(seed):
         next_a = t + d * float(rng.uniform(0, 1.2 * kmax)) if rng.random() < 0.5 else np.inf
         ksum, S = int(rng.integers(0, 5000)), int(rng.integers(0, 100))
         quad = c_ctx != 0.0 and n_d > 0
-        plan = K.stretch.Stretch(kmax, next_a, np.inf, d, c_ctx, n_d, ksum, S, ph, sph, bs, free)
+        plan = K.stretch.Stretch(kmax, next_a, np.inf, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, np.inf)
         kk, clock, nb, s1, s2, _last = stretch_steps(t, t, plan)
         # the loop
         j, x, left = 0, t, free
@@ -361,7 +361,7 @@ def _steps_one_by_one(t, t_prev, plan):
     """`stretch._stretch_steps`'s steps as a per-step loop states them: each
     step starts before ``limit``, its previous step before ``lag_limit``,
     its blocks fit (plain Python, no bound folded, no binade)."""
-    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
+    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, _stop = plan
     kk = nb = 0
     s1 = s2 = 0.0
     idx = sph
@@ -405,7 +405,7 @@ def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
         t_prev = t if lag == np.inf else t - d * float(rng.uniform(0.0, 2.0))
         free = int(rng.choice([0, 1, 5, 100, 10**6]))
         plan = K.stretch.Stretch(kmax, limit, lag, d, c_ctx, n_d, int(rng.integers(0, 1000)),
-                                 int(rng.integers(0, 1000)), ph, int(rng.integers(0, bs)), bs, free)
+                                 int(rng.integers(0, 1000)), ph, int(rng.integers(0, bs)), bs, free, np.inf)
         got = stretch_steps(t, t_prev, plan)
         want = _steps_one_by_one(t, t_prev, plan)
         assert got[0] == want[0] and got[2] == want[2], (plan, got, want)
@@ -414,3 +414,51 @@ def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
         long_runs += want[0] > 40 and c_ctx == 0.0   # (binades)
         crossings += want[0] > 0 and want[5] >= lag   # (async's step after the lag limit)
     assert long_runs > 5 and crossings > 5   # (the cases this test is for were drawn)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stretch_summed_until_it_passes_stop_is_bounded_below(seed):
+    """A stretch summed while its clock is not past ``t_stop`` (``stop`` just
+    above it, as `replica._stretches` sets it for a paused replica): one
+    that ends by ``t_stop`` is the one summed to the end, to the bit; one
+    that ends after it is reported so (its clock past ``t_stop``), and its
+    end's lower bound (`stretch._end_bound`, where the clock reached
+    ``stop``) is not above the end the per-step loop reaches, and without a
+    context term within a few units in the last place of it (or ``limit``,
+    where that cuts the stretch): the key a fleet's event queue waits on.
+    Synchronous scheduling (no lag limit), as `replica._stretches` asks."""
+    end_bound = python_entry(K.stretch._end_bound)
+    rng = np.random.default_rng(100 + seed)
+    cut = close = 0
+    for _ in range(400):
+        bs = int(rng.choice([1, 4, 16]))
+        ph = rng.integers(0, 3, bs).astype(np.int64)
+        n_d = int(ph.sum())
+        d = float(rng.choice([0.01, 0.0123, 1 / 3]))
+        c_ctx = 0.0 if rng.random() < 0.6 else float(rng.choice([1e-6, 2.5e-7]))
+        t = float(rng.uniform(0.0, 50.0))
+        kmax = int(rng.choice([1, 2, 31, 32, 33, 200, 5000]))
+        limit = t + d * float(rng.uniform(0, 300)) if rng.random() < 0.6 else np.inf
+        free = int(rng.choice([0, 1, 5, 100, 10**6]))
+        sph = int(rng.integers(0, bs))
+        t_stop = t + d * float(rng.choice([0.0, 0.5, 1.0, 31.5, 32.0, 40.0, rng.uniform(0, 400)]))
+        stop = t_stop + (abs(t_stop) * 2.3e-16 + 1e-300)
+        fields = (kmax, limit, np.inf, d, c_ctx, n_d, int(rng.integers(0, 1000)), int(rng.integers(0, 1000)), ph,
+                  sph, bs, free)
+        want = _steps_one_by_one(t, t, K.stretch.Stretch(*fields, np.inf))
+        got = stretch_steps(t, t, K.stretch.Stretch(*fields, stop))
+        if want[1] <= t_stop:   # taken: the same bits
+            assert got[0] == want[0] and got[2] == want[2], (fields, t_stop, got, want)
+            assert [float(x).hex() for x in got[1:]] == [float(x).hex() for x in want[1:]], (fields, t_stop, got, want)
+            continue
+        end = got[1]
+        assert end > t_stop, (fields, t_stop, got, want)   # (not taken)
+        if not end < stop:
+            end = end_bound(end, kmax - got[0], limit, d, stretch_blocks(ph, (sph - got[0]) % bs, bs, free - got[2],
+                                                                         n_d))
+            cut += 1
+        assert t_stop < end <= want[1], (fields, t_stop, got, want, end)   # (a lower bound)
+        if c_ctx == 0.0:   # steps of d each: the bound is the end, up to its shrink, or limit
+            assert end >= min(limit, want[1]) * (1 - 1e-11), (fields, t_stop, got, want, end)
+            close += got[0] < want[0]
+    assert cut > 50 and close > 20   # (the cases this test is for were drawn)

@@ -182,8 +182,8 @@ def _due(fb, r, what, t=np.inf):
     """The first time at which advancing replica ``r`` (`_advance`, with
     ``what``) can change it: never (``inf``) while it has nothing known
     left to do; the end of its step in flight; the end of the stretch it
-    waits at (planned again, and not taken, before then); else any time
-    (``-inf``)."""
+    waits at, or the lower bound of it the plan gave (planned again, and not
+    taken, before then); else any time (``-inf``)."""
     if (_ri(fb, r, RI_N_RUN) + _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) == 0
             and _ri(fb, r, RI_NEXT_ARRIVAL) >= _ri(fb, r, RI_N_KNOWN)):
         return np.inf
@@ -431,7 +431,13 @@ def _keep_end(fb, r, nrep, n, ta, p, o):
     budget less their prompts, and that step, if it starts before the
     plan's last step (``ta`` before E - dp), is longer by at least its
     prefill term (in one step with others, the prefill terms add). The kept
-    end is dropped when the replica is next called."""
+    end is dropped when the replica is next called.
+
+    E may be a lower bound of the plan's end, not the end itself: the plan
+    stops summing once its clock passes the call's ``t_stop``
+    (`stretch._end_bound`). Each use above stays a bound with it: the push
+    adds to E, and a smaller E makes ``ta`` before E - dp rarer and counts
+    fewer steps after J."""
     ipar = fb.rip[r]
     lat = fb.rlat[r]
     if not _keeps(ipar, lat):

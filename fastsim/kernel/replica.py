@@ -77,7 +77,8 @@ from .block_pool import (_cache_arrived_tokens, _count_arrived, _count_cached, _
 from .pipeline import _release_finished
 from .prefix_cache import _claim_hits, _evictable_hits, _lookup, _register, _release, _take_blocks
 from .scheduler import _admission_blocks, _compact_run, _first_chunk, _rebuild, _start_running
-from .stretch import Stretch, _elapsed, _kv_weight, _stretch_steps, _stretch_steps_noisy
+from .stretch import (Stretch, _elapsed, _end_bound, _kv_weight, _stretch_blocks, _stretch_steps,
+                      _stretch_steps_noisy)
 from .waiting_queue import _heap_pop, _heap_push, _q_peek, _q_pop, _q_push
 from .workspace import (RI_SESS_MADE, RI_SESS_SCAN, N_RF, N_RI, RF_CLOCK, RF_KV, RF_L, RF_OCC, RF_QUEUE, RF_STEP_END, RF_STEPS,
                         RI_FAST_STEPS, RI_FREE, RI_MAX_USED, RI_MODE, RI_N_DEC, RI_N_ITL, RI_N_OTHERS,
@@ -1017,8 +1018,10 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
     completion, with nobody waiting and no arrival yet, the next stretch
     follows at once. (Not with active priority preemption and a waiting
     request: phase 0.) A stretch that would end after ``t_stop`` is not
-    taken: the first value returned is then the time it would end (paused;
-    else 0.0), the second the state.
+    taken: the first value returned is then the time it would end, or a
+    lower bound of it (synchronous scheduling: its steps are summed only
+    until they pass ``t_stop``, `stretch._end_bound`) (paused; else 0.0),
+    the second the state.
 
     With async scheduling (`pipeline`), a stretch goes on to the step after
     the one during which the next request arrives (vLLM schedules it before
@@ -1045,6 +1048,10 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
     has_delay = ipar[I_HAS_DELAY] == 1
     dstate = dec.dstate
     slope = _context_slope(lat)
+    # (deterministic steps, none shorter than a pure decode step's: a synchronous stretch is summed while
+    # its clock is not past t_stop, `stretch.Stretch`; ``stop`` is just above it, past its next double)
+    noise = noisy is not None and noisy
+    stop = t_stop + (abs(t_stop) * 2.3e-16 + 1e-300) if slope >= 0.0 and not noise else np.inf
     while n_oth == 0 and n_run > 0 and n_sw == 0 and (n_wait == 0 or (n_run == mns and not has_delay
                                                                       and not prio_preempt)):
         n_d = dstate[0]
@@ -1065,12 +1072,12 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             if n_wait > 0:
                 kmax = 1   # (a seat frees up after the first step: a waiting request may be admitted)
         if async_on:   # an arrival is seen at the schedule after the step it came in
-            plan = Stretch(kmax, we, next_a, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb)
+            plan = Stretch(kmax, we, next_a, dp, slope, n_d, ksum, S, dec.ph, sph, bs, free + hb, np.inf)
             t_prev = t_vis
         else:
             # (the earlier written out, not the builtin ``min``: see `arrivals._arrivals_during_step`)
             plan = Stretch(kmax, next_a if next_a < we else we, np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs,
-                           free)
+                           free, stop)
             t_prev = t
         if noisy is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
@@ -1081,6 +1088,9 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
         if kk == 0:
             break
         if t_end > t_stop:
+            if not t_end < plan.stop:   # summed until it passed t_stop: its end bounded below
+                t_end = _end_bound(t_end, kmax - kk, plan.limit, dp,
+                                   _stretch_blocks(dec.ph, _phase(sph - kk, bs, bsh), bs, free - nb, n_d))
             return t_end, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
                                reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
         n_held0 = n_held

@@ -96,8 +96,11 @@ def _binade_steps(t, d, jmax, limit, lag_limit):
 #: before ``lag_limit``; step i lasts ``d + c_ctx * (ksum + n_d * (S + i +
 #: 1))`` (``n_d`` decoders, ``ksum`` their tokens, ``S`` the fast steps so
 #: far) and allocates ``ph[(sph - i) mod bs]`` new blocks, all within ``free``.
+#: ``stop``: the steps are summed while their clock is before it (a paused
+#: replica's: just after `replica._simulate`'s ``t_stop``, a stretch that
+#: ends after which is not taken; ``inf``: every step).
 Stretch = namedtuple("Stretch", ("kmax", "limit", "lag_limit", "d", "c_ctx", "n_d", "ksum", "S", "ph", "sph", "bs",
-                                 "free"))
+                                 "free", "stop"))
 
 
 # Out of line: the step loop's clock and sums then live in registers that
@@ -127,8 +130,15 @@ def _stretch_steps(t, t_prev, plan):
     then, without a context term, a few operations per binade
     (`_binade_steps`, its blocks in closed form: `_stretch_kv`). ``d``:
     a pure decode step's duration (`latency._decode_step_time`). The blocks are counted in the step loop, which is bound by
-    the latency of its additions: they come for free there."""
-    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
+    the latency of its additions: they come for free there.
+
+    Once the clock reaches ``plan.stop`` the steps after are not summed:
+    the values returned are those of the steps summed (a replica paused
+    before the stretch takes none of them, and a lower bound of its end will
+    do, `_end_bound`; a paused replica of a fleet plans its stretch again
+    when it is called next, most often on other inputs: a request handed
+    since cuts it)."""
+    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, stop = plan
     kk = 0
     nb = 0
     s1 = 0.0
@@ -148,6 +158,8 @@ def _stretch_steps(t, t_prev, plan):
     # engine's steps time.) Written so that a NaN lag_limit is the bound, as
     # the per-step test would have it (no step).
     tlim = lag_limit if not lag_limit >= limit else limit
+    if stop < tlim:
+        tlim = stop
     while True:
         # (no call inside this loop: a call would make LLVM keep t and the
         # sums in memory, which doubles the cost of a step)
@@ -168,13 +180,15 @@ def _stretch_steps(t, t_prev, plan):
             idx = idx - 1 if idx > 0 else bs - 1
         if kk == kmax or not t < limit or not t_prev < lag_limit:
             return kk, t, nb, s1, s2, t_prev
+        if not t < stop:
+            return kk, t, nb, s1, s2, t_prev
         if not t < tlim:   # async's step after lag_limit: the last one
             tlim = limit
             lim = kk + 1
             continue
         # many steps at once (a constant duration: no S2)
-        j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)), limit,
-                               lag_limit)
+        j, t_j = _binade_steps(t, d, min(kmax - kk, _stretch_blocks(ph, idx, bs, free - nb, n_d)),
+                               limit if limit < stop else stop, lag_limit)
         if j > 0:
             b, w = _stretch_kv(ph, idx, bs, j, 1.0, 0.0)   # (w: the chunk's own S1)
             nb += b
@@ -184,6 +198,24 @@ def _stretch_steps(t, t_prev, plan):
             kk += j
             idx = (idx - j) % bs
         lim = min(kmax, kk + _BINADE_AFTER)
+
+
+@njit_noalloc
+def _end_bound(t, left, limit, d, fit):
+    """A lower bound of the end of a synchronous stretch whose steps so far
+    end at ``t``, with at most ``left`` steps more, those whose new blocks
+    fit (``fit`` steps, `_stretch_blocks`), each starting before ``limit``
+    and lasting at least ``d``: it ends at ``t`` if none follows, else no
+    earlier than ``limit`` (a step that starts before it ends after it) or
+    than m = min(left, fit) steps of ``d`` after ``t``, as the clock sums
+    them in floating point (each sum rounds down by at most a unit roundoff
+    of itself: the bound is shrunk by ``m + 8`` of them)."""
+    m = left if left < fit else fit
+    if m <= 0 or not d > 0.0:
+        return t
+    x = (t + m * d) * (1.0 - (m + 8) * 2.3e-16)
+    x = x if x < limit else limit
+    return x if x > t else t
 
 
 @njit_noalloc
@@ -200,8 +232,8 @@ def _stretch_steps_noisy(t, t_prev, plan, lat, k0, itl_v, itl_w, n_itl, weight):
     takes the stretch (there is room: an entry per measured token at most;
     equal neighbours are not merged as `accounting._gap_add` merges them,
     which saves entries, not results: the steps' gaps differ). A call (the
-    draw's exp is one anyway)."""
-    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free = plan
+    draw's exp is one anyway). (``stop`` is not read: every step is summed.)"""
+    kmax, limit, lag_limit, d, c_ctx, n_d, ksum, S, ph, sph, bs, free, _stop = plan
     key = _noise_key(lat)
     kk = 0
     nb = 0
