@@ -5,6 +5,8 @@ over every router, with live and stale views and a routing latency; and a
 fleet of one replica is today's engine bit for bit (per request and the
 metrics row), whatever the router."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,18 @@ def test_prefix_affinity_with_caching_by_block_hash_hits_more_than_round_robin()
         res = fastsim.replicate(sc.replace(fleet=fastsim.Fleet(replicas=3, router=router)), n_replications=6, seed=3)
         rates[router] = res.per_replication["prefix_hit_rate"].to_numpy()
     assert (rates["prefix_affinity"] > rates["round_robin"]).all()
+
+
+@pytest.mark.parametrize("router", ["jsq", "least_outstanding", "vllm_dp"])
+def test_a_fleet_larger_than_the_scan_is_the_reference_bit_for_bit(router):
+    """Fleets of more than `cluster.SCAN_MAX` replicas find their due
+    replicas by the event queue's heap, not by a scan (every other test here
+    runs fewer): the reference fleet's results, bit for bit, at a rate that
+    keeps the replicas busy."""
+    nrep = C.SCAN_MAX + 6
+    base = CASES["stretches"]
+    load = dataclasses.replace(base.workload, arrival_rate=base.workload.arrival_rate * nrep / 4, num_requests=6 * nrep)
+    sc = base.replace(workload=load)
+    stream, p = _stream(sc, 0)
+    owner = _agree(sc, stream, p, router, nrep, 0.0, 0.0)
+    assert len(set(owner.tolist())) == nrep   # (every replica served)

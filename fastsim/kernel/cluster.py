@@ -517,6 +517,14 @@ def _due_for(fb, r, nrep, n, what, t, bound):
     return d
 
 
+#: Fleets of at most this many replicas find their due replicas by a scan of
+#: ``fb.due`` (a branch each, well predicted), not by the heap (whose
+#: compares, once an arrival, are not): the same replicas, advanced in
+#: another order, which changes nothing (each replica's advance reads and
+#: writes its own rows alone). Larger fleets keep the heap.
+SCAN_MAX = 64
+
+
 @njit_noalloc(inline="llvm")
 def _sift_up(due, ev, nrep, k):
     """Move the replica at heap place ``k`` up to its place (by due time)."""
@@ -590,15 +598,29 @@ def _queue_handed(fb, r, nrep, n, what, bound):
     ev = fb.ev
     old = fb.due[r]
     fb.due[r] = _due_for(fb, r, nrep, n, what, np.inf, bound)
-    k = ev[nrep + r]
-    if fb.due[r] < old:
-        _sift_up(fb.due, ev, nrep, k)
-    elif fb.due[r] > old:
-        _sift_down(fb.due, ev, nrep, k, nrep)
+    if nrep > SCAN_MAX:   # (else no heap: `_look_due` scans)
+        k = ev[nrep + r]
+        if fb.due[r] < old:
+            _sift_up(fb.due, ev, nrep, k)
+        elif fb.due[r] > old:
+            _sift_down(fb.due, ev, nrep, k, nrep)
     if ev[3 * nrep + r] == 0:
         ev[3 * nrep + r] = 1
         ev[2 * nrep + ev[4 * nrep]] = r
         ev[4 * nrep] += 1
+
+
+@njit_noalloc(inline="llvm")
+def _advance_due(fb, r, nrep, n, full, t, what, bound):
+    """Replica ``r``, due at ``t``, advanced to ``t`` (as `_advance` would
+    call it), observed and keyed again; `_simulate`'s code."""
+    rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
+    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
+    if bound and fb.dep.size >= 3 * nrep:
+        fb.dep[nrep + r] = -np.inf   # (a kept end holds until the replica is called)
+    fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
+    fb.ev[3 * nrep + r] = 0
+    return rc
 
 
 @njit_noalloc(inline="llvm")
@@ -610,26 +632,26 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
     each routing loop: a call, once a fleet arrival, would pass every array
     of ``fb`` as seven words.)"""
     ev, due = fb.ev, fb.due
-    size = nrep
-    while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail
-        size -= 1
-        r = ev[0]
-        ev[0] = ev[size]
-        ev[nrep + ev[0]] = 0
-        ev[size] = r
-        ev[nrep + r] = size
-        _sift_down(due, ev, nrep, 0, size)
     rc = 0
-    for k in range(size, nrep):
-        r = ev[k]
-        if rc >= 0:
-            rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)   # (due: `_advance` would call)
-            _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
-            if bound and fb.dep.size >= 3 * nrep:
-                fb.dep[nrep + r] = -np.inf   # (a kept end holds until the replica is called)
-            due[r] = _due_for(fb, r, nrep, n, what, t, bound)
-            ev[3 * nrep + r] = 0
-        _sift_up(due, ev, nrep, k)
+    if nrep <= SCAN_MAX:
+        for r in range(nrep):
+            if due[r] <= t and rc >= 0:
+                rc = _advance_due(fb, r, nrep, n, full, t, what, bound)
+    else:
+        size = nrep
+        while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail
+            size -= 1
+            r = ev[0]
+            ev[0] = ev[size]
+            ev[nrep + ev[0]] = 0
+            ev[size] = r
+            ev[nrep + r] = size
+            _sift_down(due, ev, nrep, 0, size)
+        for k in range(size, nrep):
+            r = ev[k]
+            if rc >= 0:
+                rc = _advance_due(fb, r, nrep, n, full, t, what, bound)
+            _sift_up(due, ev, nrep, k)
     if rc < 0:
         return rc
     for k in range(ev[4 * nrep]):
