@@ -380,6 +380,16 @@ def _steps_one_by_one(t, t_prev, plan):
     return kk, t, nb, s1, s2, t_prev
 
 
+def _random_decoders(rng):
+    """A stretch's decoders drawn for the tests below: block size, new blocks
+    by phase, decoders, step duration, context term, clock."""
+    bs = int(rng.choice([1, 4, 16]))
+    ph = rng.integers(0, 3, bs).astype(np.int64)
+    d = float(rng.choice([0.01, 0.0123, 1 / 3]))
+    c_ctx = 0.0 if rng.random() < 0.6 else float(rng.choice([1e-6, 2.5e-7]))
+    return bs, ph, int(ph.sum()), d, c_ctx, float(rng.uniform(0.0, 50.0))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
     """The stretch's bounds (the clock against min(limit, lag_limit), then
@@ -391,12 +401,7 @@ def test_the_stretch_takes_the_steps_a_per_step_loop_takes(seed):
     rng = np.random.default_rng(seed)
     long_runs = crossings = 0
     for _ in range(400):
-        bs = int(rng.choice([1, 4, 16]))
-        ph = rng.integers(0, 3, bs).astype(np.int64)
-        n_d = int(ph.sum())
-        d = float(rng.choice([0.01, 0.0123, 1 / 3]))
-        c_ctx = 0.0 if rng.random() < 0.6 else float(rng.choice([1e-6, 2.5e-7]))
-        t = float(rng.uniform(0.0, 50.0))
+        bs, ph, n_d, d, c_ctx, t = _random_decoders(rng)
         kmax = int(rng.choice([0, 1, 2, 31, 32, 33, 200, 5000]))
         limit = t + d * float(rng.uniform(0, 300)) if rng.random() < 0.8 else np.inf
         u = rng.random()
@@ -431,12 +436,7 @@ def test_a_stretch_summed_until_it_passes_stop_is_bounded_below(seed):
     rng = np.random.default_rng(100 + seed)
     cut = close = 0
     for _ in range(400):
-        bs = int(rng.choice([1, 4, 16]))
-        ph = rng.integers(0, 3, bs).astype(np.int64)
-        n_d = int(ph.sum())
-        d = float(rng.choice([0.01, 0.0123, 1 / 3]))
-        c_ctx = 0.0 if rng.random() < 0.6 else float(rng.choice([1e-6, 2.5e-7]))
-        t = float(rng.uniform(0.0, 50.0))
+        bs, ph, n_d, d, c_ctx, t = _random_decoders(rng)
         kmax = int(rng.choice([1, 2, 31, 32, 33, 200, 5000]))
         limit = t + d * float(rng.uniform(0, 300)) if rng.random() < 0.6 else np.inf
         free = int(rng.choice([0, 1, 5, 100, 10**6]))
