@@ -10,6 +10,8 @@ per-request results and the metrics row must agree to the bit, and the
 pauses must have hit every place a replica can stand.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -126,6 +128,34 @@ def test_pausing_at_the_same_time_again_does_nothing():
     rep.advance_until(3.3)
     rep.advance_until(1.0)   # (an earlier time: nothing to do)
     assert np.array_equal(wi, rep.wi) and np.array_equal(wf, rep.wf, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["stretches", "tight-kv-context"])
+def test_a_call_to_an_earlier_time_changes_nothing_with_synchronous_scheduling(name):
+    """A replica paused before a stretch and called to a time before its
+    clock changes nothing, and the run ends with the bits of one call:
+    synchronous scheduling, whose stretches are summed only until they pass
+    the call's time (`stretch.Stretch.stop`; the cases above default to
+    async scheduling, which sums them whole)."""
+    sc = CASES[name]
+    sc = sc.replace(engine=dataclasses.replace(sc.engine, async_scheduling=False))
+    paused = 0
+    for rep in range(2):
+        stream, p = _stream(sc, rep)
+        whole = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])
+        one = K.drivers.Replica(*stream, p["ipar"], p["fpar"], p["lat"])
+        end = float(whole[2][np.isfinite(whole[2])].max())
+        for t in np.linspace(0.05, 1.05, 60) * end:
+            one.advance_until(t)
+            clock = float(one.rf[K.workspace.RF_CLOCK])
+            if int(one.ri[K.workspace.RI_MODE]) == K.replica.MODE_STRETCH and clock > 0.0:
+                wi, wf = one.wi.copy(), one.wf.copy()
+                one.advance_until(0.5 * clock)
+                assert np.array_equal(wi, one.wi) and np.array_equal(wf, one.wf, equal_nan=True), t
+                paused += 1
+        one.advance_until(np.inf)
+        _same(one.finish(), whole)
+    assert paused > 10   # (the case this test is for was met)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -237,6 +237,8 @@ def _simulate(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, la
             # -- stretches of pure decode steps (event skipping)
             if mode == MODE_STRETCH:
                 if what & STEP_NO_STRETCH == 0:
+                    if st.t > t_stop:   # (paused before it, called to a time before its clock: nothing to do)
+                        break
                     paused, st = _stretch_phase(req, batch, dec, cache, rec, ipar, lat, c, st, full)
                     if paused > 0.0:   # (kept: until then no request comes or goes, unless one is handed)
                         sc.rf[RF_STRETCH_END] = paused
@@ -1076,8 +1078,10 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             t_prev = t_vis
         else:
             # (the earlier written out, not the builtin ``min``: see `arrivals._arrivals_during_step`)
+            # (a clock already past t_stop, as a call to an earlier time finds it: the stretch planned in full,
+            # not taken, its end exact, as before the bound)
             plan = Stretch(kmax, next_a if next_a < we else we, np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs,
-                           free, stop)
+                           free, stop if t < stop else np.inf)
             t_prev = t
         if noisy is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
