@@ -67,7 +67,8 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: replicas' due times (``due[r]``: the first time at which advancing
 #: replica ``r`` can change it, `_due`) and their event queue (``ev``: a
 #: binary min-heap of replicas by due time in ``ev[0..N-1]``, each
-#: replica's place in it in ``ev[N..2N-1]``, the replicas handed a request
+#: replica's place in it in ``ev[N..2N-1]``, kept only above `SCAN_MAX`
+#: replicas (at most that many, `_look_due` scans ``due``), the replicas handed a request
 #: since the router's last look in ``ev[2N..3N-1]`` with their count in
 #: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``); each replica's float and
 #: latency records (``rfp``, ``rlat``, as ``rip``) and its workspace's

@@ -1078,10 +1078,9 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             t_prev = t_vis
         else:
             # (the earlier written out, not the builtin ``min``: see `arrivals._arrivals_during_step`)
-            # (a clock already past t_stop, as a call to an earlier time finds it: the stretch planned in full,
-            # not taken, its end exact, as before the bound)
+            # (the clock is not past t_stop here: `_simulate` leaves a replica called to an earlier time as it is)
             plan = Stretch(kmax, next_a if next_a < we else we, np.inf, dp, slope, n_d, ksum, S, dec.ph, sph, bs,
-                           free, stop if t < stop else np.inf)
+                           free, stop)
             t_prev = t
         if noisy is not None and noisy:   # step by step, each step's own duration (s1: the KV weight itself)
             k0 = np.int64(acc5[4])   # (the run's steps so far: the next step's noise counter)
