@@ -587,8 +587,9 @@ def _queue_key(fb, nrep, n, what, t, bound):
         fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
         ev[r] = r
         ev[3 * nrep + r] = 0
-    for k in range(nrep):
-        _sift_up(fb.due, ev, nrep, k)
+    if nrep > SCAN_MAX:   # (else no heap: `_look_due` scans)
+        for k in range(nrep):
+            _sift_up(fb.due, ev, nrep, k)
     ev[4 * nrep] = 0
 
 

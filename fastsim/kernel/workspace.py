@@ -40,7 +40,8 @@ from .layout import (I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING, I_MAX_NUM_SEQS, I_NU
  WI_QUEUE, WI_QUEUE_STATE,      # the waiting queue (ring buffer or heap) and (size, ring head)
  WI_RUN, WI_SCHED, WI_EVER,     # running requests in admission order; tokens scheduled; ever scheduled
  WI_DMEM, WI_DPOS, WI_KOFF, WI_GOFF, WI_PHASES,        # lazy decoders (`decoders`)
- WI_HEAP_KEY, WI_HEAP_REQ, WI_HEAP_SIZE, WI_DSTATE,    # their completion heap; (count, sum of koff, measured)
+ WI_HEAP_SIZE, WI_HEAP_KEY, WI_HEAP_REQ, WI_DSTATE,    # their completion heap: size (by its top), keys, requests;
+                                                       # (count, sum of koff, measured)
  WI_OTHERS,                     # the running requests that are not lazy decoders
  WI_SWAPQ, WI_SWAPQ_SIZE,       # the swapped queue (preemption_mode="swap")
  WI_FPRE, WI_HOFF, WI_CNT, WI_LPREV, WI_LNEXT, WI_CST, WI_HELD, WI_PRIVATE, WI_NENT,   # `prefix_cache`
@@ -68,16 +69,19 @@ WF_HEAD = 4
 # run; `replica._hand` adds one); ``RI_DIM_*``: the layout's dimensions
 # (`_ws_dims`), read once when it is set up and kept here, so that a call
 # that resumes it carves its workspace without a scan of the requests.
-(RI_NEXT_ARRIVAL, RI_NEXT_DROP, RI_N_RUN, RI_RUN_LEN, RI_N_OTHERS, RI_FAST_STEPS, RI_PHASE,
- RI_N_WAIT, RI_FREE, RI_RESERVED, RI_N_ITL, RI_N_SWAPPED, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED,
- RI_MODE, RI_N_DEC, RI_N_PREFILL, RI_N_HELD, RI_N_KNOWN, RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL,
- RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT, RI_RELEASED, RI_PEND_DEPARTURES,
+# The first entries are what a fleet's router and event queue read of a paused replica (`cluster`:
+# `_observe`, `_due`, `_departs_parts`, `_keep_end`), side by side: they cross fewer cache lines.
+(RI_MODE, RI_N_RUN, RI_N_WAIT, RI_N_SWAPPED, RI_N_KNOWN, RI_NEXT_ARRIVAL, RI_N_HELD, RI_FREE,
+ RI_N_OTHERS, RI_FAST_STEPS, RI_RESERVED, RI_RUN_LEN,
+ RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT,
+ RI_NEXT_DROP, RI_PHASE, RI_N_ITL, RI_SWAP_USED, RI_PENDING_SWAP, RI_MAX_USED, RI_N_DEC, RI_N_PREFILL,
+ RI_RELEASED, RI_PEND_DEPARTURES,
  RI_SESS_SCAN, RI_SESS_MADE,    # sessions (`arrivals._session_sends`): first request not yet handled; sends made
  N_RI) = range(32)
 # ``RF_STRETCH_END``: paused before a stretch (`replica.MODE_STRETCH`), the
 # time that stretch would end, or a lower bound of it (`stretch._end_bound`;
 # no request comes or goes before it).
-(RF_CLOCK, RF_STEP_END, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, RF_VISIBLE, RF_STRETCH_END, N_RF) = range(10)
+(RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RF_VISIBLE, RF_OCC, RF_QUEUE, RF_KV, RF_L, RF_STEPS, N_RF) = range(10)
 
 
 @njit_noalloc(inline="llvm")
@@ -243,7 +247,7 @@ def _int_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt):
             2 * n + 2, 2,
             2 * cap, n, n,
             cap, n, n, n, bs,
-            cap, cap, 1, 3,
+            1, cap, cap, 3,
             cap,
             n + 1, 1,
             n, n + 1, ncnt, ncnt, ncnt, 4, nheld, n, n,
@@ -429,9 +433,9 @@ def _carve(stream, dims, wi, wf):
     koff, o = _take(wi, o, si[WI_KOFF])
     goff, o = _take(wi, o, si[WI_GOFF])
     ph, o = _take(wi, o, si[WI_PHASES])
+    hs, o = _take(wi, o, si[WI_HEAP_SIZE])
     hk, o = _take(wi, o, si[WI_HEAP_KEY])
     hr, o = _take(wi, o, si[WI_HEAP_REQ])
-    hs, o = _take(wi, o, si[WI_HEAP_SIZE])
     dstate, o = _take(wi, o, si[WI_DSTATE])
     oth, o = _take(wi, o, si[WI_OTHERS])
     sq, o = _take(wi, o, si[WI_SWAPQ])
