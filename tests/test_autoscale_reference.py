@@ -5,6 +5,8 @@ bit per request, in the evaluations' table and in the replica-seconds held,
 over the routers, metrics, delays and cool-downs; and an autoscaler whose
 bounds pin the fleet is the static fleet bit for bit."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,19 @@ def test_the_event_queue_changes_no_bit(name, router):
                                              K.ROUTER_CODES[router], rec, 11, 12, 3, queue=q) for q in (True, False)]
         for x, y in zip(*runs):
             assert np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+
+
+def test_an_autoscaler_of_more_rows_than_the_scan_is_the_reference_bit_for_bit():
+    """An autoscaler of more than `cluster.SCAN_MAX` rows (``max_replicas``)
+    finds its due replicas by the event queue's heap, not by a scan (every
+    other case here holds a few): the reference's bits, as it scales in and
+    out under a load that keeps its replicas busy."""
+    m = C.SCAN_MAX + 6
+    base = CASES["stretches"]
+    load = dataclasses.replace(base.workload, arrival_rate=base.workload.arrival_rate * m / 4, num_requests=6 * m)
+    sc = base.replace(workload=load, **{"engine.max_num_seqs": 2})
+    stream, p = _stream(sc, 0)
+    pol = dict(metric="queue_depth", target=0.5, interval_s=0.5, min_replicas=m - 12, max_replicas=m,
+               initial_replicas=m - 8, provisioning_delay_s=0.5, scale_in_cooldown_s=1.0, tolerance=0.0)
+    w = _run_both(sc, stream, p, "jsq", pol)
+    assert len(np.unique(w[:, K.W_DESIRED])) > 1 and len(np.unique(w[:, K.W_SERVING])) > 1   # it scaled

@@ -13,6 +13,7 @@ import fastsim
 from fastsim import kernel as K
 from fastsim._reference_disagg import simulate_disagg_reference
 from fastsim._replicate import pack_scenario
+from fastsim.kernel import cluster as C
 from fastsim.kernel import disagg as D
 
 ROUTERS = tuple(K.ROUTER_CODES)
@@ -350,3 +351,22 @@ def test_warm_up_requests_handed_late_fit_the_decode_pools_gap_room():
     first_measured = int(np.argmax(order >= w))
     assert (order[first_measured:] < w).any()   # (warm-up requests handed after the first measured one)
     assert output[w:].sum() == 28 and np.isfinite(row[K.COLUMNS.index("tpot_mean")])
+
+
+def test_a_decode_pool_larger_than_the_scan_is_the_reference_bit_for_bit():
+    """A decode pool of more than `cluster.SCAN_MAX` replicas finds its due
+    replicas by the event queue's heap, not by a scan (every other case here
+    runs a few): the reference's bits, with every decode replica busy."""
+    n_d = C.SCAN_MAX + 6
+    wl = fastsim.Workload(arrival_rate=2.0 * n_d, num_requests=5 * n_d, prompt_len=fastsim.Uniform(20, 400),
+                          output_len=fastsim.Uniform(50, 250))
+    pe, de = _sync(max_num_seqs=8, num_gpu_blocks=300), _sync(max_num_seqs=4, num_gpu_blocks=200)
+    lat_d = fastsim.LatencyModel(base_s=0.008, decode_scale_s=0.002, decode_alpha=0.7)   # (a stretch end kept)
+    stream = K.draw_workload(0, 11, 12, *K.scenario_arrays(_packed(pe, LAT_P, wl), lat=False))
+    per, row, extra = _kernel(stream, pe, LAT_P, 4, "jsq", de, lat_d, n_d, "jsq", kvb=2000.0, bw=1e8, lat=0.001,
+                              workload=wl, keys=(11, 12, 0))
+    ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, 4, "jsq"), decode=(de, lat_d, n_d, "jsq"),
+                                    kv_bytes_per_token=2000.0, link_bandwidth=1e8, link_latency_s=0.001,
+                                    routing_latency_s=0.0, staleness_s=0.0, load_cap=2, seed_keys=(11, 12, 0))
+    _same(per, ref)
+    assert len(set(per["decode_replica"].tolist()) - {-1}) == n_d
