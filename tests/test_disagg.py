@@ -361,7 +361,7 @@ def test_a_decode_pool_larger_than_the_scan_is_the_reference_bit_for_bit():
     wl = fastsim.Workload(arrival_rate=2.0 * n_d, num_requests=5 * n_d, prompt_len=fastsim.Uniform(20, 400),
                           output_len=fastsim.Uniform(50, 250))
     pe, de = _sync(max_num_seqs=8, num_gpu_blocks=300), _sync(max_num_seqs=4, num_gpu_blocks=200)
-    lat_d = fastsim.LatencyModel(base_s=0.008, decode_scale_s=0.002, decode_alpha=0.7)   # (a stretch end kept)
+    lat_d = fastsim.LatencyModel(base_s=0.008, decode_scale_s=0.002, decode_alpha=0.7)   # (stretches, no context term)
     stream = K.draw_workload(0, 11, 12, *K.scenario_arrays(_packed(pe, LAT_P, wl), lat=False))
     per, row, extra = _kernel(stream, pe, LAT_P, 4, "jsq", de, lat_d, n_d, "jsq", kvb=2000.0, bw=1e8, lat=0.001,
                               workload=wl, keys=(11, 12, 0))

@@ -578,8 +578,9 @@ def _queue_key(fb, nrep, n, what, t, bound):
     """The event queue keyed afresh, each replica as it stands (its
     segments set up where ``bound``), observed at ``t`` or, with ``t`` inf,
     just set up: its due time (`_due_for`), none marked handed since, no
-    stretch end kept. (`_queue_init`; an autoscaled fleet after an
-    evaluation's look, which advances every replica it holds.)"""
+    stretch end kept; the heap built only above `SCAN_MAX` replicas.
+    (`_queue_init`; an autoscaled fleet after an evaluation's look, which
+    advances every replica it holds.)"""
     ev = fb.ev
     for r in range(nrep):
         if bound and fb.dep.size >= 3 * nrep:

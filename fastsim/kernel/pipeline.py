@@ -15,7 +15,7 @@ one step:
   still holds its seat and its KV blocks while step j + 1 is scheduled (vLLM
   skips it: its last token is in flight), and may be chosen as a
   preemption victim there; it leaves after that. Such requests are kept in
-  ``Batch.zl`` (count ``RI_N_ZOMBIES``), with status running and
+  ``Batch.zl`` (count ``RI_N_HELD``), with status running and
   ``g == output``, until `_release_finished` after the next schedule
   (`decoders._hold_decoders` for the lazy decoders).
 

@@ -70,7 +70,8 @@ WF_HEAD = 4
 # (`_ws_dims`), read once when it is set up and kept here, so that a call
 # that resumes it carves its workspace without a scan of the requests.
 # The first entries are what a fleet's router and event queue read of a paused replica (`cluster`:
-# `_observe`, `_due`, `_departs_parts`, `_keep_end`), side by side: they cross fewer cache lines.
+# `_observe`, `_due`, `_departs_parts`, `_keep_end`; the layout's dimensions, next, for `_keep_end` and
+# `_fits`), side by side: they cross fewer cache lines (so do the ``RF_*``: the clock and the two ends first).
 (RI_MODE, RI_N_RUN, RI_N_WAIT, RI_N_SWAPPED, RI_N_KNOWN, RI_NEXT_ARRIVAL, RI_N_HELD, RI_FREE,
  RI_N_OTHERS, RI_FAST_STEPS, RI_RESERVED, RI_RUN_LEN,
  RI_DIM_CAP, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_DIM_JMAX, RI_DIM_NBP, RI_DIM_NBT,
