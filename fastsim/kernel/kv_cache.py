@@ -14,22 +14,11 @@ def _log2_exact(b):
     """log2(b) for b a power of two, else -1."""
     if b < 1 or b & (b - 1) != 0:
         return -1
-    # its one bit's place, bit by bit of the place (LLVM makes each test a conditional move: a loop's exit,
-    # at each resumed call of the engine, was mispredicted); the masks leave out bit 63 (b < 2**63)
-    e = 0
-    if b & 0x7FFFFFFF00000000:
-        e += 32
-    if b & 0x7FFF0000FFFF0000:
-        e += 16
-    if b & 0x7F00FF00FF00FF00:
-        e += 8
-    if b & 0x70F0F0F0F0F0F0F0:
-        e += 4
-    if b & 0x4CCCCCCCCCCCCCCC:
-        e += 2
-    if b & 0x2AAAAAAAAAAAAAAA:
-        e += 1
-    return e
+    # its one bit's place, bit by bit of the place (no branch: a loop's exit, at each resumed call of the
+    # engine, was mispredicted); the masks leave out bit 63 (b < 2**63)
+    return (((b & 0x2AAAAAAAAAAAAAAA) != 0) * 1 + ((b & 0x4CCCCCCCCCCCCCCC) != 0) * 2
+            + ((b & 0x70F0F0F0F0F0F0F0) != 0) * 4 + ((b & 0x7F00FF00FF00FF00) != 0) * 8
+            + ((b & 0x7FFF0000FFFF0000) != 0) * 16 + ((b & 0x7FFFFFFF00000000) != 0) * 32)
 
 
 @njit_noalloc(inline="llvm")
