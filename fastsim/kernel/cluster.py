@@ -68,7 +68,8 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: replica ``r`` can change it, `_due`) and their event queue (``ev``: a
 #: binary min-heap of replicas by due time in ``ev[0..N-1]``, each
 #: replica's place in it in ``ev[N..2N-1]``, kept only above `SCAN_MAX`
-#: replicas (at most that many, `_look_due` scans ``due``), the replicas handed a request
+#: replicas (at most that many, `_look_due` scans ``due`` and lists a look's
+#: due replicas in ``ev[0..N-1]``), the replicas handed a request
 #: since the router's last look in ``ev[2N..3N-1]`` with their count in
 #: ``ev[4N]`` and a flag each in ``ev[3N..4N-1]``); each replica's float and
 #: latency records (``rfp``, ``rlat``, as ``rip``) and its workspace's
@@ -637,9 +638,15 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
     ev, due = fb.ev, fb.due
     rc = 0
     if nrep <= SCAN_MAX:
+        # the due replicas listed in ``ev[0..k-1]`` (the heap's place, unused here) without a branch a
+        # replica (which one is due is not predictable), then advanced in the same order
+        k = 0
         for r in range(nrep):
-            if due[r] <= t and rc >= 0:
-                rc = _advance_due(fb, r, nrep, n, full, t, what, bound)
+            ev[k] = r
+            k += due[r] <= t
+        for j in range(k):
+            if rc >= 0:
+                rc = _advance_due(fb, ev[j], nrep, n, full, t, what, bound)
     else:
         size = nrep
         while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail

@@ -41,9 +41,12 @@ def _route_least(load, col, nrep):
     """The fewest of column ``col`` (requests in the system: least
     outstanding, join the shortest queue)."""
     best = 0
-    for r in range(1, nrep):
-        if load[r, col] < load[best, col]:
-            best = r
+    least = load[0, col]
+    for r in range(1, nrep):   # (selects, not branches: which replica is least is not predictable)
+        x = load[r, col]
+        fewer = x < least
+        best = r if fewer else best
+        least = x if fewer else least
     return best
 
 
