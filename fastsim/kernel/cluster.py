@@ -146,9 +146,9 @@ def _observe(fb, r, nblk, t=np.inf):
     ``t``, holds the requests that finished there until the stretch's first
     step is scheduled; by ``t`` they have left, `pipeline`.)"""
     waiting = _ri(fb, r, RI_N_WAIT) + _ri(fb, r, RI_N_SWAPPED) + _ri(fb, r, RI_N_KNOWN) - _ri(fb, r, RI_NEXT_ARRIVAL)
-    running = _ri(fb, r, RI_N_RUN)
-    if _ri(fb, r, RI_MODE) == MODE_STRETCH and _rf(fb, r, RF_CLOCK) < t:
-        running -= _ri(fb, r, RI_N_HELD)
+    # (a product, not a branch: the mode of the replica looked at is not predictable)
+    held = (_ri(fb, r, RI_MODE) == MODE_STRETCH) & (_rf(fb, r, RF_CLOCK) < t)
+    running = _ri(fb, r, RI_N_RUN) - held * _ri(fb, r, RI_N_HELD)
     fb.load[r, LOAD_WAITING] = waiting
     fb.load[r, LOAD_RUNNING] = running
     fb.load[r, LOAD_IN_SYSTEM] = waiting + running
@@ -664,11 +664,10 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
             _sift_up(due, ev, nrep, k)
     if rc < 0:
         return rc
-    for k in range(ev[4 * nrep]):
+    for k in range(ev[4 * nrep]):   # (one advanced above is observed again, as it was: no branch)
         r = ev[2 * nrep + k]
-        if ev[3 * nrep + r] == 1:
-            _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
-            ev[3 * nrep + r] = 0
+        _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
+        ev[3 * nrep + r] = 0
     ev[4 * nrep] = 0
     return 0
 
