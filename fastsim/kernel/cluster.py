@@ -520,10 +520,11 @@ def _due_for(fb, r, nrep, n, what, t, bound):
 
 
 #: Fleets of at most this many replicas find their due replicas by a scan of
-#: ``fb.due`` (a branch each, well predicted), not by the heap (whose
-#: compares, once an arrival, are not): the same replicas, advanced in
-#: another order, which changes nothing (each replica's advance reads and
-#: writes its own rows alone). Larger fleets keep the heap.
+#: ``fb.due`` that lists them without a branch (`_look_due`), not by the heap
+#: (whose compares, once an arrival, cannot be predicted): the same
+#: replicas, advanced in another order, which changes nothing (each
+#: replica's advance reads and writes its own rows alone). Larger fleets
+#: keep the heap.
 SCAN_MAX = 64
 
 
