@@ -588,10 +588,10 @@ def _queue_key(fb, nrep, n, what, t, bound):
         if bound and fb.dep.size >= 3 * nrep:
             fb.dep[nrep + r] = -np.inf
         fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
-        ev[r] = r
         ev[3 * nrep + r] = 0
     if nrep > SCAN_MAX:   # (else no heap: `_look_due` scans)
         for k in range(nrep):
+            ev[k] = k
             _sift_up(fb.due, ev, nrep, k)
     ev[4 * nrep] = 0
 
@@ -618,13 +618,13 @@ def _queue_handed(fb, r, nrep, n, what, bound):
 @njit_noalloc(inline="llvm")
 def _advance_due(fb, r, nrep, n, full, t, what, bound):
     """Replica ``r``, due at ``t``, advanced to ``t`` (as `_advance` would
-    call it), observed and keyed again; `_simulate`'s code."""
+    call it), observed and keyed again; `_simulate`'s code. (Its flag of a
+    hand since the last look is cleared by `_look_due`, which lists it.)"""
     rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, t, what)
     _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], t)
     if bound and fb.dep.size >= 3 * nrep:
         fb.dep[nrep + r] = -np.inf   # (a kept end holds until the replica is called)
     fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
-    fb.ev[3 * nrep + r] = 0
     return rc
 
 
@@ -646,8 +646,9 @@ def _look_due(fb, nrep, n, full, t, what, bound=False):
             ev[k] = r
             k += due[r] <= t
         for j in range(k):
-            if rc >= 0:
-                rc = _advance_due(fb, ev[j], nrep, n, full, t, what, bound)
+            rc = _advance_due(fb, ev[j], nrep, n, full, t, what, bound)
+            if rc < 0:
+                break
     else:
         size = nrep
         while size > 0 and due[ev[0]] <= t:   # the due ones, taken out to the heap's tail
