@@ -132,6 +132,35 @@ def test_stretch_blocks_is_the_step_by_step_count(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_steps_left_fit_where_each_decoders_blocks_for_them_do(seed):
+    """A paused replica's stretch end (`replica._stretches`) counts its
+    steps left as fitting, without `_stretch_blocks`' scan, where every
+    decoder's new blocks for them do: at most ``left // bs + 1`` each, as
+    `kv_cache._blocks_of` of ``left + 1`` gives (the same bound the fleet's
+    kept stretch end uses, `cluster._keep_end`)."""
+    log2_exact = python_entry(K.kv_cache._log2_exact)
+    blocks_of = python_entry(K.kv_cache._blocks_of)
+    rng = np.random.default_rng(200 + seed)
+    fit = short = 0
+    for _ in range(400):
+        bs = int(rng.choice([1, 2, 16, 32]))
+        ph = random_ph(rng, bs)
+        n_d = int(ph.sum())
+        if n_d == 0:
+            continue
+        sph = int(rng.integers(bs))
+        left = int(rng.choice([0, 1, bs - 1, bs, bs + 1, int(rng.integers(0, 10 * bs))]))
+        free = int(rng.integers(0, 12 * n_d))
+        assert blocks_of(left + 1, bs, log2_exact(bs)) == left // bs + 1
+        if n_d * (left // bs + 1) <= free:
+            assert stretch_blocks(ph, sph, bs, free, n_d) >= left, (ph, sph, bs, free, left)
+            fit += 1
+        else:
+            short += 1
+    assert fit > 50 and short > 30   # (both sides of the test were drawn)
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_stretch_kv_sums_blocks_and_weighted_times(seed):
     rng = np.random.default_rng(seed)
     for _ in range(300):

@@ -39,6 +39,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .arrivals import _arrival_status
+from .kv_cache import _blocks_of, _log2_exact
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
                      FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
@@ -459,14 +460,15 @@ def _keep_end(fb, r, nrep, n, ta, p, o):
     if w[seg[SEG_HEAP_SIZE]] <= 0:
         return -np.inf, -np.inf
     bs = ipar[I_BLOCK_SIZE]
+    bsh = _log2_exact(bs)   # (blocks by a shift: a division a request is a noticeable share of a hand)
     nd = w[b + RI_N_RUN]
     kmax = w[seg[SEG_HEAP_KEY]] - w[b + RI_FAST_STEPS]
-    need = nd * (kmax // bs + 1) + (p + o + bs - 1) // bs
+    need = nd * _blocks_of(kmax + 1, bs, bsh) + _blocks_of(p + o, bs, bsh)   # (kmax // bs + 1 blocks a decoder)
     prompt, out = fb.rs_i[0, r], fb.rs_i[1, r]
     nxt, known = w[b + RI_NEXT_ARRIVAL], w[b + RI_N_KNOWN]
     ahead = 0   # (the prompts handed before it: at most what they take of a step's budget)
     for i in range(nxt, known):
-        need += (prompt[i] + out[i] + bs - 1) // bs
+        need += _blocks_of(prompt[i] + out[i], bs, bsh)
         ahead += prompt[i]
     if need > w[b + RI_FREE]:
         return -np.inf, -np.inf

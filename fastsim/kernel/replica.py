@@ -1092,8 +1092,12 @@ def _stretches(req, batch, dec, cache, rec, ipar, lat, c, st, full, noisy):
             break
         if t_end > t_stop:
             if not t_end < plan.stop:   # summed until it passed t_stop: its end bounded below
-                t_end = _end_bound(t_end, kmax - kk, plan.limit, dp,
-                                   _stretch_blocks(dec.ph, _phase(sph - kk, bs, bsh), bs, free - nb, n_d))
+                left = kmax - kk
+                # (the steps left fit if each decoder's blocks for them do, at most one a block_size
+                # steps: the scan of the phases only where they may not)
+                fit = left if n_d * _blocks_of(left + 1, bs, bsh) <= free - nb else _stretch_blocks(
+                    dec.ph, _phase(sph - kk, bs, bsh), bs, free - nb, n_d)
+                t_end = _end_bound(t_end, left, plan.limit, dp, fit)
             return t_end, Loop(t, t_end_in, t_vis, nxt, drop_ptr, n_wait, n_run, rl, n_oth, n_sw, n_held, free,
                                reserved, S, sph, n_dec, n_pf, n_itl, swap_used, pending_swap, acc5)
         n_held0 = n_held
