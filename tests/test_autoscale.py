@@ -263,3 +263,40 @@ def test_threads_do_not_change_the_results():
     run = fastsim.simulate_autoscaled(sc, seed=4, replication=5)
     assert run.gpu_hours == one["gpu_hours"].iloc[5]
     assert run.slo_violation_minutes == one["slo_violation_minutes"].iloc[5]
+
+
+def test_the_serving_set_read_between_evaluations_is_the_scan():
+    """An arrival between evaluations reads the serving set as stated at the
+    last evaluation or activation (`kernel.autoscale._serving_set`): its
+    count, whether the serving replicas are the first rows (the router then
+    reads `FleetBuffers.load` itself, which is the view `_serving_view`
+    builds: the same rows in the same order) and the earliest time a
+    provisioning replica serves, against a scan of random states."""
+    from fastsim._numba_options import python_entry
+    from fastsim.kernel import autoscale as A
+    serving_set, serving_view = python_entry(A._serving_set), python_entry(A._serving_view)
+    rng = np.random.default_rng(7)
+    states = (K.REP_OFF, K.REP_PROVISIONING, K.REP_SERVING, K.REP_DRAINING)
+    seen = {True: 0, False: 0}
+    for _ in range(400):
+        m = int(rng.integers(1, 12))
+        ab = A.autoscale_buffers(m, 1)
+        ab.state[:] = rng.choice(states, size=m, p=(0.2, 0.2, 0.45, 0.15))
+        if rng.random() < 0.4:   # (the common case: the first rows serve, the others do not)
+            k = int(rng.integers(0, m + 1))
+            ab.state[:k] = K.REP_SERVING
+            ab.state[k:] = rng.choice((K.REP_OFF, K.REP_PROVISIONING, K.REP_DRAINING), size=m - k)
+        ab.ready[:] = rng.uniform(0, 100, size=m)
+        load = rng.uniform(0, 10, size=(m, ab.sload.shape[1]))
+        fb = K.cluster.fleet_buffers(4, m, 1, 1, 0)._replace(load=load)
+        ns, prefix, ready = serving_set(ab, m)
+        rows = np.flatnonzero(ab.state == K.REP_SERVING)
+        assert ns == rows.size
+        assert prefix == (rows.size > 0 and np.array_equal(rows, np.arange(rows.size)))
+        prov = ab.ready[ab.state == K.REP_PROVISIONING]
+        assert ready == (prov.min() if prov.size else np.inf)
+        assert serving_view(fb, ab, m) == ns and np.array_equal(ab.pos[:ns], rows)
+        if prefix:
+            assert np.array_equal(ab.sload[:ns], fb.load[:ns])
+        seen[bool(prefix)] += 1
+    assert min(seen.values()) > 50   # (both kinds of set were drawn)

@@ -102,14 +102,38 @@ def disagg_jsq_2p4d(num_requests=1500):
     return sc.replace(**{"workload.arrival_rate": 4.0 * 4}, fleet=dis)
 
 
+def _autoscaled(replicas, num_requests, pinned):
+    """`fleet_jsq_64`'s fleet with an autoscaler by rate (`benchmarks/autoscale_throughput.py`'s): pinned
+    at ``replicas``, or from 1 to ``replicas`` with a provisioning delay and a cool-down."""
+    if pinned:
+        policy = fastsim.Autoscaler(metric="rate", target=4.0, interval_s=15.0, min_replicas=replicas,
+                                    max_replicas=replicas)
+    else:
+        policy = fastsim.Autoscaler(metric="rate", target=4.0, interval_s=15.0, min_replicas=1,
+                                    max_replicas=replicas, scale_in_cooldown_s=60.0, provisioning_delay_s=30.0)
+    return _fleet(replicas, "jsq", num_requests).replace(fleet=fastsim.Fleet(router="jsq", autoscaler=policy))
+
+
+def autoscale_pinned_64(num_requests=16000):
+    """An autoscaler pinned at 64 replicas behind join the shortest queue (against `fleet_jsq_64`)."""
+    return _autoscaled(64, num_requests, pinned=True)
+
+
+def autoscale_64(num_requests=16000):
+    """An autoscaler of 1 to 64 replicas behind join the shortest queue."""
+    return _autoscaled(64, num_requests, pinned=False)
+
+
 #: The workloads the benchmark scripts' ``--workload`` option names.
 WORKLOADS = {"reference": reference_workload, "sharegpt": sharegpt_80pct, "full": full_engine_workload,
              "static": sharegpt_static, "sharegpt-vllm": sharegpt_vllm_defaults,
              # fleets (for `ab_interleaved.py`, a process per tree: a fleet's `replicate` against a parent's)
-             "fleet-jsq-8": fleet_jsq_8, "fleet-jsq-64": fleet_jsq_64, "disagg-jsq-2p4d": disagg_jsq_2p4d}
+             "fleet-jsq-8": fleet_jsq_8, "fleet-jsq-64": fleet_jsq_64, "disagg-jsq-2p4d": disagg_jsq_2p4d,
+             "autoscale-pinned-64": autoscale_pinned_64, "autoscale-64": autoscale_64}
 
 #: Of `WORKLOADS`, those with several replicas (a fleet's kernels, not one replica's).
-FLEET_WORKLOADS = tuple(name for name, f in WORKLOADS.items() if f in (fleet_jsq_8, fleet_jsq_64, disagg_jsq_2p4d))
+FLEET_WORKLOADS = tuple(name for name, f in WORKLOADS.items()
+                        if f in (fleet_jsq_8, fleet_jsq_64, disagg_jsq_2p4d, autoscale_pinned_64, autoscale_64))
 
 
 def warm_up():

@@ -15,7 +15,9 @@ after the last scaling) cancel the provisioning ones first, then drain the
 serving ones with the fewest requests. Each arrival goes to a serving
 replica: the router (`router._route`, unchanged) reads the serving
 replicas' rows copied in order into a scratch view, and the index it picks
-is mapped back. After the last arrival evaluations go on until the fleet
+is mapped back (where they are the first rows, it reads those rows
+themselves: the same view; the serving set is stated again only at an
+evaluation or an activation, `_serving_set`). After the last arrival evaluations go on until the fleet
 holds no request (or the horizon). Semantics: ``docs/engine-model.md``,
 "Autoscaling fleets"; the reference: `fastsim._reference_autoscale`.
 
@@ -226,6 +228,27 @@ def _evaluate(fb, ab, apar, m, tau, arrived, last_scale, act, n, full):
 
 
 @njit_noalloc
+def _serving_set(ab, m):
+    """The serving replicas' count; whether they are rows ``0..count-1``
+    (the router may then read `FleetBuffers.load` itself: its view in
+    `_serving_view` would be those rows, in order); and the earliest time a
+    provisioning replica serves (``inf``: none). The set changes only at an
+    evaluation and when a replica is activated, so an arrival between
+    them reads these instead of scanning the rows."""
+    ns = 0
+    prefix = True
+    ready = np.inf
+    for r in range(m):
+        s = ab.state[r]
+        if s == REP_SERVING:
+            prefix = prefix and r == ns
+            ns += 1
+        elif s == REP_PROVISIONING:
+            ready = min(ready, ab.ready[r])
+    return ns, prefix and ns > 0, ready
+
+
+@njit_noalloc
 def _serving_view(fb, ab, m):
     """The serving replicas' load rows, in row order, into ``sload``
     (their rows into ``pos``); return their count."""
@@ -315,6 +338,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     k = 1
     last = 0.0
     arrived = 0
+    ns, prefix, ready = _serving_set(ab, m)
     for i in range(n):
         t = arrival[i]
         if i == warmup and warmup > 0:
@@ -333,8 +357,10 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
                 _queue_key(fb, m, n, what, tau, True)
             arrived = 0
             k += 1
-        _activate(ab, m, t)
-        ns = _count(ab, m, REP_SERVING)
+            ready = -np.inf   # (the serving set may have changed: stated again below)
+        if ready <= t:
+            _activate(ab, m, t)
+            ns, prefix, ready = _serving_set(ab, m)
         if reads and ns > 1:
             if queue:
                 rc = _look_due(fb, m, n, full, t, what, True)
@@ -342,8 +368,10 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
                 rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what)
             if rc < 0:
                 return rc
-        ns = _serving_view(fb, ab, m)
-        r = ab.pos[_route(router, i, pgrp[i], ab.sload, fb.table, fb.rstate, cap, ns)]
+        if prefix:   # (the serving rows are 0..ns-1: the view would be their rows, in order)
+            r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, ns)
+        else:
+            r = ab.pos[_route(router, i, pgrp[i], ab.sload, fb.table, fb.rstate, cap, _serving_view(fb, ab, m))]
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
