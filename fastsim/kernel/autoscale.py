@@ -38,8 +38,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (_advance, _call, _look_due, _observe, _own_records, _queue_handed, _queue_key, _ri, _rows,
-                      _set_up_uniform)
+from .cluster import (_advance, _call, _keep_end, _look_due, _observe, _own_records, _queue_handed, _queue_key, _ri,
+                      _rows, _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -339,6 +339,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     last = 0.0
     arrived = 0
     ns, prefix, ready = _serving_set(ab, m)
+    kept, chain = -np.inf, -np.inf
     for i in range(n):
         t = arrival[i]
         if i == warmup and warmup > 0:
@@ -372,6 +373,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, ns)
         else:
             r = ab.pos[_route(router, i, pgrp[i], ab.sload, fb.table, fb.rstate, cap, _serving_view(fb, ab, m))]
+        if queue:   # (the stretch end kept across the hand, as the static fleet's: `cluster._keep_end`)
+            kept, chain = _keep_end(fb, r, m, n, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
@@ -381,6 +384,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         fb.owner[i] = r
         fb.local[i] = j
         if queue:
+            fb.dep[m + r] = kept
+            fb.dep[2 * m + r] = chain
             _queue_handed(fb, r, m, n, what, True)
         arrived += 1
     rc = _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what)
