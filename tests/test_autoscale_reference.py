@@ -119,3 +119,29 @@ def test_an_autoscaler_of_more_rows_than_the_scan_is_the_reference_bit_for_bit()
                initial_replicas=m - 8, provisioning_delay_s=0.5, scale_in_cooldown_s=1.0, tolerance=0.0)
     w = _run_both(sc, stream, p, "jsq", pol)
     assert len(np.unique(w[:, K.W_DESIRED])) > 1 and len(np.unique(w[:, K.W_SERVING])) > 1   # it scaled
+
+
+def test_an_autoscaler_keeping_stretch_ends_is_the_reference_bit_for_bit():
+    """Where a replica keeps its stretch end across a hand (`cluster._keep_end`: synchronous
+    scheduling, no prefix caching, a step time without a context term, roomy KV: the static fleet keeps
+    an end at a share of its hands on these streams, checked here), the autoscaler, which keys its
+    replicas so too, gives the reference's bits as it scales out and in."""
+    sc = fastsim.Scenario(
+        engine=fastsim.EngineConfig(async_scheduling=False, scheduler_reserve_full_isl=True, null_block=True,
+                                    enable_prefix_caching=False, block_hash_caching=False, max_num_seqs=16,
+                                    num_gpu_blocks=4000, max_num_batched_tokens=512),
+        workload=fastsim.Workload(arrival_rate=12.0, num_requests=150, prompt_len=fastsim.Uniform(1, 400),
+                                  output_len=fastsim.Uniform(1, 200)),
+        latency=fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3,
+                                     prefill_per_token_s=3e-5))
+    scaled = False
+    for rep, pname in enumerate(("queue", "queue-now", "rate")):
+        stream, p = _stream(sc, rep)
+        for router in ("jsq", "least_outstanding"):
+            w = _run_both(sc, stream, p, router, POLICIES[pname])
+            scaled |= bool(np.any(w[:, K.W_DESIRED] != w[0, K.W_DESIRED]))
+        kept = np.empty(stream[0].size)
+        C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.zeros(3), K.ROUTER_CODES["jsq"], 3,
+                                11, 12, 3, kept=kept)
+        assert np.isfinite(kept).mean() > 0.05   # (the rule's conditions hold: ends are kept)
+    assert scaled
