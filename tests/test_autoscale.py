@@ -265,13 +265,14 @@ def test_threads_do_not_change_the_results():
     assert run.slo_violation_minutes == one["slo_violation_minutes"].iloc[5]
 
 
-def test_the_serving_set_read_between_evaluations_is_the_scan():
-    """An arrival between evaluations reads the serving set as stated at the
-    last evaluation or activation (`kernel.autoscale._serving_set`): its
-    count, whether the serving replicas are the first rows (the router then
-    reads `FleetBuffers.load` itself, which is the view `_serving_view`
-    builds: the same rows in the same order) and the earliest time a
-    provisioning replica serves, against a scan of random states."""
+def test_the_serving_set_is_a_scan_of_the_rows():
+    """The serving set an arrival reads (`kernel.autoscale._serving_set`,
+    stated at each evaluation and activation; that it is stated then is
+    the reference tests' to check): its count, whether the serving
+    replicas are the first rows (the router then reads `FleetBuffers.load`
+    itself, which is the view `_serving_view` builds: the same rows in the
+    same order) and the earliest time a provisioning replica serves,
+    against a scan of random states."""
     from fastsim._numba_options import python_entry
     from fastsim.kernel import autoscale as A
     serving_set, serving_view = python_entry(A._serving_set), python_entry(A._serving_view)

@@ -123,9 +123,9 @@ def test_an_autoscaler_of_more_rows_than_the_scan_is_the_reference_bit_for_bit()
 
 def test_an_autoscaler_keeping_stretch_ends_is_the_reference_bit_for_bit():
     """Where a replica keeps its stretch end across a hand (`cluster._keep_end`: synchronous
-    scheduling, no prefix caching, a step time without a context term, roomy KV: the static fleet keeps
-    an end at a share of its hands on these streams, checked here), the autoscaler, which keys its
-    replicas so too, gives the reference's bits as it scales out and in."""
+    scheduling, no prefix caching, a step time without a context term, roomy KV: the autoscaler keeps an
+    end at a share of its hands on these streams, checked here), the autoscaler gives the reference's
+    bits as it scales out and in."""
     sc = fastsim.Scenario(
         engine=fastsim.EngineConfig(async_scheduling=False, scheduler_reserve_full_isl=True, null_block=True,
                                     enable_prefix_caching=False, block_hash_caching=False, max_num_seqs=16,
@@ -140,8 +140,9 @@ def test_an_autoscaler_keeping_stretch_ends_is_the_reference_bit_for_bit():
         for router in ("jsq", "least_outstanding"):
             w = _run_both(sc, stream, p, router, POLICIES[pname])
             scaled |= bool(np.any(w[:, K.W_DESIRED] != w[0, K.W_DESIRED]))
-        kept = np.empty(stream[0].size)
-        C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.zeros(3), K.ROUTER_CODES["jsq"], 3,
-                                11, 12, 3, kept=kept)
-        assert np.isfinite(kept).mean() > 0.05   # (the rule's conditions hold: ends are kept)
+            kept = np.empty(stream[0].size)
+            A.simulate_autoscaled_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.zeros(3),
+                                         K.ROUTER_CODES[router], fastsim.Autoscaler(**POLICIES[pname])._record(),
+                                         11, 12, 3, kept=kept)
+            assert np.isfinite(kept).mean() > 0.05   # (the rule's conditions hold: ends are kept)
     assert scaled

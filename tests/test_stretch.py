@@ -143,7 +143,7 @@ def test_steps_left_fit_where_each_decoders_blocks_for_them_do(seed):
     rng = np.random.default_rng(200 + seed)
     fit = short = 0
     for _ in range(400):
-        bs = int(rng.choice([1, 2, 16, 32]))
+        bs = int(rng.choice([1, 2, 3, 16, 32, 48]))   # (3, 48: the division's branch)
         ph = random_ph(rng, bs)
         n_d = int(ph.sum())
         if n_d == 0:

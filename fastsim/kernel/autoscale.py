@@ -17,9 +17,10 @@ replica: the router (`router._route`, unchanged) reads the serving
 replicas' rows copied in order into a scratch view, and the index it picks
 is mapped back (where they are the first rows, it reads those rows
 themselves: the same view; the serving set is stated again only at an
-evaluation or an activation, `_serving_set`). After the last arrival evaluations go on until the fleet
-holds no request (or the horizon). Semantics: ``docs/engine-model.md``,
-"Autoscaling fleets"; the reference: `fastsim._reference_autoscale`.
+evaluation or an activation, `_serving_set`). After the last arrival
+evaluations go on until the fleet holds no request (or the horizon).
+Semantics: ``docs/engine-model.md``, "Autoscaling fleets"; the reference:
+`fastsim._reference_autoscale`.
 
 A row whose replica left is reused by the next replica to start: it holds
 no request then (its results stay in its row, by the requests' local
@@ -386,6 +387,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         if queue:
             fb.dep[m + r] = kept
             fb.dep[2 * m + r] = chain
+            if fb.dep.size > 3 * m + i:   # (for tests: each hand's kept end, `simulate_autoscaled_stream`)
+                fb.dep[3 * m + i] = kept
             _queue_handed(fb, r, m, n, what, True)
         arrived += 1
     rc = _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what)
@@ -487,7 +490,7 @@ def autoscale_buffers(nrep, nwin):
 # From Python
 
 def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router,
-                               apar, key0=0, key1=0, rep=0, queue=True):
+                               apar, key0=0, key1=0, rep=0, queue=True, kept=None):
     """Simulate an autoscaled fleet over one given request stream (a Python
     entry, for tests and the reference's comparisons).
 
@@ -511,6 +514,10 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
         False: the arrivals' looks advance and observe every held replica
         (`_look_held`) instead of the event queue's (`cluster._look_due`;
         the same bits, more calls; for tests).
+    kept : ndarray, optional
+        With ``queue``, an array of the stream's size that gets each hand's
+        kept stretch end (`cluster._keep_end`; ``-inf`` where none is kept;
+        for tests).
 
     Returns
     -------
@@ -528,9 +535,14 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     full = engine_variant(ipar)
     m = int(apar[AS_MAX])
     need_i, need_f = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
+    if kept is not None and (not queue or np.shape(kept) != (n,)):
+        raise ValueError(f"kept: an array of the stream's {n} entries, with queue=True; got shape "
+                         f"{np.shape(kept)}, queue={queue}")
     fb = fleet_buffers(n, m, need_i, need_f, _ngroups(stream[5]))
     if not queue:
         fb = fb._replace(ev=np.empty(0, np.int64))
+    elif kept is not None:
+        fb = fb._replace(dep=np.full(3 * m + n, -np.inf))
     nwin = _window_guess(stream[0], apar)
     while True:
         ab = autoscale_buffers(m, nwin)
@@ -542,6 +554,8 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
         nwin *= 2
     if rc < 0:
         raise RuntimeError(f"the autoscaled fleet could not be simulated (code {rc})")
+    if kept is not None:
+        kept[:n] = fb.dep[3 * m:]
     nw = int(ab.out[O_NWIN])
     _window_slo(np.int64(n), stream[0], stream[2], ipar, fpar, float(apar[AS_INTERVAL]), fb, ab.windows, nw)
     status = np.array([fb.wi[r][WI_STATUS * n + j] for r, j in zip(fb.owner, fb.local)], np.int64)

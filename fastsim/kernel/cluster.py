@@ -460,7 +460,7 @@ def _keep_end(fb, r, nrep, n, ta, p, o):
     if w[seg[SEG_HEAP_SIZE]] <= 0:
         return -np.inf, -np.inf
     bs = ipar[I_BLOCK_SIZE]
-    bsh = _log2_exact(bs)   # (blocks by a shift: a division a request is a noticeable share of a hand)
+    bsh = _log2_exact(bs)   # (blocks by a shift: a division per handed request was a noticeable share of a hand)
     nd = w[b + RI_N_RUN]
     kmax = w[seg[SEG_HEAP_KEY]] - w[b + RI_FAST_STEPS]
     need = nd * _blocks_of(kmax + 1, bs, bsh) + _blocks_of(p + o, bs, bsh)   # (kmax // bs + 1 blocks a decoder)
@@ -509,7 +509,8 @@ def _due_for(fb, r, nrep, n, what, t, bound):
     The kept end bounds the requests taken in only together with the handed
     requests' own bound (the ``min`` below): with a handed request's decode
     term in it, that request may leave first. Use ``fb.dep[nrep + r]`` only
-    so, and only until the replica's next call (`_look_due` resets it)."""
+    so, and only until the replica's next call (`_advance_due` drops it;
+    `_queue_key` after an autoscaler's evaluation, which calls them all)."""
     d = _due(fb, r, what, t)
     if bound:
         lat = fb.rlat[r]

@@ -23,7 +23,8 @@ def _log2_exact(b):
 
 @njit_noalloc(inline="llvm")
 def _blocks_of(tokens, bs, bsh):
-    """ceil(tokens / bs), the blocks that hold ``tokens`` (tokens >= 0)."""
+    """ceil(tokens / bs), the blocks that hold ``tokens`` (tokens >= 0; for
+    any integer, the floor of (tokens + bs - 1) / bs, as Python's ``//``)."""
     if bsh >= 0:
         return (tokens + bs - 1) >> bsh
     return (tokens + bs - 1) // bs
