@@ -19,12 +19,14 @@ def fleet_scenario(replicas, router, num_requests=1000):
 
 def requests_per_second(sc, n_replications, repeat=3, clock=time.perf_counter, min_time=0.25):
     """Requests simulated per second by ``replicate`` on one thread, the
-    best of at least ``repeat`` calls, more while they have taken less than
-    ``min_time`` seconds in all (a call of a few milliseconds, as one
-    replica's in `fleet_throughput.py`, read alone, moved the ratio by a
-    tenth: `benchmarks/HISTORY.md`, stop 63); ``clock``:
-    `time.process_time` counts the process's CPU time, not the time other
-    processes take the core."""
+    best of at least ``repeat`` calls after one untimed (its kernels
+    compiled or loaded), more while they have taken less than ``min_time``
+    seconds in all (one replica's call in `fleet_throughput.py` takes a few
+    milliseconds, and a process's first calls are slower: the best of its
+    first three moved the fleet's ratio by a tenth, `benchmarks/HISTORY.md`,
+    stop 63); ``clock``: `time.process_time` counts the process's CPU time,
+    not the time other processes take the core."""
+    fastsim.replicate(sc, n_replications=n_replications, seed=0, n_threads=1)
     best = float("inf")
     calls, spent = 0, 0.0
     while calls < repeat or spent < min_time:
