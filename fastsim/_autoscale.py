@@ -67,9 +67,9 @@ class _Worker:
 
 def _one_run(worker, rep, k0, k1, packed, full):
     """One replication; returns (stream, fleet buffers, policy buffers, wm_i, wm_f, lat, fpar)."""
-    arrays = K.scenario_arrays(packed, lat=False)
     buf = worker.fleet.buf
-    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
+    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *worker.fleet.arrays(packed), buf.state,
+                         *buf.requests)
     stream = tuple(c[:n] for c in buf.requests)
     ipar = packed["ipar"]
     lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)

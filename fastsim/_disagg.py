@@ -208,11 +208,29 @@ class _DisaggWorker:
         self.d = _FleetWorker(num_requests, dis.decode.replicas, ngroups)
         self.db = None
         self.nrep_d = dis.decode.replicas
+        self._run = None
+        self._ones = np.ones(0, np.int64)
+        self._scan = np.empty(4, np.int64)
 
     def give_back(self):
         """Hand each pool's buffers on to a later run (`_fleet._FleetWorker.give_back`)."""
         self.p.give_back()
         self.d.give_back()
+
+    def run_records(self, pk_p, pk_d, n):
+        """The run's records, stated once: each pool's integer record, the
+        decode pool's layout record (`disagg.dims_record`), each pool's
+        engine, the reduction's record; ``n`` ones (the prefill side's
+        outputs) and `kernel.workspace._fleet_sizes`' output. Each
+        replication's latency and float records go to ``self.rec``."""
+        if self._run is None or self._run[0] is not pk_p or self._run[1] is not pk_d:
+            ipar_p, ipar_d = pk_p["ipar"], pk_d["ipar"]
+            self._run = (pk_p, pk_d, (ipar_p, ipar_d, disagg.dims_record(ipar_d), K.engine_variant(ipar_p),
+                                      K.engine_variant(ipar_d), disagg.reduction_record(ipar_p, ipar_d)))
+            self.rec = (np.empty(K.N_LAT), np.empty(K.N_FPAR), np.empty(K.N_LAT), np.empty(K.N_FPAR))
+        if self._ones.size < n:
+            self._ones = np.ones(n + n // 4, np.int64)
+        return self._run[2] + (self._ones[:n], self._scan)
 
     def hand_off(self, n):
         if self.db is None or self.db.t1.size < n:
@@ -222,17 +240,19 @@ class _DisaggWorker:
 
 
 def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row):
-    arrays = K.scenario_arrays(packed, lat=False)
+    """Replication ``rep`` of a disaggregated server into ``out_row`` and
+    ``extra_row``, on ``worker``'s buffers (the run's records stated once,
+    `_DisaggWorker.run_records`)."""
     buf = worker.p.buf
-    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
+    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *worker.p.arrays(packed), buf.state,
+                         *buf.requests)
     arrival, prompt, output, prio, sjfk, pgrp, plen = (c[:n] for c in buf.requests)
-    ones = np.ones(n, np.int64)
-    lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
-    lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)
-    ipar_p, ipar_d = pk_p["ipar"], pk_d["ipar"]
-    # (the decode pool's rows and the reduction's workspace hold every request's gap samples, `disagg.dims_record`)
-    dims_d = disagg.dims_record(ipar_d)
-    merged = K._ws_need_handed(np.int64(n), prompt, output, pgrp, plen, dims_d)
+    ipar_p, ipar_d, dims_d, full_p, full_d, red_i, ones, scan = worker.run_records(pk_p, pk_d, n)
+    lat_p, fpar_p, lat_d, fpar_d = worker.rec
+    K.drivers._run_records(pk_p["lat"], pk_p["fpar"], np.uint64(k0), np.uint64(k1), np.int64(rep), buf.state,
+                           lat_p, fpar_p)
+    K.drivers._run_records(pk_d["lat"], pk_d["fpar"], np.uint64(k0), np.uint64(k1), np.int64(rep), buf.state,
+                           lat_d, fpar_d)
 
     def attempt(compact):
         # each pool on compact rows (`cluster.compact_capacity`) until one overfills
@@ -240,24 +260,25 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
             worker.p.compact = worker.d.compact = False
         mp, md = worker.p.capacity(n, ipar_p[None]), worker.d.capacity(n, ipar_d[None])
         need_p = K._ws_need_compact(np.int64(mp), np.int64(n), prompt, ones, pgrp, plen, ipar_p)
-        need_d = K._ws_need_compact(np.int64(md), np.int64(n), prompt, output, pgrp, plen, dims_d)
+        # the decode pool's rows and the reduction's workspace (which hold every request's gap samples,
+        # `disagg.dims_record`) from one scan
+        K._fleet_sizes(np.int64(md), np.int64(n), prompt, output, pgrp, plen, dims_d, scan)
         fbp, _, _ = worker.p.uniform_buffers(n, *need_p, mp)
-        fbd, wm_i, wm_f = worker.d.uniform_buffers(n, *need_d, md, merged)
+        fbd, wm_i, wm_f = worker.d.uniform_buffers(n, scan[0], scan[1], md, scan[2:])
         db = worker.hand_off(n)
         rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                                      ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
-                                     np.int64(dis.prefill.replicas), fbp, K.engine_variant(ipar_p),
+                                     np.int64(dis.prefill.replicas), fbp, full_p,
                                      ipar_d, dims_d, fpar_d, lat_d, np.int64(pk_d["router"]),
                                      np.int64(dis.decode.replicas),
-                                     fbd, K.engine_variant(ipar_d), link, np.uint64(k0), np.uint64(k1),
+                                     fbd, full_d, link, np.uint64(k0), np.uint64(k1),
                                      np.int64(rep), db)
         return rc, fbp, fbd, db, wm_i, wm_f
 
     rc, fbp, fbd, db, wm_i, wm_f = cluster.until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the disaggregated server could not be simulated (code {rc})")
-    disagg._reduce_disagg(np.int64(n), arrival, output, disagg.reduction_record(ipar_p, ipar_d), fpar_d,
-                          np.int64(dis.prefill.replicas),
+    disagg._reduce_disagg(np.int64(n), arrival, output, red_i, fpar_d, np.int64(dis.prefill.replicas),
                           np.int64(dis.decode.replicas), np.float64(pk_p["fleet"][K.FL_LATENCY]), fbp, fbd, db,
                           wm_i, wm_f, out_row, extra_row)
 

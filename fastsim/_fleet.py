@@ -180,9 +180,33 @@ class _FleetWorker:
         self.fb = None
         self.wm = None
         self.dense = False
+        self._arrays = self._records = self._red = self._views = None
         spare = SPARES.take((nrep, ngroups))   # (an earlier run's of as many replicas, `give_back`)
         if spare is not None:
             self.size, self.fb, self._wi, self._wf, self.wm, self.dense = spare
+
+    def arrays(self, packed):
+        """The scenario's arrays `_draw_workload` takes (the run's: stated once)."""
+        if self._arrays is None or self._arrays[0] is not packed:
+            self._arrays = (packed, K.scenario_arrays(packed, lat=False))
+        return self._arrays[1]
+
+    def records(self):
+        """A replication's scratch: its replicas' float and latency records,
+        their workspaces' sizes, and `kernel.workspace._fleet_sizes`' output."""
+        if self._records is None:
+            self._records = (np.empty((self.nrep, K.N_FPAR)), np.empty((self.nrep, K.N_LAT)),
+                             np.empty((self.nrep, 2), np.int64), np.empty(4, np.int64))
+        return self._records
+
+    def reduction_record(self, ipars):
+        """The fleet's integer record for the reduction: row 0's, swap on
+        if any replica swaps (the run's ``ipars``: stated once)."""
+        if self._red is None or self._red[0] is not ipars:
+            red_i = ipars[0].copy()
+            red_i[K.I_SWAP] = ipars[:, K.I_SWAP].max()
+            self._red = (ipars, red_i)
+        return self._red[1]
 
     def give_back(self):
         """Hand the buffers on to a later worker for as many replicas
@@ -203,14 +227,14 @@ class _FleetWorker:
             m = self._capacity[n] = cluster.compact_capacity(n, self.nrep, ipars)
         return m
 
-    def buffers(self, n, sizes, m=None, merged=None):
+    def buffers(self, n, sizes, m=None, merged=None, largest=None):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
         ``sizes[r]`` (int, float) entries for a capacity of ``m`` requests
         (default ``n``; its rows as wide as the allocation), and the fleet's
         workspace for the reduction, ``merged`` (int, float) entries
-        (default: the largest of ``sizes``)."""
+        (default: the largest of ``sizes``, ``largest`` if the caller has it)."""
         m = n if m is None else m
-        need_i, need_f = (int(x) for x in sizes.max(axis=0))
+        need_i, need_f = (int(x) for x in (sizes.max(axis=0) if largest is None else largest))
         wm_i, wm_f = (need_i, need_f) if merged is None else (int(x) for x in merged)
         want = (n, need_i, need_f, wm_i, wm_f)
         dense = m < n
@@ -224,19 +248,21 @@ class _FleetWorker:
             self._wf = pages(self.nrep * self.size[2], np.float64)
             self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
             self.wm = (np.empty(self.size[3], np.int64), np.empty(self.size[4]))
-        rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * m].reshape(self.nrep, m)
-        rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * m].reshape(6, self.nrep, m)
-        wi = self._wi.reshape(self.nrep, self.size[1])
-        wf = self._wf.reshape(self.nrep, self.size[2])
-        fb = self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf, owner=self.fb.owner[:n], local=self.fb.local[:n])
-        return fb, self.wm[0][:wm_i], self.wm[1][:wm_f]
+        if self._views is None or self._views[0] != (n, m) or self._views[1] is not self.fb:
+            rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * m].reshape(self.nrep, m)
+            rs_i = self.fb.rs_i.reshape(-1)[:6 * self.nrep * m].reshape(6, self.nrep, m)
+            wi = self._wi.reshape(self.nrep, self.size[1])
+            wf = self._wf.reshape(self.nrep, self.size[2])
+            self._views = ((n, m), self.fb, self.fb._replace(rs_a=rs_a, rs_i=rs_i, wi=wi, wf=wf,
+                                                             owner=self.fb.owner[:n], local=self.fb.local[:n]))
+        return self._views[2], self.wm[0][:wm_i], self.wm[1][:wm_f]
 
     def uniform_buffers(self, n, need_i, need_f, m=None, merged=None):
         """`buffers` for identical replicas, each workspace ``need_i``/``need_f``
         entries, stated in the buffers' sizes (as `cluster.fill_records` does)."""
         sizes = np.empty((self.nrep, 2), np.int64)
         sizes[:, 0], sizes[:, 1] = need_i, need_f
-        fb, wm_i, wm_f = self.buffers(n, sizes, m, merged)
+        fb, wm_i, wm_f = self.buffers(n, sizes, m, merged, (need_i, need_f))
         fb.size[:self.nrep] = sizes
         return fb, wm_i, wm_f
 
@@ -271,29 +297,42 @@ def set_replica_noise_keys(lats):
 
 
 def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
-    arrays = K.scenario_arrays(packed, lat=False)
+    """Replication ``rep`` of a fleet into ``out_row`` and ``bal_row``, on
+    ``worker``'s buffers. (Its Python is a share of a small replication's
+    time: the records and the sizes' arrays are the worker's, one scan of
+    the stream gives both sizes, `kernel.workspace._fleet_sizes`.)"""
     buf = worker.buf
-    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *arrays, buf.state, *buf.requests)
+    n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *worker.arrays(packed), buf.state,
+                         *buf.requests)
     stream = tuple(c[:n] for c in buf.requests)
     ipars, kinds = members   # (a row per replica; the distinct records, each with its replicas)
     nrep = ipars.shape[0]
-    fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
-    sizes = np.empty((nrep, 2), np.int64)
+    fpars, lats, sizes, scan = worker.records()
+    uniform = len(kinds) == 1
     for ipar, fpar0, lat0, rows in kinds:
         # the replication's latency records: its per-run effects, shared by the replicas of a kind
-        lats[rows], fpars[rows] = K.run_records(lat0, fpar0, k0, k1, rep)
+        r0 = rows[0]
+        K.drivers._run_records(lat0, fpar0, np.uint64(k0), np.uint64(k1), np.int64(rep), buf.state, lats[r0],
+                               fpars[r0])
+        if uniform:
+            lats[1:], fpars[1:] = lats[0], fpars[0]
+        else:
+            lats[rows], fpars[rows] = lats[r0], fpars[r0]
     set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
-    merged = np.max([K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
-                     for ipar, _, _, _ in kinds], axis=0)   # (the reduction's: the whole stream's)
 
     def attempt(compact):
         if not compact:
             worker.compact = False   # (a row overfilled: this replication again, and the run's others, on whole rows)
         m = worker.capacity(n, ipars)
+        need = [0, 0, 0, 0]   # (the rows' largest; the reduction's: the whole stream's, the largest of the kinds')
         for ipar, _, _, rows in kinds:
-            sizes[rows] = K._ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6],
-                                             ipar)
-        fb, wm_i, wm_f = worker.buffers(n, sizes, m, merged)
+            K._fleet_sizes(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar, scan)
+            if uniform:
+                sizes[:] = scan[:2]
+            else:
+                sizes[rows] = scan[:2]
+            need = [max(a, int(b)) for a, b in zip(need, scan)]
+        fb, wm_i, wm_f = worker.buffers(n, sizes, m, need[2:], need[:2])
         cluster.fill_records(fb, ipars, fpars, lats, sizes)
         rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
                                           np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
@@ -302,10 +341,8 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     rc, fb, wm_i, wm_f = cluster.until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
-    red_i = ipars[0].copy()
-    red_i[K.I_SWAP] = ipars[:, K.I_SWAP].max()
-    cluster._reduce_fleet(np.int64(n), stream[0], stream[2], red_i, fpars[0], np.int64(nrep),
-                          packed["fleet"][K.FL_LATENCY], fb, wm_i, wm_f, out_row, bal_row)
+    cluster._reduce_fleet(np.int64(n), stream[0], stream[2], worker.reduction_record(ipars), fpars[0],
+                          np.int64(nrep), packed["fleet"][K.FL_LATENCY], fb, wm_i, wm_f, out_row, bal_row)
 
 
 def fleet_members(scenario, packed):

@@ -57,7 +57,7 @@ from .replica import WHOLE_RUN, _simulate, engine_variant  # noqa: F401
 from .workload import _draw_workload  # noqa: F401
 from .workspace import (WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WF_SWAPPED, WI_BLOCKS,  # noqa: F401
                         WI_CTOK, WI_G, WI_HEAD, WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS, _ws_need,
-                        _ws_need_compact, _ws_need_handed)
+                        _fleet_sizes, _ws_need_compact, _ws_need_handed)
 
 #: The kernel's modules, in reading order.
 MODULES = (layout, rng, workload, waiting_queue, kv_cache, block_pool, prefix_cache, arrivals, scheduler, decoders,

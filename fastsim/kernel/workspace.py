@@ -210,6 +210,21 @@ def _compact_dims(m, n, prompt, output, pgrp, plen, ipar):
     return cap, ncnt, nheld, _gap_room(nitl), jmax, nbp, nbt
 
 
+@njit_noalloc(entry=True)
+def _fleet_sizes(m, n, prompt, output, pgrp, plen, ipar, out):
+    """A fleet replication's workspace sizes from one scan of its stream
+    (``out``: int, float entries): `_ws_need_compact` of a replica of ``m``
+    seats in ``out[0:2]``, and `_ws_need_handed` of the stream, the
+    reduction's workspace, in ``out[2:4]``."""
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    bs = ipar[I_BLOCK_SIZE]
+    out[2], out[3] = _ws_sizes(n, bs, cap, ncnt, nheld, _gap_room(nitl), nbp, nbt)
+    if m < n:
+        cap = max(1, min(ipar[I_MAX_NUM_SEQS], m))
+        nitl = _gap_share(m, n, nitl)
+    out[0], out[1] = _ws_sizes(m, bs, cap, ncnt, nheld, _gap_room(nitl), nbp, nbt)
+
+
 @njit_noalloc(inline="llvm")
 def _gap_share(m, n, nitl):
     """The gap samples' bound of a compact row of ``m`` of the ``n``
