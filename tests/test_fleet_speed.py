@@ -621,6 +621,37 @@ def test_replicate_on_compact_rows_is_replicate_on_whole_rows(monkeypatch):
     assert w.capacity(600, np.zeros((6, K.N_IPAR), np.int64)) == 600
 
 
+@pytest.mark.parametrize("name", ["tight-sync", "queue-limit", "block-hash-sync"])
+def test_the_fleet_sizes_from_one_scan_are_the_compact_and_the_handed_ones(name):
+    """`workspace._fleet_sizes` (a fleet replication's sizes from one scan of
+    its stream) gives `_ws_need_compact` of ``m`` seats and `_ws_need_handed`
+    of the stream, for compact rows and rows for the whole stream."""
+    stream, p = _stream(CASES[name], 0)
+    n = stream[0].size
+    out = np.empty(4, np.int64)
+    for m in sorted({1, 5, n // 3 + 1, n - 1, n} - {0}):
+        args = (stream[1], stream[2], stream[5], stream[6], p["ipar"])
+        K._fleet_sizes(np.int64(m), np.int64(n), *args, out)
+        assert tuple(out[:2]) == tuple(K._ws_need_compact(np.int64(m), np.int64(n), *args))
+        assert tuple(out[2:]) == tuple(K._ws_need_handed(np.int64(n), *args))
+
+
+def test_a_workers_buffers_keep_their_views_while_their_shape_holds():
+    """`_fleet._FleetWorker.buffers` hands out the same views for the same
+    stream size and capacity (a replication's Python kept short), new ones
+    for another capacity or after the rows grew."""
+    from fastsim import _fleet as F
+
+    w = F._FleetWorker(100, 3, 0)
+    sizes = np.full((3, 2), 50, np.int64)
+    fb1 = w.buffers(100, sizes, 40, (60, 60))[0]
+    assert w.buffers(100, sizes, 40, (60, 60))[0] is fb1
+    fb2 = w.buffers(100, sizes, 50, (60, 60))[0]
+    assert fb2 is not fb1 and fb2.rs_a.shape == (3, 50) and fb2.rs_i.shape == (6, 3, 50)
+    fb3 = w.buffers(100, np.full((3, 2), 5000, np.int64), 50, (60, 60))[0]   # (rows grown)
+    assert fb3 is not fb2 and fb3.wi.shape[1] >= 5000 and fb3.wf.shape[1] >= 5000
+
+
 def test_until_rows_fit_tries_whole_rows_once_after_a_full_row():
     """`cluster.until_rows_fit`: compact rows first; whole rows once, only after `ROW_FULL`; the last result."""
     for codes, want in (((0,), [True]), ((C.ROW_FULL, 0), [True, False]), ((-2,), [True]),
