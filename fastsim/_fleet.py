@@ -180,7 +180,7 @@ class _FleetWorker:
         self.fb = None
         self.wm = None
         self.dense = False
-        self._arrays = self._records = self._red = self._views = None
+        self._arrays = self._records = self._red = self._views = self._stream = None
         spare = SPARES.take((nrep, ngroups))   # (an earlier run's of as many replicas, `give_back`)
         if spare is not None:
             self.size, self.fb, self._wi, self._wf, self.wm, self.dense = spare
@@ -190,6 +190,12 @@ class _FleetWorker:
         if self._arrays is None or self._arrays[0] is not packed:
             self._arrays = (packed, K.scenario_arrays(packed, lat=False))
         return self._arrays[1]
+
+    def stream(self, n):
+        """The stream's arrays (`_draw_workload`'s, its first ``n`` requests)."""
+        if self._stream is None or self._stream[0] != n:
+            self._stream = (n, tuple(c[:n] for c in self.buf.requests))
+        return self._stream[1]
 
     def records(self):
         """A replication's scratch: its replicas' float and latency records,
@@ -304,7 +310,7 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     buf = worker.buf
     n = K._draw_workload(np.int64(rep), np.uint64(k0), np.uint64(k1), *worker.arrays(packed), buf.state,
                          *buf.requests)
-    stream = tuple(c[:n] for c in buf.requests)
+    stream = worker.stream(n)
     ipars, kinds = members   # (a row per replica; the distinct records, each with its replicas)
     nrep = ipars.shape[0]
     fpars, lats, sizes, scan = worker.records()
@@ -318,7 +324,8 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
             lats[1:], fpars[1:] = lats[0], fpars[0]
         else:
             lats[rows], fpars[rows] = lats[r0], fpars[r0]
-    set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
+    if any(lat0[K.L_NOISE] != 0.0 for _, _, lat0, _ in kinds):
+        set_replica_noise_keys(lats)   # (per-step noise: each replica its own stream)
 
     def attempt(compact):
         if not compact:
