@@ -95,9 +95,11 @@ FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "o
 #: `replica._simulate`'s codes: a workspace of the wrong size is an error.)
 ROW_FULL = -9
 
-# The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row).
-SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS, SEG_DEC_COST = range(5)
-N_SEG = 5
+# The segments of a replica's workspace `_departs` reads (``fb.seg[r, SEG_*]``: their offsets in its row);
+# and whether it may keep a stretch end across a hand (``fb.seg[r, SEG_KEEPS]``: `_keeps` of its records,
+# stated when the event queue is keyed, `_queue_key`, so that a hand does not read them again).
+SEG_RUN, SEG_HEAP_KEY, SEG_HEAP_SIZE, SEG_OTHERS, SEG_DEC_COST, SEG_KEEPS = range(6)
+N_SEG = 6
 
 
 @njit_noalloc(inline="llvm")
@@ -443,7 +445,7 @@ def _keep_end(fb, r, nrep, n, ta, p, o):
     fewer steps after J."""
     ipar = fb.rip[r]
     lat = fb.rlat[r]
-    if not _keeps(ipar, lat):
+    if fb.seg[r, SEG_KEEPS] == 0:   # (`_keeps`, stated by `_queue_key`)
         return -np.inf, -np.inf
     w = fb.wi[r]
     b = fb.size[r, 0] - N_RI
@@ -583,13 +585,16 @@ def _queue_key(fb, nrep, n, what, t, bound):
     """The event queue keyed afresh, each replica as it stands (its
     segments set up where ``bound``), observed at ``t`` or, with ``t`` inf,
     just set up: its due time (`_due_for`), none marked handed since, no
-    stretch end kept; the heap built only above `SCAN_MAX` replicas.
+    stretch end kept (and, where one may be, whether its records allow
+    one, ``fb.seg[r, SEG_KEEPS]``); the heap built only above `SCAN_MAX`
+    replicas.
     (`_queue_init`; an autoscaled fleet after an evaluation's look, which
     advances every replica it holds.)"""
     ev = fb.ev
     for r in range(nrep):
         if bound and fb.dep.size >= 3 * nrep:
             fb.dep[nrep + r] = -np.inf
+            fb.seg[r, SEG_KEEPS] = _keeps(fb.rip[r], fb.rlat[r])
         fb.due[r] = _due_for(fb, r, nrep, n, what, t, bound)
         ev[3 * nrep + r] = 0
     if nrep > SCAN_MAX:   # (else no heap: `_look_due` scans)
