@@ -220,7 +220,7 @@ class _FleetWorker:
         if self.fb is not None:
             SPARES.give_back((self.nrep, self.ngroups), (self._wi, self._wf),
                              (self.size, self.fb, self._wi, self._wf, self.wm, self.dense))
-            self.size, self.fb, self.wm = (-1, -1, -1, -1, -1), None, None
+            self.size, self.fb, self.wm, self._views = (-1, -1, -1, -1, -1), None, None, None
 
     def capacity(self, n, ipars):
         """The replicas' row capacity for a stream of ``n`` requests: compact
