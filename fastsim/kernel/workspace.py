@@ -203,7 +203,13 @@ def _compact_dims(m, n, prompt, output, pgrp, plen, ipar):
     any ``m`` of its requests). With ``m`` = ``n``, `_handed_dims` itself.
     A request that would overfill either bound is not handed
     (`cluster.ROW_FULL`)."""
-    cap, ncnt, nheld, nitl, jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    return _compact_of(m, n, ipar, _ws_dims(n, prompt, output, pgrp, plen, ipar))
+
+
+@njit_noalloc(inline="llvm")
+def _compact_of(m, n, ipar, dims):
+    """`_compact_dims` from the stream's dimensions ``dims`` (`_ws_dims`)."""
+    cap, ncnt, nheld, nitl, jmax, nbp, nbt = dims
     if m < n:
         cap = max(1, min(ipar[I_MAX_NUM_SEQS], m))
         nitl = _gap_share(m, n, nitl)
@@ -216,13 +222,12 @@ def _fleet_sizes(m, n, prompt, output, pgrp, plen, ipar, out):
     (``out``: int, float entries): `_ws_need_compact` of a replica of ``m``
     seats in ``out[0:2]``, and `_ws_need_handed` of the stream, the
     reduction's workspace, in ``out[2:4]``."""
-    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _ws_dims(n, prompt, output, pgrp, plen, ipar)
+    dims = _ws_dims(n, prompt, output, pgrp, plen, ipar)
     bs = ipar[I_BLOCK_SIZE]
-    out[2], out[3] = _ws_sizes(n, bs, cap, ncnt, nheld, _gap_room(nitl), nbp, nbt)
-    if m < n:
-        cap = max(1, min(ipar[I_MAX_NUM_SEQS], m))
-        nitl = _gap_share(m, n, nitl)
-    out[0], out[1] = _ws_sizes(m, bs, cap, ncnt, nheld, _gap_room(nitl), nbp, nbt)
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _compact_of(n, n, ipar, dims)   # (all n seats: `_handed_dims`)
+    out[2], out[3] = _ws_sizes(n, bs, cap, ncnt, nheld, nitl, nbp, nbt)
+    cap, ncnt, nheld, nitl, _jmax, nbp, nbt = _compact_of(m, n, ipar, dims)
+    out[0], out[1] = _ws_sizes(m, bs, cap, ncnt, nheld, nitl, nbp, nbt)
 
 
 @njit_noalloc(inline="llvm")
