@@ -109,6 +109,42 @@ class Fleet:
         return not isinstance(self.replicas, int)
 
 
+def check_trace_identities(scenario) -> None:
+    """Refuse, with a ValueError naming the parameters, a replayed trace's
+    block identities (its hash ids keying prefix caching by block hash,
+    `_pack.trace_hashing`) in a server whose replicas take requests in
+    another order than the stream's: a fleet of more than one replica (or
+    an autoscaler that may start a second) and a disaggregated server's
+    decode pool (its hand-offs come in first-token order), or its prefill
+    pool of more than one replica. The kernel names each request's parent,
+    the earlier request whose prefix it shares, by its index in the
+    stream (`kernel.workload._trace_parents`, followed by
+    `kernel.block_pool._block_id`), and a replica's own stream holds its
+    requests at other indices (a replica then read another request's
+    entries: the run hung or crashed). One replica serves the stream in
+    its order."""
+    w = scenario.workload
+    tr = w.request_trace
+    if tr is None or tr.block_offsets is None or w.prefix_groups != 0:
+        return
+    fleet = scenario.fleet
+    if _is(fleet, "Disaggregated"):
+        sp, sd = fleet.pool_scenarios(scenario)
+        pools = [("prefill_server", sp.engine, sp.fleet.n_replicas > 1), ("decode_server", sd.engine, True)]
+    else:
+        many = fleet.n_replicas > 1 or (fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1)
+        engines = [e for e, _ in fleet.replicas] if fleet.mixed else [scenario.engine]
+        pools = [("engine" if not fleet.mixed else "fleet.replicas", e, many) for e in engines]
+    for name, e, spread in pools:
+        if spread and e.enable_prefix_caching and e.block_hash_caching:
+            raise ValueError(
+                f"{name}: prefix caching by block hash (enable_prefix_caching=True, block_hash_caching=True) "
+                f"cannot yet be keyed by a replayed trace's block hashes (workload.request_trace with hash ids) "
+                f"when the requests are spread over replicas (a fleet of more than one replica, an autoscaler, "
+                f"a disaggregated server's decode pool); use one replica, block_hash_caching=False, or a trace "
+                f"without hash ids")
+
+
 def _is(x, name):
     """Whether ``x`` is a fastsim ``name`` (by class name: the modules that
     define them import this one, and an import back would close a circle)."""

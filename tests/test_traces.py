@@ -5,6 +5,7 @@ reproducible per seed. Checked against the bundled excerpts, read here
 independently of `fastsim._traces` (csv / json and datetime)."""
 
 import csv
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -161,3 +162,30 @@ def test_bad_trace_files(tmp_path):
     odd.write_text('{"t": 1}\n')
     with pytest.raises(ValueError, match="cannot tell the trace's format"):
         fastsim.Workload.from_trace(odd)
+
+
+def test_a_traces_block_hashes_are_refused_where_replicas_take_other_orders():
+    """A replayed trace's block identities name a request's parent by its
+    index in the stream (`kernel.workload._trace_parents`); a replica's own
+    stream holds its requests at other indices (the run read other
+    requests' entries: it hung or crashed). Refused, naming the parameters,
+    wherever requests are spread over replicas; one replica, or caching by
+    prefix group, or no hash ids, runs."""
+    trace = fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0)
+    hashing = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=400, async_scheduling=False,
+                                   enable_prefix_caching=True, block_hash_caching=True)
+    lat = fastsim.LatencyModel.default()
+    refused = [fastsim.Fleet(replicas=2), fastsim.Fleet(replicas=[(hashing, lat), (hashing, lat)]),
+               fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)),
+               fastsim.Disaggregated(prefill=1, decode=1, kv_bytes_per_token=1e5)]
+    for fleet in refused:
+        with pytest.raises(ValueError, match="block_hash_caching=True.* replayed trace's block hashes"):
+            fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fleet)
+    one = fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=1))
+    alone = fastsim.Scenario(engine=hashing, workload=trace, latency=lat)
+    a = fastsim.replicate(one, n_replications=3, seed=2, n_threads=1).per_replication
+    b = fastsim.replicate(alone, n_replications=3, seed=2, n_threads=1).per_replication
+    assert np.array_equal(a[b.columns].to_numpy(), b.to_numpy(), equal_nan=True)
+    groups = dataclasses.replace(hashing, block_hash_caching=False)
+    fastsim.Scenario(engine=groups, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=2))
+
