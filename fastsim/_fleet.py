@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
+from ._numba_options import KERNEL_DEBUG
 from ._pages import Spares, huge_pages, small_pages
 from .kernel import cluster
 from ._validation import check_float, check_int
@@ -250,6 +251,11 @@ class _FleetWorker:
             self._red = (ipars, red_i)
         return self._red[1]
 
+    def views(self):
+        """The buffers as the last replication left them: ``((n, m), fb,
+        views)`` (`buffers`)."""
+        return self._views
+
     def give_back(self):
         """Hand the buffers on to a later worker for as many replicas
         (`SPARES`); call it only once no kernel uses them."""
@@ -415,17 +421,74 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
+
+    def one(w, j):
+        _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
+
+    def chunk(w, lo, hi):
+        # the first replication (and any the compiled driver stops at) by `_one`, the others by the driver
+        j = lo
+        while j < hi:
+            if j > lo:
+                j += _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
+                if j == hi:
+                    break
+            one(w, j)
+            j += 1
+
     run_replications(nrep, threads, lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups),
-                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS],
-                                       out[j, K.N_COLUMNS:]))
+                     one, chunk if compiled_fleet(members) else None)
     return out
 
 
-def run_replications(nrep, threads, make_worker, one):
+def compiled_fleet(members):
+    """Whether a fleet's replications run in the compiled driver
+    (`kernel.drivers._run_fleet_chunk`): identical replicas without per-step
+    noise (each replica's own noise key is set in Python,
+    `set_replica_noise_keys`), outside the debug mode (whose kernels are
+    called from Python, for their bounds checks)."""
+    kinds = members[1]
+    return len(kinds) == 1 and kinds[0][2][K.L_NOISE] == 0.0 and not KERNEL_DEBUG
+
+
+def _compiled(worker, rep, count, k0, k1, packed, members, full, out):
+    """Replications ``rep ..`` (at most ``count``) of a fleet that
+    `compiled_fleet` takes, by the compiled driver on ``worker``'s buffers
+    as its last replication (by `_one`) left them, into ``out``'s rows;
+    returns how many it did (it stops before one they do not fit, for
+    `_one`)."""
+    (n, _), _, fb = worker.views()
+    buf = worker.buf
+    fpars, lats, _, scan = worker.records()
+    ipars = members[0]
+    nrep = ipars.shape[0]
+    red_ipar = worker.reduction_record(ipars)
+    wm_i, wm_f = worker.wm
+    lag = packed["fleet"][K.FL_LATENCY]
+    main, bal = np.empty((count, K.N_COLUMNS)), np.empty((count, K.N_FLEET_COLUMNS))
+    stream = worker.stream(n)
+    keys = (np.uint64(k0), np.uint64(k1))
+    arrays = K.scenario_arrays(packed)
+    pointers = K.drivers.fleet_pointers(
+        arrays, full, (np.int64(rep), *keys, *worker.arrays(packed), buf.state, *buf.requests),
+        (np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]), np.int64(nrep), *keys, np.int64(rep),
+         fb, full),
+        (np.int64(n), stream[0], stream[2], red_ipar, fpars[0], np.int64(nrep), lag, fb, wm_i, wm_f, main[0], bal[0]))
+    done = K.drivers._run_fleet_chunk(np.int64(rep), np.int64(count), *keys, *arrays,
+                                      packed["fleet"], np.int64(packed["router"]), red_ipar, main, bal, buf.state,
+                                      *buf.requests, fpars, lats, scan, fb, wm_i, wm_f, full, *pointers)
+    out[:done, :K.N_COLUMNS] = main[:done]
+    out[:done, K.N_COLUMNS:] = bal[:done]
+    return done
+
+
+def run_replications(nrep, threads, make_worker, one, chunk=None):
     """``one(worker, j)`` for the replications j = 0 .. nrep-1 on ``threads``
     threads (the kernels release the GIL), in chunks of a quarter of a
     thread's share; each thread with a worker of its own (``make_worker()``:
-    its buffers). Fleets, autoscaled fleets and disaggregated servers run so."""
+    its buffers). ``chunk(worker, lo, hi)``, if given, runs the
+    replications ``lo .. hi-1`` of a chunk instead. Fleets, autoscaled
+    fleets and disaggregated servers run so."""
     threads = max(1, min(threads, nrep))
     local = threading.local()
     made = []   # (each thread's worker: its buffers handed on at the end, ``give_back``)
@@ -435,6 +498,9 @@ def run_replications(nrep, threads, make_worker, one):
         if worker is None:
             worker = local.worker = make_worker()
             made.append(worker)
+        if chunk is not None:
+            chunk(worker, lo, hi)
+            return
         for j in range(lo, hi):
             one(worker, j)
 
