@@ -443,7 +443,7 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
 
 def compiled_fleet(members):
     """Whether a fleet's replications run in the compiled driver
-    (`kernel.drivers._run_fleet_chunk`): identical replicas without per-step
+    (`kernel.cluster._run_fleet_chunk`): identical replicas without per-step
     noise (each replica's own noise key is set in Python,
     `set_replica_noise_keys`), outside the debug mode (whose kernels are
     called from Python, for their bounds checks)."""
@@ -469,12 +469,12 @@ def _compiled(worker, rep, count, k0, k1, packed, members, full, out):
     stream = worker.stream(n)
     keys = (np.uint64(k0), np.uint64(k1))
     arrays = K.scenario_arrays(packed)
-    pointers = K.drivers.fleet_pointers(
+    pointers = cluster.fleet_pointers(
         arrays, full, (np.int64(rep), *keys, *worker.arrays(packed), buf.state, *buf.requests),
         (np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]), np.int64(nrep), *keys, np.int64(rep),
          fb, full),
         (np.int64(n), stream[0], stream[2], red_ipar, fpars[0], np.int64(nrep), lag, fb, wm_i, wm_f, main[0], bal[0]))
-    done = K.drivers._run_fleet_chunk(np.int64(rep), np.int64(count), *keys, *arrays,
+    done = cluster._run_fleet_chunk(np.int64(rep), np.int64(count), *keys, *arrays,
                                       packed["fleet"], np.int64(packed["router"]), red_ipar, main, bal, buf.state,
                                       *buf.requests, fpars, lats, scan, fb, wm_i, wm_f, full, *pointers)
     out[:done, :K.N_COLUMNS] = main[:done]

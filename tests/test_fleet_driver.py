@@ -1,4 +1,4 @@
-"""The compiled fleet driver (`kernel.drivers._run_fleet_chunk`): a fleet's
+"""The compiled fleet driver (`kernel.cluster._run_fleet_chunk`): a fleet's
 replications run in compiled code, as the Python layer runs each one
 (`_fleet._one`), must give the same bits, and hand back to `_one` every
 replication the worker's buffers do not fit (another stream size, larger
@@ -115,7 +115,7 @@ def test_the_driver_takes_uniform_fleets_without_step_noise_only():
 
 
 def test_a_workers_buffers_have_one_numba_type_whatever_their_sizes():
-    """`kernel.drivers.fleet_pointers` looks its pointers up by the
+    """`kernel.cluster.fleet_pointers` looks its pointers up by the
     scenario's arrays alone: the worker's buffers (compact or whole rows, on
     huge pages or not, any size) and the reduction's rows keep one Numba
     type."""

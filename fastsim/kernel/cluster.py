@@ -35,10 +35,12 @@ from __future__ import annotations
 import functools
 from collections import namedtuple
 
+import numba
 import numpy as np
 
-from .._numba_options import njit_noalloc
+from .._numba_options import function_pointer, njit_noalloc
 from .arrivals import _arrival_status
+from .drivers import _array_key, _run_records
 from .kv_cache import _blocks_of, _log2_exact
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
@@ -53,12 +55,14 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims_compact)
 from .rng import _seed_streams
 from .scheduler import _first_chunk
+from .workload import _draw_workload
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
                         RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
                         RI_RUN_LEN, WF_DEC_COST, WF_FINISH, WF_FIRST, WF_HEAD, WI_G, WI_HEAD, WI_HEAP_KEY,
-                        WI_HEAP_SIZE, WI_K, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _int_sizes)
+                        WI_HEAP_SIZE, WI_K, WI_NPRE, WI_NSWAP, WI_OTHERS, WI_RUN, WI_STATUS, _float_sizes, _fleet_sizes,
+                        _int_sizes)
 
 #: A fleet's buffers (`fleet_buffers`): per replica (row ``r``) its
 #: parameter record, stream (arrival; prompt, output, priority, SJF key,
@@ -1004,6 +1008,80 @@ def _balance(n, nrep, fb, window, balance):
     balance[1] = mx / mean if mean > 0 else np.nan
     balance[2] = (kv_hi - kv_lo) / window if window > 0 else np.nan
     balance[3] = (q_hi - q_lo) / window if window > 0 else np.nan
+
+
+@njit_noalloc(entry=True)
+def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace,
+                     prio_val, prio_cdf, pred_edges, fleet, router, red_ipar, out, bal, state, arrival, prompt,
+                     output, prio, sjfk, pgrp, plen, fpars, lats, scan, fb, wm_i, wm_f, full, draw, simulate,
+                     reduce):
+    """Replications ``rep0 .. rep0 + nrep - 1`` of a fleet of identical
+    replicas without per-step noise, in compiled code, as the Python layer
+    runs each (`_fleet._one`): its stream drawn, its records
+    (`drivers._run_records`, every replica's the same), its sizes
+    (`workspace._fleet_sizes`), the fleet (`_simulate_fleet_rows`) and its
+    reduction (`_reduce_fleet`) into ``out[j]`` and ``bal[j]``; those
+    three kernels called through function pointers (``draw``,
+    ``simulate``, ``reduce``: `fleet_pointers`), as `drivers._run_chunk`
+    calls the engine's (linked, the routing loop would be compiled again).
+
+    ``fb``, ``wm_i``, ``wm_f``: the worker's buffers as a replication of
+    ``fb.owner.size`` requests on rows of ``fb.rs_a.shape[1]`` seats left
+    them (`_fleet._FleetWorker.buffers`). A replication they do not fit
+    (another stream size, larger workspaces, a compact row overfilled:
+    `ROW_FULL`) or that fails stops the chunk before it, for the
+    Python layer to run it (it grows the buffers, or raises). Returns the
+    number of replications done."""
+    nf = fpars.shape[0]
+    n_rows = fb.owner.size
+    m = fb.rs_a.shape[1]
+    lag = fleet[FL_LATENCY]
+    for j in range(nrep):
+        rep = rep0 + j
+        n = draw(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
+                 pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
+        if n != n_rows:
+            return j
+        _run_records(lat, fpar, key0, key1, rep, state, lats[0], fpars[0])
+        a, p, o, c, q, g, pl = arrival[:n], prompt[:n], output[:n], prio[:n], sjfk[:n], pgrp[:n], plen[:n]
+        _fleet_sizes(m, n, p, o, g, pl, ipar, scan)
+        if scan[0] > fb.wi.shape[1] or scan[1] > fb.wf.shape[1] or scan[2] > wm_i.size or scan[3] > wm_f.size:
+            return j
+        for r in range(nf):   # (`cluster.fill_records`; loops: a slice's copy would allocate)
+            for k in range(ipar.size):
+                fb.rip[r, k] = ipar[k]
+            for k in range(fpars.shape[1]):
+                fb.rfp[r, k] = fpars[0, k]
+            for k in range(lats.shape[1]):
+                fb.rlat[r, k] = lats[0, k]
+            fb.size[r, 0] = scan[0]
+            fb.size[r, 1] = scan[1]
+        if simulate(n, a, p, o, c, q, g, pl, fleet, router, nf, key0, key1, rep, fb, full) != 0:
+            return j
+        reduce(n, a, o, red_ipar, fpars[0], nf, lag, fb, wm_i[:scan[2]], wm_f[:scan[3]], out[j], bal[j])
+    return nrep
+
+
+_FLEET_POINTERS = {}
+
+
+def fleet_pointers(arrays, full, draw_args, simulate_args, reduce_args):
+    """`workload._draw_workload`, `_simulate_fleet_rows` and
+    `_reduce_fleet` as function pointers for `_run_fleet_chunk`,
+    for the types of the arguments given (a replication's, as `_fleet._one`
+    calls them; compiled or loaded on the first call for them). Looked up
+    by the scenario's ``arrays`` (`scenario_arrays`, by `_array_key`) and
+    ``full``: the other arguments are the fleet's buffers and scalars,
+    whose types are fixed (C-contiguous arrays of fixed dtypes and
+    dimensions, whatever their sizes: `tests/test_fleet_driver.py`), and
+    their Numba types take a tenth of a millisecond to build."""
+    key = (full is None,) + tuple(_array_key(a) for a in arrays)
+    pointers = _FLEET_POINTERS.get(key)
+    if pointers is None:
+        calls = ((_draw_workload, draw_args), (_simulate_fleet_rows, simulate_args), (_reduce_fleet, reduce_args))
+        pointers = _FLEET_POINTERS[key] = tuple(function_pointer(d, tuple(numba.typeof(a) for a in args))
+                                                for d, args in calls)
+    return pointers
 
 
 def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None):

@@ -25,11 +25,11 @@ from .._numba_options import (KERNEL_DEBUG, compile_entries, debug_errors, funct
 from .._pages import Spares, huge_pages
 from . import callees
 from .latency import _draw_run_latency
-from .layout import FL_LATENCY, I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
+from .layout import I_NUM_REQUESTS, N_COLUMNS, N_FPAR, N_LAT, N_STREAMS
 from .rng import _seed_streams
 from .workload import _draw_workload, _trace_window
 from .workspace import (N_RF, N_RI, RF_CLOCK, WF_FINISH, WF_FIRST, WF_SWAPPED, WI_CTOK, WI_G, WI_NPRE, WI_NSWAP,
-                        WI_STATUS, Stream, _fleet_sizes, _ws_need, _ws_need_handed)
+                        WI_STATUS, Stream, _ws_need, _ws_need_handed)
 from .replica import (STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT, WHOLE_RUN, _hand, _simulate, _state_dims,
                       engine_variant)
 from .metrics import _reduce
@@ -417,82 +417,6 @@ def simulate_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar,
 def _run_records(lat, fpar, key0, key1, rep, state, rlat, rfpar):
     _seed_streams(key0, key1, rep, state)
     _draw_run_latency(lat, fpar, state, rlat, rfpar)
-
-
-@njit_noalloc(entry=True)
-def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace,
-                     prio_val, prio_cdf, pred_edges, fleet, router, red_ipar, out, bal, state, arrival, prompt,
-                     output, prio, sjfk, pgrp, plen, fpars, lats, scan, fb, wm_i, wm_f, full, draw, simulate,
-                     reduce):
-    """Replications ``rep0 .. rep0 + nrep - 1`` of a fleet of identical
-    replicas without per-step noise, in compiled code, as the Python layer
-    runs each (`_fleet._one`): its stream drawn, its records
-    (`_run_records`, every replica's the same), its sizes
-    (`workspace._fleet_sizes`), the fleet (`cluster._simulate_fleet_rows`)
-    and its reduction (`cluster._reduce_fleet`) into ``out[j]`` and
-    ``bal[j]``; the kernels called through function pointers
-    (``draw``, ``simulate``, ``reduce``: `fleet_pointers`), as `_run_chunk`
-    calls the engine's.
-
-    ``fb``, ``wm_i``, ``wm_f``: the worker's buffers as a replication of
-    ``fb.owner.size`` requests on rows of ``fb.rs_a.shape[1]`` seats left
-    them (`_fleet._FleetWorker.buffers`). A replication they do not fit
-    (another stream size, larger workspaces, a compact row overfilled:
-    `cluster.ROW_FULL`) or that fails stops the chunk before it, for the
-    Python layer to run it (it grows the buffers, or raises). Returns the
-    number of replications done."""
-    nf = fpars.shape[0]
-    n_rows = fb.owner.size
-    m = fb.rs_a.shape[1]
-    lag = fleet[FL_LATENCY]
-    for j in range(nrep):
-        rep = rep0 + j
-        n = draw(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
-                 pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
-        if n != n_rows:
-            return j
-        _run_records(lat, fpar, key0, key1, rep, state, lats[0], fpars[0])
-        a, p, o, c, q, g, pl = arrival[:n], prompt[:n], output[:n], prio[:n], sjfk[:n], pgrp[:n], plen[:n]
-        _fleet_sizes(m, n, p, o, g, pl, ipar, scan)
-        if scan[0] > fb.wi.shape[1] or scan[1] > fb.wf.shape[1] or scan[2] > wm_i.size or scan[3] > wm_f.size:
-            return j
-        for r in range(nf):   # (`cluster.fill_records`; loops: a slice's copy would allocate)
-            for k in range(ipar.size):
-                fb.rip[r, k] = ipar[k]
-            for k in range(fpars.shape[1]):
-                fb.rfp[r, k] = fpars[0, k]
-            for k in range(lats.shape[1]):
-                fb.rlat[r, k] = lats[0, k]
-            fb.size[r, 0] = scan[0]
-            fb.size[r, 1] = scan[1]
-        if simulate(n, a, p, o, c, q, g, pl, fleet, router, nf, key0, key1, rep, fb, full) != 0:
-            return j
-        reduce(n, a, o, red_ipar, fpars[0], nf, lag, fb, wm_i[:scan[2]], wm_f[:scan[3]], out[j], bal[j])
-    return nrep
-
-
-_FLEET_POINTERS = {}
-
-
-def fleet_pointers(arrays, full, draw_args, simulate_args, reduce_args):
-    """`_draw_workload`, `cluster._simulate_fleet_rows` and
-    `cluster._reduce_fleet` as function pointers for `_run_fleet_chunk`,
-    for the types of the arguments given (a replication's, as `_fleet._one`
-    calls them; compiled or loaded on the first call for them). Looked up
-    by the scenario's ``arrays`` (`scenario_arrays`, by `_array_key`) and
-    ``full``: the other arguments are the fleet's buffers and scalars,
-    whose types are fixed (C-contiguous arrays of fixed dtypes and
-    dimensions, whatever their sizes: `tests/test_fleet_driver.py`), and
-    their Numba types take a tenth of a millisecond to build."""
-    from .cluster import _reduce_fleet, _simulate_fleet_rows
-
-    key = (full is None,) + tuple(_array_key(a) for a in arrays)
-    pointers = _FLEET_POINTERS.get(key)
-    if pointers is None:
-        calls = ((_draw_workload, draw_args), (_simulate_fleet_rows, simulate_args), (_reduce_fleet, reduce_args))
-        pointers = _FLEET_POINTERS[key] = tuple(function_pointer(d, tuple(numba.typeof(a) for a in args))
-                                                for d, args in calls)
-    return pointers
 
 
 def run_records(lat, fpar, key0, key1, rep):
