@@ -4,7 +4,10 @@ compiled kernels: trees loaded from separate caches differ by where the
 code lands, `benchmarks/HISTORY.md`, stop 64): requests/s of `replicate`
 calls of ``--replications`` replications, CPU time, one thread.
 
-    python benchmarks/fleet_driver_speed.py [--replications 200] [--rounds 6] [--router jsq]
+    python benchmarks/fleet_driver_speed.py [--replications 200] [--rounds 6] [--router jsq] [--horizon S]
+
+``--horizon S``: the stream cut at ``horizon_s=S`` (its size varies from
+one replication to the next, which the driver hands back to Python).
 """
 
 import argparse
@@ -27,8 +30,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--router", default="jsq")
     ap.add_argument("--requests", type=int, default=250, help="requests per replica per replication")
+    ap.add_argument("--horizon", type=float, default=None, help="workload.horizon_s (stream sizes that vary)")
     args = ap.parse_args()
     sc = fleet_scenario(8, args.router, args.requests)
+    if args.horizon is not None:
+        sc = sc.replace(**{"workload.horizon_s": args.horizon})
     on = _fleet.compiled_fleet
     fastsim.replicate(sc, n_replications=args.replications, seed=0, n_threads=1, progress=False)
     rates = {True: [], False: []}

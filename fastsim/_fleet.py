@@ -124,14 +124,19 @@ def check_trace_identities(scenario) -> None:
     requests at other indices (a replica then read another request's
     entries: the run hung or crashed). One replica serves the stream in
     its order."""
-    w = scenario.workload
-    tr = w.request_trace
-    if tr is None or tr.block_offsets is None or w.prefix_groups != 0:
-        return
+    from ._pack import trace_hashing
+
+    if not trace_hashing(scenario):
+        return   # (the stream carries parents only where the scenario's engine hashes: `_pack.pack_scenario`)
     fleet = scenario.fleet
     if _is(fleet, "Disaggregated"):
-        sp, sd = fleet.pool_scenarios(scenario)
-        pools = [("prefill_server", sp.engine, sp.fleet.n_replicas > 1), ("decode_server", sd.engine, True)]
+        from ._disagg import _server
+
+        # (the pools' engines read directly: `pool_scenarios` builds nested Scenarios, whose own check would
+        # fire first and blame ``engine``)
+        srv_p, srv_d = _server("prefill_server", fleet.prefill_server), _server("decode_server", fleet.decode_server)
+        pools = [("prefill_server", (srv_p or (scenario.engine,))[0], fleet.prefill.n_replicas > 1),
+                 ("decode_server", (srv_d or (scenario.engine,))[0], True)]
     else:
         many = fleet.n_replicas > 1 or (fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1)
         engines = [e for e, _ in fleet.replicas] if fleet.mixed else [scenario.engine]
@@ -146,22 +151,21 @@ def check_trace_identities(scenario) -> None:
                 f"without hash ids")
 
 
-def check_closed_loop_policy(scenario) -> None:
-    """Refuse, with a ValueError naming the parameters, a closed loop
-    (``workload.max_concurrency``) in a fleet whose engine schedules by
-    priority or shortest job first: such a run did not end (found in stop
-    65 of `benchmarks/HISTORY.md`: three replicas, round robin, four users;
-    one replica, or first come first served, ends). Refused until the
-    fault is found and fixed."""
-    fleet, w = scenario.fleet, scenario.workload
-    if w.max_concurrency is None or _is(fleet, "Disaggregated"):   # (a disaggregated server refuses closed loops)
-        return
-    engines = [e for e, _ in fleet.replicas] if fleet.mixed else [scenario.engine]
-    for e in engines:
-        if e.policy != "fcfs":
-            raise ValueError(f"engine.policy must be 'fcfs' with workload.max_concurrency (a closed loop) in a "
-                             f"fleet (a fleet's closed loop under {e.policy!r} scheduling does not yet end), got "
-                             f"{e.policy!r}; use policy='fcfs', an open loop, or no fleet")
+def check_closed_loop(scenario) -> None:
+    """Refuse, with a ValueError naming the parameter, a closed loop
+    (``workload.max_concurrency``) in a fleet. A fleet hands each request
+    at its arrival, known before the run; a closed loop's sends come from
+    the departures of every replica, which the fleet kernel does not feed
+    back to the router: such a run handed every request at once, measured
+    the wrong latencies (a fleet of one replica: mean TTFT 13.6 s where the
+    engine alone gives 0.058 s) and could hang (found in stops 65-66 of
+    `benchmarks/HISTORY.md`). Sessions, autoscalers and disaggregated
+    servers refuse closed loops too."""
+    if scenario.workload.max_concurrency is None or _is(scenario.fleet, "Disaggregated"):
+        return   # (a disaggregated server refuses it in its own words)
+    raise ValueError(f"workload.max_concurrency must be None in a fleet (a closed loop across replicas is not "
+                     f"modelled: its sends come from every replica's departures), got "
+                     f"{scenario.workload.max_concurrency!r}; use an open loop (arrival_rate) or no fleet")
 
 
 def _is(x, name):
@@ -444,11 +448,16 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
         _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
 
     def chunk(w, lo, hi):
-        # the first replication (and any the compiled driver stops at) by `_one`, the others by the driver
+        # The first replication (and any the compiled driver stops at) by `_one`, the others by the driver;
+        # if it stops at once, right after `_one` sized the buffers, the streams' sizes vary (a horizon, a
+        # resampled trace): it would draw each stream twice, and `_one` runs the rest of the chunk.
         j = lo
+        driver = True
         while j < hi:
-            if j > lo:
-                j += _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
+            if j > lo and driver:
+                done = _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
+                j += done
+                driver = done > 0
                 if j == hi:
                     break
             one(w, j)

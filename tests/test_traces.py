@@ -175,17 +175,28 @@ def test_a_traces_block_hashes_are_refused_where_replicas_take_other_orders():
     hashing = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=400, async_scheduling=False,
                                    enable_prefix_caching=True, block_hash_caching=True)
     lat = fastsim.LatencyModel.default()
-    refused = [fastsim.Fleet(replicas=2), fastsim.Fleet(replicas=[(hashing, lat), (hashing, lat)]),
-               fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)),
-               fastsim.Disaggregated(prefill=1, decode=1, kv_bytes_per_token=1e5)]
-    for fleet in refused:
-        with pytest.raises(ValueError, match="block_hash_caching=True.* replayed trace's block hashes"):
+    groups = dataclasses.replace(hashing, block_hash_caching=False)
+    plain = dataclasses.replace(hashing, enable_prefix_caching=False, block_hash_caching=False)
+    refused = [("engine", fastsim.Fleet(replicas=2)),
+               ("fleet.replicas", fastsim.Fleet(replicas=[(hashing, lat), (hashing, lat)])),
+               ("engine", fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3))),
+               ("decode_server", fastsim.Disaggregated(prefill=1, decode=1, kv_bytes_per_token=1e5)),
+               ("prefill_server", fastsim.Disaggregated(prefill=2, decode=1, kv_bytes_per_token=1e5,
+                                                        prefill_server=(hashing, lat), decode_server=(plain, lat)))]
+    for name, fleet in refused:
+        with pytest.raises(ValueError, match=rf"^{name}: .*block_hash_caching=True.* replayed trace's block hashes"):
             fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fleet)
+    # The stream carries parents only where the scenario's engine hashes (`_pack.trace_hashing`): replicas
+    # that hash under a scenario engine that does not key their blocks by request, the ids unused, and run.
+    mixed = fastsim.Scenario(engine=groups, workload=trace, latency=lat,
+                             fleet=fastsim.Fleet(replicas=[(hashing, lat), (hashing, lat)]))
+    pr = fastsim.replicate(mixed, n_replications=2, seed=2, n_threads=1).per_replication
+    ends = pr["n_completed"] + pr["n_rejected"] + pr["n_dropped"] + pr["n_unfinished"]
+    assert (pr["n_arrived"] > 0).all() and (ends == pr["n_arrived"]).all()
     one = fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=1))
     alone = fastsim.Scenario(engine=hashing, workload=trace, latency=lat)
     a = fastsim.replicate(one, n_replications=3, seed=2, n_threads=1).per_replication
     b = fastsim.replicate(alone, n_replications=3, seed=2, n_threads=1).per_replication
     assert np.array_equal(a[b.columns].to_numpy(), b.to_numpy(), equal_nan=True)
-    groups = dataclasses.replace(hashing, block_hash_caching=False)
     fastsim.Scenario(engine=groups, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=2))
 
