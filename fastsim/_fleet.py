@@ -501,9 +501,10 @@ def _compiled(worker, rep, count, k0, k1, packed, members, full, out):
         (np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]), np.int64(nrep), *keys, np.int64(rep),
          fb, full),
         (np.int64(n), stream[0], stream[2], red_ipar, fpars[0], np.int64(nrep), lag, fb, wm_i, wm_f, main[0], bal[0]))
+    kind = members[1][0][:3]   # (the replicas' records: a listed fleet's may not be the scenario's)
     done = cluster._run_fleet_chunk(np.int64(rep), np.int64(count), *keys, *arrays,
-                                      packed["fleet"], np.int64(packed["router"]), red_ipar, main, bal, buf.state,
-                                      *buf.requests, fpars, lats, scan, fb, wm_i, wm_f, full, *pointers)
+                                      packed["fleet"], np.int64(packed["router"]), kind, red_ipar, main, bal,
+                                      buf.state, *buf.requests, fpars, lats, scan, fb, wm_i, wm_f, full, *pointers)
     out[:done, :K.N_COLUMNS] = main[:done]
     out[:done, K.N_COLUMNS:] = bal[:done]
     return done

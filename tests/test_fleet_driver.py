@@ -12,6 +12,7 @@ import pytest
 import fastsim
 from fastsim import _fleet as F
 from fastsim import kernel as K
+from fastsim._pages import Spares
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import cluster as C
 from test_fleet_speed import CASES, NO_CACHE, V1_OFF
@@ -46,6 +47,26 @@ def test_the_compiled_driver_gives_the_bits_of_each_replication_by_python(monkey
     assert sum(ran) >= 1   # (the driver ran replications: the first is `_one`'s)
 
 
+def test_the_driver_runs_a_listed_fleet_on_its_replicas_records(monkeypatch):
+    """A fleet listed replica by replica, all of one kind (`compiled_fleet`
+    takes it), under a scenario whose engine and latency differ: the
+    scenario's records draw the stream, the replicas' run it. (The driver
+    ran the scenario's engine until stop 66: prefix caching off there and
+    on in the replicas gave NaN hit rates from the second replication.)
+    Each replication as by Python, and as the same fleet of the replicas'
+    engine stated as the scenario's."""
+    e = dataclasses.replace(CASES["tight-sync"].engine, enable_prefix_caching=True, block_hash_caching=False)
+    lat = dataclasses.replace(CASES["tight-sync"].latency, base_s=CASES["tight-sync"].latency.base_s * 1.5)
+    sc = CASES["tight-sync"].replace(engine=dataclasses.replace(e, enable_prefix_caching=False),
+                                     fleet=fastsim.Fleet(replicas=[(e, lat)] * 3, router="jsq"),
+                                     **{"workload.prefix_groups": 4, "workload.prefix_len": fastsim.Fixed(64)})
+    driven, alone, ran = _runs(monkeypatch, sc, 6)
+    assert np.array_equal(driven, alone, equal_nan=True) and sum(ran) >= 4
+    stated = sc.replace(engine=e, latency=lat, fleet=fastsim.Fleet(replicas=3, router="jsq"))
+    assert np.array_equal(driven, F.run_fleet(stated, pack_scenario(stated), 5, 6, 0, 6), equal_nan=True)
+    assert (driven[:, K.COLUMNS.index("prefix_hit_rate")] > 0).all()
+
+
 def test_the_compiled_driver_on_two_threads(monkeypatch):
     sc = CASES["tight-sync"].replace(fleet=fastsim.Fleet(replicas=4, router="jsq"))
     driven, alone, ran = _runs(monkeypatch, sc, 16, threads=2)
@@ -68,9 +89,11 @@ def test_the_driver_hands_a_stream_of_another_size_to_python(monkeypatch):
 def test_the_driver_hands_a_full_compact_row_to_python(monkeypatch):
     """Compact rows some replications overfill (`cluster.ROW_FULL`): the
     driver stops before such a replication, `_one` runs it again on whole
-    rows, and the driver goes on with those."""
+    rows, and the driver goes on with those. (Fresh spares: an earlier
+    test's buffers of as many replicas, handed on, would be whole rows.)"""
     sc = CASES["tight-sync"].replace(fleet=fastsim.Fleet(replicas=3, router="round_robin"))
-    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: n // nrep + 2)
+    monkeypatch.setattr(C, "compact_capacity", lambda n, nrep, ipars: n // nrep + 3)
+    monkeypatch.setattr(F, "SPARES", Spares(max_bytes=2 ** 32, max_items=4))
     full = []
     real = C._simulate_fleet_rows
 
@@ -83,8 +106,10 @@ def test_the_driver_hands_a_full_compact_row_to_python(monkeypatch):
     assert np.array_equal(driven, alone, equal_nan=True)
     monkeypatch.setattr(C, "_simulate_fleet_rows", recorded)
     F.run_fleet(sc, pack_scenario(sc), 5, 6, 0, 8)
-    assert any(full)   # (some replication overfills a row of n / 3 + 2 seats)
-    assert len(ran) >= 2   # (the driver stopped, and went on after `_one`)
+    # (a replication after the first overfills a row of n / 3 + 3 seats: replication 0, by `_one`, would
+    # leave whole rows to the driver)
+    assert not full[0] and any(full)
+    assert len(ran) >= 2 and ran[0] > 0   # (the driver stopped, and went on after `_one`)
 
 
 def test_the_driver_stops_before_a_replication_its_buffers_do_not_fit():

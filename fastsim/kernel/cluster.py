@@ -1012,9 +1012,9 @@ def _balance(n, nrep, fb, window, balance):
 
 @njit_noalloc(entry=True)
 def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, lpar, ltab, lrange, trace,
-                     prio_val, prio_cdf, pred_edges, fleet, router, red_ipar, out, bal, state, arrival, prompt,
-                     output, prio, sjfk, pgrp, plen, fpars, lats, scan, fb, wm_i, wm_f, full, draw, simulate,
-                     reduce):
+                     prio_val, prio_cdf, pred_edges, fleet, router, kind, red_ipar, out, bal, state, arrival,
+                     prompt, output, prio, sjfk, pgrp, plen, fpars, lats, scan, fb, wm_i, wm_f, full, draw,
+                     simulate, reduce):
     """Replications ``rep0 .. rep0 + nrep - 1`` of a fleet of identical
     replicas without per-step noise, in compiled code, as the Python layer
     runs each (`_fleet._one`): its stream drawn, its records
@@ -1024,6 +1024,10 @@ def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
     three kernels called through function pointers (``draw``,
     ``simulate``, ``reduce``: `fleet_pointers`), as `drivers._run_chunk`
     calls the engine's (linked, the routing loop would be compiled again).
+    The scenario's records (``ipar``, ``fpar``, ``lat``, ...) draw the
+    stream; ``kind``, the replicas' (integer, float, latency) records,
+    run them (a listed fleet of one kind may differ from the scenario's
+    engine and latency: `_fleet.fleet_members`).
 
     ``fb``, ``wm_i``, ``wm_f``: the worker's buffers as a replication of
     ``fb.owner.size`` requests on rows of ``fb.rs_a.shape[1]`` seats left
@@ -1036,20 +1040,21 @@ def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
     n_rows = fb.owner.size
     m = fb.rs_a.shape[1]
     lag = fleet[FL_LATENCY]
+    k_ipar, k_fpar, k_lat = kind
     for j in range(nrep):
         rep = rep0 + j
         n = draw(rep, key0, key1, ipar, fpar, arr_times, lcomp, lpar, ltab, lrange, trace, prio_val, prio_cdf,
                  pred_edges, state, arrival, prompt, output, prio, sjfk, pgrp, plen)
         if n != n_rows:
             return j
-        _run_records(lat, fpar, key0, key1, rep, state, lats[0], fpars[0])
+        _run_records(k_lat, k_fpar, key0, key1, rep, state, lats[0], fpars[0])
         a, p, o, c, q, g, pl = arrival[:n], prompt[:n], output[:n], prio[:n], sjfk[:n], pgrp[:n], plen[:n]
-        _fleet_sizes(m, n, p, o, g, pl, ipar, scan)
+        _fleet_sizes(m, n, p, o, g, pl, k_ipar, scan)
         if scan[0] > fb.wi.shape[1] or scan[1] > fb.wf.shape[1] or scan[2] > wm_i.size or scan[3] > wm_f.size:
             return j
         for r in range(nf):   # (`cluster.fill_records`; loops: a slice's copy would allocate)
-            for k in range(ipar.size):
-                fb.rip[r, k] = ipar[k]
+            for k in range(k_ipar.size):
+                fb.rip[r, k] = k_ipar[k]
             for k in range(fpars.shape[1]):
                 fb.rfp[r, k] = fpars[0, k]
             for k in range(lats.shape[1]):
