@@ -144,6 +144,12 @@ class Disaggregated:
     def label(self) -> str:
         return f"{self.prefill.replicas}P{self.decode.replicas}D"
 
+    def pool_engines(self, engine) -> tuple:
+        """The prefill and the decode pool's EngineConfig (``engine``, the
+        scenario's, for a pool without a server of its own)."""
+        return tuple(srv[0] if srv is not None else engine for srv in
+                     (_server("prefill_server", self.prefill_server), _server("decode_server", self.decode_server)))
+
     def pool_scenarios(self, scenario) -> tuple:
         """The prefill and the decode pool as fleet scenarios of their own (the workload and SLOs the
         scenario's)."""
@@ -301,19 +307,20 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     return out
 
 
-def simulate_disagg_requests(scenario, pools, requests):
+def simulate_disagg_requests(scenario, pools, requests, k0=0, k1=0, rep=0):
     """Status codes (`kernel.layout.ST_*`), the client's first-token and the
-    decode side's finish times of each request of one given stream (columns
-    as `fastsim.sample_requests` gives them) served by the scenario's
-    disaggregated server (``pools``: its `pool_scenarios`, packed): what the
-    stability check counts. The routers' random streams are those of
-    replication 0 of seed keys 0."""
+    decode side's finish times, and the preemptions, of each request of one
+    given stream (columns as `fastsim.sample_requests` gives them) served by
+    the scenario's disaggregated server (``pools``: its `pool_scenarios`,
+    packed), as replication ``rep`` of the seed keys ``k0``, ``k1`` serves
+    it (run records and routers' streams, as `_one`): the per-class table's
+    and the stability check's requests."""
     dis = scenario.fleet
     stream = stream_columns(requests)
     pk_p, pk_d = pools
-    lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], 0, 0, 0)
-    lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], 0, 0, 0)
+    lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
+    lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)
     per = disagg.simulate_disagg_stream(
         *stream, (pk_p["ipar"], fpar_p, lat_p, pk_p["fleet"], pk_p["router"], dis.prefill.replicas),
-        (pk_d["ipar"], fpar_d, lat_d, pk_d["router"], dis.decode.replicas), _link_record(dis))[0]
-    return per["status"].astype(np.int64), per["first_token_s"], per["finish_s"]
+        (pk_d["ipar"], fpar_d, lat_d, pk_d["router"], dis.decode.replicas), _link_record(dis), k0, k1, rep)[0]
+    return per["status"].astype(np.int64), per["first_token_s"], per["finish_s"], per["num_preemptions"]

@@ -110,45 +110,79 @@ class Fleet:
         return not isinstance(self.replicas, int)
 
 
+def running_engines(scenario) -> list:
+    """The engines that serve a scenario's requests, as ``(name, EngineConfig)``
+    pairs named by the parameter that sets each: the scenario's ``engine``
+    (one replica, a fleet of identical replicas, an autoscaled fleet), each
+    listed replica's (``fleet.replicas``), or a disaggregated server's
+    pools' (``prefill_server``, ``decode_server``; the scenario's engine for
+    a pool without one). The scenario's engine draws the stream either way."""
+    fleet = scenario.fleet
+    if fleet is None:
+        return [("engine", scenario.engine)]
+    if _is(fleet, "Disaggregated"):
+        ep, ed = fleet.pool_engines(scenario.engine)
+        return [("prefill_server" if fleet.prefill_server is not None else "engine (the prefill pool's)", ep),
+                ("decode_server" if fleet.decode_server is not None else "engine (the decode pool's)", ed)]
+    if fleet.mixed:
+        return [("fleet.replicas", e) for e, _ in fleet.replicas]
+    return [("engine", scenario.engine)]
+
+
+def trace_hashing(scenario) -> bool:
+    """Whether a replayed trace's block identities key a prefix cache: a
+    trace that has them, no prefix groups, and an engine that serves the
+    requests caching by block hash (`running_engines`; the stream then
+    carries each request's parent, `kernel.workload._trace_parents`)."""
+    w = scenario.workload
+    tr = w.request_trace
+    if tr is None or tr.block_offsets is None or w.prefix_groups != 0:
+        return False
+    return any(e.enable_prefix_caching and e.block_hash_caching for _, e in running_engines(scenario))
+
+
 def check_trace_identities(scenario) -> None:
     """Refuse, with a ValueError naming the parameters, a replayed trace's
     block identities (its hash ids keying prefix caching by block hash,
-    `_pack.trace_hashing`) in a server whose replicas take requests in
-    another order than the stream's: a fleet of more than one replica (or
-    an autoscaler that may start a second) and a disaggregated server's
-    decode pool (its hand-offs come in first-token order), or its prefill
-    pool of more than one replica. The kernel names each request's parent,
+    `trace_hashing`) where the kernel cannot key them: in a server whose
+    replicas take requests in another order than the stream's (a fleet of
+    more than one replica, or an autoscaler that may start a second; a
+    disaggregated server's decode pool, whose hand-offs come in first-token
+    order, or its prefill pool of more than one replica), and in an engine
+    of another block size than the scenario's (whose engine draws the
+    parents at its block size). The kernel names each request's parent,
     the earlier request whose prefix it shares, by its index in the
     stream (`kernel.workload._trace_parents`, followed by
     `kernel.block_pool._block_id`), and a replica's own stream holds its
     requests at other indices (a replica then read another request's
     entries: the run hung or crashed). One replica serves the stream in
     its order."""
-    from ._pack import trace_hashing
-
     if not trace_hashing(scenario):
-        return   # (the stream carries parents only where the scenario's engine hashes: `_pack.pack_scenario`)
+        return
     fleet = scenario.fleet
-    if _is(fleet, "Disaggregated"):
-        from ._disagg import _server
-
-        # (the pools' engines read directly: `pool_scenarios` builds nested Scenarios, whose own check would
-        # fire first and blame ``engine``)
-        srv_p, srv_d = _server("prefill_server", fleet.prefill_server), _server("decode_server", fleet.decode_server)
-        pools = [("prefill_server", (srv_p or (scenario.engine,))[0], fleet.prefill.n_replicas > 1),
-                 ("decode_server", (srv_d or (scenario.engine,))[0], True)]
+    engines = running_engines(scenario)
+    if fleet is None:
+        spread = [False]
+    elif _is(fleet, "Disaggregated"):
+        spread = [fleet.prefill.n_replicas > 1, True]
     else:
         many = fleet.n_replicas > 1 or (fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1)
-        engines = [e for e, _ in fleet.replicas] if fleet.mixed else [scenario.engine]
-        pools = [("engine" if not fleet.mixed else "fleet.replicas", e, many) for e in engines]
-    for name, e, spread in pools:
-        if spread and e.enable_prefix_caching and e.block_hash_caching:
+        spread = [many] * len(engines)
+    bs = scenario.engine.block_size
+    for (name, e), spreads in zip(engines, spread):
+        if not (e.enable_prefix_caching and e.block_hash_caching):
+            continue
+        if spreads:
             raise ValueError(
                 f"{name}: prefix caching by block hash (enable_prefix_caching=True, block_hash_caching=True) "
                 f"cannot yet be keyed by a replayed trace's block hashes (workload.request_trace with hash ids) "
                 f"when the requests are spread over replicas (a fleet of more than one replica, an autoscaler, "
                 f"a disaggregated server's decode pool); use one replica, block_hash_caching=False, or a trace "
                 f"without hash ids")
+        if e.block_size != bs:
+            raise ValueError(f"{name}: block_size must be the scenario engine's ({bs}: it draws the trace's "
+                             f"block parents) where a replayed trace's block hashes key prefix caching by block "
+                             f"hash, got block_size={e.block_size}")
 
 
 def check_closed_loop(scenario) -> None:
@@ -561,19 +595,31 @@ def stream_columns(requests):
             col("prefix_len", np.zeros(a.size, np.int64)))
 
 
-def simulate_fleet_requests(scenario, packed, requests):
-    """Status codes (`kernel.layout.ST_*`), first-token and finish times of
-    each request of one given stream (columns as `fastsim.sample_requests`
-    gives them) served by the scenario's fleet (``packed``: its
-    `_pack.pack_scenario`): what the stability check counts. The
-    router's random stream is that of replication 0 of seed keys 0."""
+def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
+    """Status codes (`kernel.layout.ST_*`), first-token and finish times and
+    preemptions of each request of one given stream (columns as
+    `fastsim.sample_requests` gives them) served by the scenario's fleet
+    (``packed``: its `_pack.pack_scenario`), as replication ``rep`` of the
+    seed keys ``k0``, ``k1`` serves it (its run records, replica noise keys
+    and router stream, as `_one`): the per-class table's and the stability
+    check's requests. Not for an autoscaled fleet (its replicas come and
+    go: `run_autoscaled`)."""
     stream = stream_columns(requests)
+    if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in requests:
+        # a replayed trace's block identities (one replica: `check_trace_identities`), as `_draw_workload`'s
+        from ._traces import stream_parents
+
+        w = scenario.workload
+        grp, plen = stream_parents(list(requests["block_hashes"]), stream[1], w.request_trace.block_size,
+                                   scenario.engine.block_size)
+        stream = stream[:5] + (np.asarray(grp, np.int64), np.asarray(plen, np.int64))
     rows, kinds = fleet_members(scenario, packed)
     nrep = rows.shape[0]
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
     for _, fpar0, lat0, rs in kinds:
-        lats[rs], fpars[rs] = K.run_records(lat0, fpar0, 0, 0, 0)
-    set_replica_noise_keys(lats)
-    st, first, finish = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"], packed["router"],
-                                                      nrep)[:3]
-    return np.asarray(st), first, finish
+        lats[rs], fpars[rs] = K.run_records(lat0, fpar0, k0, k1, rep)
+    if any(lat0[K.L_NOISE] != 0.0 for _, _, lat0, _ in kinds):
+        set_replica_noise_keys(lats)
+    st, first, finish, npre = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"],
+                                                            packed["router"], nrep, k0, k1, rep)[:4]
+    return np.asarray(st), first, finish, npre

@@ -727,20 +727,51 @@ def fleet_address_space(scenario):
     return _fleet_replicas(scenario.fleet) * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
 
 
+def engine_variants(scenario):
+    """The scenario once for each distinct engine that serves its requests
+    (`_fleet.running_engines`: a listed fleet's replicas, a disaggregated
+    server's pools), that engine as its ``engine`` (a shallow copy: the
+    scenario was validated): the checks below size every replica as each in
+    turn and keep the largest, a bound for a mixed fleet. (They read
+    ``scenario.engine``; a listed fleet's was sized alone, its replicas'
+    ignored, in stop 66's review.)"""
+    import copy
+
+    from ._fleet import running_engines
+    engines = []
+    for _, e in running_engines(scenario):
+        if e not in engines:
+            engines.append(e)
+    if engines == [scenario.engine]:
+        return [scenario]
+    out = []
+    for e in engines:
+        v = copy.copy(scenario)
+        object.__setattr__(v, "engine", e)
+        out.append(v)
+    return out
+
+
+def _largest(estimates):
+    return max(estimates, key=lambda parts: sum(b for b, _, _ in parts))
+
+
 def check_fleet_memory(scenario, n_replications, threads, what="replicate"):
     """`check_int64`; then refuse a fleet whose replicas' rows cannot be
     reserved (`fleet_address_space` beyond this machine's memory and swap,
     where NumPy would raise MemoryError), or whose `estimate` exceeds the
     memory available (`check_memory`)."""
-    check_int64(scenario)
-    space, limit = fleet_address_space(scenario), reservable_memory()
+    variants = engine_variants(scenario)
+    for v in variants:
+        check_int64(v)
+    space, limit = max(fleet_address_space(v) for v in variants), reservable_memory()
     if limit is not None and space > limit:
         f = scenario.fleet
         raise ValueError(f"{what}: a fleet of {_fleet_replicas(f)} replicas over {scenario.workload.num_requests} "
                          f"requests reserves an array of about {format_bytes(space)} (each replica a "
                          f"workspace laid out for the whole stream), more than this machine's memory and swap "
                          f"({format_bytes(limit)}); reduce replicas or num_requests")
-    return check_memory(estimate(scenario, n_replications, threads), what)
+    return check_memory(_largest([estimate(v, n_replications, threads) for v in variants]), what)
 
 
 def check_memory(parts, what="this run"):
@@ -764,8 +795,10 @@ def check_run_memory(scenario, n_replications=0, threads=1, what="this run"):
     replications: `check_fleet_memory`); the estimate in bytes."""
     if scenario.fleet is not None and n_replications:
         return check_fleet_memory(scenario, n_replications, threads, what)
-    check_int64(scenario)
-    return check_memory(estimate(scenario, n_replications, threads), what)
+    variants = engine_variants(scenario)
+    for v in variants:
+        check_int64(v)
+    return check_memory(_largest([estimate(v, n_replications, threads) for v in variants]), what)
 
 
 def check_stream_memory(n, prompt, output, pgrp, plen, ipar):

@@ -14,11 +14,11 @@ from ._distributions import KIND_EMPIRICAL
 
 def trace_hashing(scenario: Scenario) -> bool:
     """Whether a replayed trace's block identities key the prefix cache:
-    caching by block hash, a trace that has them, no prefix groups."""
-    e, w = scenario.engine, scenario.workload
-    tr = w.request_trace
-    return (e.enable_prefix_caching and e.block_hash_caching and tr is not None and tr.block_offsets is not None
-            and w.prefix_groups == 0)
+    caching by block hash in an engine that serves the requests, a trace
+    that has them, no prefix groups (`_fleet.trace_hashing`)."""
+    from ._fleet import trace_hashing as hashing
+
+    return hashing(scenario)
 
 
 def pack_scenario(scenario: Scenario) -> dict:

@@ -283,6 +283,11 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
 
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    if scenario.fleet is not None:
+        # (it ran the stream on one replica of the scenario's engine, the fleet ignored)
+        raise ValueError(f"scenario.fleet must be None for simulate_requests (one replica's per-request "
+                         f"results), got {scenario.fleet!r}; replicate runs fleets and disaggregated servers "
+                         f"(per-class results: Workload(classes=...))")
     if hasattr(requests, "to_pandas") and not isinstance(requests, pd.DataFrame):
         requests = requests.to_pandas()        # polars, pyarrow
     if scenario.workload.sessions is not None:
@@ -519,6 +524,13 @@ class ReplicateResult:
         ``per_replication`` then holds only the replications that finished
         (its index is their replication number), and :meth:`save` adds a
         ``partial`` column.
+    per_class : pandas.DataFrame or None
+        With ``workload.classes``: a row per (class, replication), its
+        metrics over that class's requests, each replication's stream served
+        again as the replication served it (its seed's noise; the
+        scenario's server: one replica, a fleet or a disaggregated server;
+        an autoscaled fleet refuses classes). Pooled over the classes, the
+        rows give the replication's own counts and means.
     """
 
     scenario: Scenario
@@ -542,21 +554,13 @@ class ReplicateResult:
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
 
-            simulate = simulate_requests
-            if self.scenario.fleet is not None:   # (the fleet serves the stream, not one replica)
-                from ._disagg import simulate_disagg_requests
-                from ._fleet import simulate_fleet_requests
-
-                def simulate(sc, req, backend="numba"):
-                    if _is_disagg(sc):
-                        pools = tuple(pack_scenario(s) for s in sc.fleet.pool_scenarios(sc))
-                        st, first, finish = simulate_disagg_requests(sc, pools, req)
-                    else:
-                        st, first, finish = simulate_fleet_requests(sc, pack_scenario(sc), req)
-                    return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})
-            self._stability = check_stability(self.scenario, self.seed,
-                                              self.per_replication.index[:CHECK_REPLICATIONS], sample_requests,
-                                              simulate, self.backend)
+            # (a fleet serves the stream, not one replica)
+            simulate = simulate_requests if self.scenario.fleet is None else _served_frame
+            reps = self.per_replication.index[:CHECK_REPLICATIONS]
+            if _is_autoscaled(self.scenario):
+                reps = reps[:0]   # (an autoscaled fleet's replicas come and go: not checked, `replications` 0)
+            self._stability = check_stability(self.scenario, self.seed, reps, sample_requests, simulate,
+                                              self.backend)
             if self._stability.overloaded:
                 import warnings
 
@@ -770,7 +774,10 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
                                   "jitter_sd or stall_prob) are not implemented yet (the per-run effects are: "
                                   "a replication's replicas share them); set jitter_sd=0 and stall_prob=0")
     if backend in ("numba", "cuda"):
-        check_kernel_supports(scenario.engine)
+        from ._fleet import running_engines
+
+        for _, engine in running_engines(scenario):   # (a listed fleet's replicas, a disaggregated server's pools)
+            check_kernel_supports(engine)
     if _is_disagg(scenario):
         from ._disagg import check_disagg_scenario
 
@@ -953,6 +960,34 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     return result
 
 
+def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replication: int):
+    """(status codes `kernel.layout.ST_*`, first-token times, finish times,
+    preemptions) of each request of ``requests`` (`sample_requests`'s
+    frame) served by the scenario's fleet or disaggregated server as
+    replication ``replication`` of ``replicate(scenario, seed=seed)``
+    serves it."""
+    k0, k1, _ = _seed_keys(seed)
+    if _is_disagg(scenario):
+        from ._disagg import simulate_disagg_requests
+
+        pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
+        return simulate_disagg_requests(scenario, pools, requests, k0, k1, replication)
+    from ._fleet import simulate_fleet_requests
+
+    return simulate_fleet_requests(scenario, pack_scenario(scenario), requests, k0, k1, replication)
+
+
+def _served_frame(scenario, requests, backend="numba", seed=None, replication=0) -> pd.DataFrame:
+    """`served_requests` as the stability check reads `simulate_requests`' frame."""
+    st, _, finish, _ = served_requests(scenario, requests, seed, replication)
+    return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})
+
+
+def _is_autoscaled(scenario: Scenario) -> bool:
+    return (scenario.fleet is not None and not _is_disagg(scenario)
+            and getattr(scenario.fleet, "autoscaler", None) is not None)
+
+
 def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend: str) -> pd.DataFrame:
     """Per-class rows of every replication in ``per_replication`` (its index):
     each replication's stream drawn again (`sample_requests`), simulated
@@ -966,13 +1001,19 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
     for rep in per_replication.index:
         req = sample_requests(scenario, seed=seed, replication=int(rep))
         labels = w.classes.label(req, w.request_trace)
-        res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba")
-        status = np.asarray(res["status"].cat.codes, dtype=np.int64)   # 0 completed ... (`_STATUS_NAMES`)
-        # (the run's arrival times: a closed loop's are when each request was sent)
-        got = class_rows(labels, w.classes.order(labels), res["arrival_s"].to_numpy(), req["output_len"].to_numpy(),
-                         status,
-                         res["first_token_s"].to_numpy(), res["finish_s"].to_numpy(),
-                         res["num_preemptions"].to_numpy(), w.warmup_requests,
+        if scenario.fleet is None:
+            # (the replication's own noise: the seed and index `replicate` ran it with)
+            res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba",
+                                    seed=seed, replication=int(rep))
+            status = np.asarray(res["status"].cat.codes, dtype=np.int64)   # 0 completed ... (`_STATUS_NAMES`)
+            # (the run's arrival times: a closed loop's are when each request was sent)
+            arrival, first, finish, npre = (res[c].to_numpy() for c in ("arrival_s", "first_token_s", "finish_s",
+                                                                         "num_preemptions"))
+        else:   # (the fleet serves the stream, as that replication)
+            st, first, finish, npre = served_requests(scenario, req, seed, int(rep))
+            status, arrival = np.asarray(st, np.int64) - K.ST_COMPLETED, req["arrival_s"].to_numpy()
+        got = class_rows(labels, w.classes.order(labels), arrival, req["output_len"].to_numpy(), status,
+                         first, finish, npre, w.warmup_requests,
                          float(per_replication.at[rep, "window_s"]), scenario.latency.ttft_overhead_s,
                          scenario.ttft_slo_s, scenario.tpot_slo_s)
         for r in got:

@@ -71,7 +71,8 @@ def check_stability(scenario, seed, replications, sample_requests, simulate_requ
         a = req["arrival_s"].to_numpy()[w.warmup_requests:]
         if a.size < 4:
             continue
-        res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba")
+        res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba",
+                                seed=seed, replication=int(rep))   # (the replication's own noise)
         fin = res["finish_s"].to_numpy()[w.warmup_requests:]
         ok = (res["status"] == "completed").to_numpy()[w.warmup_requests:]
         t2 = w.horizon_s if w.horizon_s is not None else a[-1]

@@ -3,6 +3,8 @@ computation from `simulate_requests` (the reference simulator, which shares
 no code with the kernel) on the same streams; a priority per length band;
 SJF keyed on prompt or total length, kernel = reference bit for bit."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,3 +126,64 @@ def test_summary_by_class_needs_classes():
         res.summary(by="user")
     with pytest.raises(ValueError, match="sjf_key requires policy='sjf'"):
         EngineConfig(sjf_key="prompt")
+
+
+def _pooled(per_class, per_replication):
+    """Each replication's per-class rows pooled (counts summed, means weighted
+    by completions) beside its own row: the same requests, the same run."""
+    out = []
+    for rep, part in per_class.groupby("replication"):
+        n = part["n_completed"].to_numpy()
+        row = per_replication.loc[rep]
+        out.append([(part["n_arrived"].sum(), row["n_arrived"]), (n.sum(), row["n_completed"]),
+                    (np.nansum(part["ttft_mean"].to_numpy() * n) / n.sum(), row["ttft_mean"]),
+                    (np.nansum(part["e2e_mean"].to_numpy() * n) / n.sum(), row["e2e_mean"])])
+    return np.array(out, dtype=float)
+
+
+SERVERS = {
+    "noisy replica": dict(latency=dataclasses.replace(fastsim.LatencyModel.default(), 
+        noise=fastsim.StepNoise(speed_sd=0.3, jitter_sd=0.1))),
+    "fleet": dict(fleet=fastsim.Fleet(4, router="jsq", routing_latency_s=0.01),
+                  latency=dataclasses.replace(fastsim.LatencyModel.default(), noise=fastsim.StepNoise(speed_sd=0.3))),
+    "mixed fleet": dict(fleet=fastsim.Fleet(replicas=[
+        (EngineConfig(max_num_seqs=8, num_gpu_blocks=400), fastsim.LatencyModel.default()),
+        (EngineConfig(max_num_seqs=4, num_gpu_blocks=200), fastsim.LatencyModel.default())], router="round_robin")),
+    "fleet with a horizon": dict(fleet=fastsim.Fleet(3, router="power_of_two"), horizon_s=10.0),
+    "disaggregated": dict(fleet=fastsim.Disaggregated(prefill=1, decode=2, kv_bytes_per_token=1e5)),
+}
+
+
+@pytest.mark.parametrize("server", list(SERVERS))
+def test_per_class_rows_are_the_replications_own_run(server):
+    """The per-class table re-simulates each replication's stream: as that
+    replication (its seed's noise, not seed 0's), on the scenario's server
+    (a fleet's, not one replica of its engine). Found in stop 66: a fleet's
+    per-class TTFT was one replica's under the whole fleet's load (21 s
+    against 0.12 s), and a noisy model's per-class rows took seed 0's noise.
+    Pooled over the classes they give the replication's own row."""
+    kw = dict(SERVERS[server])
+    horizon = kw.pop("horizon_s", None)
+    w = Workload(arrival_rate=12.0 if "fleet" in kw else 4.0, num_requests=200, prompt_len=Exponential(300),
+                 output_len=Exponential(60), horizon_s=horizon, classes=RequestClasses("prompt_len", EDGES))
+    sc = Scenario(engine=EngineConfig(max_num_seqs=8, num_gpu_blocks=400), workload=w, **kw)
+    res = fastsim.replicate(sc, n_replications=3, seed=7, n_threads=1)
+    got = _pooled(res.per_class, res.per_replication)
+    assert got.shape == (3, 4, 2)
+    np.testing.assert_array_equal(got[:, :2, 0], got[:, :2, 1])
+    np.testing.assert_allclose(got[:, 2:, 0], got[:, 2:, 1], rtol=1e-12)
+    if horizon is not None:
+        assert (res.per_replication["n_arrived"] < 200).all()   # (the horizon cuts the stream)
+
+
+def test_classes_and_simulate_requests_refuse_what_they_do_not_model():
+    """An autoscaled fleet keeps no request's outcome (refused with classes);
+    `simulate_requests` runs one replica and refuses a fleet (it ran the
+    stream on one replica of the scenario's engine)."""
+    w = Workload(arrival_rate=4.0, num_requests=50, classes=RequestClasses("prompt_len", EDGES))
+    auto = Scenario(workload=w, fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
+    with pytest.raises(ValueError, match="workload.classes must be None with an autoscaler"):
+        fastsim.replicate(auto, n_replications=2, seed=0)
+    fleet = Scenario(workload=w, fleet=fastsim.Fleet(2))
+    with pytest.raises(ValueError, match=r"scenario.fleet must be None for simulate_requests .*got Fleet\("):
+        fastsim.simulate_requests(fleet, fastsim.sample_requests(fleet, seed=0))

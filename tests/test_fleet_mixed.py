@@ -157,3 +157,40 @@ def test_a_mixed_fleet_on_compact_rows_is_on_whole_rows(router):
         for m in (n // nrep + 12, n // 2, 3):
             for x, y in zip(C.simulate_fleet_stream(*args, capacity=m), whole):
                 assert np.array_equal(x, y, equal_nan=True), (rep, m)
+
+
+def test_the_checks_read_the_engines_that_serve_the_requests():
+    """The numba backend's support check and the memory guard read the
+    engines that serve the requests (`_fleet.running_engines`: a listed
+    fleet's replicas, a disaggregated server's pools), not the scenario's
+    engine alone (stop 66's review: a listed replica with async scheduling
+    and the prefix-group cache ran, and wrongly; a listed fleet of replicas
+    with 60 M blocks passed the guard, and failed with a MemoryError)."""
+    bad = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200, async_scheduling=True,
+                               enable_prefix_caching=True, block_hash_caching=False)
+    ok = dataclasses.replace(bad, enable_prefix_caching=False)
+    w = fastsim.Workload(arrival_rate=30.0, num_requests=40, prefix_groups=4, prefix_len=64)
+    for sc in (fastsim.Scenario(engine=ok, latency=LAT, workload=w, fleet=fastsim.Fleet(replicas=[(bad, LAT)] * 2)),
+               fastsim.Scenario(engine=ok, latency=LAT, workload=w,
+                                fleet=fastsim.Disaggregated(prefill_server=(bad, LAT), kv_bytes_per_token=1e5))):
+        with pytest.raises(NotImplementedError, match="async_scheduling=True with the synthetic prefix-group cache"):
+            fastsim.replicate(sc, n_replications=2, seed=0)
+    # (the scenario's engine, serving no request here, is not refused)
+    unused = fastsim.Scenario(engine=bad, latency=LAT, workload=w, fleet=fastsim.Disaggregated(
+        prefill_server=(ok, LAT), decode_server=(ok, LAT), kv_bytes_per_token=1e5))
+    assert fastsim.replicate(unused, n_replications=2, seed=0).per_replication["n_completed"].sum() == 80
+    from fastsim import _memory
+    big = fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=60_000_000, enable_prefix_caching=True,
+                               block_hash_caching=True)
+    small = fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=2000)
+    w = fastsim.Workload(arrival_rate=10.0, num_requests=20000, prompt_len=fastsim.Uniform(20, 300),
+                         output_len=fastsim.Uniform(1, 4000))
+    listed_big = fastsim.Scenario(engine=small, latency=LAT, workload=w, fleet=fastsim.Fleet(replicas=[(big, LAT)] * 4))
+    stated_big = listed_big.replace(engine=big, fleet=fastsim.Fleet(4))
+    listed_small = stated_big.replace(fleet=fastsim.Fleet(replicas=[(small, LAT)] * 4))
+    stated_small = listed_small.replace(engine=small, fleet=fastsim.Fleet(4))
+    for sc in (listed_big, stated_big):
+        with pytest.raises(ValueError, match="replicate: a fleet of 4 replicas over 20000 requests"):
+            _memory.check_run_memory(sc, 10, 1, "replicate")
+    assert _memory.check_run_memory(listed_small, 10, 1, "replicate") == \
+        _memory.check_run_memory(stated_small, 10, 1, "replicate")
