@@ -549,7 +549,9 @@ class ReplicateResult:
     def stability(self):
         """`fastsim._stability.StabilityCheck`: is the offered load more than the
         engine serves? Computed on first use (it simulates up to five of the
-        replications' streams again, so `replicate` itself costs nothing more);
+        replications' streams again, so `replicate` itself costs nothing more,
+        each as its replication ran: one replica, a fleet or a disaggregated
+        server; an autoscaled fleet is not checked: ``replications`` 0);
         warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
