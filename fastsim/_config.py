@@ -945,10 +945,11 @@ class Scenario:
             if not isinstance(self.fleet, (Fleet, Disaggregated)):
                 raise ValueError(f"fleet must be None or a fastsim.Fleet (or a fastsim.Disaggregated), got "
                                  f"{self.fleet!r}")
-            from ._fleet import check_closed_loop, check_trace_identities
+            from ._fleet import check_closed_loop, check_sjf_keys, check_trace_identities
 
             check_trace_identities(self)
             check_closed_loop(self)
+            check_sjf_keys(self)
         object.__setattr__(self, "ttft_slo_s", check_float("ttft_slo_s", self.ttft_slo_s, low=0,
                                                            low_open=True, optional=True))
         object.__setattr__(self, "tpot_slo_s", check_float("tpot_slo_s", self.tpot_slo_s, low=0,

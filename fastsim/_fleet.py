@@ -185,6 +185,21 @@ def check_trace_identities(scenario) -> None:
                              f"hash, got block_size={e.block_size}")
 
 
+def check_sjf_keys(scenario) -> None:
+    """Refuse, with a ValueError naming the parameters, a serving engine
+    that schedules shortest job first (``policy="sjf"``) on other keys than
+    the scenario's engine: that engine draws each request's SJF key once
+    for the whole stream (``sjf_key``, ``length_predictor``:
+    `kernel.workload._draw_workload`), and a listed replica or a pool's
+    server would have sorted on keys it does not name."""
+    e0 = scenario.engine
+    for name, e in running_engines(scenario):
+        if e.policy == "sjf" and (e.sjf_key, e.length_predictor) != (e0.sjf_key, e0.length_predictor):
+            raise ValueError(f"{name}: sjf_key and length_predictor must be the scenario engine's "
+                             f"({e0.sjf_key!r}, {e0.length_predictor!r}: it draws each request's SJF key once "
+                             f"for the stream) with policy='sjf', got ({e.sjf_key!r}, {e.length_predictor!r})")
+
+
 def check_closed_loop(scenario) -> None:
     """Refuse, with a ValueError naming the parameter, a closed loop
     (``workload.max_concurrency``) in a fleet. A fleet hands each request
