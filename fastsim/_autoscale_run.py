@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import kernel as K
-from ._autoscale import _one_run, _violation_minutes, _Worker, check_autoscaled
+from ._autoscale import _one_run, _violation_minutes, _Worker
 from ._replicate import _seed_keys, pack_scenario
 from ._validation import check_int
 from .kernel import autoscale as A
@@ -94,7 +94,9 @@ def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleR
     if scenario.fleet is None or scenario.fleet.autoscaler is None:
         raise ValueError("scenario must have a fleet with an autoscaler (Fleet(autoscaler=Autoscaler(...))), "
                          f"got fleet={scenario.fleet!r}")
-    check_autoscaled(scenario)
+    from ._replicate import check_runnable
+
+    check_runnable(scenario, "numba")   # (`check_autoscaled`, per-step noise, the engine's options: as `replicate`)
     replication = check_int("replication", replication, low=0)
     scaler = scenario.fleet.autoscaler
     packed = pack_scenario(scenario)

@@ -39,7 +39,7 @@ import pandas as pd
 
 from . import kernel as K
 from ._config import Scenario
-from ._replicate import METRIC_DESCRIPTIONS, _run, _seed_keys, pack_scenario
+from ._replicate import METRIC_DESCRIPTIONS, _check_replicate_memory, _run, _seed_keys, check_runnable, pack_scenario
 from ._stats import t_quantile
 from ._validation import check_float, check_int
 
@@ -199,6 +199,9 @@ class _Prober:
         if rate in self.cache:
             return self.cache[rate]
         sc = self.scenario.replace(**{"workload.arrival_rate": rate})
+        # (what `replicate` refuses, refused here too: every probe runs `_run` directly)
+        check_runnable(sc, "numba")
+        _check_replicate_memory(sc, self.nmax, "numba", 1)
         packed = pack_scenario(sc)
         blocks, done, n = [], 0, self.n0
         while True:

@@ -126,10 +126,13 @@ def as_classes(value):
 
 
 def class_rows(labels, order, arrival, output, status, first, finish, npre, warmup, window, overhead,
-               ttft_slo, tpot_slo):
+               ttft_slo, tpot_slo, tpot_first=None):
     """Per-class metric rows of one replication (dicts in ``order``): the
     kernel's definitions (`kernel.metrics._reduce`) on the class's measured
-    requests; throughputs over the run's ``window`` (s)."""
+    requests; throughputs over the run's ``window`` (s). ``tpot_first``:
+    where each request's TPOT starts, if not at ``first`` (a disaggregated
+    server's decode side, `kernel.disagg._reduce_disagg`)."""
+    tfirst = first if tpot_first is None else tpot_first
     n = arrival.size
     meas = np.arange(n) >= warmup
     rows = []
@@ -141,7 +144,7 @@ def class_rows(labels, order, arrival, output, status, first, finish, npre, warm
         e2e = finish[done] - arrival[done] + overhead
         o = output[done]
         multi = o > 1
-        tpot = (finish[done][multi] - first[done][multi]) / (o[multi] - 1)
+        tpot = (finish[done][multi] - tfirst[done][multi]) / (o[multi] - 1)
         good = np.ones(ttft.size, bool)
         if ttft_slo is not None:
             good &= ttft <= ttft_slo

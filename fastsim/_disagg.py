@@ -136,10 +136,11 @@ class Disaggregated:
                 return float(dep.spec.kv_bytes_per_token(1, kb))
         return 0.0   # (an instant link: the bytes do not matter)
 
-    def gpus(self) -> int:
-        """GPUs of both pools (replicas times each server's tensor-parallel size)."""
-        return (self.prefill.replicas * _tp(self.prefill_server)
-                + self.decode.replicas * _tp(self.decode_server))
+    def gpus(self, latency=None) -> int:
+        """GPUs of both pools (replicas times each server's tensor-parallel
+        size; ``latency``: the scenario's, for a pool without a server)."""
+        return (self.prefill.replicas * _tp(self.prefill_server, latency)
+                + self.decode.replicas * _tp(self.decode_server, latency))
 
     def label(self) -> str:
         return f"{self.prefill.replicas}P{self.decode.replicas}D"
@@ -161,9 +162,15 @@ class Disaggregated:
         return tuple(out)
 
 
-def _tp(server) -> int:
+def _tp(server, latency=None) -> int:
+    """GPUs a replica of a pool's ``server`` takes (its tensor-parallel size):
+    a `Deployment`'s, else its latency model's roofline's (``latency``,
+    the scenario's, for a pool without a server), else 1."""
     srv = _server("server", server)
-    return int(srv[2].tensor_parallel_size) if srv is not None and srv[2] is not None else 1
+    if srv is not None and srv[2] is not None:
+        return int(srv[2].tensor_parallel_size)
+    roof = getattr(srv[1] if srv is not None else latency, "roofline", None)
+    return int(getattr(roof, "tensor_parallel_size", 1) or 1)
 
 
 def check_disagg_scenario(scenario) -> None:
@@ -314,7 +321,8 @@ def simulate_disagg_requests(scenario, pools, requests, k0=0, k1=0, rep=0):
     the scenario's disaggregated server (``pools``: its `pool_scenarios`,
     packed), as replication ``rep`` of the seed keys ``k0``, ``k1`` serves
     it (run records and routers' streams, as `_one`): the per-class table's
-    and the stability check's requests."""
+    and the stability check's requests; then the run's TTFT overhead and
+    each request's first token on the decode side (TPOT's start)."""
     dis = scenario.fleet
     stream = stream_columns(requests)
     pk_p, pk_d = pools
@@ -323,4 +331,6 @@ def simulate_disagg_requests(scenario, pools, requests, k0=0, k1=0, rep=0):
     per = disagg.simulate_disagg_stream(
         *stream, (pk_p["ipar"], fpar_p, lat_p, pk_p["fleet"], pk_p["router"], dis.prefill.replicas),
         (pk_d["ipar"], fpar_d, lat_d, pk_d["router"], dis.decode.replicas), _link_record(dis), k0, k1, rep)[0]
-    return per["status"].astype(np.int64), per["first_token_s"], per["finish_s"], per["num_preemptions"]
+    # (the client's TTFT overhead: the decode pool's run record, as the reduction's, `disagg._reduce_disagg`)
+    return (per["status"].astype(np.int64), per["first_token_s"], per["finish_s"], per["num_preemptions"],
+            float(fpar_d[K.F_TTFT_OVERHEAD]), per["decode_first_token_s"])

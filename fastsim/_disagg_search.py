@@ -126,13 +126,18 @@ def disaggregation_search(scenario: Scenario, gpus: int, slo: dict, *, confidenc
     elif not isinstance(template, Disaggregated):
         raise ValueError(f"scenario.fleet must be None or a fastsim.Disaggregated (the template), got {template!r}")
     t0 = time.perf_counter()
-    configs = {"co-located": dataclasses.replace(scenario, fleet=Fleet(replicas=gpus, router=router))}
-    shape = {"co-located": (0, 0, gpus)}
-    for p, d in _splits(gpus, _tp(template.prefill_server), _tp(template.decode_server)):
+    # (a replica takes its server's tensor-parallel size in GPUs: the scenario's own server too)
+    tp = _tp(None, scenario.latency)
+    if gpus < tp:
+        raise ValueError(f"gpus must be at least the scenario's tensor-parallel size ({tp}), got {gpus!r}")
+    configs = {"co-located": dataclasses.replace(scenario, fleet=Fleet(replicas=gpus // tp, router=router))}
+    shape = {"co-located": (0, 0, (gpus // tp) * tp)}
+    for p, d in _splits(gpus, _tp(template.prefill_server, scenario.latency),
+                        _tp(template.decode_server, scenario.latency)):
         dis = dataclasses.replace(template, prefill=dataclasses.replace(template.prefill, replicas=p),
                                   decode=dataclasses.replace(template.decode, replicas=d))
         configs[dis.label()] = dataclasses.replace(scenario, fleet=dis)
-        shape[dis.label()] = (p, d, dis.gpus())
+        shape[dis.label()] = (p, d, dis.gpus(scenario.latency))
     if len(configs) == 1:
         raise ValueError(f"gpus must leave room for one prefill and one decode replica, got {gpus!r}")
     results = {k: replicate(sc, n_replications, seed=seed, confidence_level=confidence, n_threads=n_threads,
@@ -141,7 +146,7 @@ def disaggregation_search(scenario: Scenario, gpus: int, slo: dict, *, confidenc
     rows = []
     for k, res in results.items():
         p, d, g = shape[k]
-        row = {"config": k, "prefill": p, "decode": d, "replicas": g if k == "co-located" else 0, "gpus": g}
+        row = {"config": k, "prefill": p, "decode": d, "replicas": g // tp if k == "co-located" else 0, "gpus": g}
         ok, room = True, 0.0
         for m, limit in slo.items():
             x = res.per_replication[m].to_numpy()

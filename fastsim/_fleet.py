@@ -208,8 +208,8 @@ def check_closed_loop(scenario) -> None:
     back to the router: such a run handed every request at once, measured
     the wrong latencies (a fleet of one replica: mean TTFT 13.6 s where the
     engine alone gives 0.058 s) and could hang (found in stops 65-66 of
-    `benchmarks/HISTORY.md`). Sessions, autoscalers and disaggregated
-    servers refuse closed loops too."""
+    `benchmarks/HISTORY.md`). Autoscalers and disaggregated servers refuse
+    closed loops too (and sessions refuse fleets)."""
     if scenario.workload.max_concurrency is None or _is(scenario.fleet, "Disaggregated"):
         return   # (a disaggregated server refuses it in its own words)
     raise ValueError(f"workload.max_concurrency must be None in a fleet (a closed loop across replicas is not "
@@ -612,7 +612,7 @@ def stream_columns(requests):
 
 def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     """Status codes (`kernel.layout.ST_*`), first-token and finish times and
-    preemptions of each request of one given stream (columns as
+    preemptions of each request, and the run's TTFT overhead, of one given stream (columns as
     `fastsim.sample_requests` gives them) served by the scenario's fleet
     (``packed``: its `_pack.pack_scenario`), as replication ``rep`` of the
     seed keys ``k0``, ``k1`` serves it (its run records, replica noise keys
@@ -637,4 +637,5 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
         set_replica_noise_keys(lats)
     st, first, finish, npre = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"],
                                                             packed["router"], nrep, k0, k1, rep)[:4]
-    return np.asarray(st), first, finish, npre
+    # (the client's TTFT overhead: replica 0's run record, as the reduction's, `_reduce_fleet`)
+    return np.asarray(st), first, finish, npre, float(fpars[0][K.F_TTFT_OVERHEAD])

@@ -85,6 +85,13 @@ def _fleet_capacity_iv(scenario, max_replicas):
                          f"mixed fleet of {scenario.fleet.n_replicas} listed replicas (which kind to add is not "
                          f"defined): give Fleet(replicas=N) with the scenario's engine and latency, or call "
                          f"fastsim.capacity on the mixed fleet for the largest rate it sustains")
+    if scenario.fleet.autoscaler is not None:
+        # (a probe of N replicas would be the autoscaled fleet, whatever N: `Fleet` takes replicas=1 with one)
+        raise ValueError(f"fleet_capacity searches a static number of replicas; scenario.fleet has an autoscaler "
+                         f"({scenario.fleet.autoscaler!r}): give Fleet(replicas=N) without one")
+    if scenario.workload.arrival_rate is None:
+        raise ValueError("fleet_capacity needs workload.arrival_rate (the rate the replicas must sustain), got None "
+                         "(a rate schedule, a trace, users or given arrival times set no single rate)")
     return check_int("max_replicas", max_replicas, low=1)
 
 

@@ -705,11 +705,21 @@ def _pool_records(scenario):
     pools, ``Disaggregated.pool_scenarios``): what
     `kernel.cluster.compact_capacity` reads (the warm-up, sessions, caching
     by block hash)."""
+    import copy
+
     from ._fleet import fleet_members
     from ._pack import pack_scenario
     fleet = scenario.fleet
-    if hasattr(fleet, "pool_scenarios"):
-        return [pack_scenario(sc)["ipar"][None] for sc in fleet.pool_scenarios(scenario)]
+    if hasattr(fleet, "pool_engines"):
+        # (each pool as its own scenario, unvalidated: ``pool_scenarios`` builds and checks Scenarios, which
+        # `engine_variants`' copies, a pool's engine as the scenario's, need not pass; only the records count)
+        out = []
+        for pool, engine in zip((fleet.prefill, fleet.decode), fleet.pool_engines(scenario.engine)):
+            sc = copy.copy(scenario)
+            object.__setattr__(sc, "engine", engine)
+            object.__setattr__(sc, "fleet", pool)
+            out.append(pack_scenario(sc)["ipar"][None])
+        return out
     return [fleet_members(scenario, pack_scenario(scenario))[0]]
 
 

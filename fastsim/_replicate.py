@@ -551,7 +551,8 @@ class ReplicateResult:
         engine serves? Computed on first use (it simulates up to five of the
         replications' streams again, so `replicate` itself costs nothing more,
         each as its replication ran: one replica, a fleet or a disaggregated
-        server; an autoscaled fleet is not checked: ``replications`` 0);
+        server; not checked, ``replications`` 0: an autoscaled fleet, and
+        sessions and closed loops, whose sends follow departures);
         warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
@@ -559,8 +560,11 @@ class ReplicateResult:
             # (a fleet serves the stream, not one replica)
             simulate = simulate_requests if self.scenario.fleet is None else _served_frame
             reps = self.per_replication.index[:CHECK_REPLICATIONS]
-            if _is_autoscaled(self.scenario):
-                reps = reps[:0]   # (an autoscaled fleet's replicas come and go: not checked, `replications` 0)
+            w = self.scenario.workload
+            if _is_autoscaled(self.scenario) or w.sessions is not None or w.max_concurrency is not None:
+                # (not checked, `replications` 0: an autoscaled fleet's replicas come and go; sessions' later
+                # turns and a closed loop's sends come from departures, so the load they offer is the served)
+                reps = reps[:0]
             self._stability = check_stability(self.scenario, self.seed, reps, sample_requests, simulate,
                                               self.backend)
             if self._stability.overloaded:
@@ -754,11 +758,12 @@ def _check_backend(backend):
         check_cuda_available()
 
 
-def _replicate_iv(scenario, n_replications, backend, confidence_level, precision, max_replications,
-                  n_threads, batch_size):
-    if not isinstance(scenario, Scenario):
-        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
-    n_replications = check_int("n_replications", n_replications, low=2)
+def check_runnable(scenario, backend="numba") -> None:
+    """What `replicate` refuses of a scenario before any kernel runs
+    (`capacity`, `fleet_capacity` and `simulate_autoscaled` run it too): a
+    backend that cannot run it, an autoscaled fleet's or a disaggregated
+    server's limits, and engine options (every serving engine's,
+    `_fleet.running_engines`) the kernel does not implement yet."""
     if backend == "cuda" and scenario.latency.is_stochastic:
         raise ValueError("backend='cuda' does not simulate a stochastic latency model (latency.noise); use "
                          "backend='numba', or latency.deterministic()")
@@ -784,6 +789,14 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         from ._disagg import check_disagg_scenario
 
         check_disagg_scenario(scenario)
+
+
+def _replicate_iv(scenario, n_replications, backend, confidence_level, precision, max_replications,
+                  n_threads, batch_size):
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
+    n_replications = check_int("n_replications", n_replications, low=2)
+    check_runnable(scenario, backend)
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
         if not isinstance(precision, dict) or not precision:
@@ -962,27 +975,54 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     return result
 
 
-def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replication: int):
-    """(status codes `kernel.layout.ST_*`, first-token times, finish times,
-    preemptions) of each request of ``requests`` (`sample_requests`'s
-    frame) served by the scenario's fleet or disaggregated server as
-    replication ``replication`` of ``replicate(scenario, seed=seed)``
-    serves it."""
+def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replication: int) -> dict:
+    """Each request of ``requests`` (`sample_requests`'s frame) served by the
+    scenario's fleet or disaggregated server as replication ``replication``
+    of ``replicate(scenario, seed=seed)`` serves it: ``status`` (codes
+    `kernel.layout.ST_*`; ``ST_PENDING``: arrived before a horizon and
+    still in transit to its replica at it, not an arrival), ``first``
+    (the client's first token), ``finish``, ``npre`` (preemptions),
+    ``overhead`` (the run's TTFT overhead) and ``tpot_first`` (where TPOT
+    starts: a disaggregated server's decode side; None: ``first``)."""
     k0, k1, _ = _seed_keys(seed)
+    if "sjf_key" not in requests and scenario.engine.sjf_key != "output":
+        # (the keys `sample_requests` leaves out, as `_draw_workload` derives them; `simulate_requests` too)
+        p, o = requests["prompt_len"].to_numpy(), requests["output_len"].to_numpy()
+        requests = requests.assign(sjf_key=p if scenario.engine.sjf_key == "prompt" else p + o)
     if _is_disagg(scenario):
         from ._disagg import simulate_disagg_requests
 
         pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
-        return simulate_disagg_requests(scenario, pools, requests, k0, k1, replication)
-    from ._fleet import simulate_fleet_requests
+        st, first, finish, npre, overhead, first_d = simulate_disagg_requests(scenario, pools, requests, k0, k1,
+                                                                              replication)
+    else:
+        from ._fleet import simulate_fleet_requests
 
-    return simulate_fleet_requests(scenario, pack_scenario(scenario), requests, k0, k1, replication)
+        st, first, finish, npre, overhead = simulate_fleet_requests(scenario, pack_scenario(scenario), requests,
+                                                                    k0, k1, replication)
+        first_d = None
+    return dict(status=np.asarray(st, np.int64), first=first, finish=finish, npre=npre, overhead=overhead,
+                tpot_first=first_d)
 
 
 def _served_frame(scenario, requests, backend="numba", seed=None, replication=0) -> pd.DataFrame:
-    """`served_requests` as the stability check reads `simulate_requests`' frame."""
-    st, _, finish, _ = served_requests(scenario, requests, seed, replication)
-    return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": finish})
+    """`served_requests` as the stability check reads `simulate_requests`' frame (a request still in transit
+    at the horizon: unfinished)."""
+    got = served_requests(scenario, requests, seed, replication)
+    st = np.where(got["status"] == K.ST_PENDING, K.ST_UNFINISHED, got["status"])
+    return pd.DataFrame({"status": _STATUS_NAMES[st - K.ST_COMPLETED], "finish_s": got["finish"]})
+
+
+def _run_overhead(scenario: Scenario, seed, replication: int, backend: str) -> float:
+    """The TTFT overhead replication ``replication`` of ``replicate(scenario,
+    seed=seed)`` runs with (its per-run draw, as `simulate_requests` takes it)."""
+    k0, k1, _ = _seed_keys(seed)
+    if backend == "reference":
+        from ._reference_noise import run_latency
+
+        return float(run_latency(scenario.latency, k0, k1, replication)[0].ttft_overhead_s)
+    packed = pack_scenario(scenario)
+    return float(K.run_records(packed["lat"], packed["fpar"], k0, k1, replication)[1][K.F_TTFT_OVERHEAD])
 
 
 def _is_autoscaled(scenario: Scenario) -> bool:
@@ -993,7 +1033,9 @@ def _is_autoscaled(scenario: Scenario) -> bool:
 def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend: str) -> pd.DataFrame:
     """Per-class rows of every replication in ``per_replication`` (its index):
     each replication's stream drawn again (`sample_requests`), simulated
-    again (`simulate_requests`; the GPU's replications on the CPU kernel),
+    again as that replication ran (`simulate_requests` with its seed and
+    index, the GPU's replications on the CPU kernel; a fleet's or a
+    disaggregated server's by `served_requests`),
     labelled by the workload's classes and reduced per class over the run's
     window (`fastsim._classes.class_rows`)."""
     from ._classes import class_rows
@@ -1003,6 +1045,8 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
     for rep in per_replication.index:
         req = sample_requests(scenario, seed=seed, replication=int(rep))
         labels = w.classes.label(req, w.request_trace)
+        output = req["output_len"].to_numpy()
+        tpot_first = None
         if scenario.fleet is None:
             # (the replication's own noise: the seed and index `replicate` ran it with)
             res = simulate_requests(scenario, req, backend="reference" if backend == "reference" else "numba",
@@ -1011,13 +1055,21 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
             # (the run's arrival times: a closed loop's are when each request was sent)
             arrival, first, finish, npre = (res[c].to_numpy() for c in ("arrival_s", "first_token_s", "finish_s",
                                                                          "num_preemptions"))
+            overhead = _run_overhead(scenario, seed, int(rep), backend)
         else:   # (the fleet serves the stream, as that replication)
-            st, first, finish, npre = served_requests(scenario, req, seed, int(rep))
-            status, arrival = np.asarray(st, np.int64) - K.ST_COMPLETED, req["arrival_s"].to_numpy()
-        got = class_rows(labels, w.classes.order(labels), arrival, req["output_len"].to_numpy(), status,
-                         first, finish, npre, w.warmup_requests,
-                         float(per_replication.at[rep, "window_s"]), scenario.latency.ttft_overhead_s,
-                         scenario.ttft_slo_s, scenario.tpot_slo_s)
+            got = served_requests(scenario, req, seed, int(rep))
+            first, finish, npre, overhead, tpot_first = (got[k] for k in ("first", "finish", "npre", "overhead",
+                                                                           "tpot_first"))
+            status, arrival = got["status"] - K.ST_COMPLETED, req["arrival_s"].to_numpy()
+            # (a request in transit to its replica at the horizon is not an arrival: the kernel's counts)
+            keep = got["status"] != K.ST_PENDING
+            if not keep.all():
+                labels, arrival, output, status, first, finish, npre = (
+                    x[keep] for x in (np.asarray(labels), arrival, output, status, first, finish, npre))
+                tpot_first = None if tpot_first is None else tpot_first[keep]
+        got = class_rows(labels, w.classes.order(labels), arrival, output, status, first, finish, npre,
+                         w.warmup_requests, float(per_replication.at[rep, "window_s"]), overhead,
+                         scenario.ttft_slo_s, scenario.tpot_slo_s, tpot_first)
         for r in got:
             r["replication"] = int(rep)
         rows.extend(got)

@@ -322,7 +322,6 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
     n_replications = check_int("n_replications", n_replications, low=2)
     n_jobs = check_n_jobs(n_jobs)
     confidence_level = check_confidence_level(confidence_level)
-    metrics = check_metric_names(metrics, K.METRICS)
     if cache_dir is not None and not isinstance(cache_dir, (str, Path)):
         import joblib
 
@@ -336,6 +335,10 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
         if anc is not None and not anc.is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} cannot be made: {str(anc)!r} is a file")
     changes, scenarios = sweep_points(scenario, grid, points)
+    allowed = K.METRICS
+    if all(sc.fleet is not None and getattr(sc.fleet, "autoscaler", None) is not None for sc in scenarios):
+        allowed += K.AUTOSCALE_COLUMNS   # (autoscaled fleets: GPU-hours and SLO-violation minutes too, as compare's)
+    metrics = check_metric_names(metrics, allowed)
     return changes, scenarios, n_replications, n_jobs, confidence_level, metrics
 
 

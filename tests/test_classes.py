@@ -130,14 +130,17 @@ def test_summary_by_class_needs_classes():
 
 def _pooled(per_class, per_replication):
     """Each replication's per-class rows pooled (counts summed, means weighted
-    by completions) beside its own row: the same requests, the same run."""
+    by measured completions: throughput times the window) beside its own
+    row: the same requests, the same run."""
     out = []
     for rep, part in per_class.groupby("replication"):
-        n = part["n_completed"].to_numpy()
         row = per_replication.loc[rep]
-        out.append([(part["n_arrived"].sum(), row["n_arrived"]), (n.sum(), row["n_completed"]),
-                    (np.nansum(part["ttft_mean"].to_numpy() * n) / n.sum(), row["ttft_mean"]),
-                    (np.nansum(part["e2e_mean"].to_numpy() * n) / n.sum(), row["e2e_mean"])])
+        n = np.rint(part["request_throughput"].to_numpy() * row["window_s"])
+        meas = row["request_throughput"] * row["window_s"]
+        out.append([(part["n_arrived"].sum(), row["n_arrived"]), (part["n_measured"].sum(), row["n_measured"]),
+                    (n.sum() / meas, 1.0)]
+                   + [(np.nansum(part[m].to_numpy() * n) / n.sum(), row[m]) for m in ("ttft_mean", "e2e_mean")]
+                   + [(part["goodput"].sum(), row["goodput"])])
     return np.array(out, dtype=float)
 
 
@@ -150,7 +153,24 @@ SERVERS = {
         (EngineConfig(max_num_seqs=8, num_gpu_blocks=400), fastsim.LatencyModel.default()),
         (EngineConfig(max_num_seqs=4, num_gpu_blocks=200), fastsim.LatencyModel.default())], router="round_robin")),
     "fleet with a horizon": dict(fleet=fastsim.Fleet(3, router="power_of_two"), horizon_s=10.0),
+    # (requests in transit at the horizon are not arrivals; warm-up; the listed replicas' TTFT overhead)
+    "fleet: routing latency, horizon, warm-up": dict(
+        fleet=fastsim.Fleet(replicas=[(EngineConfig(max_num_seqs=8, num_gpu_blocks=400), dataclasses.replace(
+            fastsim.LatencyModel.default(), ttft_overhead_s=0.3))] * 3, router="jsq", routing_latency_s=0.05),
+        horizon_s=12.0, warmup_requests=20),
+    "fleet: SJF on prompts": dict(fleet=fastsim.Fleet(3, router="round_robin"),
+                                  engine=EngineConfig(max_num_seqs=4, num_gpu_blocks=400, policy="sjf",
+                                                      sjf_key="prompt")),
+    "noisy overhead": dict(fleet=fastsim.Fleet(2, router="jsq"), latency=dataclasses.replace(
+        fastsim.LatencyModel.default(), noise=fastsim.StepNoise(speed_sd=0.2, overhead_sd=0.05))),
     "disaggregated": dict(fleet=fastsim.Disaggregated(prefill=1, decode=2, kv_bytes_per_token=1e5)),
+    # (TPOT from the decode side's first token; the decode pool's TTFT overhead)
+    "disaggregated, slow link, own servers": dict(
+        fleet=fastsim.Disaggregated(
+            prefill=1, decode=2, link_bandwidth_gbps=1.0, kv_bytes_per_token=28672.0,
+            decode_server=(EngineConfig(max_num_seqs=8, num_gpu_blocks=400),
+                           dataclasses.replace(fastsim.LatencyModel.default(), ttft_overhead_s=0.2))),
+        tpot_slo_s=0.012),
 }
 
 
@@ -163,13 +183,14 @@ def test_per_class_rows_are_the_replications_own_run(server):
     against 0.12 s), and a noisy model's per-class rows took seed 0's noise.
     Pooled over the classes they give the replication's own row."""
     kw = dict(SERVERS[server])
-    horizon = kw.pop("horizon_s", None)
+    horizon, warmup = kw.pop("horizon_s", None), kw.pop("warmup_requests", 0)
+    kw.setdefault("engine", EngineConfig(max_num_seqs=8, num_gpu_blocks=400))
     w = Workload(arrival_rate=12.0 if "fleet" in kw else 4.0, num_requests=200, prompt_len=Exponential(300),
-                 output_len=Exponential(60), horizon_s=horizon, classes=RequestClasses("prompt_len", EDGES))
-    sc = Scenario(engine=EngineConfig(max_num_seqs=8, num_gpu_blocks=400), workload=w, **kw)
-    res = fastsim.replicate(sc, n_replications=3, seed=7, n_threads=1)
+                 output_len=Exponential(60), horizon_s=horizon, warmup_requests=warmup,
+                 classes=RequestClasses("prompt_len", EDGES))
+    res = fastsim.replicate(Scenario(workload=w, **kw), n_replications=3, seed=7, n_threads=1)
     got = _pooled(res.per_class, res.per_replication)
-    assert got.shape == (3, 4, 2)
+    assert got.shape == (3, 6, 2)
     np.testing.assert_array_equal(got[:, :2, 0], got[:, :2, 1])
     np.testing.assert_allclose(got[:, 2:, 0], got[:, 2:, 1], rtol=1e-12)
     if horizon is not None:

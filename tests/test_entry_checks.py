@@ -1,0 +1,98 @@
+"""The entry points beside `replicate` honour every part of a scenario (found
+by stop 66's review: each ran something other than what the scenario says,
+or failed without naming a parameter).
+
+* `capacity` and `fleet_capacity` refuse what `replicate` refuses (they run
+  the kernel directly: an engine option the kernel does not implement ran,
+  and wrongly); `simulate_autoscaled` refuses per-step noise as `replicate`.
+* `fleet_capacity` refuses an autoscaled fleet (a probe of N replicas was
+  the autoscaled fleet whatever N) and a workload with no arrival rate.
+* `disaggregation_search` counts a replica's GPUs by its server's tensor-
+  parallel size, the scenario's own server's too.
+* `sweep` takes the autoscaled fleet's columns (GPU-hours), as `compare`.
+* The memory guard sizes a disaggregated server whose pool serves a trace's
+  block identities without re-checking the pools as Scenarios.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastsim
+
+LAT = fastsim.LatencyModel.default()
+W = fastsim.Workload(arrival_rate=4.0, num_requests=60)
+
+
+def test_capacity_and_fleet_capacity_refuse_what_replicate_refuses():
+    bad = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200, async_scheduling=True,
+                               enable_prefix_caching=True, block_hash_caching=False)
+    w = fastsim.Workload(arrival_rate=4.0, num_requests=60, prefix_groups=4, prefix_len=64)
+    msg = "async_scheduling=True with the synthetic prefix-group cache"
+    with pytest.raises(NotImplementedError, match=msg):
+        fastsim.capacity(fastsim.Scenario(engine=bad, workload=w), {"ttft_mean": 1.0}, n_replications=2,
+                         max_replications=2)
+    with pytest.raises(NotImplementedError, match=msg):
+        fastsim.fleet_capacity(fastsim.Scenario(engine=bad, workload=w, fleet=fastsim.Fleet(2)), {"ttft_mean": 1.0},
+                               n_replications=2, max_replications=2)
+    noisy = dataclasses.replace(LAT, noise=fastsim.StepNoise(jitter_sd=0.2))
+    auto = fastsim.Scenario(workload=W, latency=noisy,
+                            fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
+    with pytest.raises(NotImplementedError, match="autoscaled fleets with per-step noise"):
+        fastsim.capacity(auto, {"ttft_mean": 1.0}, n_replications=2, max_replications=2)
+    with pytest.raises(NotImplementedError, match="autoscaled fleets with per-step noise"):
+        fastsim.simulate_autoscaled(auto, seed=0)
+
+
+def test_fleet_capacity_refuses_an_autoscaler_and_a_workload_without_a_rate():
+    auto = fastsim.Scenario(workload=W, fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=8)))
+    with pytest.raises(ValueError, match="fleet_capacity searches a static number of replicas; scenario.fleet has an "
+                                         "autoscaler"):
+        fastsim.fleet_capacity(auto, {"ttft_mean": 1.0}, n_replications=2)
+    sched = fastsim.Workload(rate_schedule=fastsim.RateSchedule(times=(0.0, 10.0), rates=(3.0, 9.0)), num_requests=60)
+    with pytest.raises(ValueError, match="fleet_capacity needs workload.arrival_rate"):
+        fastsim.fleet_capacity(fastsim.Scenario(workload=sched, fleet=fastsim.Fleet(2)), {"ttft_mean": 1.0},
+                               n_replications=2)
+
+
+def test_disaggregation_search_counts_the_scenario_servers_tensor_parallel_gpus():
+    dep = fastsim.Deployment(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", tensor_parallel_size=2,
+                             max_model_len=4096, max_num_seqs=32)
+    w = fastsim.Workload(arrival_rate=6.0, num_requests=60, prompt_len=fastsim.LogNormal(300, 0.5),
+                         output_len=fastsim.LogNormal(80, 0.6))
+    res = fastsim.disaggregation_search(fastsim.Scenario(engine=dep.engine, latency=dep.latency, workload=w), gpus=4,
+                                        slo={"ttft_mean": 1.0}, n_replications=2, seed=0, n_threads=1)
+    t = res.table.set_index("config")
+    assert t.loc["co-located", "replicas"] == 2 and list(t["gpus"]) == [4, 4]
+    assert res.results["co-located"].scenario.fleet.n_replicas == 2
+    assert list(t.index) == ["co-located", "1P1D"]   # (two TP-2 replicas in 4 GPUs: one split)
+
+
+def test_sweep_takes_an_autoscaled_fleets_columns():
+    auto = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=6.0, num_requests=100),
+                            fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)), ttft_slo_s=0.3)
+    got = fastsim.sweep(auto, {"workload.arrival_rate": [4.0, 8.0]}, 2, seed=0, metrics=["gpu_hours", "ttft_mean"])
+    assert set(got.frame["metric"]) == {"gpu_hours", "ttft_mean"}
+    assert (got.frame.loc[got.frame["metric"] == "gpu_hours", "estimate"] > 0).all()
+    with pytest.raises(ValueError, match="gpu_hours"):
+        fastsim.sweep(auto.replace(fleet=fastsim.Fleet(2)), {"workload.arrival_rate": [4.0]}, 2, seed=0,
+                      metrics=["gpu_hours"])
+
+
+def test_the_memory_guard_of_a_disaggregated_server_serving_trace_identities():
+    """A 1P2D server whose one prefill replica keys a replayed trace's block
+    hashes (the decode pool does not cache): `Scenario` accepts it, and the
+    memory guard no longer refuses it by re-checking the pools as Scenarios
+    with the other pool's engine (stop 66's `engine_variants`)."""
+    trace = fastsim.Workload.from_trace(Path(fastsim.__file__).parent / "data" / "traces"
+                                        / "mooncake_conversation_head300.jsonl", resample=True, duration_s=20.0)
+    hashing = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=4000, async_scheduling=False,
+                                   enable_prefix_caching=True, block_hash_caching=True)
+    plain = dataclasses.replace(hashing, enable_prefix_caching=False, block_hash_caching=False)
+    sc = fastsim.Scenario(engine=plain, workload=trace, fleet=fastsim.Disaggregated(
+        prefill=1, decode=2, kv_bytes_per_token=1e5, prefill_server=(hashing, LAT)))
+    pr = fastsim.replicate(sc, n_replications=2, seed=0, n_threads=1).per_replication
+    assert (pr["prefix_hit_rate"] > 0).all()
+    assert np.array_equal(pr["n_arrived"], pr["n_completed"] + pr["n_rejected"] + pr["n_dropped"] + pr["n_unfinished"])
