@@ -38,10 +38,6 @@ def check_autoscaled(scenario) -> None:
     if scenario.workload.closed_loop:
         raise ValueError("max_concurrency must be None with an autoscaler (an open-loop stream), got "
                          f"{scenario.workload.max_concurrency!r}")
-    if scenario.workload.classes is not None:
-        # (the per-class table reduces each request's outcome; an autoscaled run keeps only the fleet's rows)
-        raise ValueError("workload.classes must be None with an autoscaler (per-class results of an autoscaled "
-                         f"fleet are not modelled), got {scenario.workload.classes!r}")
 
 
 def _violation_minutes(windows, nwin, interval, attainment):

@@ -201,7 +201,7 @@ class _Prober:
         sc = self.scenario.replace(**{"workload.arrival_rate": rate})
         # (what `replicate` refuses, refused here too: every probe runs `_run` directly)
         check_runnable(sc, "numba")
-        _check_replicate_memory(sc, self.nmax, "numba", 1)
+        _check_replicate_memory(sc, self.nmax, "numba", None, "capacity")   # (its probes use Numba's threads)
         packed = pack_scenario(sc)
         blocks, done, n = [], 0, self.n0
         while True:

@@ -197,7 +197,8 @@ def check_sjf_keys(scenario) -> None:
         if e.policy == "sjf" and (e.sjf_key, e.length_predictor) != (e0.sjf_key, e0.length_predictor):
             raise ValueError(f"{name}: sjf_key and length_predictor must be the scenario engine's "
                              f"({e0.sjf_key!r}, {e0.length_predictor!r}: it draws each request's SJF key once "
-                             f"for the stream) with policy='sjf', got ({e.sjf_key!r}, {e.length_predictor!r})")
+                             f"for the stream) with policy='sjf', got ({e.sjf_key!r}, {e.length_predictor!r}); "
+                             f"give the scenario's engine policy='sjf' and the same sjf_key and length_predictor")
 
 
 def check_closed_loop(scenario) -> None:

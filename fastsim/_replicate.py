@@ -552,7 +552,7 @@ class ReplicateResult:
         replications' streams again, so `replicate` itself costs nothing more,
         each as its replication ran: one replica, a fleet or a disaggregated
         server; not checked, ``replications`` 0: an autoscaled fleet, and
-        sessions and closed loops, whose sends follow departures);
+        sessions and pure closed loops, whose sends follow departures);
         warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
         if self._stability is None:
             from ._stability import CHECK_REPLICATIONS, check_stability
@@ -561,9 +561,10 @@ class ReplicateResult:
             simulate = simulate_requests if self.scenario.fleet is None else _served_frame
             reps = self.per_replication.index[:CHECK_REPLICATIONS]
             w = self.scenario.workload
-            if _is_autoscaled(self.scenario) or w.sessions is not None or w.max_concurrency is not None:
+            if _is_autoscaled(self.scenario) or w.sessions is not None or (w.closed_loop and w.arrival_rate is None):
                 # (not checked, `replications` 0: an autoscaled fleet's replicas come and go; sessions' later
-                # turns and a closed loop's sends come from departures, so the load they offer is the served)
+                # turns and a pure closed loop's sends come from departures, so the load they offer is the
+                # served; a capped stream is checked on the times its requests want to go)
                 reps = reps[:0]
             self._stability = check_stability(self.scenario, self.seed, reps, sample_requests, simulate,
                                               self.backend)
@@ -797,6 +798,10 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
     check_runnable(scenario, backend)
+    if scenario.workload.classes is not None and _is_autoscaled(scenario):
+        # (the per-class table reduces each request's outcome; an autoscaled run keeps only the fleet's rows)
+        raise ValueError("workload.classes must be None with an autoscaler (per-class results of an autoscaled "
+                         f"fleet are not modelled), got {scenario.workload.classes!r}")
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
         if not isinstance(precision, dict) or not precision:
@@ -817,18 +822,18 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     return n_replications, confidence_level, max_replications, n_threads, batch_size
 
 
-def _check_replicate_memory(scenario, n_replications, backend, n_threads):
+def _check_replicate_memory(scenario, n_replications, backend, n_threads, what="replicate"):
     """Refuse a run whose workspace sizes overflow the kernel's int64, or
     whose memory estimate exceeds the memory available (`fastsim._memory`),
     before anything is allocated: ValueError naming the parameter."""
     from . import _memory
 
     if backend == "numba":   # (a fleet's too: `_memory.check_fleet_memory`)
-        _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), "replicate")
+        _memory.check_run_memory(scenario, n_replications, _thread_count(n_threads), what)
         return
     if backend == "cuda":
         _memory.check_int64(scenario)
-    _memory.check_memory(_memory.estimate(scenario, n_replications, 1), "replicate")
+    _memory.check_memory(_memory.estimate(scenario, n_replications, 1), what)
 
 
 def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, backend: str = "numba",

@@ -96,3 +96,32 @@ def test_the_memory_guard_of_a_disaggregated_server_serving_trace_identities():
     pr = fastsim.replicate(sc, n_replications=2, seed=0, n_threads=1).per_replication
     assert (pr["prefix_hit_rate"] > 0).all()
     assert np.array_equal(pr["n_arrived"], pr["n_completed"] + pr["n_rejected"] + pr["n_dropped"] + pr["n_unfinished"])
+
+
+def test_capacity_takes_what_only_replicates_per_class_table_refuses():
+    """Priority classes set each request's priority; only `replicate`'s
+    per-class table is not modelled for an autoscaled fleet: `capacity`
+    runs it (stop 66's review)."""
+    w = fastsim.Workload(arrival_rate=2.0, num_requests=60, prompt_len=fastsim.Exponential(300),
+                         classes=fastsim.RequestClasses("prompt_len", [256], priorities=[0, 1]))
+    sc = fastsim.Scenario(engine=fastsim.EngineConfig(policy="priority"), workload=w,
+                          fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
+    with pytest.raises(ValueError, match="workload.classes must be None with an autoscaler"):
+        fastsim.replicate(sc, n_replications=2, seed=0)
+    res = fastsim.capacity(sc, {"ttft_mean": 5.0}, rate_bounds=(1.0, 4.0), n_replications=2, max_replications=2)
+    assert len(res.probes) >= 1
+
+
+def test_the_stability_check_of_a_capped_stream_but_not_of_a_pure_closed_loop():
+    """A capped stream (`max_concurrency` with `arrival_rate`) is checked on
+    the times its requests want to go (its client-side backlog can grow
+    without bound); a pure closed loop's sends follow departures: not
+    checked (`replications` 0)."""
+    e = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=400)
+    capped = fastsim.Scenario(engine=e, workload=fastsim.Workload(arrival_rate=50.0, max_concurrency=4,
+                                                                  num_requests=300))
+    with pytest.warns(RuntimeWarning, match="overloaded"):
+        st = fastsim.replicate(capped, n_replications=2, seed=0).stability
+    assert st.replications == 2 and st.overloaded
+    loop = capped.replace(**{"workload.arrival_rate": None})
+    assert fastsim.replicate(loop, n_replications=2, seed=0).stability.replications == 0
