@@ -112,6 +112,7 @@ def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict]
     if (grid is None) == (points is None):
         raise ValueError("give exactly one of grid (a dict of value lists) and points (a list of dicts)")
     changes = _grid_points(scenario, grid) if grid is not None else _explicit_points(scenario, points)
+    _warn_unserved(scenario, changes)
     scenarios = []
     for i, change in enumerate(changes):
         try:
@@ -119,6 +120,25 @@ def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict]
         except (ValueError, TypeError) as exc:
             raise ValueError(f"sweep point {i} {change!r}: {exc}") from exc
     return changes, scenarios
+
+
+def _warn_unserved(scenario: Scenario, changes) -> None:
+    """Warn (UserWarning) of a swept ``engine.*`` or ``latency.*`` where the
+    scenario's fleet lists its replicas or gives both pools their servers:
+    its own engine then serves no request (only the stream's draws read it),
+    so the points differ only by chance."""
+    from ._fleet import running_engines
+
+    fleet = scenario.fleet
+    if fleet is None or any(e is scenario.engine for _, e in running_engines(scenario)):
+        return
+    keys = sorted({k for change in changes for k in change if k.split(".")[0] in ("engine", "latency")})
+    if keys:
+        import warnings
+
+        warnings.warn(f"sweep of {', '.join(keys)}: the scenario's fleet runs its own listed servers "
+                      f"({type(fleet).__name__}), not the scenario's engine and latency (which only draw the "
+                      f"stream); change the fleet's entries instead", UserWarning, stacklevel=3)
 
 
 def point_seeds(seed, n_points: int) -> list[np.random.SeedSequence]:

@@ -125,3 +125,21 @@ def test_the_stability_check_of_a_capped_stream_but_not_of_a_pure_closed_loop():
     assert st.replications == 2 and st.overloaded
     loop = capped.replace(**{"workload.arrival_rate": None})
     assert fastsim.replicate(loop, n_replications=2, seed=0).stability.replications == 0
+
+
+def test_a_sweep_of_an_engine_no_listed_replica_runs_warns():
+    """A fleet that lists its replicas runs their engines: sweeping the
+    scenario's ``engine.*`` changes only the stream's draws (the points
+    differ by chance), so `sweep_points` warns, naming the keys; a fleet
+    of the scenario's engine does not."""
+    from fastsim._sweep import sweep_points
+
+    four = fastsim.EngineConfig(max_num_seqs=4)
+    listed = fastsim.Scenario(workload=W, fleet=fastsim.Fleet(replicas=[(four, LAT)] * 2))
+    with pytest.warns(UserWarning, match=r"sweep of engine.max_num_seqs, latency.base_s: the scenario's fleet runs"):
+        sweep_points(listed, {"engine.max_num_seqs": [4, 64], "latency.base_s": [0.01]})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sweep_points(listed.replace(fleet=fastsim.Fleet(2)), {"engine.max_num_seqs": [4, 64]})
+        sweep_points(listed, {"workload.arrival_rate": [2.0, 4.0]})
