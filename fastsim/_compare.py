@@ -240,7 +240,27 @@ def _compare_iv(scenarios, n_replications, baseline, confidence_level, metrics, 
             raise ValueError(f"the workloads of {differ} differ from the baseline {baseline!r}'s, so their "
                              f"request streams are not common random numbers; compare scenarios that differ "
                              f"only in engine, latency or SLO settings, or pass allow_different_workloads=True")
+    _warn_unserved(scenarios, baseline)
     return baseline, n_replications, confidence_level, metrics, n_jobs
+
+
+def _warn_unserved(scenarios, baseline) -> None:
+    """Warn (UserWarning) of scenarios that differ from the baseline only in
+    an engine or latency model their fleet does not run (it lists its own
+    servers: the scenario's engine only draws the stream)."""
+    from ._fleet import running_engines
+
+    base = scenarios[baseline]
+    same = [name for name, sc in scenarios.items()
+            if name != baseline and sc.fleet is not None and sc.fleet == base.fleet
+            and (sc.engine != base.engine or sc.latency != base.latency)
+            and not any(e is sc.engine for _, e in running_engines(sc))]
+    if same:
+        import warnings
+
+        warnings.warn(f"scenarios {same} differ from the baseline {baseline!r} in the scenario's engine or latency "
+                      f"only, which their fleet does not run (it lists its own servers; the scenario's engine only "
+                      f"draws the stream): change the fleet's entries instead", UserWarning, stacklevel=3)
 
 
 def _run_scenario(scenario, n_replications, seed, confidence_level, backend="numba"):

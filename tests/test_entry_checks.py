@@ -143,3 +143,11 @@ def test_a_sweep_of_an_engine_no_listed_replica_runs_warns():
         warnings.simplefilter("error")
         sweep_points(listed.replace(fleet=fastsim.Fleet(2)), {"engine.max_num_seqs": [4, 64]})
         sweep_points(listed, {"workload.arrival_rate": [2.0, 4.0]})
+
+
+def test_a_comparison_of_an_engine_no_listed_replica_runs_warns():
+    four = fastsim.EngineConfig(max_num_seqs=4)
+    listed = fastsim.Scenario(workload=W, fleet=fastsim.Fleet(replicas=[(four, LAT)] * 2))
+    other = listed.replace(**{"engine.max_num_seqs": 64})
+    with pytest.warns(UserWarning, match=r"scenarios \['b'\] differ from the baseline 'a' in the scenario's engine"):
+        fastsim.compare({"a": listed, "b": other}, n_replications=2, seed=0)
