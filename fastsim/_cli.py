@@ -697,6 +697,12 @@ def _capacity_main(args, sig) -> int:
             if _ms_like(m, limit):
                 _warn(f"--slo {m}={limit:g} is in seconds; if you meant {limit:g} ms, write {m}={limit / 1000:g}")
         seed = args.seed if args.seed is not None else run.get("seed")
+        # ([run] is `fastsim run`'s: a probe's replications and confidence are capacity's own flags)
+        unused = [k for k in ("n_replications", "confidence_level", "max_replications", "precision", "n_threads")
+                  if k in run]
+        if unused:
+            print(f"fastsim: note: [run] {', '.join(unused)} not used by capacity (its flags --replications, "
+                  f"--max-replications and --confidence set a probe's; it runs on Numba's threads)", file=sys.stderr)
         if args.replicas == "auto":
             return _fleet_capacity_main(args, scenario, slo, seed)
         _warm_up(scenario, None, args.format != "table")

@@ -1220,10 +1220,17 @@ def _scenario_from_dict(config, base_dir=None):
         # [deployment]: a model, a GPU and vLLM's arguments (fastsim._deployment); its engine settings
         # are the defaults of [engine] and its roofline latency that of an absent [latency]
         from ._deployment import Deployment
+        from ._models import _lookup
 
+        dep = dict(config["deployment"])
+        check_table_keys("deployment", dep, table_keys("deployment"))
+        model = dep.get("model")
+        if (isinstance(model, str) and base_dir is not None and _lookup(model)[1] is None
+                and not Path(model).is_absolute()):
+            dep["model"] = str(Path(base_dir) / model)   # (a config.json path: beside the file, as trace paths)
         try:
-            deployment = Deployment(**config["deployment"])
-        except TypeError as exc:
+            deployment = Deployment(**dep)
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"[deployment]: {exc}") from None
         d_eng = deployment.engine
         given = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",

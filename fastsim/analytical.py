@@ -948,6 +948,10 @@ def _ttft_distribution(inp: _Inputs, sol):
     dens = np.zeros(M + 1)                      # probability mass of D (delay + extra step) per cell
     mean_D = 0.0
     for w, kind, sh, a, v in comps:
+        if kind == 2 and not v > 1e-12 * a * a:
+            # (no variability: one server and fixed outputs make the departures deterministic, scv 0; a gamma
+            # of infinite shape is an atom at its mean, where its CDF would be NaN)
+            kind, sh = 0, sh + a
         if kind == 0 or (kind == 1 and a <= 0):
             i = min(int(round(sh / dt)), M)
             dens[i] += w

@@ -344,3 +344,23 @@ def test_multi_user_workloads_are_refused_by_name():
 def test_kv_ctmc_validates_tol(tol):
     with pytest.raises(ValueError, match=r"tol must be a number in \(0, 1\), got"):
         kv_ctmc(1.0, [0.0, 1.0], 4, 1, [0.0, 1.0], tol=tol)
+
+
+def test_one_seat_and_fixed_outputs_give_finite_laws():
+    """One seat and fixed output lengths make the departures deterministic
+    (SCV 0): the TTFT law's gamma had infinite shape, its CDF NaN (every
+    percentile 0 with a divide-by-zero warning, or an IndexError in the E2E
+    law). Found in stop 66's review; now an atom at its mean."""
+    import warnings
+
+    eng = fastsim.EngineConfig.synchronous(max_num_seqs=1, num_gpu_blocks=1000)
+    lat = fastsim.LatencyModel.constant(1.0)
+    for output_len, kw in ((10, {}), (1, {"admission": "kv_reservation"})):
+        wl = fastsim.Workload(arrival_rate=0.05, num_requests=300, prompt_len=16, output_len=output_len)
+        sc = fastsim.Scenario(engine=eng.replace(**kw), workload=wl, latency=lat)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            p = fastsim.analytical.predict(sc, model="knapsack" if kw else "auto")["estimate"]
+        ttft = [p["ttft_p50"], p["ttft_p90"], p["ttft_p99"]]
+        assert np.all(np.isfinite(ttft)) and ttft[0] > 0 and ttft[0] <= ttft[1] <= ttft[2]
+        assert p["e2e_p50"] > 0 and p["e2e_p99"] >= p["ttft_p99"]

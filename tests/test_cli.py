@@ -205,8 +205,11 @@ def test_capacity(small, tmp_path, capsys):
     args = ["capacity", str(small), "--slo", "ttft_p99=0.3", "--rate-bounds", "1,64", "--replications", "20",
             "--max-replications", "80", "--tol", "0.1"]
     assert main(args + ["--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    res = capsys.readouterr()
+    text = res.out
     assert "largest rate proven to meet it:" in text
+    # ([run] n_replications is `fastsim run`'s: said, not silently dropped)
+    assert "note: [run] n_replications not used by capacity (its flags --replications" in res.err
     ref = fastsim.capacity(_cli._load(small)[0], {"ttft_p99": 0.3}, rate_bounds=(1, 64), n_replications=20,
                            max_replications=80, tol=0.1, seed=3)
     assert f"{ref.rate:.4g} req/s" in text

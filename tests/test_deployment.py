@@ -3,6 +3,7 @@ its input validation."""
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -158,8 +159,32 @@ num_requests = 100
     cfg["engine"]["max_num_seqs"] = 64
     with pytest.raises(ValueError, match=r"\[engine\] \['max_num_seqs'\] are set by \[deployment\]"):
         fastsim.Scenario.from_dict(cfg)
-    with pytest.raises(ValueError, match=r"\[deployment\]: .*unexpected keyword argument 'gpus'"):
+    with pytest.raises(ValueError, match=r"\[deployment\].*'gpus' \(did you mean 'gpu'\?\)"):
         fastsim.Scenario.from_dict({"deployment": {"model": "Qwen/Qwen3-14B", "gpus": "H100"}})
+    with pytest.raises(ValueError, match=r"^\[deployment\]: gpu_memory_utilization"):
+        fastsim.Scenario.from_dict({"deployment": {"model": "Qwen/Qwen3-14B", "gpu": "H100",
+                                                   "gpu_memory_utilization": 1.5}})
+
+
+def test_a_deployment_tables_model_path_is_beside_the_file(tmp_path, monkeypatch):
+    """A `[deployment] model` path (a config.json's folder) is read beside the
+    TOML file, as trace and length-table paths are, whatever the working
+    directory (it was read from the working directory: stop 66's review)."""
+    import shutil
+
+    from fastsim import _cli
+
+    sub = tmp_path / "sub"
+    (sub / "cfg").mkdir(parents=True)
+    shutil.copy(Path(fastsim.__file__).parent / "data" / "models" / "qwen2.5-1.5b-instruct.json",
+                sub / "cfg" / "config.json")
+    path = sub / "d.toml"
+    path.write_text('[deployment]\nmodel = "cfg"\ngpu = "A10G"\nmax_model_len = 4096\n'
+                    '[workload]\narrival_rate = 2.0\nnum_requests = 20\n')
+    monkeypatch.chdir(tmp_path)
+    sc = _cli._load_config(path)[0]
+    ref = Deployment(model=str(sub / "cfg"), gpu="A10G", max_model_len=4096)
+    assert sc.engine == ref.engine and sc.latency == ref.latency
 
 
 def test_scenario_says_what_it_simulates():
