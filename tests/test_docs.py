@@ -96,12 +96,12 @@ def test_toml_reference_blocks_are_valid_scenarios(tmp_path):
         path = tmp_path / f"b{i}.toml"
         path.write_text(body)
         scenario, run, cfg = _cli._load_config(path)
-        assert set(cfg) <= {"name", "engine", "workload", "latency", "slo", "run", "fleet"}
+        assert set(cfg) <= {"name", "engine", "workload", "latency", "slo", "run", "fleet", "deployment"}
     # the tables' key lists are the code's
     text = page.read_text()
     from fastsim._config import table_keys
 
-    for table in ("engine", "workload", "latency", "slo"):
+    for table in ("engine", "workload", "latency", "slo", "deployment"):
         section = text.split(f"## `[{table}]`")[1].split("\n## ")[0]
         for key in table_keys(table):
             assert f"`{key}`" in section, (table, key)
