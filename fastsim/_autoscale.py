@@ -92,6 +92,28 @@ def _one_run(worker, rep, k0, k1, packed, full):
     return n, stream, fb, ab, wm_i, wm_f, fpar
 
 
+def _per_request(n, fb):
+    """(status codes, first-token times, finish times, preemptions) of each
+    of the ``n`` requests, from its replica's row (laid out for the whole
+    stream)."""
+    owner, local = fb.owner[:n], fb.local[:n]
+    return (np.array([fb.wi[r][K.WI_STATUS * n + j] for r, j in zip(owner, local)], np.int64),
+            np.array([fb.wf[r][K.WF_FIRST * n + j] for r, j in zip(owner, local)]),
+            np.array([fb.wf[r][K.WF_FINISH * n + j] for r, j in zip(owner, local)]),
+            np.array([fb.wi[r][K.WI_NPRE * n + j] for r, j in zip(owner, local)], np.int64))
+
+
+def served_autoscaled(scenario, packed, k0, k1, replication):
+    """Each request of replication ``replication`` of the seed keys ``k0``,
+    ``k1`` served by the scenario's autoscaled fleet: (status codes,
+    first-token and finish times, preemptions, the run's TTFT overhead),
+    for the per-class table and the stability check (``packed``: its
+    `_pack.pack_scenario`)."""
+    worker = _Worker(scenario.workload.num_requests, scenario.fleet.autoscaler.max_replicas)
+    n, _, fb, _, _, _, fpar = _one_run(worker, replication, k0, k1, packed, K.engine_variant(packed["ipar"]))
+    return _per_request(n, fb) + (float(fpar[K.F_TTFT_OVERHEAD]),)
+
+
 def _one(worker, rep, k0, k1, packed, scaler, full, out_row):
     n, stream, fb, ab, wm_i, wm_f, fpar = _one_run(worker, rep, k0, k1, packed, full)
     m = scaler.max_replicas

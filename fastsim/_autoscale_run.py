@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import kernel as K
-from ._autoscale import _one_run, _violation_minutes, _Worker
+from ._autoscale import _one_run, _per_request, _violation_minutes, _Worker
 from ._replicate import _seed_keys, pack_scenario
 from ._validation import check_int
 from .kernel import autoscale as A
@@ -38,7 +38,8 @@ class AutoscaleRun:
     end_s : float
         The run's end (the last departure, or the horizon).
     requests : pandas.DataFrame
-        Per request: arrival, replica row, status code, first token and finish times.
+        Per request: arrival, replica row, status code, first token and
+        finish times, preemptions.
     """
 
     windows: pd.DataFrame
@@ -109,12 +110,9 @@ def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleR
         w[c] = w[c].astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         w["slo_attainment"] = np.where(w["arrivals"] > 0, w["slo_met"] / w["arrivals"].where(w["arrivals"] > 0), np.nan)
-    owner, local = fb.owner[:n], fb.local[:n]
-    req = pd.DataFrame({
-        "arrival_s": stream[0].copy(), "replica": owner.copy(),
-        "status": np.array([fb.wi[r][K.WI_STATUS * n + j] for r, j in zip(owner, local)], np.int64),
-        "first_token_s": np.array([fb.wf[r][K.WF_FIRST * n + j] for r, j in zip(owner, local)]),
-        "finish_s": np.array([fb.wf[r][K.WF_FINISH * n + j] for r, j in zip(owner, local)])})
+    status, first, finish, npre = _per_request(n, fb)
+    req = pd.DataFrame({"arrival_s": stream[0].copy(), "replica": fb.owner[:n].copy(), "status": status,
+                        "first_token_s": first, "finish_s": finish, "num_preemptions": npre})
     held_s = sum(ab.life.tolist())
     return AutoscaleRun(windows=w, gpu_hours=held_s * scaler.gpus_per_replica / 3600.0,
                         slo_violation_minutes=_violation_minutes(ab.windows, nw, scaler.interval_s,

@@ -528,9 +528,9 @@ class ReplicateResult:
         With ``workload.classes``: a row per (class, replication), its
         metrics over that class's requests, each replication's stream served
         again as the replication served it (its seed's noise; the
-        scenario's server: one replica, a fleet or a disaggregated server;
-        an autoscaled fleet refuses classes). Pooled over the classes, the
-        rows give the replication's own counts and means.
+        scenario's server: one replica, a fleet, a disaggregated server or
+        an autoscaled fleet). Pooled over the classes, the rows give the
+        replication's own counts and means.
     """
 
     scenario: Scenario
@@ -551,7 +551,7 @@ class ReplicateResult:
         engine serves? Computed on first use (it simulates up to five of the
         replications' streams again, so `replicate` itself costs nothing more,
         each as its replication ran: one replica, a fleet or a disaggregated
-        server; not checked, ``replications`` 0: an autoscaled fleet, and
+        server or an autoscaled fleet; not checked, ``replications`` 0:
         sessions and pure closed loops, whose sends follow departures);
         warns (RuntimeWarning) with the rate the scenario sustains when overloaded."""
         if self._stability is None:
@@ -561,10 +561,10 @@ class ReplicateResult:
             simulate = simulate_requests if self.scenario.fleet is None else _served_frame
             reps = self.per_replication.index[:CHECK_REPLICATIONS]
             w = self.scenario.workload
-            if _is_autoscaled(self.scenario) or w.sessions is not None or (w.closed_loop and w.arrival_rate is None):
-                # (not checked, `replications` 0: an autoscaled fleet's replicas come and go; sessions' later
-                # turns and a pure closed loop's sends come from departures, so the load they offer is the
-                # served; a capped stream is checked on the times its requests want to go)
+            if w.sessions is not None or (w.closed_loop and w.arrival_rate is None):
+                # (not checked, `replications` 0: sessions' later turns and a pure closed loop's sends come from
+                # departures, so the load they offer is the served; a capped stream is checked on the times
+                # its requests want to go)
                 reps = reps[:0]
             self._stability = check_stability(self.scenario, self.seed, reps, sample_requests, simulate,
                                               self.backend)
@@ -798,10 +798,6 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
     n_replications = check_int("n_replications", n_replications, low=2)
     check_runnable(scenario, backend)
-    if scenario.workload.classes is not None and _is_autoscaled(scenario):
-        # (the per-class table reduces each request's outcome; an autoscaled run keeps only the fleet's rows)
-        raise ValueError("workload.classes must be None with an autoscaler (per-class results of an autoscaled "
-                         f"fleet are not modelled), got {scenario.workload.classes!r}")
     confidence_level = check_confidence_level(confidence_level)
     if precision is not None:
         if not isinstance(precision, dict) or not precision:
@@ -1000,6 +996,13 @@ def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replicatio
         pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
         st, first, finish, npre, overhead, first_d = simulate_disagg_requests(scenario, pools, requests, k0, k1,
                                                                               replication)
+    elif _is_autoscaled(scenario):
+        from ._autoscale import served_autoscaled
+
+        # (the replication's own stream, which ``requests`` is: `sample_requests` draws it)
+        st, first, finish, npre, overhead = served_autoscaled(scenario, pack_scenario(scenario), k0, k1,
+                                                              replication)
+        first_d = None
     else:
         from ._fleet import simulate_fleet_requests
 

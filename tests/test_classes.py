@@ -164,6 +164,8 @@ SERVERS = {
     "noisy overhead": dict(fleet=fastsim.Fleet(2, router="jsq"), latency=dataclasses.replace(
         fastsim.LatencyModel.default(), noise=fastsim.StepNoise(speed_sd=0.2, overhead_sd=0.05))),
     "disaggregated": dict(fleet=fastsim.Disaggregated(prefill=1, decode=2, kv_bytes_per_token=1e5)),
+    "autoscaled fleet": dict(fleet=fastsim.Fleet(router="jsq", autoscaler=fastsim.Autoscaler(
+        metric="rate", target=4.0, interval_s=5.0, max_replicas=4, provisioning_delay_s=3.0))),
     # (TPOT from the decode side's first token; the decode pool's TTFT overhead)
     "disaggregated, slow link, own servers": dict(
         fleet=fastsim.Disaggregated(
@@ -197,14 +199,10 @@ def test_per_class_rows_are_the_replications_own_run(server):
         assert (res.per_replication["n_arrived"] < 200).all()   # (the horizon cuts the stream)
 
 
-def test_classes_and_simulate_requests_refuse_what_they_do_not_model():
-    """An autoscaled fleet keeps no request's outcome (refused with classes);
-    `simulate_requests` runs one replica and refuses a fleet (it ran the
+def test_simulate_requests_refuses_a_fleet():
+    """`simulate_requests` runs one replica and refuses a fleet (it ran the
     stream on one replica of the scenario's engine)."""
     w = Workload(arrival_rate=4.0, num_requests=50, classes=RequestClasses("prompt_len", EDGES))
-    auto = Scenario(workload=w, fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
-    with pytest.raises(ValueError, match="workload.classes must be None with an autoscaler"):
-        fastsim.replicate(auto, n_replications=2, seed=0)
     fleet = Scenario(workload=w, fleet=fastsim.Fleet(2))
     with pytest.raises(ValueError, match=r"scenario.fleet must be None for simulate_requests .*got Fleet\("):
         fastsim.simulate_requests(fleet, fastsim.sample_requests(fleet, seed=0))

@@ -98,16 +98,16 @@ def test_the_memory_guard_of_a_disaggregated_server_serving_trace_identities():
     assert np.array_equal(pr["n_arrived"], pr["n_completed"] + pr["n_rejected"] + pr["n_dropped"] + pr["n_unfinished"])
 
 
-def test_capacity_takes_what_only_replicates_per_class_table_refuses():
-    """Priority classes set each request's priority; only `replicate`'s
-    per-class table is not modelled for an autoscaled fleet: `capacity`
-    runs it (stop 66's review)."""
+def test_capacity_and_replicate_take_an_autoscaled_fleet_with_priority_classes():
+    """Priority classes set each request's priority: `capacity` runs an
+    autoscaled fleet with them (stop 66's review: refused for a while), and
+    `replicate` gives its per-class rows (`_autoscale.served_autoscaled`)."""
     w = fastsim.Workload(arrival_rate=2.0, num_requests=60, prompt_len=fastsim.Exponential(300),
                          classes=fastsim.RequestClasses("prompt_len", [256], priorities=[0, 1]))
     sc = fastsim.Scenario(engine=fastsim.EngineConfig(policy="priority"), workload=w,
                           fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
-    with pytest.raises(ValueError, match="workload.classes must be None with an autoscaler"):
-        fastsim.replicate(sc, n_replications=2, seed=0)
+    pc = fastsim.replicate(sc, n_replications=2, seed=0).per_class
+    assert set(pc["class"]) == {"<256", ">=256"} and pc["n_arrived"].sum() == 120
     res = fastsim.capacity(sc, {"ttft_mean": 5.0}, rate_bounds=(1.0, 4.0), n_replications=2, max_replications=2)
     assert len(res.probes) >= 1
 
@@ -151,3 +151,21 @@ def test_a_comparison_of_an_engine_no_listed_replica_runs_warns():
     other = listed.replace(**{"engine.max_num_seqs": 64})
     with pytest.warns(UserWarning, match=r"scenarios \['b'\] differ from the baseline 'a' in the scenario's engine"):
         fastsim.compare({"a": listed, "b": other}, n_replications=2, seed=0)
+
+
+def test_the_stability_check_of_an_autoscaled_fleet():
+    """An autoscaled fleet's stability is checked on its own per-request
+    results (`_autoscale.served_autoscaled`): at 60 req/s three replicas of
+    four seats are overloaded, at 6 req/s not (stop 66's review: it was
+    skipped, and before that checked on one replica)."""
+    e = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=400)
+    fleet = fastsim.Fleet(router="jsq", autoscaler=fastsim.Autoscaler(max_replicas=3))
+    for rate, over in ((6.0, False), (60.0, True)):
+        w = fastsim.Workload(arrival_rate=rate, num_requests=300, prompt_len=fastsim.Exponential(300),
+                             output_len=fastsim.Exponential(60))
+        res = fastsim.replicate(fastsim.Scenario(engine=e, workload=w, fleet=fleet), n_replications=3, seed=0)
+        import warnings
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            st = res.stability
+        assert st.replications == 3 and st.overloaded == over
