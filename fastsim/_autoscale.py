@@ -138,5 +138,5 @@ def run_autoscaled(scenario, packed, k0, k1, rep0, nrep, threads=1):
     full = K.engine_variant(packed["ipar"])
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS + K.N_AUTOSCALE_COLUMNS))
     run_replications(nrep, threads, lambda: _Worker(scenario.workload.num_requests, scaler.max_replicas),
-                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, scaler, full, out[j]))
+                     lambda w, j: _one(w, rep0 + j, k0, k1, packed, scaler, full, out[j]), out=out)
     return out

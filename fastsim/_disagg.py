@@ -310,7 +310,7 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     ngroups = int(scenario.workload.prefix_groups or 0)
     run_replications(nrep, threads, lambda: _DisaggWorker(scenario.workload.num_requests, dis, ngroups),
                      lambda w, j: _one(w, rep0 + j, k0, k1, packed, pk_p, pk_d, link, dis, out[j, :K.N_COLUMNS],
-                                       out[j, K.N_COLUMNS:]))
+                                       out[j, K.N_COLUMNS:]), out=out)
     return out
 
 

@@ -497,7 +497,7 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     def one(w, j):
         _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
 
-    def chunk(w, lo, hi):
+    def chunk(w, lo, hi, done):
         # The first replication (and any the compiled driver stops at) by `_one`, the others by the driver;
         # if it stops at once, right after `_one` sized the buffers, the streams' sizes vary (a horizon, a
         # resampled trace): it would draw each stream twice, and `_one` runs the rest of the chunk.
@@ -505,16 +505,18 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
         driver = True
         while j < hi:
             if j > lo and driver:
-                done = _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
-                j += done
-                driver = done > 0
+                k = _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
+                done[j:j + k] = True
+                j += k
+                driver = k > 0
                 if j == hi:
                     break
             one(w, j)
+            done[j] = True
             j += 1
 
     run_replications(nrep, threads, lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups),
-                     one, chunk if compiled_fleet(members) else None)
+                     one, chunk if compiled_fleet(members) else None, out)
     return out
 
 
@@ -560,27 +562,44 @@ def _compiled(worker, rep, count, k0, k1, packed, members, full, out):
     return done
 
 
-def run_replications(nrep, threads, make_worker, one, chunk=None):
+class ReplicationsInterrupted(KeyboardInterrupt):
+    """`run_replications` interrupted (Ctrl-C): the replications ``done``
+    (indices j) that finished, and their ``rows`` of the caller's table."""
+
+    def __init__(self, done, rows):
+        super().__init__()
+        self.done, self.rows = done, rows
+
+
+def run_replications(nrep, threads, make_worker, one, chunk=None, out=None):
     """``one(worker, j)`` for the replications j = 0 .. nrep-1 on ``threads``
     threads (the kernels release the GIL), in chunks of a quarter of a
     thread's share; each thread with a worker of its own (``make_worker()``:
-    its buffers). ``chunk(worker, lo, hi)``, if given, runs the
-    replications ``lo .. hi-1`` of a chunk instead. Fleets, autoscaled
-    fleets and disaggregated servers run so."""
+    its buffers). ``chunk(worker, lo, hi, done)``, if given, runs the
+    replications ``lo .. hi-1`` of a chunk instead, marking each that
+    finishes in the boolean array ``done``. Fleets, autoscaled fleets and
+    disaggregated servers run so. Interrupted, it raises
+    `ReplicationsInterrupted` with the finished replications' rows of
+    ``out`` (the chunks not started are skipped: nothing finished is lost)."""
     threads = max(1, min(threads, nrep))
     local = threading.local()
     made = []   # (each thread's worker: its buffers handed on at the end, ``give_back``)
+    done = np.zeros(nrep, bool)
+    stop = threading.Event()
 
     def work(lo, hi):
+        if stop.is_set():
+            return
         worker = getattr(local, "worker", None)
         if worker is None:
             worker = local.worker = make_worker()
             made.append(worker)
         if chunk is not None:
-            chunk(worker, lo, hi)
+            chunk(worker, lo, hi, done)
             return
         for j in range(lo, hi):
             one(worker, j)
+            done[j] = True
 
     try:
         if threads == 1:
@@ -588,12 +607,18 @@ def run_replications(nrep, threads, make_worker, one, chunk=None):
         else:
             size = -(-nrep // (4 * threads))
             with ThreadPoolExecutor(threads) as pool:   # (its exit waits for every thread)
-                for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
-                    f.result()
+                try:
+                    for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
+                        f.result()
+                except KeyboardInterrupt:
+                    stop.set()   # (the chunks not started return at once: the exit waits for the running ones)
+                    raise
+    except KeyboardInterrupt:
+        idx = np.flatnonzero(done)
+        raise ReplicationsInterrupted(idx, None if out is None else out[idx]) from None
     finally:
         for worker in made:
             worker.give_back()
-
 
 
 def stream_columns(requests):

@@ -938,7 +938,7 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
         if isinstance(stop, _ChunksInterrupted):
             blocks.append(stop.rows)
             ids.append(stop.ids)
-        data = np.concatenate(blocks) if blocks else np.empty((0, K.N_COLUMNS))
+        data = np.concatenate(blocks) if blocks else np.empty((0, K.N_COLUMNS + len(_extra_columns(scenario))))
         partial = _make_result(scenario, data, np.concatenate(ids) if ids else np.empty(0, np.int64),
                                confidence_level, entropy, backend, precision, time.perf_counter() - start,
                                interrupted=True)
@@ -1222,18 +1222,33 @@ def _run_threads(work, chunks, n_threads, stop, bar):
 
 
 def _run(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
+    if scenario.fleet is not None:
+        from ._fleet import ReplicationsInterrupted
+
+        try:
+            return _run_fleet(scenario, packed, k0, k1, rep0, nrep, n_threads)
+        except ReplicationsInterrupted as stop:   # (the finished replications, as `replicate` keeps them)
+            raise _ChunksInterrupted(rep0 + stop.done, stop.rows) from None
+    return _run_one(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress)
+
+
+def _run_fleet(scenario, packed, k0, k1, rep0, nrep, n_threads):
+    """A fleet's, an autoscaled fleet's or a disaggregated server's rows (`check_runnable` refused the
+    backends other than numba)."""
     if _is_disagg(scenario):
         from ._disagg import run_disagg
 
         pools = tuple(pack_scenario(s) for s in scenario.fleet.pool_scenarios(scenario))
         return run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, _thread_count(n_threads))
-    if scenario.fleet is not None:   # (`_replicate_iv` refused the other backends)
-        from ._fleet import run_fleet
+    if scenario.fleet.autoscaler is not None:
+        from ._autoscale import run_autoscaled
+        return run_autoscaled(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
+    from ._fleet import run_fleet
 
-        if scenario.fleet.autoscaler is not None:
-            from ._autoscale import run_autoscaled
-            return run_autoscaled(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
-        return run_fleet(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
+    return run_fleet(scenario, packed, k0, k1, rep0, nrep, _thread_count(n_threads))
+
+
+def _run_one(scenario, packed, k0, k1, rep0, nrep, backend, n_threads, batch_size, progress):
     out = np.empty((nrep, K.N_COLUMNS))
     if backend == "reference":
         from ._reference_metrics import run_reference_replications

@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fastsim
@@ -169,3 +170,44 @@ def test_the_stability_check_of_an_autoscaled_fleet():
             warnings.simplefilter("always")
             st = res.stability
         assert st.replications == 3 and st.overloaded == over
+
+
+@pytest.mark.parametrize("server", ["fleet", "driven fleet", "disaggregated", "autoscaled"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_interrupted_fleet_keeps_its_finished_replications(monkeypatch, server, threads):
+    """Ctrl-C in a fleet's, a disaggregated server's or an autoscaled fleet's
+    run: `fastsim.Interrupted` with the finished replications, each equal to
+    an uninterrupted run's (it raised an IndexError from an empty table of
+    one replica's width: stop 66's review). The interrupt is raised in the
+    fifth replication's Python (`_one`; with the compiled driver, the first
+    replication of a later chunk)."""
+    from fastsim import _autoscale, _disagg
+    from fastsim import _fleet as F
+
+    jitter = dataclasses.replace(LAT, noise=fastsim.StepNoise(jitter_sd=0.05))
+    w = fastsim.Workload(arrival_rate=8.0, num_requests=80)
+    sc, module = {
+        "fleet": (fastsim.Scenario(workload=w, latency=jitter, fleet=fastsim.Fleet(2, router="jsq")), F),
+        "driven fleet": (fastsim.Scenario(workload=w, fleet=fastsim.Fleet(2, router="jsq")), F),
+        "disaggregated": (fastsim.Scenario(workload=w, fleet=fastsim.Disaggregated(1, 1, kv_bytes_per_token=1e5)),
+                          _disagg),
+        "autoscaled": (fastsim.Scenario(workload=w,
+                                        fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=2))),
+                       _autoscale)}[server]
+    full = fastsim.replicate(sc, n_replications=16, seed=4, n_threads=1).per_replication
+    # (the driver runs a chunk's replications after its first: one call a chunk, one chunk on one thread)
+    name, at = ("_compiled", threads) if server == "driven fleet" else ("_one", 5)
+    real, calls = getattr(module, name), []
+
+    def interrupted(*args, **kw):
+        calls.append(1)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, interrupted)
+    with pytest.raises(fastsim.Interrupted) as stop:
+        fastsim.replicate(sc, n_replications=16, seed=4, n_threads=threads)
+    part = stop.value.partial
+    assert part.interrupted and 1 <= part.n_replications < 16
+    pd.testing.assert_frame_equal(part.per_replication, full.loc[part.per_replication.index])
