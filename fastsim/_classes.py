@@ -118,7 +118,10 @@ def as_classes(value):
     if isinstance(value, str):
         return RequestClasses(value)
     if isinstance(value, dict):
-        return RequestClasses(**value)
+        try:
+            return RequestClasses(**value)
+        except TypeError as exc:   # (a missing or an unknown key)
+            raise ValueError(f"classes: {exc} (its keys: by, edges, priorities), got {value!r}") from None
     if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str):
         return RequestClasses(value[0], tuple(value[1]))
     raise ValueError(f"classes must be None, a fastsim.RequestClasses, 'priority', 'trace' or a (by, edges) pair "

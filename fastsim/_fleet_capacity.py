@@ -78,8 +78,10 @@ class FleetCapacityResult:
 def _fleet_capacity_iv(scenario, max_replicas):
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a fastsim.Scenario, got {type(scenario).__name__}")
-    if scenario.fleet is None:
-        raise ValueError("scenario.fleet must be a fastsim.Fleet (its router; its replicas are searched), got None")
+    if scenario.fleet is None or not hasattr(scenario.fleet, "mixed"):
+        # (a disaggregated server's split: `fastsim.disaggregation_search`)
+        raise ValueError(f"scenario.fleet must be a fastsim.Fleet (its router; its replicas are searched), got "
+                         f"{scenario.fleet!r}; for a disaggregated server's split use fastsim.disaggregation_search")
     if scenario.fleet.mixed:
         raise ValueError(f"fleet_capacity searches a number of identical replicas; scenario.fleet.replicas is a "
                          f"mixed fleet of {scenario.fleet.n_replicas} listed replicas (which kind to add is not "

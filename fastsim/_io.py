@@ -13,6 +13,8 @@ TABLE_SUFFIXES = (".csv", ".json", ".parquet")
 def check_table_path(path, name: str = "path", *, writing: bool = False) -> Path:
     """``path`` as a Path if its suffix is a table format (and, ``writing``,
     its directory exists), else a ValueError naming ``name``."""
+    if not isinstance(path, (str, Path)) and not hasattr(path, "__fspath__"):
+        raise ValueError(f"{name} must be a file path (str or pathlib.Path), got {path!r}")
     path = Path(path)
     if path.suffix.lower() not in TABLE_SUFFIXES:
         raise ValueError(f"{name} must end in .csv, .json or .parquet, got {str(path)!r}")

@@ -73,7 +73,11 @@ class StepNoise:
         for name in ("speed_log_mean", "prefill_log_mean"):
             object.__setattr__(self, name, check_float(name, getattr(self, name)))
         if self.calibration_cov is not None:
-            cov = np.asarray(self.calibration_cov, dtype=float)
+            try:
+                cov = np.asarray(self.calibration_cov, dtype=float)
+            except (TypeError, ValueError):
+                raise ValueError(f"calibration_cov must be a finite symmetric 5 x 5 matrix of real numbers (the "
+                                 f"covariance of {', '.join(CALIBRATED)}), got {self.calibration_cov!r}") from None
             if cov.shape != (5, 5) or not np.all(np.isfinite(cov)) or not np.allclose(cov, cov.T):
                 raise ValueError(f"calibration_cov must be a finite symmetric 5 x 5 matrix (the covariance of "
                                  f"{', '.join(CALIBRATED)}), got shape {cov.shape}")

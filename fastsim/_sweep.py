@@ -167,13 +167,16 @@ def _resolve(scenario: Scenario, key: str):
 # ------------------------------------------------------------------------------
 # One point (module level: runs in worker processes and is cached by joblib.Memory)
 
-@functools.lru_cache(maxsize=1)
-def _code_fingerprint() -> str:
-    """Hash of fastsim's source: part of the cache key, so that cached points
-    are recomputed after the simulator changes."""
+@functools.lru_cache(maxsize=4)
+def _code_fingerprint(root=None) -> str:
+    """Hash of fastsim's source (the package at ``root``, this one by
+    default): part of the cache key, so that cached points are recomputed
+    after the simulator changes."""
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
+    root = Path(__file__).parent if root is None else Path(root)
+    # (the kernel's package too, and the packaged data a scenario may read: models, GPUs, calibration, traces)
+    for path in sorted([*root.rglob("*.py"), *(p for p in root.glob("data/**/*") if p.is_file())]):
+        h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

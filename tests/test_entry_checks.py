@@ -211,3 +211,36 @@ def test_an_interrupted_fleet_keeps_its_finished_replications(monkeypatch, serve
     part = stop.value.partial
     assert part.interrupted and 1 <= part.n_replications < 16
     pd.testing.assert_frame_equal(part.per_replication, full.loc[part.per_replication.index])
+
+
+def test_small_input_gaps_give_clear_errors(tmp_path):
+    """Found by stop 66's review: raw TypeErrors and AttributeErrors where a
+    ValueError names the parameter."""
+    res = fastsim.replicate(fastsim.Scenario(workload=W), n_replications=2, seed=0)
+    for bad in (123, None):
+        with pytest.raises(ValueError, match="path must be a file path"):
+            res.save(bad)
+    with pytest.raises(ValueError, match=r"classes: .*\(its keys: by, edges, priorities\)"):
+        fastsim.Workload(classes={})
+    with pytest.raises(ValueError, match="calibration_cov must be a finite symmetric 5 x 5 matrix of real numbers"):
+        fastsim.StepNoise(calibration_cov=1 + 2j)
+    with pytest.raises(ValueError, match="scenario.fleet must be a fastsim.Fleet .*disaggregation_search"):
+        fastsim.fleet_capacity(fastsim.Scenario(workload=W, fleet=fastsim.Disaggregated(1, 1)), {"ttft_mean": 0.1})
+
+
+def test_the_sweep_cache_key_covers_the_kernel_package(tmp_path):
+    """A change of the kernel's code (fastsim/kernel/) or of the packaged data
+    invalidates cached sweep points (the key hashed fastsim/*.py only)."""
+    import shutil
+
+    from fastsim import _sweep
+
+    copy = tmp_path / "fastsim"
+    shutil.copytree(Path(fastsim.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    keys = [_sweep._code_fingerprint.__wrapped__(copy)]   # (uncached: the copy changes between calls)
+    for part in ("kernel/replica.py", "data/gpus.toml", "_replicate.py"):
+        with open(copy / part, "a") as f:
+            f.write("\n# changed\n")
+        keys.append(_sweep._code_fingerprint.__wrapped__(copy))
+    assert len(set(keys)) == 4
+    assert _sweep._code_fingerprint() == _sweep._code_fingerprint(Path(fastsim.__file__).parent)
