@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -624,7 +625,7 @@ class Workload:
     def _check_closed_loop(self) -> bool:
         """Check ``max_concurrency`` and ``think_time_s``; return whether the load is closed-loop."""
         s = object.__setattr__
-        s(self, "think_time_s", check_float("think_time_s", self.think_time_s, low=0))
+        s(self, "think_time_s", check_float("think_time_s", self.think_time_s, low=0, high=MAX_CLOCK_S))
         check_choice("think_time_dist", self.think_time_dist, ("fixed", "exponential"))
         if self.max_concurrency is None:
             if self.think_time_s != 0.0 or self.think_time_dist != "fixed":
@@ -988,6 +989,17 @@ class Scenario:
                  "ctx_per_token_s": lat.ctx_per_token_s * e.kv_capacity_tokens,
                  "swap_s_per_block": lat.swap_s_per_block * (e.num_gpu_blocks + e.swap_space_blocks)}
         longest = sum(terms.values())   # (inf for an overflowing power: refused too)
+        noise = lat.noise
+        if noise is not None and longest <= MAX_CLOCK_S:
+            # (its factors at 8 standard deviations, a stall at 40 means: where a run's clock must still hold)
+            f = (math.exp(noise.speed_log_mean + 8 * noise.speed_sd + 8 * noise.jitter_sd)
+                 * math.exp(max(0.0, noise.prefill_log_mean + 8 * noise.prefill_sd)))
+            noisy = longest * f + (40 * noise.stall_mean_s if noise.stall_prob > 0 else 0.0)
+            if not noisy <= MAX_CLOCK_S:
+                raise ValueError(f"latency.noise makes the longest step {noisy:.3g} s at 8 standard deviations of "
+                                 f"its factors (speed_log_mean, speed_sd, prefill_log_mean, prefill_sd, jitter_sd; "
+                                 f"stall_mean_s), more than {MAX_CLOCK_S:g} s, beyond which the engine's clock "
+                                 f"loses its resolution; got {noise!r}")
         if not longest <= MAX_CLOCK_S:
             name = max(terms, key=terms.get)
             raise ValueError(f"latency.{name} makes the longest step {longest:.3g} s (a full batch: "

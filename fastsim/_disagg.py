@@ -20,7 +20,7 @@ import numpy as np
 from . import kernel as K
 from ._fleet import Fleet, _FleetWorker, run_replications, stream_columns
 from ._latency import LatencyModel
-from ._validation import check_float, check_int
+from ._validation import MAX_CLOCK_S, check_float, check_int
 from .kernel import cluster, disagg
 
 __all__ = ["Disaggregated", "run_disagg"]
@@ -109,7 +109,8 @@ class Disaggregated:
                 and not math.isnan(bw)):
             raise ValueError(f"link_bandwidth_gbps must be a number > 0 (inf: an instant link), got {bw!r}")
         object.__setattr__(self, "link_bandwidth_gbps", float(bw))
-        object.__setattr__(self, "link_latency_s", check_float("link_latency_s", self.link_latency_s, low=0))
+        object.__setattr__(self, "link_latency_s", check_float("link_latency_s", self.link_latency_s, low=0,
+                                                                          high=MAX_CLOCK_S))
         object.__setattr__(self, "kv_bytes_per_token", check_float("kv_bytes_per_token", self.kv_bytes_per_token,
                                                                    low=0, low_open=True, optional=True))
         p, d = _server("prefill_server", self.prefill_server), _server("decode_server", self.decode_server)

@@ -15,7 +15,7 @@ from . import kernel as K
 from ._numba_options import KERNEL_DEBUG
 from ._pages import Spares, huge_pages, small_pages
 from .kernel import cluster
-from ._validation import check_float, check_int
+from ._validation import MAX_CLOCK_S, check_float, check_int
 
 __all__ = ["Fleet", "run_fleet"]
 
@@ -87,7 +87,7 @@ class Fleet:
         object.__setattr__(self, "router_staleness_s",
                            check_float("router_staleness_s", self.router_staleness_s, low=0))
         object.__setattr__(self, "routing_latency_s", check_float("routing_latency_s", self.routing_latency_s,
-                                                                  low=0))
+                                                                  low=0, high=MAX_CLOCK_S))
         object.__setattr__(self, "prefix_load_cap", check_int("prefix_load_cap", self.prefix_load_cap, low=0))
         object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
                                                                optional=True))

@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_float
+from ._validation import MAX_CLOCK_S, check_float
 
+#: Bounds of `StepNoise`'s log-scale standard deviations and means (factors of e**2 a standard deviation,
+#: e**10 for a mean: far beyond any GPU's, where exp() of a draw would still stay finite and nonzero).
+MAX_LOG_SD = 2.0
+MAX_LOG_MEAN = 10.0
 #: The coefficients whose joint uncertainty `StepNoise.calibration_cov` holds, in its order.
 CALIBRATED = ("base_s", "decode_scale_s", "decode_alpha", "prefill_per_token_s", "ttft_overhead_s")
 
@@ -66,12 +70,18 @@ class StepNoise:
     calibration_cov: tuple | None = None
 
     def __post_init__(self):
-        for name in ("jitter_sd", "stall_mean_s", "speed_sd", "prefill_sd", "overhead_sd"):
-            object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
+        # (the log-scale spreads and means bounded where their factors stay meaningful: beyond, exp() of a
+        # draw overflows to inf, a run that never ends, or underflows to 0-long steps)
+        for name in ("jitter_sd", "speed_sd", "prefill_sd"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name), low=0, high=MAX_LOG_SD))
+        object.__setattr__(self, "overhead_sd", check_float("overhead_sd", self.overhead_sd, low=0, high=MAX_CLOCK_S))
+        object.__setattr__(self, "stall_mean_s", check_float("stall_mean_s", self.stall_mean_s, low=0,
+                                                             high=MAX_CLOCK_S))
         object.__setattr__(self, "stall_prob", check_float("stall_prob", self.stall_prob, low=0, high=1,
                                                            high_open=True))
         for name in ("speed_log_mean", "prefill_log_mean"):
-            object.__setattr__(self, name, check_float(name, getattr(self, name)))
+            object.__setattr__(self, name, check_float(name, getattr(self, name), low=-MAX_LOG_MEAN,
+                                                       high=MAX_LOG_MEAN))
         if self.calibration_cov is not None:
             try:
                 cov = np.asarray(self.calibration_cov, dtype=float)
@@ -186,9 +196,10 @@ class LatencyModel:
 
     def __post_init__(self):
         object.__setattr__(self, "base_s", check_float("base_s", self.base_s, low=0, low_open=True))
-        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s", "ttft_overhead_s",
-                     "swap_s_per_block"):
+        for name in ("decode_scale_s", "prefill_per_token_s", "ctx_per_token_s", "swap_s_per_block"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), low=0))
+        object.__setattr__(self, "ttft_overhead_s", check_float("ttft_overhead_s", self.ttft_overhead_s, low=0,
+                                                                high=MAX_CLOCK_S))
         object.__setattr__(self, "decode_alpha",
                            check_float("decode_alpha", self.decode_alpha, low=0, low_open=True))
         if isinstance(self.noise, dict):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ._validation import check_choice, check_float
+from ._validation import MAX_CLOCK_S, check_choice, check_float
 
 __all__ = ["Sessions"]
 
@@ -58,7 +58,8 @@ class Sessions:
         from ._distributions import as_length
 
         object.__setattr__(self, "turns", as_length("turns", self.turns))
-        object.__setattr__(self, "think_time_s", check_float("think_time_s", self.think_time_s, low=0))
+        object.__setattr__(self, "think_time_s", check_float("think_time_s", self.think_time_s, low=0,
+                                                                        high=MAX_CLOCK_S))
         check_choice("think_time_dist", self.think_time_dist, ("fixed", "exponential"))
 
 

@@ -244,3 +244,26 @@ def test_the_sweep_cache_key_covers_the_kernel_package(tmp_path):
         keys.append(_sweep._code_fingerprint.__wrapped__(copy))
     assert len(set(keys)) == 4
     assert _sweep._code_fingerprint() == _sweep._code_fingerprint(Path(fastsim.__file__).parent)
+
+
+def test_noise_and_time_parameters_beyond_the_clock_are_refused():
+    """Per-run noise factors past exp()'s range hung a run (speed_log_mean=710:
+    inf steps), lost its arrivals (prefill_log_mean=710) or made every step 0
+    (jitter_sd=30); time-like parameters of 1e300 s gave metrics near 1e300
+    (stop 66's review). Refused, naming the parameter and its range."""
+    for kw, name in ((dict(speed_log_mean=710.0), "speed_log_mean"),
+                     (dict(prefill_log_mean=-710.0), "prefill_log_mean"), (dict(speed_sd=400.0), "speed_sd"), (dict(jitter_sd=30.0), "jitter_sd"),
+                     (dict(stall_prob=0.1, stall_mean_s=1e300), "stall_mean_s")):
+        with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= .* and <= "):
+            fastsim.StepNoise(**kw)
+    # (within each range, but together past the clock at 8 standard deviations)
+    loud = fastsim.StepNoise(speed_log_mean=10.0, speed_sd=2.0, jitter_sd=2.0)
+    with pytest.raises(ValueError, match=r"latency.noise makes the longest step .* at 8 standard deviations"):
+        fastsim.Scenario(latency=dataclasses.replace(LAT, noise=loud))
+    for make, name in ((lambda: dataclasses.replace(LAT, ttft_overhead_s=1e300), "ttft_overhead_s"),
+                       (lambda: fastsim.Fleet(2, routing_latency_s=1e300), "routing_latency_s"),
+                       (lambda: fastsim.Disaggregated(1, 1, link_latency_s=1e300), "link_latency_s"),
+                       (lambda: fastsim.Workload(arrival_rate=None, max_concurrency=2, think_time_s=1e300),
+                        "think_time_s")):
+        with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= 0 and <= 1000000000000"):
+            make()
