@@ -330,12 +330,33 @@ def _read_csv(path, nrows, timestamp, prompt, output, class_column):
                         source=str(path))
 
 
+def _number(value, path, k, column) -> float:
+    """Record ``k``'s ``column`` as a float, or a ValueError naming the file, the record and the field."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: record {k} ({column}): expected a number, got {value!r}") from None
+
+
+def _hash_ids(ids, path, k) -> np.ndarray:
+    """Record ``k``'s ``hash_ids`` as int64, or a ValueError naming the file and the record: each an
+    integer in int64's range (a fraction, a string or a larger number names no block)."""
+    if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                            and -2 ** 63 <= x < 2 ** 63 for x in ids):
+        raise ValueError(f"{path}: record {k} (hash_ids): expected a list of integers within int64, got "
+                         f"{str(ids)[:80]}")
+    return np.asarray(ids, np.int64)
+
+
 def _read_jsonl(path, format, nrows, block_size, timestamp, prompt, output, class_column):
     recs = []
     with path.open() as fh:
-        for line in fh:
+        for i, line in enumerate(fh, 1):
             if line.strip():
-                recs.append(json.loads(line))
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}: line {i} is not JSON: {exc}") from None
                 if nrows is not None and len(recs) >= nrows:
                     break
     if not recs:
@@ -349,7 +370,7 @@ def _read_jsonl(path, format, nrows, block_size, timestamp, prompt, output, clas
         scale = 1e-3   # milliseconds
         pcol = _pick(keys, prompt, PROMPT_COLUMNS, "prompt length", path)
         ocol = _pick(keys, output, OUTPUT_COLUMNS, "output length", path)
-        blocks = [np.asarray(r.get("hash_ids", []), np.int64) for r in recs]
+        blocks = [_hash_ids(r.get("hash_ids", []), path, k) for k, r in enumerate(recs)]
         block_size = MOONCAKE_BLOCK_SIZE
     else:
         block_size = 16 if block_size is None else block_size
@@ -362,7 +383,7 @@ def _read_jsonl(path, format, nrows, block_size, timestamp, prompt, output, clas
         pcol = _pick(keys, prompt, PROMPT_COLUMNS, "prompt length", path)
         ocol = _pick(keys, output, OUTPUT_COLUMNS, "output length", path)
         blocks = [hash_token_blocks(r["input_tok_ids"], block_size) for r in recs]
-    t = _relative_times(np.array([float(r[tcol]) for r in recs]) * scale, path, tcol)
+    t = _relative_times(np.array([_number(r[tcol], path, k, tcol) for k, r in enumerate(recs)]) * scale, path, tcol)
     off = np.concatenate([[0], np.cumsum([b.size for b in blocks])]).astype(np.int64)
     hashes = np.concatenate(blocks).astype(np.int64) if off[-1] else np.zeros(0, np.int64)
     classes = None

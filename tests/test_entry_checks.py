@@ -267,3 +267,24 @@ def test_noise_and_time_parameters_beyond_the_clock_are_refused():
                         "think_time_s")):
         with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= 0 and <= 1000000000000"):
             make()
+
+
+def test_a_bad_trace_record_is_refused_naming_the_file_and_the_field(tmp_path):
+    """A Mooncake record whose hash ids are not int64 integers raised a raw
+    OverflowError, or was truncated (2.5 read as 2); a non-number timestamp
+    gave a message naming neither file nor field (stop 66's review)."""
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
+    for bad, match in (('"hash_ids": [1, 1e30]', r"record 1 \(hash_ids\): expected a list of integers"),
+                       ('"hash_ids": [1, 2.5]', r"record 1 \(hash_ids\): expected a list of integers"),
+                       ('"hash_ids": [1, 18446744073709551616]', r"record 1 \(hash_ids\)"),
+                       ('"timestamp": "x"', r"record 1 \(timestamp\): expected a number, got 'x'")):
+        path = tmp_path / "t.jsonl"
+        rec = good.replace('"hash_ids": [1, 2]', bad) if "hash_ids" in bad else good.replace('"timestamp": 0', bad)
+        path.write_text(good + rec)
+        with pytest.raises(ValueError, match=match):
+            fastsim.Workload.from_trace(path)
+    path.write_text(good + "{not json\n")
+    with pytest.raises(ValueError, match=r"line 2 is not JSON"):
+        fastsim.Workload.from_trace(path)
+    path.write_text(good + good.replace('"timestamp": 0', '"timestamp": 1000'))
+    assert fastsim.Workload.from_trace(path).request_trace.blocks(1).tolist() == [1, 2]
