@@ -46,10 +46,6 @@ VLLM_VERSION = "0.22"
 _PROBING = [False]
 
 
-#: The KV block sizes vLLM accepts (``CacheConfig.block_size``).
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-
-
 @dataclass(frozen=True)
 class Deployment:
     """A model served by vLLM on one or more identical GPUs (vLLM's argument names).
@@ -158,15 +154,8 @@ class Deployment:
         if spec.num_key_value_heads % tp and tp % spec.num_key_value_heads:
             raise ValueError(f"tensor_parallel_size={tp} and the model's {spec.num_key_value_heads} KV heads: "
                              f"one must divide the other (vLLM shards or replicates KV heads)")
-        if self.block_size not in VLLM_BLOCK_SIZES:
-            raise ValueError(f"block_size must be one of vLLM's {', '.join(map(str, VLLM_BLOCK_SIZES))} (its "
-                             f"CacheConfig), got {self.block_size!r}")
         mml = spec.max_position_embeddings if self.max_model_len is None else self.max_model_len
         s(self, "max_model_len", check_int("max_model_len", mml, low=2, high=MAX_TOKENS))
-        if self.max_model_len > spec.max_position_embeddings:
-            # (vLLM refuses it too, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: positions past the trained range)
-            raise ValueError(f"max_model_len must be <= the model's max_position_embeddings "
-                             f"({spec.max_position_embeddings}), got {self.max_model_len}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                              f"({self.max_model_len}) without chunked prefill (vLLM refuses it too); enable "
