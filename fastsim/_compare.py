@@ -260,7 +260,7 @@ def _warn_unserved(scenarios, baseline) -> None:
 
         warnings.warn(f"scenarios {same} differ from the baseline {baseline!r} in the scenario's engine or latency "
                       f"only, which their fleet does not run (it lists its own servers; the scenario's engine only "
-                      f"draws the stream): change the fleet's entries instead", UserWarning, stacklevel=3)
+                      f"draws the stream): change the fleet's entries instead", UserWarning, stacklevel=4)
 
 
 def _run_scenario(scenario, n_replications, seed, confidence_level, backend="numba"):

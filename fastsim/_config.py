@@ -1238,7 +1238,7 @@ def _scenario_from_dict(config, base_dir=None):
         check_table_keys("deployment", dep, table_keys("deployment"))
         model = dep.get("model")
         if (isinstance(model, str) and base_dir is not None and _lookup(model)[1] is None
-                and not Path(model).is_absolute()):
+                and not Path(model).is_absolute() and (Path(base_dir) / model).exists()):
             dep["model"] = str(Path(base_dir) / model)   # (a config.json path: beside the file, as trace paths)
         try:
             deployment = Deployment(**dep)

@@ -505,12 +505,16 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
         driver = True
         while j < hi:
             if j > lo and driver:
-                k = _compiled(w, rep0 + j, hi - j, k0, k1, packed, members, full, out[j:hi])
+                # (in calls of at most DRIVER_CALL: a Ctrl-C lands between them, losing one call's rows at most)
+                want = min(hi - j, DRIVER_CALL)
+                k = _compiled(w, rep0 + j, want, k0, k1, packed, members, full, out[j:hi])
                 done[j:j + k] = True
                 j += k
                 driver = k > 0
                 if j == hi:
                     break
+                if k == want:
+                    continue   # (the call's limit, not a stop: the driver goes on)
             one(w, j)
             done[j] = True
             j += 1
@@ -518,6 +522,11 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     run_replications(nrep, threads, lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups),
                      one, chunk if compiled_fleet(members) else None, out)
     return out
+
+
+#: Replications of one compiled driver call at most (`run_fleet`'s chunks): a compiled call cannot be
+#: interrupted, and an interrupt raised as it returns loses its rows.
+DRIVER_CALL = 16
 
 
 def compiled_fleet(members):
@@ -586,6 +595,7 @@ def run_replications(nrep, threads, make_worker, one, chunk=None, out=None):
     made = []   # (each thread's worker: its buffers handed on at the end, ``give_back``)
     done = np.zeros(nrep, bool)
     stop = threading.Event()
+    settled = [threads == 1]   # (no thread can still use a worker's buffers: they may be handed on)
 
     def work(lo, hi):
         if stop.is_set():
@@ -606,19 +616,23 @@ def run_replications(nrep, threads, make_worker, one, chunk=None, out=None):
             work(0, nrep)
         else:
             size = -(-nrep // (4 * threads))
-            with ThreadPoolExecutor(threads) as pool:   # (its exit waits for every thread)
-                try:
-                    for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
-                        f.result()
-                except KeyboardInterrupt:
-                    stop.set()   # (the chunks not started return at once: the exit waits for the running ones)
-                    raise
+            pool = ThreadPoolExecutor(threads)
+            try:
+                for f in [pool.submit(work, lo, min(nrep, lo + size)) for lo in range(0, nrep, size)]:
+                    f.result()
+            except KeyboardInterrupt:
+                stop.set()   # (the chunks not started return at once: the wait below is for the running ones)
+                raise
+            finally:
+                pool.shutdown(wait=True)   # (a second Ctrl-C here leaves `settled` False: nothing handed on)
+                settled[0] = True
     except KeyboardInterrupt:
         idx = np.flatnonzero(done)
         raise ReplicationsInterrupted(idx, None if out is None else out[idx]) from None
     finally:
-        for worker in made:
-            worker.give_back()
+        if settled[0]:
+            for worker in made:
+                worker.give_back()
 
 
 def stream_columns(requests):

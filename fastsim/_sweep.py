@@ -83,7 +83,7 @@ def _explicit_points(scenario: Scenario, points) -> list[dict]:
     return [dict(p) for p in points]
 
 
-def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict], list[Scenario]]:
+def sweep_points(scenario: Scenario, grid=None, points=None, *, _stacklevel=3) -> tuple[list[dict], list[Scenario]]:
     """The changes and the scenario of every point of a sweep, validated.
 
     Parameters
@@ -112,7 +112,7 @@ def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict]
     if (grid is None) == (points is None):
         raise ValueError("give exactly one of grid (a dict of value lists) and points (a list of dicts)")
     changes = _grid_points(scenario, grid) if grid is not None else _explicit_points(scenario, points)
-    _warn_unserved(scenario, changes)
+    _warn_unserved(scenario, changes, _stacklevel)   # (the caller's line: sweep's is two frames further)
     scenarios = []
     for i, change in enumerate(changes):
         try:
@@ -122,7 +122,7 @@ def sweep_points(scenario: Scenario, grid=None, points=None) -> tuple[list[dict]
     return changes, scenarios
 
 
-def _warn_unserved(scenario: Scenario, changes) -> None:
+def _warn_unserved(scenario: Scenario, changes, stacklevel=3) -> None:
     """Warn (UserWarning) of a swept ``engine.*`` or ``latency.*`` where the
     scenario's fleet lists its replicas or gives both pools their servers:
     its own engine then serves no request (only the stream's draws read it),
@@ -138,7 +138,7 @@ def _warn_unserved(scenario: Scenario, changes) -> None:
 
         warnings.warn(f"sweep of {', '.join(keys)}: the scenario's fleet runs its own listed servers "
                       f"({type(fleet).__name__}), not the scenario's engine and latency (which only draw the "
-                      f"stream); change the fleet's entries instead", UserWarning, stacklevel=3)
+                      f"stream); change the fleet's entries instead", UserWarning, stacklevel=stacklevel)
 
 
 def point_seeds(seed, n_points: int) -> list[np.random.SeedSequence]:
@@ -357,7 +357,7 @@ def _sweep_iv(scenario, grid, points, n_replications, n_jobs, confidence_level, 
         anc = next((a for a in (path, *path.parents) if a.exists()), None)
         if anc is not None and not anc.is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} cannot be made: {str(anc)!r} is a file")
-    changes, scenarios = sweep_points(scenario, grid, points)
+    changes, scenarios = sweep_points(scenario, grid, points, _stacklevel=5)
     allowed = K.METRICS
     if all(sc.fleet is not None and getattr(sc.fleet, "autoscaler", None) is not None for sc in scenarios):
         allowed += K.AUTOSCALE_COLUMNS   # (autoscaled fleets: GPU-hours and SLO-violation minutes too, as compare's)

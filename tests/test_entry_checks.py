@@ -139,6 +139,9 @@ def test_a_sweep_of_an_engine_no_listed_replica_runs_warns():
     listed = fastsim.Scenario(workload=W, fleet=fastsim.Fleet(replicas=[(four, LAT)] * 2))
     with pytest.warns(UserWarning, match=r"sweep of engine.max_num_seqs, latency.base_s: the scenario's fleet runs"):
         sweep_points(listed, {"engine.max_num_seqs": [4, 64], "latency.base_s": [0.01]})
+    with pytest.warns(UserWarning, match=r"sweep of engine.max_num_seqs") as rec:   # (pointing at the caller)
+        fastsim.sweep(listed, {"engine.max_num_seqs": [4, 64]}, 2, seed=0, metrics=["ttft_mean"])
+    assert rec[0].filename == __file__
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -150,8 +153,10 @@ def test_a_comparison_of_an_engine_no_listed_replica_runs_warns():
     four = fastsim.EngineConfig(max_num_seqs=4)
     listed = fastsim.Scenario(workload=W, fleet=fastsim.Fleet(replicas=[(four, LAT)] * 2))
     other = listed.replace(**{"engine.max_num_seqs": 64})
-    with pytest.warns(UserWarning, match=r"scenarios \['b'\] differ from the baseline 'a' in the scenario's engine"):
+    msg = r"scenarios \['b'\] differ from the baseline 'a' in the scenario's engine"
+    with pytest.warns(UserWarning, match=msg) as rec:
         fastsim.compare({"a": listed, "b": other}, n_replications=2, seed=0)
+    assert rec[0].filename == __file__
 
 
 def test_the_stability_check_of_an_autoscaled_fleet():
@@ -194,9 +199,9 @@ def test_an_interrupted_fleet_keeps_its_finished_replications(monkeypatch, serve
         "autoscaled": (fastsim.Scenario(workload=w,
                                         fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=2))),
                        _autoscale)}[server]
-    full = fastsim.replicate(sc, n_replications=16, seed=4, n_threads=1).per_replication
-    # (the driver runs a chunk's replications after its first: one call a chunk, one chunk on one thread)
-    name, at = ("_compiled", threads) if server == "driven fleet" else ("_one", 5)
+    full = fastsim.replicate(sc, n_replications=40, seed=4, n_threads=1).per_replication
+    # (the driver runs a chunk's replications after its first, in calls of at most `DRIVER_CALL`)
+    name, at = ("_compiled", 2) if server == "driven fleet" else ("_one", 5)
     real, calls = getattr(module, name), []
 
     def interrupted(*args, **kw):
@@ -207,9 +212,11 @@ def test_an_interrupted_fleet_keeps_its_finished_replications(monkeypatch, serve
 
     monkeypatch.setattr(module, name, interrupted)
     with pytest.raises(fastsim.Interrupted) as stop:
-        fastsim.replicate(sc, n_replications=16, seed=4, n_threads=threads)
+        fastsim.replicate(sc, n_replications=40, seed=4, n_threads=threads)
     part = stop.value.partial
-    assert part.interrupted and 1 <= part.n_replications < 16
+    assert part.interrupted and 1 <= part.n_replications < 40
+    if server == "driven fleet" and threads == 1:   # (replication 0 by Python, 16 by the first driver call)
+        assert part.n_replications == 1 + F.DRIVER_CALL
     pd.testing.assert_frame_equal(part.per_replication, full.loc[part.per_replication.index])
 
 
@@ -252,7 +259,8 @@ def test_noise_and_time_parameters_beyond_the_clock_are_refused():
     (jitter_sd=30); time-like parameters of 1e300 s gave metrics near 1e300
     (stop 66's review). Refused, naming the parameter and its range."""
     for kw, name in ((dict(speed_log_mean=710.0), "speed_log_mean"),
-                     (dict(prefill_log_mean=-710.0), "prefill_log_mean"), (dict(speed_sd=400.0), "speed_sd"), (dict(jitter_sd=30.0), "jitter_sd"),
+                     (dict(prefill_log_mean=-710.0), "prefill_log_mean"), (dict(speed_sd=400.0), "speed_sd"),
+                     (dict(jitter_sd=30.0), "jitter_sd"),
                      (dict(stall_prob=0.1, stall_mean_s=1e300), "stall_mean_s")):
         with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= .* and <= "):
             fastsim.StepNoise(**kw)
