@@ -525,8 +525,9 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
 
 
 #: Replications of one compiled driver call at most (`run_fleet`'s chunks): a compiled call cannot be
-#: interrupted, and an interrupt raised as it returns loses its rows.
-DRIVER_CALL = 16
+#: interrupted, and an interrupt raised as it returns loses its rows (64: the calls' own cost stays within
+#: the noise of `benchmarks/fleet_driver_speed.py`, 16 cost about a point of the driver's 2-4 %).
+DRIVER_CALL = 64
 
 
 def compiled_fleet(members):
