@@ -248,13 +248,13 @@ def _warn_unserved(scenarios, baseline) -> None:
     """Warn (UserWarning) of scenarios that differ from the baseline only in
     an engine or latency model their fleet does not run (it lists its own
     servers: the scenario's engine only draws the stream)."""
-    from ._fleet import running_engines
+    from ._fleet import serves_scenario_engine
 
     base = scenarios[baseline]
     same = [name for name, sc in scenarios.items()
             if name != baseline and sc.fleet is not None and sc.fleet == base.fleet
             and (sc.engine != base.engine or sc.latency != base.latency)
-            and not any(e is sc.engine for _, e in running_engines(sc))]
+            and not serves_scenario_engine(sc)]
     if same:
         import warnings
 

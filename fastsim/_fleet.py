@@ -129,6 +129,13 @@ def running_engines(scenario) -> list:
     return [("engine", scenario.engine)]
 
 
+def serves_scenario_engine(scenario) -> bool:
+    """Whether the scenario's own engine serves requests (not where a fleet
+    lists its replicas, or a disaggregated server gives both pools their
+    servers: it only draws the stream then)."""
+    return any(e is scenario.engine for _, e in running_engines(scenario))
+
+
 def trace_hashing(scenario) -> bool:
     """Whether a replayed trace's block identities key a prefix cache: a
     trace that has them, no prefix groups, and an engine that serves the

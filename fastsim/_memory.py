@@ -705,21 +705,14 @@ def _pool_records(scenario):
     pools, ``Disaggregated.pool_scenarios``): what
     `kernel.cluster.compact_capacity` reads (the warm-up, sessions, caching
     by block hash)."""
-    import copy
-
     from ._fleet import fleet_members
     from ._pack import pack_scenario
     fleet = scenario.fleet
     if hasattr(fleet, "pool_engines"):
         # (each pool as its own scenario, unvalidated: ``pool_scenarios`` builds and checks Scenarios, which
         # `engine_variants`' copies, a pool's engine as the scenario's, need not pass; only the records count)
-        out = []
-        for pool, engine in zip((fleet.prefill, fleet.decode), fleet.pool_engines(scenario.engine)):
-            sc = copy.copy(scenario)
-            object.__setattr__(sc, "engine", engine)
-            object.__setattr__(sc, "fleet", pool)
-            out.append(pack_scenario(sc)["ipar"][None])
-        return out
+        return [pack_scenario(_unchecked(scenario, engine=e, fleet=pool))["ipar"][None]
+                for pool, e in zip((fleet.prefill, fleet.decode), fleet.pool_engines(scenario.engine))]
     return [fleet_members(scenario, pack_scenario(scenario))[0]]
 
 
@@ -737,6 +730,18 @@ def fleet_address_space(scenario):
     return _fleet_replicas(scenario.fleet) * 8 * max(sum(si.values()), sum(sf.values())) * 5 // 4
 
 
+def _unchecked(scenario, **fields):
+    """A shallow copy of a validated ``scenario`` with ``fields`` set, not
+    validated again (a pool's or a listed replica's engine as the
+    scenario's: the memory checks read ``scenario.engine``)."""
+    import copy
+
+    out = copy.copy(scenario)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
 def engine_variants(scenario):
     """The scenario once for each distinct engine that serves its requests
     (`_fleet.running_engines`: a listed fleet's replicas, a disaggregated
@@ -745,8 +750,6 @@ def engine_variants(scenario):
     turn and keep the largest, a bound for a mixed fleet. (They read
     ``scenario.engine``; a listed fleet's was sized alone, its replicas'
     ignored, in stop 66's review.)"""
-    import copy
-
     from ._fleet import running_engines
     engines = []
     for _, e in running_engines(scenario):
@@ -754,12 +757,7 @@ def engine_variants(scenario):
             engines.append(e)
     if engines == [scenario.engine]:
         return [scenario]
-    out = []
-    for e in engines:
-        v = copy.copy(scenario)
-        object.__setattr__(v, "engine", e)
-        out.append(v)
-    return out
+    return [_unchecked(scenario, engine=e) for e in engines]
 
 
 def _largest(estimates):

@@ -340,7 +340,7 @@ def simulate_requests(scenario: Scenario, requests: pd.DataFrame, backend: str =
             raise ValueError("requests['arrival_s'] must be 0 in a pure closed loop (max_concurrency without "
                              "arrival_rate: the seats set when each request goes)")
     if "sjf_key" not in extra and scenario.engine.sjf_key != "output":
-        extra["sjf_key"] = p if scenario.engine.sjf_key == "prompt" else p + o
+        extra["sjf_key"] = _sjf_keys(scenario.engine, p, o)
     if scenario.engine.length_predictor is not None and "sjf_key" not in extra:
         raise ValueError("requests must have an 'sjf_key' column (the predicted output lengths) when "
                          f"engine.length_predictor is set (got length_predictor="
@@ -771,13 +771,13 @@ def check_runnable(scenario, backend="numba") -> None:
     _check_backend(backend)
     if scenario.fleet is not None and backend != "numba":
         raise ValueError(f"backend must be 'numba' for a fleet scenario (Scenario.fleet), got {backend!r}")
-    if scenario.fleet is not None and getattr(scenario.fleet, "autoscaler", None) is not None:
+    if _is_autoscaled(scenario):
         from ._autoscale import check_autoscaled
         check_autoscaled(scenario)
     noise = scenario.latency.noise
     # (a plain fleet gives each replica a step-noise stream of its own, `_fleet.set_replica_noise_keys`)
     if (scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0)
-            and (_is_disagg(scenario) or getattr(scenario.fleet, "autoscaler", None) is not None)):
+            and (_is_disagg(scenario) or _is_autoscaled(scenario))):
         raise NotImplementedError("disaggregated servers and autoscaled fleets with per-step noise (StepNoise "
                                   "jitter_sd or stall_prob) are not implemented yet (the per-run effects are: "
                                   "a replication's replicas share them); set jitter_sd=0 and stall_prob=0")
@@ -987,9 +987,9 @@ def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replicatio
     starts: a disaggregated server's decode side; None: ``first``)."""
     k0, k1, _ = _seed_keys(seed)
     if "sjf_key" not in requests and scenario.engine.sjf_key != "output":
-        # (the keys `sample_requests` leaves out, as `_draw_workload` derives them; `simulate_requests` too)
-        p, o = requests["prompt_len"].to_numpy(), requests["output_len"].to_numpy()
-        requests = requests.assign(sjf_key=p if scenario.engine.sjf_key == "prompt" else p + o)
+        # (the keys `sample_requests` leaves out, as `simulate_requests` derives them)
+        requests = requests.assign(sjf_key=_sjf_keys(scenario.engine, requests["prompt_len"].to_numpy(),
+                                                     requests["output_len"].to_numpy()))
     if _is_disagg(scenario):
         from ._disagg import simulate_disagg_requests
 
@@ -1011,6 +1011,13 @@ def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replicatio
         first_d = None
     return dict(status=np.asarray(st, np.int64), first=first, finish=finish, npre=npre, overhead=overhead,
                 tpot_first=first_d)
+
+
+def _sjf_keys(engine, prompt, output):
+    """Each request's SJF key where ``engine.sjf_key`` is not the output (and
+    no predictor drew it): its prompt, or prompt and output, as
+    `kernel.workload._draw_workload` takes them."""
+    return prompt if engine.sjf_key == "prompt" else prompt + output
 
 
 def _served_frame(scenario, requests, backend="numba", seed=None, replication=0) -> pd.DataFrame:

@@ -127,10 +127,10 @@ def _warn_unserved(scenario: Scenario, changes, stacklevel=3) -> None:
     scenario's fleet lists its replicas or gives both pools their servers:
     its own engine then serves no request (only the stream's draws read it),
     so the points differ only by chance."""
-    from ._fleet import running_engines
+    from ._fleet import serves_scenario_engine
 
     fleet = scenario.fleet
-    if fleet is None or any(e is scenario.engine for _, e in running_engines(scenario)):
+    if fleet is None or serves_scenario_engine(scenario):
         return
     keys = sorted({k for change in changes for k in change if k.split(".")[0] in ("engine", "latency")})
     if keys:
