@@ -151,19 +151,17 @@ def trace_hashing(scenario) -> bool:
 def check_trace_identities(scenario) -> None:
     """Refuse, with a ValueError naming the parameters, a replayed trace's
     block identities (its hash ids keying prefix caching by block hash,
-    `trace_hashing`) where the kernel cannot key them: in a server whose
-    replicas take requests in another order than the stream's (a fleet of
-    more than one replica, or an autoscaler that may start a second; a
-    disaggregated server's decode pool, whose hand-offs come in first-token
-    order, or its prefill pool of more than one replica), and in an engine
-    of another block size than the scenario's (whose engine draws the
-    parents at its block size). The kernel names each request's parent,
-    the earlier request whose prefix it shares, by its index in the
-    stream (`kernel.workload._trace_parents`, followed by
-    `kernel.block_pool._block_id`), and a replica's own stream holds its
-    requests at other indices (a replica then read another request's
-    entries: the run hung or crashed). One replica serves the stream in
-    its order."""
+    `trace_hashing`) where the kernel cannot key them: in an autoscaled
+    fleet that may start a second replica and in a disaggregated server's
+    decode pool (whose hand-offs come in first-token order) or prefill pool
+    of more than one replica, and in an engine of another block size than
+    the scenario's (whose engine draws the parents at its block size). The
+    kernel names each request's parent, the earlier request whose prefix it
+    shares, by its index in the stream (`kernel.workload._trace_parents`,
+    followed by `kernel.block_pool._block_id`); a static fleet hands each
+    replica parents of its own (`kernel.trace_blocks`), the autoscaler and
+    the disaggregated server do not yet (their replicas would read another
+    request's entries: such runs hung or crashed)."""
     if not trace_hashing(scenario):
         return
     fleet = scenario.fleet
@@ -173,8 +171,12 @@ def check_trace_identities(scenario) -> None:
     elif _is(fleet, "Disaggregated"):
         spread = [fleet.prefill.n_replicas > 1, True]
     else:
-        many = fleet.n_replicas > 1 or (fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1)
-        spread = [many] * len(engines)
+        spread = [fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1] * len(engines)
+        if fleet.router == "session_affinity" and fleet.n_replicas > 1:
+            raise ValueError("fleet.router: 'session_affinity' needs sessions (prefix groups), which a replayed "
+                             "trace's block hashes do not name (keying prefix caching by block hash, it would "
+                             "send every request sharing a system prompt to one replica); use 'prefix_affinity' "
+                             "(it follows the request sharing the longest prefix, under prefix_load_cap)")
     bs = scenario.engine.block_size
     for (name, e), spreads in zip(engines, spread):
         if not (e.enable_prefix_caching and e.block_hash_caching):
@@ -183,9 +185,9 @@ def check_trace_identities(scenario) -> None:
             raise ValueError(
                 f"{name}: prefix caching by block hash (enable_prefix_caching=True, block_hash_caching=True) "
                 f"cannot yet be keyed by a replayed trace's block hashes (workload.request_trace with hash ids) "
-                f"when the requests are spread over replicas (a fleet of more than one replica, an autoscaler, "
-                f"a disaggregated server's decode pool); use one replica, block_hash_caching=False, or a trace "
-                f"without hash ids")
+                f"in an autoscaled fleet of more than one replica, a disaggregated server's decode pool or a "
+                f"prefill pool of more than one replica (a static fleet takes them); use a static fleet, "
+                f"block_hash_caching=False, or a trace without hash ids")
         if e.block_size != bs:
             raise ValueError(f"{name}: block_size must be the scenario engine's ({bs}: it draws the trace's "
                              f"block parents) where a replayed trace's block hashes key prefix caching by block "
@@ -287,17 +289,20 @@ class _FleetWorker:
     again in the next, not faulted in afresh (with the layout's rounded gap
     room, `kernel.workspace._gap_room`, its segments stay in place too)."""
 
-    def __init__(self, num_requests, nrep, ngroups):
+    def __init__(self, num_requests, nrep, ngroups, trace_block_size=None):
         self.buf = K.ChunkBuffers(num_requests)
         self.nrep, self.ngroups = nrep, ngroups
+        # (a replayed trace's block identities keying caching by block hash, `trace_hashing`: the block
+        # size its parents count in, and a map of them into each replica, `kernel.trace_blocks`)
+        self.trace_bs = trace_block_size
         self.compact = True   # (compact rows, `cluster.compact_capacity`, until one overfills)
         self._capacity = {}   # (by stream size)
-        self.size = (-1, -1, -1, -1, -1)
+        self.size = (-1, -1, -1, -1, -1, -1)
         self.fb = None
         self.wm = None
         self.dense = False
         self._arrays = self._records = self._red = self._views = self._stream = None
-        spare = SPARES.take((nrep, ngroups))   # (an earlier run's of as many replicas, `give_back`)
+        spare = SPARES.take(self._spare_key())   # (an earlier run's of as many replicas, `give_back`)
         if spare is not None:
             self.size, self.fb, self._wi, self._wf, self.wm, self.dense = spare
 
@@ -339,9 +344,12 @@ class _FleetWorker:
         """Hand the buffers on to a later worker for as many replicas
         (`SPARES`); call it only once no kernel uses them."""
         if self.fb is not None:
-            SPARES.give_back((self.nrep, self.ngroups), (self._wi, self._wf),
+            SPARES.give_back(self._spare_key(), (self._wi, self._wf),
                              (self.size, self.fb, self._wi, self._wf, self.wm, self.dense))
-            self.size, self.fb, self.wm, self._views = (-1, -1, -1, -1, -1), None, None, None
+            self.size, self.fb, self.wm, self._views = (-1,) * 6, None, None, None
+
+    def _spare_key(self):
+        return self.nrep, self.ngroups, self.trace_bs is not None
 
     def capacity(self, n, ipars):
         """The replicas' row capacity for a stream of ``n`` requests: compact
@@ -359,11 +367,16 @@ class _FleetWorker:
         ``sizes[r]`` (int, float) entries for a capacity of ``m`` requests
         (default ``n``; its rows as wide as the allocation), and the fleet's
         workspace for the reduction, ``merged`` (int, float) entries
-        (default: the largest of ``sizes``, ``largest`` if the caller has it)."""
+        (default: the largest of ``sizes``, ``largest`` if the caller has it).
+        With a trace's block identities, its map has room for the stream's
+        (`trace_blocks`)."""
         m = n if m is None else m
         need_i, need_f = (int(x) for x in (sizes.max(axis=0) if largest is None else largest))
         wm_i, wm_f = (need_i, need_f) if merged is None else (int(x) for x in merged)
-        want = (n, need_i, need_f, wm_i, wm_f)
+        blocks = 0
+        if self.trace_bs is not None:
+            blocks = int((self.buf.requests[1][:n] // self.trace_bs).sum())
+        want = (n, need_i, need_f, wm_i, wm_f, blocks)
         dense = m < n
         if self.fb is None or any(s < x for s, x in zip(self.size, want)) or self.dense != dense:
             # room to spare (as `kernel.ChunkBuffers.grow`): replications differ in size, and
@@ -373,7 +386,8 @@ class _FleetWorker:
             self.dense = dense
             self._wi = pages(self.nrep * self.size[1], np.int64)
             self._wf = pages(self.nrep * self.size[2], np.float64)
-            self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups)
+            self.fb = cluster.fleet_buffers(self.size[0], self.nrep, 0, 0, self.ngroups,
+                                            trace_blocks=None if self.trace_bs is None else self.size[5])
             self.wm = (np.empty(self.size[3], np.int64), np.empty(self.size[4]))
         if self._views is None or self._views[0] != (n, m) or self._views[1] is not self.fb:
             rs_a = self.fb.rs_a.reshape(-1)[:self.nrep * m].reshape(self.nrep, m)
@@ -500,6 +514,7 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
+    trace_bs = scenario.engine.block_size if trace_hashing(scenario) else None
 
     def one(w, j):
         _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])
@@ -526,7 +541,8 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
             done[j] = True
             j += 1
 
-    run_replications(nrep, threads, lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups),
+    run_replications(nrep, threads,
+                     lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups, trace_bs),
                      one, chunk if compiled_fleet(members) else None, out)
     return out
 
@@ -669,7 +685,7 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     go: `run_autoscaled`)."""
     stream = stream_columns(requests)
     if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in requests:
-        # a replayed trace's block identities (one replica: `check_trace_identities`), as `_draw_workload`'s
+        # a replayed trace's block identities (mapped into each replica, `kernel.trace_blocks`), as `_draw_workload`'s
         from ._traces import stream_parents
 
         w = scenario.workload

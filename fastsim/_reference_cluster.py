@@ -218,14 +218,42 @@ def _choose(router, i, grp, views, table, rng, cap):
     return table[grp]
 
 
+def _trace_parents(block_hashes, prompt, hash_block_size, block_size):
+    """For a stream carrying a trace's hash lists: each request's *affinity
+    parent* (spec, "Fleets"), the latest earlier request through the deepest
+    prefix of hashes it shares, when they share a full block of
+    ``block_size`` tokens; -1 otherwise. (Straight from the hashes, every
+    pair compared.)"""
+    k = hash_block_size // block_size
+    out = []
+    for i, h in enumerate(block_hashes):
+        best, depth = -1, 0
+        for s in range(i):
+            d = 0
+            while d < min(len(h), len(block_hashes[s])) and int(h[d]) == int(block_hashes[s][d]):
+                d += 1
+            if d > 0 and d >= depth:
+                best, depth = s, d
+        shared = 0 if best < 0 else min(int(prompt[i]) // block_size, int(prompt[best]) // block_size, depth * k)
+        out.append(best if shared > 0 else -1)
+    return out
+
+
 def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig | list,
                              latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
-                             n_groups=None):
+                             n_groups=None, block_hashes=None, hash_block_size=512):
     """Simulate a fleet of ``replicas`` replicas behind ``router`` over one
     request stream, slowly and literally: identical replicas, or (a mixed
     fleet) replica ``r`` with ``engine[r]`` and ``latency[r]`` when they are
     lists.
+
+    With ``block_hashes`` (a replayed trace's hash list per request, each
+    hash ``hash_block_size`` tokens), the replicas that cache by block hash
+    key prompt blocks by those hashes (`prompt_block_identities`; ``pgrp``
+    and ``plen`` are then ignored), and the prefix- and session-affine
+    routers follow each request's affinity parent (`_trace_parents`) to the
+    replica it went to.
 
     A stochastic latency model (``noise``) runs as replication
     ``seed_keys[2]`` of the keys ``seed_keys[:2]`` has it
@@ -255,6 +283,12 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=13)   # (the kernel's S_ROUTE: after its 13 streams)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
+    parents = None
+    if block_hashes is not None:
+        bs = next((e.block_size for e in engines if e.enable_prefix_caching and e.block_hash_caching),
+                  engines[0].block_size)
+        parents = _trace_parents(block_hashes, prompt, hash_block_size, bs)
+        table = [-1] * max(n, 1)
     owner, reqs = [], []
     k_scrape = 0
     live = staleness_s == 0.0 or router == "least_outstanding"
@@ -272,7 +306,9 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                         rep.advance_until(k_scrape * staleness_s)
                     views = [rep.view() for rep in reps]
                     k_scrape += 1
-        r = _choose(router, i, int(pgrp[i]), views, table, rng, load_cap)
+        r = _choose(router, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
+        if parents is not None:
+            table[i] = r   # (its children follow it)
         rep = reps[r]
         j = rep.handed
         at = t + routing_latency_s
@@ -281,7 +317,12 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                        qkey=queue_key(engines[r].policy, j, at, int(prio[i]), int(sjfk[i]),
                                       engines[r].priority_aging_s))
         if engines[r].enable_prefix_caching and engines[r].block_hash_caching:
-            req.idents = prompt_block_identities(j, req.P, engines[r].block_size, req.group, req.prefix_len)
+            if block_hashes is None:
+                req.idents = prompt_block_identities(j, req.P, engines[r].block_size, req.group, req.prefix_len)
+            else:
+                req.group, req.prefix_len = -1, 0
+                req.idents = prompt_block_identities(j, req.P, engines[r].block_size,
+                                                     block_hashes=block_hashes[i], hash_block_size=hash_block_size)
         rep.hand(req)
         owner.append(r)
         reqs.append(req)

@@ -513,7 +513,8 @@ def test_a_workers_rows_stay_in_place_and_change_no_bit():
 def test_a_fleet_runs_buffers_are_handed_to_the_next_run(monkeypatch):
     """`run_replications` hands each worker's buffers on (`_FleetWorker.give_back`):
     the next run of as many replicas takes them, dirty, and gives the same
-    results; a spare serves only as many replicas and prefix groups."""
+    results; a spare serves only as many replicas and prefix groups, and
+    only a worker that maps a trace's block identities (or not) as it did."""
     from fastsim import _fleet as F
     from fastsim._pages import Spares
 
@@ -521,7 +522,7 @@ def test_a_fleet_runs_buffers_are_handed_to_the_next_run(monkeypatch):
     monkeypatch.setattr(F, "SPARES", spares)
     sc = _scenario(V1_OFF, NO_CACHE).replace(fleet=fastsim.Fleet(replicas=3, router="jsq"))
     first = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=1).to_frame()
-    assert [key for key, _, _ in spares._items] == [(3, 4)]
+    assert [key for key, _, _ in spares._items] == [(3, 4, False)]
     rows = spares._items[0][1][0]
     again = fastsim.replicate(sc, n_replications=3, seed=0, n_threads=2).to_frame()
     assert first.equals(again)
@@ -531,7 +532,8 @@ def test_a_fleet_runs_buffers_are_handed_to_the_next_run(monkeypatch):
     w.uniform_buffers(120, 500, 400)
     given = w._wi
     w.give_back()
-    assert w.fb is None and spares._items[-1][0] == (2, 0)
+    assert w.fb is None and spares._items[-1][0] == (2, 0, False)
+    assert F._FleetWorker(120, 2, 0, trace_block_size=16).fb is None   # (its table and map: another layout)
     w = F._FleetWorker(120, 2, 0)
     assert w.fb is not None and w._wi is given and w.size[1] >= 500 and len(spares) <= 2
 

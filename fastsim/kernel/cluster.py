@@ -56,6 +56,8 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
 from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .workload import _draw_workload
+from .trace_blocks import (affinity_group as _affinity_group, hashing_block_size, localise as _localise,
+                           reset as _tmap_reset)
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
@@ -88,10 +90,18 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: each replica's measured output tokens handed (``tok[r]``: bounded by
 #: its gap samples' room, `workspace._compact_dims`). A replica's capacity
 #: is its stream's length, ``rs_a.shape[1]``: the fleet's whole stream, or
-#: fewer (a compact row, `compact_capacity`).
+#: fewer (a compact row, `compact_capacity`). Last, where a replayed trace's
+#: block identities key prefix caching by block hash, the map of each
+#: replica's first holder of a block (``tmap``, `trace_blocks`; ``table``
+#: then has a slot per request of the stream); otherwise ``tmap`` has no
+#: columns.
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
                                            "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg",
-                                           "tok"))
+                                           "tok", "tmap"))
+
+#: `_simulate_fleet_rows`' code for a trace map (``FleetBuffers.tmap``) too small for the stream
+#: (`trace_blocks.reset`): the compiled driver stops before the replication, the Python layer sizes it.
+TMAP_SMALL = -10
 
 #: `_simulate_fleet_rows`' code for a request that would overfill its
 #: replica's compact row (`compact_capacity`): the caller runs the
@@ -828,6 +838,13 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         fb.tok[r] = 0
     for g in range(fb.table.size):
         fb.table[g] = -1
+    # a replayed trace's block identities: each replica handed parents of its own (`trace_blocks`)
+    traced = fb.tmap.shape[1] > 0
+    bs0, jg = hashing_block_size(fb.rip, nrep), 0
+    if traced:
+        jg = _tmap_reset(n, prompt, bs0, fb.tmap)
+        if jg < 0:
+            return TMAP_SMALL
     _seed_streams(key0, key1, rep, fb.rstate)
     stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
     reads = _needs_state(router) and nrep > 1
@@ -874,15 +891,20 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                 return rc
             r = _shorter(fb.load, a, b)
         else:
-            r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
+            g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
+            r = _route(router, i, g, fb.load, fb.table, fb.rstate, cap, nrep)
         if m < n and not _fits(fb, r, i >= warmup, output[i]):
             return ROW_FULL
         if keep:
             kept, chain = _keep_end(fb, r, nrep, m, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
+        g, lp = pgrp[i], plen[i]
+        if traced:
+            g, lp = _localise(i, r, nrep, _ri(fb, r, RI_N_KNOWN), prompt, pgrp, plen, bs0, jg, fb.tmap)
+            fb.table[i] = r
         j = _hand(m, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
-                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], g, lp)
         if j < 0:
             return j
         fb.owner[i] = r
@@ -1089,22 +1111,33 @@ def fleet_pointers(arrays, full, draw_args, simulate_args, reduce_args):
     return pointers
 
 
-def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None):
+def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=None):
     """The buffers of a fleet of ``nrep`` replicas over streams of at most
     ``n`` requests (workspaces of ``need_i``/``need_f`` entries each), with
     a table of ``ngroups`` prefix groups; each replica holds ``capacity``
-    requests at most (default ``n``). ``np.empty``: the pages of replica
-    rows a replica never reaches are never touched."""
+    requests at most (default ``n``). With ``trace_blocks`` (the full prompt
+    blocks of the largest stream, `trace_blocks.need`), a replayed trace's
+    block identities are mapped into each replica (``tmap``, `tmap_size`
+    slots; the router's table then has a slot per request). ``np.empty``:
+    the pages of replica rows a replica never reaches are never touched."""
     from .layout import N_FPAR, N_LAT, N_LOAD, N_STREAMS
     m = n if capacity is None else capacity
     size = np.empty((nrep, 2), np.int64)
     size[:, 0], size[:, 1] = need_i, need_f
     return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, m)), np.empty((6, nrep, m), np.int64),
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
-                        np.empty(n, np.int64), np.zeros((nrep, N_LOAD)), np.empty(max(ngroups, 1), np.int64),
+                        np.empty(n, np.int64), np.zeros((nrep, N_LOAD)),
+                        np.empty(max(ngroups, 1 if trace_blocks is None else n), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
                         np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
-                        np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64))
+                        np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64),
+                        np.empty((2, 0 if trace_blocks is None else tmap_size(trace_blocks)), np.int64))
+
+
+def tmap_size(blocks):
+    """Slots of a trace map (`trace_blocks`) for streams of ``blocks`` full
+    prompt blocks: the least power of two above twice as many."""
+    return 1 << int(2 * blocks + 1).bit_length()
 
 
 def compact_capacity(n, nrep, ipars):
@@ -1187,8 +1220,9 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
     arrival, prompt, output, prio, sjfk, pgrp, plen : array_like
         The request stream, sorted by arrival: each request's arrival time
         (s), prompt and output lengths, priority class, SJF key, prefix
-        group (-1: none) and prefix length (as `workload._draw_workload`
-        draws them).
+        group (-1: none; -2 - parent: a replayed trace's block identities,
+        mapped into the replicas that cache by block hash, `trace_blocks`)
+        and prefix length (as `workload._draw_workload` draws them).
     ipar, fpar, lat : array_like
         One replica's integer, float and latency records (`layout`; a uniform
         fleet), or a row per replica (a mixed fleet).
@@ -1233,6 +1267,11 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
+    # a replayed trace's block identities (prefix groups -2 - parent) where a replica caches by block hash
+    blocks = None
+    hashing = (ipars[:, I_CACHING] == 1) & (ipars[:, I_BLOCK_HASH] >= 1)
+    if (stream[5] <= -2).any() and hashing.any():
+        blocks = int((stream[1] // ipars[np.argmax(hashing), I_BLOCK_SIZE]).sum())
     m0 = compact_capacity(n, nrep, ipars) if capacity is None else int(capacity)
     if capacity is not None and not 1 <= m0 <= max(n, 1):
         raise ValueError(f"capacity must be an int in 1 .. {max(n, 1)} (the stream's requests), got {capacity!r}")
@@ -1242,7 +1281,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         sizes = np.array([_ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)
                           for row in ipars], np.int64).reshape(nrep, 2)
         need_i, need_f = sizes.max(axis=0)
-        fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]), m)
+        fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]), m, blocks)
         if not bound:
             fb = fb._replace(dep=np.empty(0))
         elif not keep:

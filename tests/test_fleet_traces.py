@@ -1,0 +1,251 @@
+"""A replayed trace's block identities in a fleet (`kernel.trace_blocks`;
+docs/engine-model.md, "Fleets"): each replica's prefix cache is keyed by
+the trace's hashes, so two requests on one replica share a block exactly
+when the trace says they do. Checked against the hashes themselves (the
+map's identities, and the hits of a cache that never evicts), against the
+reference fleet (which keys blocks by the hashes, sharing no code with the
+kernel's parents) bit for bit over every router, and through `replicate`
+(the compiled driver, a fleet of one = the engine)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import kernel as K
+from fastsim._numba_options import python_entry
+from fastsim._reference_cluster import ROUTERS, simulate_fleet_reference
+from fastsim._replicate import pack_scenario
+from fastsim._traces import stream_parents
+from fastsim.kernel import cluster as C
+from fastsim.kernel import trace_blocks as T
+from test_fleet_driver import _runs
+from test_traces import MOONCAKE
+
+BS, HB = 16, 64
+LAT = fastsim.LatencyModel(base_s=0.006, decode_scale_s=1e-4, decode_alpha=1.3, prefill_per_token_s=3e-5,
+                           ctx_per_token_s=2e-7)
+HASH = dict(enable_prefix_caching=True, block_hash_caching=True)
+
+
+def _branching_trace(seed, n=80, rate=6.0):
+    """Conversations that branch and repeat, as chained hash lists of
+    ``HB`` tokens a hash (a hash names its tokens: a partial block's hash is
+    never a full one's), with Poisson arrivals and uniform outputs."""
+    rng = np.random.default_rng(seed)
+    hashes, prompts = [], []
+    for _ in range(n):
+        u = rng.random()
+        if hashes and u < 0.1:
+            j = int(rng.integers(len(hashes)))
+            h, p = list(hashes[j]), prompts[j]
+        else:
+            base = list(hashes[rng.integers(len(hashes))]) if hashes and u < 0.8 else []
+            h = base[:int(rng.integers(0, max(len(base) - 1, 0) + 1))]
+            h += [int(x) for x in rng.integers(10 ** 6, 10 ** 12, int(rng.integers(1, 4)))]
+            p = (len(h) - 1) * HB + int(rng.integers(1, HB + 1))
+        hashes.append(np.array(h, np.int64))
+        prompts.append(p)
+    arrival = np.cumsum(rng.exponential(1 / rate, n))
+    output = rng.integers(2, 80, n).astype(np.int64)
+    grp, plen = stream_parents(hashes, prompts, HB, BS)
+    prompt = np.array(prompts, np.int64)
+    return (arrival, prompt, output, np.zeros(n, np.int64), output.copy(), grp, plen), hashes
+
+
+def _shared(h_r, h_s, p_r, p_s):
+    """Engine blocks two prompts share by their hash lists."""
+    c = 0
+    while c < min(len(h_r), len(h_s)) and h_r[c] == h_s[c]:
+        c += 1
+    return min(p_r // BS, p_s // BS, c * (HB // BS))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_replicas_identities_are_shared_exactly_as_the_trace_shares_them(seed):
+    """`trace_blocks.localise` over random hand-outs: on each replica, block
+    j of two of its requests gets one identity (the walk up the parents it
+    is handed, as `block_pool._block_id` takes it) exactly when their hash
+    lists share block j; a request's parent there is one handed before it."""
+    stream, hashes = _branching_trace(seed)
+    _, prompt, _, _, _, grp, plen = stream
+    n, nrep = prompt.size, 3
+    owner = np.random.default_rng(seed + 10).integers(0, nrep, n)
+    need = int((prompt // BS).sum())
+    tmap = np.empty((2, C.tmap_size(need)), np.int64)
+    jg = python_entry(T.reset)(np.int64(n), prompt, np.int64(BS), tmap)
+    assert jg == (prompt // BS).max() + 1
+    localise = python_entry(T.localise)
+    local = [[] for _ in range(nrep)]   # (each replica's requests: (stream index, pgrp, plen) by local index)
+    for i in range(n):
+        r = int(owner[i])
+        k = len(local[r])
+        g, lp = localise(np.int64(i), np.int64(r), np.int64(nrep), np.int64(k), prompt, grp, plen, np.int64(BS),
+                         np.int64(jg), tmap)
+        assert -2 - g <= k and lp % BS == 0 and lp <= prompt[i]
+        local[r].append((i, g, lp))
+
+    def root(i, j):   # (the stream's earliest holder of block j of request i: `block_pool._block_id`'s walk)
+        while (j + 1) * BS <= plen[i]:
+            i = -2 - grp[i]
+        return i
+
+    # the map holds each replica's distinct blocks once
+    assert (tmap[0] >= 0).sum() == len({(owner[i], root(i, j), j) for i in range(n) for j in range(prompt[i] // BS)})
+
+    def ident(reqs, k, j):
+        while (j + 1) * BS <= reqs[k][2]:
+            k = -2 - reqs[k][1]
+        return k, j
+
+    for reqs in local:
+        for a in range(len(reqs)):
+            for b in range(a):
+                i, s = reqs[a][0], reqs[b][0]
+                shared = _shared(hashes[i], hashes[s], prompt[i], prompt[s])
+                for j in range(min(prompt[i], prompt[s]) // BS):
+                    assert (ident(reqs, a, j) == ident(reqs, b, j)) == (j < shared), (i, s, j)
+
+
+def test_the_map_refuses_a_table_too_small():
+    stream, _ = _branching_trace(0)
+    prompt = stream[1]
+    need = int((prompt // BS).sum())
+    reset = python_entry(T.reset)
+    assert reset(np.int64(prompt.size), prompt, np.int64(BS), np.empty((2, C.tmap_size(need)), np.int64)) > 0
+    for size in (2 * need, C.tmap_size(need) + 2):   # (too few slots; not a power of two)
+        assert reset(np.int64(prompt.size), prompt, np.int64(BS), np.empty((2, size), np.int64)) == -1
+
+
+def _agree(stream, hashes, engine, router, nrep, staleness=0.0, latency=0.0):
+    p = pack_scenario(fastsim.Scenario(engine=engine, workload=fastsim.Workload(arrival_rate=1.0, num_requests=10),
+                                       latency=LAT))
+    res = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.array([staleness, latency, 2.0]),
+                                  K.ROUTER_CODES[router], nrep, 11, 12, 3)
+    st, first, finish, npre, g, owner, row, bal = res
+    ref = simulate_fleet_reference(*stream, engine, LAT, nrep, router, staleness_s=staleness,
+                                   routing_latency_s=latency, load_cap=2, seed_keys=(11, 12, 3),
+                                   block_hashes=hashes, hash_block_size=HB)
+    assert np.array_equal(owner, ref["replica"])
+    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
+    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
+    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+    return owner, npre, row[K.COLUMNS.index("prefix_hit_rate")]
+
+
+#: A cache that holds the branches (hits), and a tight one (preemptions: block pools laid out, evictions).
+ENGINES = {
+    "roomy": fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=400, max_num_batched_tokens=256, **HASH),
+    "tight-async": fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=30, max_num_batched_tokens=256,
+                                        async_scheduling=True, null_block=True, scheduler_reserve_full_isl=True,
+                                        **HASH),
+}
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_a_fleet_keyed_by_trace_hashes_is_the_reference_bit_for_bit(name, router):
+    """The reference fleet keys each replica's blocks by the trace's hashes
+    (`_reference.prompt_block_identities`) and finds the affinity parent
+    from them (`_reference_cluster._trace_parents`); the kernel maps the
+    stream's parents into each replica. Bit for bit per request, live and
+    stale views, with a routing latency."""
+    hits, npre, spread = [], 0, set()
+    for seed, (nrep, staleness, latency) in enumerate(((3, 0.0, 0.0), (2, 0.7, 0.01))):
+        stream, hashes = _branching_trace(seed)
+        owner, pre, hit = _agree(stream, hashes, ENGINES[name], router, nrep, staleness, latency)
+        hits.append(hit)
+        npre += pre.sum()
+        spread |= set(owner.tolist())
+    assert len(spread) >= 2 and min(hits) > 0
+    if name == "tight-async":
+        assert npre > 0
+
+
+def test_a_fleet_of_one_replica_keyed_by_trace_hashes_is_the_engine():
+    stream, _ = _branching_trace(3)
+    for engine in ENGINES.values():
+        p = pack_scenario(fastsim.Scenario(engine=engine, latency=LAT,
+                                           workload=fastsim.Workload(arrival_rate=1.0, num_requests=10)))
+        whole = K.simulate_stream(*stream, p["ipar"], p["fpar"], p["lat"])
+        for router in ("jsq", "prefix_affinity"):
+            st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
+                *stream, p["ipar"], p["fpar"], p["lat"], np.array([0.0, 0.0, 2.0]), K.ROUTER_CODES[router], 1)
+            assert np.array_equal(st, whole[0].astype(np.int64))
+            for x, y in ((first, whole[1]), (finish, whole[2]), (npre, whole[3]), (g, whole[4]), (row, whole[-1])):
+                assert np.array_equal(x, y, equal_nan=True)
+
+
+def _mooncake(n=None):
+    with MOONCAKE.open() as fh:
+        recs = [json.loads(line) for line in fh]
+    return recs[:n]
+
+
+@pytest.mark.parametrize("router", ["round_robin", "jsq", "prefix_affinity"])
+def test_hits_on_each_replica_are_what_the_trace_hashes_say(router):
+    """A cold cache that never evicts, one request at a time on each of 3
+    replicas: a request hits exactly the blocks it shares (by the trace's
+    hashes) with an earlier request *on its replica*, at most
+    ``(P - 1) // bs`` of them (vLLM recomputes the last prompt token); the
+    fleet's prefix hit rate is their sum over the prompts'."""
+    e = fastsim.EngineConfig(num_gpu_blocks=400_000, block_size=BS, max_num_seqs=1, max_num_batched_tokens=8192,
+                             **HASH)
+    sc = fastsim.Scenario(engine=e, workload=fastsim.Workload.from_trace(MOONCAKE), latency=LAT)
+    p = pack_scenario(sc)
+    stream = K.draw_workload(0, 11, 12, *K.scenario_arrays(p, lat=False))
+    st, first, finish, npre, g, owner, row, bal = C.simulate_fleet_stream(
+        *stream, p["ipar"], p["fpar"], p["lat"], np.array([0.0, 0.0, 4.0]), K.ROUTER_CODES[router], 3)
+    assert (st == K.ST_COMPLETED).all() and (npre == 0).all()
+    recs = _mooncake()
+    assert len(recs) == owner.size
+    hit = 0
+    for r, rec in enumerate(recs):
+        best = max((_shared(rec["hash_ids"], recs[s]["hash_ids"], rec["input_length"], recs[s]["input_length"])
+                    * (512 // HB) for s in range(r) if owner[s] == owner[r]), default=0)
+        hit += min(best, (rec["input_length"] - 1) // BS) * BS
+    total = sum(rec["input_length"] for rec in recs)
+    np.testing.assert_allclose(row[K.COLUMNS.index("prefix_hit_rate")], hit / total, rtol=1e-12)
+    assert hit > 0 and len(set(owner.tolist())) == 3
+
+
+def test_replicate_keys_a_fleets_caches_by_trace_hashes(monkeypatch):
+    """Through `replicate`: the compiled driver gives each replication's
+    bits by Python, on the whole trace (every replication's map the same
+    size: the driver runs them) and on resampled windows (streams of other
+    sizes: `_one` runs them, growing the map); prefix affinity finds more
+    cached than round robin on the same streams; a fleet of one is the
+    engine."""
+    e = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=3000, async_scheduling=False, **HASH)
+    lat = fastsim.LatencyModel.default()
+    whole = fastsim.Scenario(engine=e, workload=fastsim.Workload.from_trace(MOONCAKE, rate_scale=0.5), latency=lat)
+    windows = whole.replace(workload=fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0))
+    hits = {}
+    for router in ("round_robin", "prefix_affinity"):
+        fleet = fastsim.Fleet(replicas=3, router=router)
+        driven, alone, ran = _runs(monkeypatch, whole.replace(fleet=fleet), 5)
+        monkeypatch.undo()
+        assert np.array_equal(driven, alone, equal_nan=True) and sum(ran) == 4
+        driven, alone, ran = _runs(monkeypatch, windows.replace(fleet=fleet), 6)
+        monkeypatch.undo()
+        assert np.array_equal(driven, alone, equal_nan=True)
+        assert len(set(alone[:, K.COLUMNS.index("n_arrived")])) > 1   # (sizes differ)
+        hits[router] = alone[:, K.COLUMNS.index("prefix_hit_rate")]
+    assert (hits["prefix_affinity"] >= hits["round_robin"]).all() and hits["prefix_affinity"].sum() > 0
+    one = fastsim.replicate(windows.replace(fleet=fastsim.Fleet(replicas=1)), n_replications=3, seed=4)
+    alone = fastsim.replicate(windows, n_replications=3, seed=4).per_replication
+    assert np.array_equal(one.per_replication[alone.columns].to_numpy(), alone.to_numpy(), equal_nan=True)
+
+
+def test_a_map_too_small_for_the_stream_stops_the_kernel(monkeypatch):
+    """`cluster.TMAP_SMALL`: the kernel checks the map's room before it
+    runs (the compiled driver then stops before the replication), never
+    probing a full table."""
+    stream, _ = _branching_trace(0)
+    p = pack_scenario(fastsim.Scenario(engine=ENGINES["roomy"], latency=LAT,
+                                       workload=fastsim.Workload(arrival_rate=1.0, num_requests=10)))
+    monkeypatch.setattr(C, "tmap_size", lambda blocks: 1 << (int(blocks).bit_length() - 1))
+    with pytest.raises(RuntimeError, match=rf"code {C.TMAP_SMALL}"):
+        C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.array([0.0, 0.0, 2.0]),
+                                K.ROUTER_CODES["jsq"], 3)
