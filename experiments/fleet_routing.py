@@ -3,15 +3,24 @@
 1. **Router comparison on common random numbers.** A fleet of replicas of the
    A10G server (``LatencyModel.default()``) at about 80% of its capacity, on
    ShareGPT lengths and on a prefix-heavy workload (prefix caching on, a few
-   shared prefixes); every router sees the same fleet streams (one seed), so
-   each router's difference from ``random`` is paired per replication (a
-   Student-t interval on the mean difference).
+   shared prefixes); and on a replayed Mooncake conversation trace (its
+   block hashes keying vLLM's prefix caching by block hash in each replica;
+   windows resampled per replication; ``session_affinity`` left out: a
+   trace names no sessions). Every router sees the same fleet streams (one
+   seed), so each router's difference from ``random`` is paired per
+   replication (a Student-t interval on the mean difference).
 2. **Replicas needed vs rate.** `fastsim.fleet_capacity` (JSQ) at several
    fleet rates, beside the naive answer ``ceil(rate / one replica's
    capacity)`` (`fastsim.capacity` of one replica, divided into the rate),
    which ignores that pooling behind a router shortens queues.
 
-    python experiments/fleet_routing.py [--quick] [--out DIR]
+    python experiments/fleet_routing.py [--quick] [--out DIR] [--trace PATH]
+
+``--trace``: Mooncake-style JSON lines (default: the bundled first 300
+requests of the Mooncake conversation trace, which share little beyond a
+system prompt; the whole trace, ``conversation_trace.jsonl`` of the
+Mooncake FAST'25 release, shares about 37 % of its prompt tokens with an
+earlier request).
 
 Outputs: ``routers.csv`` (workload, router, metric, estimate, interval,
 paired difference from random and its interval) and ``replicas_vs_rate.csv``.
@@ -51,6 +60,26 @@ def prefix_heavy(replicas, num_requests, rate_per_replica=8.0):
         latency=fastsim.LatencyModel.default(), fleet=fastsim.Fleet(replicas=replicas))
 
 
+#: The bundled Mooncake conversation trace's first 300 requests (``fastsim/data/traces``, Apache-2.0).
+MOONCAKE = os.path.join(os.path.dirname(fastsim.__file__), "data", "traces", "mooncake_conversation_head300.jsonl")
+
+
+def mooncake(replicas, trace=MOONCAKE, rate_per_replica=0.3, window_s=60.0):
+    """A fleet replaying windows of a Mooncake trace at ``rate_per_replica``
+    requests a second a replica (its recorded gaps scaled), caching by block
+    hash keyed by the trace's hashes."""
+    from fastsim._traces import read_trace
+
+    tr = read_trace(trace)
+    rate = (len(tr) - 1) / float(tr.arrival_s[-1] - tr.arrival_s[0])   # (the trace's own mean rate)
+    return fastsim.Scenario(
+        engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822, max_model_len=32768,
+                                    enable_prefix_caching=True, block_hash_caching=True),
+        workload=fastsim.Workload.from_trace(trace, rate_scale=rate_per_replica * replicas / rate, resample=True,
+                                             duration_s=window_s),
+        latency=fastsim.LatencyModel.default(), fleet=fastsim.Fleet(replicas=replicas))
+
+
 def _mean_ci(x, level=0.95):
     x = np.asarray(x, float)
     x = x[np.isfinite(x)]
@@ -61,9 +90,9 @@ def _mean_ci(x, level=0.95):
     return float(m), float(m - q * se), float(m + q * se)
 
 
-def compare_routers(name, sc, n_replications, seed=0):
+def compare_routers(name, sc, n_replications, seed=0, routers=ROUTERS):
     rows, base = [], None
-    for router in ROUTERS:
+    for router in routers:
         s = sc.replace(fleet=fastsim.Fleet(replicas=sc.fleet.replicas, router=router))
         pr = fastsim.replicate(s, n_replications=n_replications, seed=seed).per_replication
         if base is None:
@@ -94,10 +123,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small runs (minutes -> seconds), for a smoke test")
     ap.add_argument("--out", default=os.path.join("experiments", "output", "fleet_routing"))
+    ap.add_argument("--trace", default=MOONCAKE, help="a Mooncake-style trace to replay (default: the bundled one)")
     args = ap.parse_args(argv)
     reps, nreq, replicas = (6, 400, 3) if args.quick else (100, 4000, 8)
     rows = compare_routers("sharegpt", sharegpt(replicas, nreq), reps)
     rows += compare_routers("prefix_heavy", prefix_heavy(replicas, nreq), reps)
+    rows += compare_routers("mooncake", mooncake(replicas, args.trace, window_s=30.0 if args.quick else 300.0), reps,
+                            routers=[r for r in ROUTERS if r != "session_affinity"])
     routers = pd.DataFrame(rows)
     rates = (20.0, 40.0) if args.quick else (10.0, 20.0, 40.0, 80.0, 160.0)
     need = pd.DataFrame(replicas_vs_rate(rates, {"ttft_p99": 1.0}, nreq // 2 if args.quick else nreq,

@@ -12,7 +12,7 @@ import numpy as np
 from . import kernel as K
 from .kernel import autoscale as A
 from .kernel import cluster
-from ._fleet import _FleetWorker, run_replications
+from ._fleet import _FleetWorker, run_replications, trace_hashing
 
 __all__ = ["run_autoscaled", "check_autoscaled"]
 
@@ -50,8 +50,8 @@ def _violation_minutes(windows, nwin, interval, attainment):
 class _Worker:
     """One thread's buffers (as `_fleet._FleetWorker`, and the policy's)."""
 
-    def __init__(self, num_requests, nrep):
-        self.fleet = _FleetWorker(num_requests, nrep, 0)
+    def __init__(self, num_requests, nrep, trace_block_size=None):
+        self.fleet = _FleetWorker(num_requests, nrep, 0, trace_block_size)
         self.nrep = nrep
         self.ab = None
 
@@ -65,6 +65,12 @@ class _Worker:
         return self.ab
 
 
+def _trace_bs(scenario):
+    """The block size a replayed trace's parents count in, where its block
+    identities key caching by block hash (`_fleet.trace_hashing`), else None."""
+    return scenario.engine.block_size if trace_hashing(scenario) else None
+
+
 def _one_run(worker, rep, k0, k1, packed, full):
     """One replication; returns (stream, fleet buffers, policy buffers, wm_i, wm_f, lat, fpar)."""
     buf = worker.fleet.buf
@@ -74,7 +80,7 @@ def _one_run(worker, rep, k0, k1, packed, full):
     ipar = packed["ipar"]
     lat, fpar = K.run_records(packed["lat"], packed["fpar"], k0, k1, rep)
     need_i, need_f = K._ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], ipar)
-    fb, wm_i, wm_f = worker.fleet.uniform_buffers(n, need_i, need_f)
+    fb, wm_i, wm_f = worker.fleet.uniform_buffers(n, need_i, need_f, prompt=stream[1])
     apar = packed["apar"]
     nwin = A._window_guess(stream[0], apar)
     while True:
@@ -109,7 +115,7 @@ def served_autoscaled(scenario, packed, k0, k1, replication):
     first-token and finish times, preemptions, the run's TTFT overhead),
     for the per-class table and the stability check (``packed``: its
     `_pack.pack_scenario`)."""
-    worker = _Worker(scenario.workload.num_requests, scenario.fleet.autoscaler.max_replicas)
+    worker = _Worker(scenario.workload.num_requests, scenario.fleet.autoscaler.max_replicas, _trace_bs(scenario))
     n, _, fb, _, _, _, fpar = _one_run(worker, replication, k0, k1, packed, K.engine_variant(packed["ipar"]))
     return _per_request(n, fb) + (float(fpar[K.F_TTFT_OVERHEAD]),)
 
@@ -137,6 +143,7 @@ def run_autoscaled(scenario, packed, k0, k1, rep0, nrep, threads=1):
     scaler = scenario.fleet.autoscaler
     full = K.engine_variant(packed["ipar"])
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS + K.N_AUTOSCALE_COLUMNS))
-    run_replications(nrep, threads, lambda: _Worker(scenario.workload.num_requests, scaler.max_replicas),
+    trace_bs = _trace_bs(scenario)
+    run_replications(nrep, threads, lambda: _Worker(scenario.workload.num_requests, scaler.max_replicas, trace_bs),
                      lambda w, j: _one(w, rep0 + j, k0, k1, packed, scaler, full, out[j]), out=out)
     return out

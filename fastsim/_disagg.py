@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._fleet import Fleet, _FleetWorker, run_replications, stream_columns
+from ._fleet import Fleet, _FleetWorker, run_replications, served_stream, trace_hashing
 from ._latency import LatencyModel
 from ._validation import MAX_CLOCK_S, check_float, check_int
 from .kernel import cluster, disagg
@@ -214,12 +214,24 @@ def _link_record(dis: Disaggregated) -> np.ndarray:
     return link
 
 
+def _trace_block_sizes(scenario):
+    """Each pool's block size where a replayed trace's block identities key
+    its caching by block hash (`_fleet.trace_hashing`; its parents drawn at
+    the scenario engine's block size, which a hashing pool shares), else None."""
+    if not trace_hashing(scenario):
+        return None, None
+    return tuple(e.block_size if e.enable_prefix_caching and e.block_hash_caching else None
+                 for e in scenario.fleet.pool_engines(scenario.engine))
+
+
 class _DisaggWorker:
     """One thread's buffers: each pool's (`_fleet._FleetWorker`) and the hand-off's."""
 
-    def __init__(self, num_requests, dis, ngroups):
-        self.p = _FleetWorker(num_requests, dis.prefill.replicas, ngroups)
-        self.d = _FleetWorker(num_requests, dis.decode.replicas, ngroups)
+    def __init__(self, num_requests, dis, ngroups, trace_bs=(None, None)):
+        # (``trace_bs``: each pool's block size where a replayed trace's block identities key its caching
+        # by block hash, `_trace_block_sizes`)
+        self.p = _FleetWorker(num_requests, dis.prefill.replicas, ngroups, trace_bs[0])
+        self.d = _FleetWorker(num_requests, dis.decode.replicas, ngroups, trace_bs[1])
         self.db = None
         self.nrep_d = dis.decode.replicas
         self._run = None
@@ -277,8 +289,8 @@ def _one(worker, rep, k0, k1, packed, pk_p, pk_d, link, dis, out_row, extra_row)
         # the decode pool's rows and the reduction's workspace (which hold every request's gap samples,
         # `disagg.dims_record`) from one scan
         K._fleet_sizes(np.int64(md), np.int64(n), prompt, output, pgrp, plen, dims_d, scan)
-        fbp, _, _ = worker.p.uniform_buffers(n, *need_p, mp)
-        fbd, wm_i, wm_f = worker.d.uniform_buffers(n, scan[0], scan[1], md, scan[2:])
+        fbp, _, _ = worker.p.uniform_buffers(n, *need_p, mp, prompt=prompt)
+        fbd, wm_i, wm_f = worker.d.uniform_buffers(n, scan[0], scan[1], md, scan[2:], prompt)
         db = worker.hand_off(n)
         rc = disagg._simulate_disagg(np.int64(n), arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                                      ipar_p, fpar_p, lat_p, pk_p["fleet"], np.int64(pk_p["router"]),
@@ -309,7 +321,8 @@ def run_disagg(scenario, packed, pools, k0, k1, rep0, nrep, threads=1):
     link = _link_record(dis)
     out = np.empty((nrep, K.N_COLUMNS + K.N_DISAGG_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
-    run_replications(nrep, threads, lambda: _DisaggWorker(scenario.workload.num_requests, dis, ngroups),
+    trace_bs = _trace_block_sizes(scenario)
+    run_replications(nrep, threads, lambda: _DisaggWorker(scenario.workload.num_requests, dis, ngroups, trace_bs),
                      lambda w, j: _one(w, rep0 + j, k0, k1, packed, pk_p, pk_d, link, dis, out[j, :K.N_COLUMNS],
                                        out[j, K.N_COLUMNS:]), out=out)
     return out
@@ -325,7 +338,7 @@ def simulate_disagg_requests(scenario, pools, requests, k0=0, k1=0, rep=0):
     and the stability check's requests; then the run's TTFT overhead and
     each request's first token on the decode side (TPOT's start)."""
     dis = scenario.fleet
-    stream = stream_columns(requests)
+    stream = served_stream(scenario, requests)
     pk_p, pk_d = pools
     lat_p, fpar_p = K.run_records(pk_p["lat"], pk_p["fpar"], k0, k1, rep)
     lat_d, fpar_d = K.run_records(pk_d["lat"], pk_d["fpar"], k0, k1, rep)

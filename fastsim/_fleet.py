@@ -151,44 +151,31 @@ def trace_hashing(scenario) -> bool:
 def check_trace_identities(scenario) -> None:
     """Refuse, with a ValueError naming the parameters, a replayed trace's
     block identities (its hash ids keying prefix caching by block hash,
-    `trace_hashing`) where the kernel cannot key them: in an autoscaled
-    fleet that may start a second replica and in a disaggregated server's
-    decode pool (whose hand-offs come in first-token order) or prefill pool
-    of more than one replica, and in an engine of another block size than
-    the scenario's (whose engine draws the parents at its block size). The
-    kernel names each request's parent, the earlier request whose prefix it
+    `trace_hashing`) in an engine of another block size than the
+    scenario's (whose engine draws the parents at its block size), and
+    session affinity over them (a trace names no sessions). The kernel
+    names each request's parent, the earlier request whose prefix it
     shares, by its index in the stream (`kernel.workload._trace_parents`,
-    followed by `kernel.block_pool._block_id`); a static fleet hands each
-    replica parents of its own (`kernel.trace_blocks`), the autoscaler and
-    the disaggregated server do not yet (their replicas would read another
-    request's entries: such runs hung or crashed)."""
+    followed by `kernel.block_pool._block_id`); every replica of a fleet,
+    an autoscaled fleet or a disaggregated server's pools is handed parents
+    of its own (`kernel.trace_blocks`; until stop 67 such runs were refused:
+    a replica read another request's entries, and they hung or crashed)."""
     if not trace_hashing(scenario):
         return
     fleet = scenario.fleet
-    engines = running_engines(scenario)
-    if fleet is None:
-        spread = [False]
-    elif _is(fleet, "Disaggregated"):
-        spread = [fleet.prefill.n_replicas > 1, True]
-    else:
-        spread = [fleet.autoscaler is not None and fleet.autoscaler.max_replicas > 1] * len(engines)
-        if fleet.router == "session_affinity" and fleet.n_replicas > 1:
-            raise ValueError("fleet.router: 'session_affinity' needs sessions (prefix groups), which a replayed "
-                             "trace's block hashes do not name (keying prefix caching by block hash, it would "
-                             "send every request sharing a system prompt to one replica); use 'prefix_affinity' "
-                             "(it follows the request sharing the longest prefix, under prefix_load_cap)")
+    if fleet is not None:
+        pools = [("fleet", fleet)] if not _is(fleet, "Disaggregated") else [
+            ("fleet.prefill", fleet.prefill), ("fleet.decode", fleet.decode)]
+        for name, pool in pools:
+            if pool.router == "session_affinity" and (pool.n_replicas > 1 or pool.autoscaler is not None):
+                raise ValueError(f"{name}.router: 'session_affinity' needs sessions (prefix groups), which a "
+                                 f"replayed trace's block hashes do not name (keying prefix caching by block hash, "
+                                 f"it would send every request sharing a system prompt to one replica); use "
+                                 f"'prefix_affinity' (it follows the request sharing the longest prefix, under "
+                                 f"prefix_load_cap)")
     bs = scenario.engine.block_size
-    for (name, e), spreads in zip(engines, spread):
-        if not (e.enable_prefix_caching and e.block_hash_caching):
-            continue
-        if spreads:
-            raise ValueError(
-                f"{name}: prefix caching by block hash (enable_prefix_caching=True, block_hash_caching=True) "
-                f"cannot yet be keyed by a replayed trace's block hashes (workload.request_trace with hash ids) "
-                f"in an autoscaled fleet of more than one replica, a disaggregated server's decode pool or a "
-                f"prefill pool of more than one replica (a static fleet takes them); use a static fleet, "
-                f"block_hash_caching=False, or a trace without hash ids")
-        if e.block_size != bs:
+    for name, e in running_engines(scenario):
+        if e.enable_prefix_caching and e.block_hash_caching and e.block_size != bs:
             raise ValueError(f"{name}: block_size must be the scenario engine's ({bs}: it draws the trace's "
                              f"block parents) where a replayed trace's block hashes key prefix caching by block "
                              f"hash, got block_size={e.block_size}")
@@ -362,20 +349,18 @@ class _FleetWorker:
             m = self._capacity[n] = cluster.compact_capacity(n, self.nrep, ipars)
         return m
 
-    def buffers(self, n, sizes, m=None, merged=None, largest=None):
+    def buffers(self, n, sizes, m=None, merged=None, largest=None, prompt=None):
         """The buffers for ``n`` requests, replica ``r``'s workspace of
         ``sizes[r]`` (int, float) entries for a capacity of ``m`` requests
         (default ``n``; its rows as wide as the allocation), and the fleet's
         workspace for the reduction, ``merged`` (int, float) entries
         (default: the largest of ``sizes``, ``largest`` if the caller has it).
-        With a trace's block identities, its map has room for the stream's
-        (`trace_blocks`)."""
+        With a trace's block identities, its map has room for the blocks of
+        the stream's prompts, ``prompt`` (`trace_blocks`)."""
         m = n if m is None else m
         need_i, need_f = (int(x) for x in (sizes.max(axis=0) if largest is None else largest))
         wm_i, wm_f = (need_i, need_f) if merged is None else (int(x) for x in merged)
-        blocks = 0
-        if self.trace_bs is not None:
-            blocks = int((self.buf.requests[1][:n] // self.trace_bs).sum())
+        blocks = 0 if self.trace_bs is None else int((prompt // self.trace_bs).sum())
         want = (n, need_i, need_f, wm_i, wm_f, blocks)
         dense = m < n
         if self.fb is None or any(s < x for s, x in zip(self.size, want)) or self.dense != dense:
@@ -398,12 +383,12 @@ class _FleetWorker:
                                                              owner=self.fb.owner[:n], local=self.fb.local[:n]))
         return self._views[2], self.wm[0][:wm_i], self.wm[1][:wm_f]
 
-    def uniform_buffers(self, n, need_i, need_f, m=None, merged=None):
+    def uniform_buffers(self, n, need_i, need_f, m=None, merged=None, prompt=None):
         """`buffers` for identical replicas, each workspace ``need_i``/``need_f``
         entries, stated in the buffers' sizes (as `cluster.fill_records` does)."""
         sizes = np.empty((self.nrep, 2), np.int64)
         sizes[:, 0], sizes[:, 1] = need_i, need_f
-        fb, wm_i, wm_f = self.buffers(n, sizes, m, merged, (need_i, need_f))
+        fb, wm_i, wm_f = self.buffers(n, sizes, m, merged, (need_i, need_f), prompt)
         fb.size[:self.nrep] = sizes
         return fb, wm_i, wm_f
 
@@ -474,7 +459,7 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
             else:
                 sizes[rows] = scan[:2]
             need = [max(a, int(b)) for a, b in zip(need, scan)]
-        fb, wm_i, wm_f = worker.buffers(n, sizes, m, need[2:], need[:2])
+        fb, wm_i, wm_f = worker.buffers(n, sizes, m, need[2:], need[:2], stream[1])
         cluster.fill_records(fb, ipars, fpars, lats, sizes)
         rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
                                           np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
@@ -674,6 +659,21 @@ def stream_columns(requests):
             col("prefix_len", np.zeros(a.size, np.int64)))
 
 
+def served_stream(scenario, requests):
+    """`stream_columns`, with a replayed trace's block identities (the
+    ``block_hashes`` column, where they key caching by block hash,
+    `trace_hashing`) as each request's parent, as `_draw_workload` draws
+    them (mapped into each replica by the kernel, `kernel.trace_blocks`)."""
+    stream = stream_columns(requests)
+    if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in requests:
+        from ._traces import stream_parents
+
+        grp, plen = stream_parents(list(requests["block_hashes"]), stream[1],
+                                   scenario.workload.request_trace.block_size, scenario.engine.block_size)
+        stream = stream[:5] + (np.asarray(grp, np.int64), np.asarray(plen, np.int64))
+    return stream
+
+
 def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     """Status codes (`kernel.layout.ST_*`), first-token and finish times and
     preemptions of each request, and the run's TTFT overhead, of one given stream (columns as
@@ -683,15 +683,7 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     and router stream, as `_one`): the per-class table's and the stability
     check's requests. Not for an autoscaled fleet (its replicas come and
     go: `run_autoscaled`)."""
-    stream = stream_columns(requests)
-    if trace_hashing(scenario) and "block_hashes" in requests and "prefix_group" not in requests:
-        # a replayed trace's block identities (mapped into each replica, `kernel.trace_blocks`), as `_draw_workload`'s
-        from ._traces import stream_parents
-
-        w = scenario.workload
-        grp, plen = stream_parents(list(requests["block_hashes"]), stream[1], w.request_trace.block_size,
-                                   scenario.engine.block_size)
-        stream = stream[:5] + (np.asarray(grp, np.int64), np.asarray(plen, np.int64))
+    stream = served_stream(scenario, requests)
     rows, kinds = fleet_members(scenario, packed)
     nrep = rows.shape[0]
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))

@@ -191,8 +191,14 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
                                   latency: LatencyModel, router: str, *, metric, target, interval_s, min_replicas,
                                   max_replicas, provisioning_delay_s=0.0, scale_in_cooldown_s=0.0,
                                   initial_replicas=None, tolerance=0.0, spare_replicas=0, horizon_s=None,
-                                  routing_latency_s=0.0, seed_keys=(0, 0, 0)):
+                                  routing_latency_s=0.0, seed_keys=(0, 0, 0), block_hashes=None,
+                                  hash_block_size=512):
     """Simulate an autoscaled fleet over one request stream, slowly and literally.
+
+    With ``block_hashes`` (a replayed trace's hash list per request, each
+    hash ``hash_block_size`` tokens), caching by block hash keys prompt
+    blocks by those hashes (`prompt_block_identities`; ``pgrp`` and
+    ``plen`` are then ignored).
 
     Returns a dict of per-request arrays (``status``, ``first_token_s``,
     ``finish_s``, ``num_preemptions``, ``num_tokens``, ``cached_tokens``,
@@ -253,7 +259,11 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         req = _Request(idx=j, arrival=at, P=int(prompt[i]), O=int(output[i]), prio=int(prio[i]),
                        sjf_key=int(sjfk[i]), group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(engine.policy, j, at, int(prio[i]), int(sjfk[i]), engine.priority_aging_s))
-        if rep.hashing:   # (its prompt's block identities, as the kernel's `block_pool._block_id`)
+        if rep.hashing and block_hashes is not None:   # (its prompt's blocks by the trace's hashes)
+            req.group, req.prefix_len = -1, 0
+            req.idents = prompt_block_identities(j, req.P, engine.block_size, block_hashes=block_hashes[i],
+                                                 hash_block_size=hash_block_size)
+        elif rep.hashing:   # (its prompt's block identities, as the kernel's `block_pool._block_id`)
             req.idents = prompt_block_identities(j, req.P, engine.block_size, req.group, req.prefix_len)
         rep.hand(req)
         owner.append(r)

@@ -18,7 +18,8 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import ROUTERS, _choose, _PausedReplica, _RouterStream, simulate_fleet_reference
+from ._reference_cluster import (ROUTERS, _choose, _PausedReplica, _RouterStream, _trace_parents,
+                                 simulate_fleet_reference)
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
 DECODE_ROUTER_PURPOSE = 14
@@ -29,7 +30,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                               decode: tuple[EngineConfig, LatencyModel, int, str],
                               kv_bytes_per_token: float, link_bandwidth: float, link_latency_s: float = 0.0,
                               routing_latency_s: float = 0.0, staleness_s: float = 0.0, load_cap: int = 4,
-                              seed_keys=(0, 0, 0), n_groups=None):
+                              seed_keys=(0, 0, 0), n_groups=None, block_hashes=None, hash_block_size=512):
     """Simulate a disaggregated server over one request stream, slowly and literally.
 
     Parameters
@@ -48,6 +49,11 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         The prefill router's (`simulate_fleet_reference`'s).
     seed_keys : (int, int, int)
         The routers' random streams' keys.
+    block_hashes, hash_block_size : optional
+        A replayed trace's hash list per request, each hash
+        ``hash_block_size`` tokens: both pools' caching by block hash keys
+        prompt blocks by them, and their prefix- and session-affine routers
+        follow the affinity parent (`simulate_fleet_reference`'s).
 
     Returns
     -------
@@ -70,13 +76,18 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     n = a.size
     pre = simulate_fleet_reference(a, prompt, np.ones(n, np.int64), prio, sjfk, pgrp, plen, e_p, l_p, n_p,
                                    router_p, staleness_s=staleness_s, routing_latency_s=routing_latency_s,
-                                   load_cap=load_cap, seed_keys=seed_keys, n_groups=n_groups)
+                                   load_cap=load_cap, seed_keys=seed_keys, n_groups=n_groups,
+                                   block_hashes=block_hashes, hash_block_size=hash_block_size)
     # hand-offs in order of the prefill first token, ties by request index
     order = sorted((float(pre["first_token_s"][i]), i) for i in range(n) if pre["status"][i] == COMPLETED)
     reps = [_PausedReplica(e_d, l_d, None) for _ in range(n_d)]
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=DECODE_ROUTER_PURPOSE)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
+    parents = None
+    if block_hashes is not None:
+        parents = _trace_parents(block_hashes, prompt, hash_block_size, e_d.block_size)
+        table = [-1] * max(n, 1)
     link_free = [0.0] * n_d
     views = [(0, 0, 0, 0)] * n_d
     decode_of = [None] * n
@@ -87,7 +98,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
             for rep in reps:
                 rep.advance_until(t1)
             views = [rep.view() for rep in reps]
-        d = _choose(router_d, i, int(pgrp[i]), views, table, rng, load_cap)
+        d = _choose(router_d, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
+        if parents is not None:
+            table[i] = d   # (its children follow it)
         p = int(prompt[i])
         start = max(t1, link_free[d])
         link_free[d] = start + p * kv_bytes_per_token / link_bandwidth
@@ -98,7 +111,12 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                        group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(e_d.policy, j, at, int(prio[i]), int(sjfk[i]), e_d.priority_aging_s))
         req.remote_k = p - 1     # the prompt's KV but its last token, as vLLM's connector leaves it
-        if e_d.enable_prefix_caching and e_d.block_hash_caching:
+        if e_d.enable_prefix_caching and e_d.block_hash_caching and block_hashes is not None:
+            # the prompt's blocks by the trace's hashes: its blocks are cached here too
+            req.group, req.prefix_len = -1, 0
+            req.idents = prompt_block_identities(j, p, e_d.block_size, block_hashes=block_hashes[i],
+                                                 hash_block_size=hash_block_size)
+        elif e_d.enable_prefix_caching and e_d.block_hash_caching:
             # the prompt's block identities, as the prefill side's: its blocks are cached here too
             req.idents = prompt_block_identities(j, p, e_d.block_size, req.group, req.prefix_len)
         rep.hand(req)

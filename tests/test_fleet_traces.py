@@ -249,3 +249,140 @@ def test_a_map_too_small_for_the_stream_stops_the_kernel(monkeypatch):
     with pytest.raises(RuntimeError, match=rf"code {C.TMAP_SMALL}"):
         C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.array([0.0, 0.0, 2.0]),
                                 K.ROUTER_CODES["jsq"], 3)
+
+
+def _bursts(seed, n=200):
+    """A branching trace's stream on bursts, a lull and bursts again (an
+    autoscaled fleet grows, drains replicas and starts new ones in their rows)."""
+    stream, hashes = _branching_trace(seed, n)
+    gaps = np.random.default_rng(seed + 20).exponential(1 / 12.0, n)
+    gaps[n // 2] = 18.0
+    return (np.cumsum(gaps),) + stream[1:], hashes
+
+
+@pytest.mark.parametrize("router", ["jsq", "round_robin"])
+@pytest.mark.parametrize("async_on", [False, True])
+def test_an_autoscaled_fleet_keyed_by_trace_hashes_is_the_reference_bit_for_bit(async_on, router):
+    """An autoscaled fleet maps a trace's identities into each row as a
+    static fleet does; a row a new replica reuses keeps its map (its cold
+    cache holds none of the names). The reference autoscaler keys blocks by
+    the hashes: bit for bit per request, cached tokens included; rows were
+    reused, prompts hit, and every arrival completed once."""
+    from fastsim._reference_autoscale import simulate_autoscaled_reference
+    from fastsim.kernel import autoscale as A
+    from fastsim.kernel.workspace import WF_FINISH, WF_FIRST, WI_CTOK, WI_STATUS, _ws_need_handed
+
+    policy = dict(metric="queue_depth", target=0.5, interval_s=1.5, min_replicas=1, max_replicas=3,
+                  provisioning_delay_s=0.0, scale_in_cooldown_s=0.0, tolerance=0.0)
+    e = fastsim.EngineConfig(max_num_seqs=4, num_gpu_blocks=200, async_scheduling=async_on,
+                             scheduler_reserve_full_isl=async_on, null_block=True, **HASH)
+    p = pack_scenario(fastsim.Scenario(engine=e, latency=LAT, workload=fastsim.Workload(arrival_rate=1.0,
+                                                                                         num_requests=10)))
+    hits = 0
+    for seed in range(2):
+        stream, hashes = _bursts(seed)
+        n, m = stream[0].size, policy["max_replicas"]
+        need_i, need_f = _ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], p["ipar"])
+        fb = C.fleet_buffers(n, m, need_i, need_f, 1, trace_blocks=int((stream[1] // BS).sum()))
+        ab = A.autoscale_buffers(m, 4096)
+        rc = A._simulate_autoscaled(np.int64(n), *stream, p["ipar"], p["fpar"], p["lat"], np.zeros(3),
+                                    np.int64(K.ROUTER_CODES[router]), fastsim.Autoscaler(**policy)._record(),
+                                    np.uint64(11), np.uint64(12), np.int64(3), fb, ab, K.engine_variant(p["ipar"]))
+        assert rc == 0
+
+        def col(a, c):
+            return np.array([a[r][c * n + j] for r, j in zip(fb.owner[:n], fb.local[:n])])
+
+        ref = simulate_autoscaled_reference(*stream, e, LAT, router, seed_keys=(11, 12, 3), block_hashes=hashes,
+                                            hash_block_size=HB, **policy)
+        assert np.array_equal(fb.owner[:n], ref["replica"])
+        assert np.array_equal(col(fb.wi, WI_STATUS), ref["status"].astype(np.int64) + K.ST_COMPLETED)
+        assert np.array_equal(col(fb.wf, WF_FIRST), ref["first_token_s"], equal_nan=True)
+        assert np.array_equal(col(fb.wf, WF_FINISH), ref["finish_s"], equal_nan=True)
+        assert np.array_equal(col(fb.wi, WI_CTOK), ref["cached_tokens"])
+        assert (col(fb.wi, WI_STATUS) == K.ST_COMPLETED).all()
+        assert any(r > 0 for _, r in ref["starts"]) and len(ref["starts"]) > len(set(r for _, r in ref["starts"]))
+        hits += int((col(fb.wi, WI_CTOK) > 0).sum())
+    assert hits > 0
+
+
+def test_an_autoscaler_pinned_at_three_is_the_static_fleet_on_a_trace():
+    """Through `replicate`, on resampled windows of the Mooncake trace with
+    caching by block hash: an autoscaler held at 3 replicas gives the
+    static fleet of 3's per-request metrics bit for bit (its map grown with
+    the windows' sizes, `_fleet._FleetWorker`)."""
+    e = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=3000, async_scheduling=False, **HASH)
+    w = fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0)
+    base = fastsim.Scenario(engine=e, workload=w, latency=fastsim.LatencyModel.default())
+    pinned = fastsim.Autoscaler(metric="rate", target=1.0, interval_s=1000.0, min_replicas=3, max_replicas=3)
+    a = fastsim.replicate(base.replace(fleet=fastsim.Fleet(autoscaler=pinned, router="jsq")), n_replications=4,
+                          seed=1).per_replication
+    b = fastsim.replicate(base.replace(fleet=fastsim.Fleet(3, router="jsq")), n_replications=4,
+                          seed=1).per_replication
+    for c in [m for m in K.METRICS if m not in ("batch_occupancy_mean", "kv_utilization_mean")] + ["n_completed"]:
+        assert np.array_equal(a[c].to_numpy(), b[c].to_numpy(), equal_nan=True), c
+    assert (a["prefix_hit_rate"] > 0).all()
+
+
+@pytest.mark.parametrize("routers", [("jsq", "prefix_affinity"), ("prefix_affinity", "round_robin"),
+                                     ("power_of_two", "least_kv")])
+@pytest.mark.parametrize("async_on", [False, True])
+def test_a_disaggregated_server_keyed_by_trace_hashes_is_the_reference_bit_for_bit(async_on, routers):
+    """Both pools map a trace's identities into their replicas (the decode
+    pool in the hand-offs' order, first tokens: not the stream's); the
+    reference keys blocks by the hashes on both sides. Bit for bit per
+    request, a roomy and a tight decode pool; the decode side finds
+    transferred prompts' blocks cached, and every block is free at the end."""
+    from fastsim._reference_disagg import simulate_disagg_reference
+    from fastsim.kernel import disagg as D
+    from test_disagg import LAT_D, LAT_P, _same
+
+    def eng(seqs, blocks):
+        return fastsim.EngineConfig(max_num_seqs=seqs, num_gpu_blocks=blocks, max_num_batched_tokens=256,
+                                    async_scheduling=async_on, scheduler_reserve_full_isl=async_on, null_block=True,
+                                    **HASH)
+
+    hits = preempted = 0
+    for seed, (blocks_d, n_p, n_d) in enumerate(((400, 2, 3), (30, 1, 2))):
+        stream, hashes = _branching_trace(seed)
+        pe, de = eng(6, 300), eng(8, blocks_d)
+        pp, pd_ = (pack_scenario(fastsim.Scenario(engine=e, latency=lat, workload=fastsim.Workload(
+            arrival_rate=1.0, num_requests=10))) for e, lat in ((pe, LAT_P), (de, LAT_D)))
+        per, row, _ = D.simulate_disagg_stream(
+            *stream, (pp["ipar"], pp["fpar"], pp["lat"], np.array([0.0, 0.005, 2.0]), K.ROUTER_CODES[routers[0]],
+                      n_p), (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[routers[1]], n_d),
+            np.array([2e7, 0.002, 1000.0, 2.0]), 5, 6, seed)
+        ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, n_p, routers[0]),
+                                        decode=(de, LAT_D, n_d, routers[1]), kv_bytes_per_token=1000.0,
+                                        link_bandwidth=2e7, link_latency_s=0.002, routing_latency_s=0.005,
+                                        load_cap=2, seed_keys=(5, 6, seed), block_hashes=hashes, hash_block_size=HB)
+        _same(per, ref)
+        assert all(b == 0 for b in ref["decode_blocks_end"])
+        assert dict(zip(K.COLUMNS, row))["blocks_used_at_end"] == 0
+        hits += int(np.nansum(ref["decode_cached_tokens"]))
+        preempted += int(per["num_preemptions"].sum())
+    assert hits > 0 and preempted > 0
+
+
+@pytest.mark.parametrize("fleet", [
+    fastsim.Fleet(3, router="prefix_affinity"),
+    fastsim.Fleet(router="jsq", autoscaler=fastsim.Autoscaler(metric="rate", target=1.0, interval_s=5.0,
+                                                              max_replicas=3)),
+    fastsim.Disaggregated(prefill=2, decode=2, kv_bytes_per_token=1e5)], ids=["fleet", "autoscaled", "disaggregated"])
+def test_per_class_rows_serve_the_trace_as_the_replication_did(fleet):
+    """Per-class rows serve each replication's stream again, its trace block
+    identities included (`_fleet.served_stream`: the disaggregated server's
+    dropped them before stop 67, its per-class hits and latencies then
+    another run's); pooled over the classes they give the replication's own
+    row (`test_classes._pooled`)."""
+    from test_classes import _pooled
+
+    e = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=3000, async_scheduling=False, **HASH)
+    w = fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0,
+                                    classes=fastsim.RequestClasses("prompt_len", (4000, 10000)))
+    res = fastsim.replicate(fastsim.Scenario(engine=e, workload=w, latency=fastsim.LatencyModel.default(),
+                                             fleet=fleet), n_replications=3, seed=5, n_threads=1)
+    got = _pooled(res.per_class, res.per_replication)
+    np.testing.assert_array_equal(got[:, :2, 0], got[:, :2, 1])
+    np.testing.assert_allclose(got[:, 2:, 0], got[:, 2:, 1], rtol=1e-12)
+    assert (res.per_replication["prefix_hit_rate"] > 0).all()

@@ -164,40 +164,35 @@ def test_bad_trace_files(tmp_path):
         fastsim.Workload.from_trace(odd)
 
 
-def test_a_traces_block_hashes_are_refused_where_replicas_take_other_orders():
+def test_a_traces_block_hashes_key_every_server_that_caches_by_block_hash():
     """A replayed trace's block identities name a request's parent by its
     index in the stream (`kernel.workload._trace_parents`); a replica's own
-    stream holds its requests at other indices (the run read other
-    requests' entries: it hung or crashed). A static fleet hands each
-    replica parents of its own (`kernel.trace_blocks`, checked in
-    `test_fleet_traces.py`); an autoscaled fleet and a disaggregated
-    server's pools do not yet: refused there, naming the parameters; one
-    replica, caching by prefix group, or no hash ids, runs."""
+    stream holds its requests at other indices (until stop 67 such runs read
+    other requests' entries and hung or crashed, and were refused). Every
+    fleet, autoscaled fleet and disaggregated pool now hands its replicas
+    parents of their own (`kernel.trace_blocks`, checked in
+    `test_fleet_traces.py`); refused, naming the parameters: a hashing
+    engine of another block size than the scenario's (whose engine draws
+    the parents), and session affinity (a trace names no sessions)."""
     trace = fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0)
     hashing = fastsim.EngineConfig(max_num_seqs=8, num_gpu_blocks=400, async_scheduling=False,
                                    enable_prefix_caching=True, block_hash_caching=True)
     lat = fastsim.LatencyModel.default()
     groups = dataclasses.replace(hashing, block_hash_caching=False)
     plain = dataclasses.replace(hashing, enable_prefix_caching=False, block_hash_caching=False)
-    refused = [("engine", fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3))),
-               (r"engine \(the decode pool's\)", fastsim.Disaggregated(prefill=1, decode=1, kv_bytes_per_token=1e5)),
-               ("prefill_server", fastsim.Disaggregated(prefill=2, decode=1, kv_bytes_per_token=1e5,
-                                                        prefill_server=(hashing, lat), decode_server=(plain, lat)))]
-    for name, fleet in refused:
-        with pytest.raises(ValueError, match=rf"^{name}: .*block_hash_caching=True.* replayed trace's block hashes"):
-            fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fleet)
+    for fleet in (fastsim.Fleet(replicas=2), fastsim.Fleet(replicas=[(hashing, lat), (hashing, lat)]),
+                  fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)),
+                  fastsim.Disaggregated(prefill=2, decode=2, kv_bytes_per_token=1e5)):
+        sc = fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fleet)
+        assert (fastsim.replicate(sc, n_replications=2, seed=2).per_replication["n_completed"] > 0).all()
     one = fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=1))
     alone = fastsim.Scenario(engine=hashing, workload=trace, latency=lat)
     a = fastsim.replicate(one, n_replications=3, seed=2, n_threads=1).per_replication
     b = fastsim.replicate(alone, n_replications=3, seed=2, n_threads=1).per_replication
     assert np.array_equal(a[b.columns].to_numpy(), b.to_numpy(), equal_nan=True)
     # The engines that serve the requests decide (`_fleet.trace_hashing`), not the scenario's alone (which
-    # dropped the identities of listed replicas that hash, stop 66's review): refused where not mapped,
-    # whatever the scenario's engine; a listed replica alone keys them, as the engine alone does.
-    with pytest.raises(ValueError, match=r"^prefill_server: .*block_hash_caching=True.* replayed trace's block hashes"):
-        fastsim.Scenario(engine=plain, workload=trace, latency=lat,
-                         fleet=fastsim.Disaggregated(prefill=2, decode=1, kv_bytes_per_token=1e5,
-                                                     prefill_server=(hashing, lat)))
+    # dropped the identities of listed replicas that hash, stop 66's review): a listed replica alone keys
+    # them, as the engine alone does.
     listed = fastsim.Scenario(engine=plain, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=[(hashing, lat)]))
     c = fastsim.replicate(listed, n_replications=3, seed=2, n_threads=1).per_replication
     assert np.array_equal(c[b.columns].to_numpy(), b.to_numpy(), equal_nan=True)
@@ -205,9 +200,14 @@ def test_a_traces_block_hashes_are_refused_where_replicas_take_other_orders():
     with pytest.raises(ValueError, match=r"^fleet.replicas: block_size must be the scenario engine's \(16"):
         fastsim.Scenario(engine=plain, workload=trace, latency=lat,
                          fleet=fastsim.Fleet(replicas=[(dataclasses.replace(hashing, block_size=32), lat)]))
+    with pytest.raises(ValueError, match=r"^prefill_server: block_size must be the scenario engine's \(16"):
+        fastsim.Scenario(engine=plain, workload=trace, latency=lat, fleet=fastsim.Disaggregated(
+            prefill=1, decode=1, kv_bytes_per_token=1e5, prefill_server=(dataclasses.replace(hashing, block_size=32),
+                                                                         lat)))
     fastsim.Scenario(engine=groups, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=2))
-    # a static fleet of several replicas takes them; session affinity (no sessions in a trace) is refused
-    fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fastsim.Fleet(replicas=2))
-    with pytest.raises(ValueError, match=r"^fleet.router: 'session_affinity' needs sessions"):
-        fastsim.Scenario(engine=hashing, workload=trace, latency=lat,
-                         fleet=fastsim.Fleet(replicas=2, router="session_affinity"))
+    for name, fleet in (("fleet", fastsim.Fleet(replicas=2, router="session_affinity")),
+                        ("fleet.decode", fastsim.Disaggregated(
+                            prefill=1, decode=fastsim.Fleet(2, router="session_affinity"), kv_bytes_per_token=1e5))):
+        with pytest.raises(ValueError, match=rf"^{name}.router: 'session_affinity' needs sessions"):
+            fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fleet)
+    fastsim.Scenario(engine=hashing, workload=trace, latency=lat, fleet=fastsim.Fleet(1, router="session_affinity"))

@@ -39,8 +39,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (_advance, _call, _keep_end, _look_due, _observe, _own_records, _queue_handed, _queue_key, _ri,
-                      _rows, _set_up_uniform)
+from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _observe, _own_records, _queue_handed,
+                      _queue_key, _ri, _rows, _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
@@ -51,6 +51,7 @@ from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
+from .trace_blocks import localise as _localise, reset as _tmap_reset
 from .workspace import (N_RI, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT, RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_N_KNOWN,
                         WF_FINISH, WF_FIRST, WI_STATUS, Stream, _carve)
 
@@ -333,6 +334,14 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     # queue is keyed afresh after it
     queue = (reads and _in_system_only(router) and fb.seg.shape[0] >= m and fb.ev.size >= 4 * m + 1
              and fb.dep.size >= 3 * m)
+    # a replayed trace's block identities: each row handed parents of its own (`trace_blocks`; a row a
+    # new replica reuses keeps its map, whose names stay consistent: its cold cache holds none of them)
+    traced = fb.tmap.shape[1] > 0
+    jg = 0
+    if traced:
+        jg = _tmap_reset(n, prompt, ipar[I_BLOCK_SIZE], fb.tmap)
+        if jg < 0:
+            return TMAP_SMALL
     if queue:
         _own_records(fb, m, fpar, lat)
         _queue_key(fb, m, n, what, 0.0, True)
@@ -378,8 +387,11 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             kept, chain = _keep_end(fb, r, m, n, t + lag, prompt[i], output[i])
         ri = fb.rs_i
         wi, wf = _rows(fb, r)
+        g, lp = pgrp[i], plen[i]
+        if traced:
+            g, lp = _localise(i, r, m, _ri(fb, r, RI_N_KNOWN), prompt, pgrp, plen, ipar[I_BLOCK_SIZE], jg, fb.tmap)
         j = _hand(n, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fpar,
-                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+                  wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], g, lp)
         if j < 0:
             return j
         fb.owner[i] = r
@@ -526,7 +538,7 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
         tokens, replica row), the evaluations' table, the replica-seconds
         held (times GPUs: ``gpu_s``) and the fleet's end.
     """
-    from .cluster import _gather, _ngroups, fleet_buffers
+    from .cluster import _gather, _ngroups, fleet_buffers, stream_trace_blocks
     from .replica import engine_variant
     from .workspace import _ws_need_handed
     stream = (np.array(arrival, dtype=np.float64),) + tuple(
@@ -538,7 +550,8 @@ def simulate_autoscaled_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, 
     if kept is not None and (not queue or np.shape(kept) != (n,)):
         raise ValueError(f"kept: an array of the stream's {n} entries, with queue=True; got shape "
                          f"{np.shape(kept)}, queue={queue}")
-    fb = fleet_buffers(n, m, need_i, need_f, _ngroups(stream[5]))
+    fb = fleet_buffers(n, m, need_i, need_f, _ngroups(stream[5]),
+                       trace_blocks=stream_trace_blocks(stream[1], stream[5], ipar))
     if not queue:
         fb = fb._replace(ev=np.empty(0, np.int64))
     elif kept is not None:

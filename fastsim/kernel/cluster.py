@@ -1134,6 +1134,19 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=
                         np.empty((2, 0 if trace_blocks is None else tmap_size(trace_blocks)), np.int64))
 
 
+def stream_trace_blocks(prompt, pgrp, ipars):
+    """For a trace map (`trace_blocks`): the full prompt blocks of a stream
+    whose prefix groups carry a replayed trace's block identities (``-2 -
+    parent``) served by replicas of the integer records ``ipars`` (one, or
+    a row each) of which some cache by block hash; None where there is
+    nothing to map."""
+    ipars = np.atleast_2d(ipars)
+    hashing = (ipars[:, I_CACHING] == 1) & (ipars[:, I_BLOCK_HASH] >= 1)
+    if not hashing.any() or not (np.asarray(pgrp) <= -2).any():
+        return None
+    return int((np.asarray(prompt) // ipars[np.argmax(hashing), I_BLOCK_SIZE]).sum())
+
+
 def tmap_size(blocks):
     """Slots of a trace map (`trace_blocks`) for streams of ``blocks`` full
     prompt blocks: the least power of two above twice as many."""
@@ -1267,11 +1280,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         raise ValueError(f"kept: an array of the stream's {n} entries, with keep=True and bound=True; got "
                          f"shape {np.shape(kept)}, keep={keep}, bound={bound}")
     ipars, fpars, lats, red_i, red_f, full = fleet_records(ipar, fpar, lat, nrep)
-    # a replayed trace's block identities (prefix groups -2 - parent) where a replica caches by block hash
-    blocks = None
-    hashing = (ipars[:, I_CACHING] == 1) & (ipars[:, I_BLOCK_HASH] >= 1)
-    if (stream[5] <= -2).any() and hashing.any():
-        blocks = int((stream[1] // ipars[np.argmax(hashing), I_BLOCK_SIZE]).sum())
+    blocks = stream_trace_blocks(stream[1], stream[5], ipars)
     m0 = compact_capacity(n, nrep, ipars) if capacity is None else int(capacity)
     if capacity is not None and not 1 <= m0 <= max(n, 1):
         raise ValueError(f"capacity must be an int in 1 .. {max(n, 1)} (the stream's requests), got {capacity!r}")

@@ -29,17 +29,19 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import (ROW_FULL, _call, _fits, _look, _look_due, _own_records, _queue_handed, _queue_init, _ri, _rows,
-                      _set_up_uniform, _simulate_fleet)
+from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _own_records, _queue_handed, _queue_init,
+                      _ri, _rows, _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
-                     F_TTFT_SLO, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP, N_ACC,
-                     N_HIST, ST_COMPLETED, _COL)
+                     F_TTFT_SLO, I_BLOCK_SIZE, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP,
+                     N_ACC, N_HIST, ST_COMPLETED, _COL)
 from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
+from .trace_blocks import (affinity_group as _affinity_group, localise as _localise,
+                           reset as _tmap_reset)
 from .workspace import (RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
@@ -224,6 +226,16 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     if queue:
         _own_records(fbd, nrep_d, fpar_d, lat_d)
         _queue_init(fbd, nrep_d, md, what, bound)
+    # a replayed trace's block identities: each decode replica handed parents of its own (`trace_blocks`),
+    # in the hand-offs' order (first tokens); the prefill pool's map is its fleet's (`fbp.tmap`)
+    traced = fbd.tmap.shape[1] > 0
+    jg = 0
+    if traced:
+        for g in range(fbd.table.size):
+            fbd.table[g] = -1
+        jg = _tmap_reset(n, prompt, ipar_d[I_BLOCK_SIZE], fbd.tmap)
+        if jg < 0:
+            return TMAP_SMALL
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]
@@ -238,14 +250,20 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
             rc = _look(fbd, nrep_d, md, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
             return rc
-        d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
+        g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
+        d = _route(router_d, i, g, fbd.load, fbd.table, rstate, cap, nrep_d)
         if md < n and not _fits(fbd, d, measured, output[i]):
             return ROW_FULL
         at = _transfer(link, db.link_free, d, t1, prompt[i])
         ri = fbd.rs_i
         wi, wf = _rows(fbd, d)
+        g, lp = pgrp[i], plen[i]
+        if traced:
+            g, lp = _localise(i, d, nrep_d, _ri(fbd, d, RI_N_KNOWN), prompt, pgrp, plen, ipar_d[I_BLOCK_SIZE], jg,
+                              fbd.tmap)
+            fbd.table[i] = d
         j = _hand(md, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
-                  wi, wf, full_d, at, prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i])
+                  wi, wf, full_d, at, prompt[i], output[i], prio[i], sjfk[i], g, lp)
         if j < 0:
             return j
         fbd.wi[d][WI_K * md + j] = prompt[i] - 1   # its KV but the last token's: vLLM recomputes that one
@@ -474,7 +492,7 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         `_reference_disagg.simulate_disagg_reference`'s), the metrics row
         and the disaggregated columns (`layout.DISAGG_COLUMNS`).
     """
-    from .cluster import _ngroups, compact_capacity, fleet_buffers, until_rows_fit
+    from .cluster import _ngroups, compact_capacity, fleet_buffers, stream_trace_blocks, until_rows_fit
     from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
     from .workspace import WI_G, _ws_need_compact, _ws_need_handed
@@ -498,8 +516,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         mp, md = (int(c) for c in capacity) if compact else (n, n)
         need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
         need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_d)
-        fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp)
-        fbd = fleet_buffers(n, nrep_d, *need_d, ng, md)
+        fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp, stream_trace_blocks(stream[1], stream[5], ipar_p))
+        fbd = fleet_buffers(n, nrep_d, *need_d, ng, md, stream_trace_blocks(stream[1], stream[5], ipar_d))
         if not queue:
             fbd = fbd._replace(ev=np.empty(0, np.int64))
         if not bound:

@@ -15,7 +15,11 @@ open-addressing table for every replica, keys ``(root * jg + j) * nrep +
 r``). Its walk then names block j by that replica's first holder of it:
 two of its requests share an identity exactly when they do in the stream.
 A fleet of one replica is handed the identities the engine alone keys
-(its first holder of a block is the stream's earliest).
+(its first holder of a block is the stream's earliest). The static fleet
+(`cluster`), the autoscaled one (`autoscale`: a row a new replica reuses
+keeps its map, whose names stay consistent, its cold cache holding none of
+them) and both pools of a disaggregated server (`disagg`: the decode pool
+in the hand-offs' order) hand requests through `localise`.
 
 The map holds a key for each full prompt block of each request handed
 (``sum(prompt // block_size)``: `need`), in a table of at least twice as
