@@ -64,14 +64,17 @@ def prefix_heavy(replicas, num_requests, rate_per_replica=8.0):
 MOONCAKE = os.path.join(os.path.dirname(fastsim.__file__), "data", "traces", "mooncake_conversation_head300.jsonl")
 
 
-def mooncake(replicas, trace=MOONCAKE, rate_per_replica=0.3, window_s=60.0):
-    """A fleet replaying windows of a Mooncake trace at ``rate_per_replica``
-    requests a second a replica (its recorded gaps scaled), caching by block
-    hash keyed by the trace's hashes."""
+def mooncake(replicas, trace=MOONCAKE, rate_per_replica=0.3, window_s=300.0):
+    """A fleet replaying windows of a Mooncake trace (``window_s`` of its
+    time, at most a third of its span, so that windows differ) at
+    ``rate_per_replica`` requests a second a replica (its recorded gaps
+    scaled), caching by block hash keyed by the trace's hashes."""
     from fastsim._traces import read_trace
 
     tr = read_trace(trace)
-    rate = (len(tr) - 1) / float(tr.arrival_s[-1] - tr.arrival_s[0])   # (the trace's own mean rate)
+    span = float(tr.arrival_s[-1] - tr.arrival_s[0])
+    rate = (len(tr) - 1) / span   # (the trace's own mean rate)
+    window_s = min(window_s, span / 3)
     return fastsim.Scenario(
         engine=fastsim.EngineConfig(max_num_seqs=64, num_gpu_blocks=6822, max_model_len=32768,
                                     enable_prefix_caching=True, block_hash_caching=True),

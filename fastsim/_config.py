@@ -878,6 +878,13 @@ class Workload:
             if start_s != 0.0:
                 raise ValueError(f"start_s must be 0 with resample=True (windows start anywhere), got {start_s!r}")
             duration_s = check_float("duration_s", duration_s, low=0, low_open=True)
+            span = float(trace.arrival_s[-1]) if len(trace) else 0.0
+            if duration_s >= span:
+                # (windows start uniformly on [0, span - duration_s]: each would be the whole trace, every
+                # replication the same stream, and the intervals of zero width)
+                raise ValueError(f"duration_s must be below the trace's span ({span:g} s, before rate_scale) with "
+                                 f"resample=True, got {duration_s!r}: every window would be the whole trace; "
+                                 f"replay it without resample")
             rate_scale = check_float("rate_scale", rate_scale, low=0, low_open=True)
             scaled = trace.with_times(trace.arrival_s / rate_scale)
             return cls(arrival_rate=None, request_trace=scaled, trace_window_s=duration_s / rate_scale, **kwargs)

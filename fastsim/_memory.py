@@ -687,7 +687,7 @@ def _fleet_parts(scenario):
         streams += sum(_written_bytes({"row": m}, {"row": share}, granule(8 * c * nrep * n), rows=c * nrep)
                        for c in (1, 6)) + _column_bytes(n, 2)
     nrep = _fleet_replicas(fleet)
-    merged = 0
+    merged = _trace_map_bytes(scenario, n)
     for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):
         head = K.workspace.WI_HEAD if next(iter(sizes)).startswith("WI") else K.workspace.WF_HEAD
         keep = {k: v for k, v in written.items() if getattr(K.workspace, k) < head
@@ -695,6 +695,24 @@ def _fleet_parts(scenario):
         merged += _written_bytes(sizes, keep, granule(8 * sum(sizes.values())))
     return [(merged + streams + 8 * nrep * (K.N_IPAR + K.N_LOAD), "fleet's streams and results", "num_requests"),
             (rows, "replica workspaces", "replicas")]
+
+
+def _trace_map_bytes(scenario, n):
+    """Where a replayed trace's block identities key caching by block hash
+    (`_fleet.trace_hashing`): each hashing pool's map of them into its
+    replicas (`kernel.trace_blocks`: two int64 rows of `cluster.tmap_size`
+    slots for the stream's full prompt blocks, all written at every
+    replication) and its router's table (a slot per request); else 0."""
+    from ._fleet import _is, running_engines, trace_hashing
+    from .kernel.cluster import tmap_size
+    if not trace_hashing(scenario):
+        return 0
+    fleet = scenario.fleet
+    hashing = [e.enable_prefix_caching and e.block_hash_caching for _, e in running_engines(scenario)]
+    pools = sum(hashing) if _is(fleet, "Disaggregated") else 1
+    bs = scenario.engine.block_size
+    blocks = math.ceil(n * float(np.mean(np.asarray(scenario.workload.request_trace.prompt_len) // bs)))
+    return pools * (16 * tmap_size(blocks) + 8 * n)
 
 
 def _pool_records(scenario):

@@ -84,3 +84,20 @@ def test_scheduler_study_quick(tmp_path):
     assert len(t) == 3 * 3 * 5 and t["measured"].isna().all()
     short = t[(t["class"] == "<500") & (t.metric == "ttft_mean")].set_index("policy")
     assert short.at["sjf", "ci_high"] < short.at["fcfs", "ci_low"]
+
+
+def test_fleet_routing_quick(tmp_path):
+    """The router comparison (ShareGPT, prefix-heavy, and the bundled
+    Mooncake trace replayed with its block hashes, where session affinity
+    is left out: a trace names no sessions) and replicas vs rate: every
+    row, each router's paired difference from ``random`` exactly 0 for
+    ``random`` itself, and a fleet sized for every rate."""
+    routers, need = _module("fleet_routing").main(["--quick", "--out", str(tmp_path)])
+    n_metrics = routers.metric.nunique()
+    assert routers.groupby("workload").size().to_dict() == {"sharegpt": 9 * n_metrics, "prefix_heavy": 9 * n_metrics,
+                                                           "mooncake": 8 * n_metrics}
+    measured = routers[(routers.workload != "sharegpt") | (routers.metric != "prefix_hit_rate")]   # (no cache)
+    assert measured.estimate.notna().all()
+    assert (measured[measured.router == "random"].diff_vs_random == 0).all()
+    assert (need.replicas >= 1).all() and {p.name for p in tmp_path.iterdir()} == {"routers.csv",
+                                                                                   "replicas_vs_rate.csv"}

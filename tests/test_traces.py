@@ -140,6 +140,7 @@ def test_length_only_csv_keeps_renewal_arrivals(tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(resample=True), "duration_s .* required"),
     (dict(resample=True, duration_s=5.0, start_s=1.0), "start_s must be 0"),
+    (dict(resample=True, duration_s=2000.0), r"duration_s must be below the trace's span \(.* s, before rate_scale"),
     (dict(arrival_rate=3.0), "arrival_rate must be None"),
     (dict(start_s=1e6, duration_s=1.0), "must select at least one request"),
     (dict(rate_scale=0), "rate_scale must be"),
