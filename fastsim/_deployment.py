@@ -72,8 +72,11 @@ class Deployment:
         Fraction of the GPU's memory vLLM may use, in (0, 1].
     max_model_len : int, optional
         Longest prompt + output; by default the model's
-        ``max_position_embeddings``. As in vLLM, the KV cache must hold one
-        request of this length.
+        (`ModelSpec.derived_max_model_len`: ``max_position_embeddings``, or
+        the smallest of the config's length keys, times its RoPE scaling
+        factor, as vLLM derives it), and at most that (or the config's
+        ``model_max_length``), as vLLM refuses a longer one. As in vLLM, the
+        KV cache must hold one request of this length.
     max_num_seqs, max_num_batched_tokens, block_size : int
         vLLM's scheduler limits and KV block size (defaults: fastsim's, as in the
         interface; vLLM's own ``max_num_batched_tokens`` default
@@ -154,8 +157,15 @@ class Deployment:
         if spec.num_key_value_heads % tp and tp % spec.num_key_value_heads:
             raise ValueError(f"tensor_parallel_size={tp} and the model's {spec.num_key_value_heads} KV heads: "
                              f"one must divide the other (vLLM shards or replicates KV heads)")
-        mml = spec.max_position_embeddings if self.max_model_len is None else self.max_model_len
+        mml = spec.derived_max_model_len if self.max_model_len is None else self.max_model_len
         s(self, "max_model_len", check_int("max_model_len", mml, low=2, high=MAX_TOKENS))
+        limit = spec.derived_max_model_len
+        if self.max_model_len > limit and not (spec.model_max_length and self.max_model_len <= spec.model_max_length):
+            # (vLLM 0.22's `get_and_verify_max_len`; it takes a longer one only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)
+            raise ValueError(f"max_model_len={self.max_model_len} must be at most the model's length, {limit} "
+                             f"(the smallest of its config's length keys, times its RoPE scaling factor: vLLM "
+                             f"refuses a longer one unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; to model that, give a "
+                             f"ModelSpec with max_model_len_limit set)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                              f"({self.max_model_len}) without chunked prefill (vLLM refuses it too); enable "
@@ -251,7 +261,7 @@ class Deployment:
                 continue
             try:
                 dataclasses.replace(self, model=self.spec, tensor_parallel_size=tp, max_model_len=None
-                                    if self.max_model_len == self.spec.max_position_embeddings else self.max_model_len)
+                                    if self.max_model_len == self.spec.derived_max_model_len else self.max_model_len)
             except ValueError:
                 continue
             tips.append(f"tensor_parallel_size={tp} would fit")

@@ -58,6 +58,44 @@ def _lookup(name: str):
     return None, None
 
 
+#: The config keys vLLM reads a model's length from, the smallest present winning (vLLM 0.22's
+#: ``ModelArchConfigConvertorBase.derive_max_model_len_and_key``).
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def derived_max_model_len_of(config: dict) -> int | None:
+    """vLLM 0.22's derived maximum model length of a Hugging Face config
+    (a dict; ``vllm/config/model.py``, ``_get_and_verify_max_len``): the
+    smallest of its `LENGTH_KEYS` present, or its ``model_max_length`` where
+    it has one; then, with RoPE parameters (``rope_parameters``, or
+    ``rope_scaling`` as older configs name them; one dict, or one per layer
+    type) of a type other than ``su``, ``longrope`` and ``llama3`` (whose
+    lengths already state the scaled context), times their ``factor`` (1 if
+    absent), from ``original_max_position_embeddings`` for ``yarn``. None
+    where the config has none of the keys (vLLM then assumes 2,048 unless
+    told). (vLLM also takes the smaller of this and a tokenizer config's
+    ``model_max_length``, which a ``config.json`` does not carry.)"""
+    present = [int(config[k]) for k in LENGTH_KEYS if config.get(k) is not None]
+    if not present:
+        return None
+    derived = float(config["model_max_length"]) if config.get("model_max_length") else float(min(present))
+    rope = config.get("rope_parameters", config.get("rope_scaling"))
+    if isinstance(rope, dict) and rope and "gemma3" not in str(config.get("model_type", "")):
+        layers = list(rope.values()) if all(isinstance(v, dict) for v in rope.values()) else [rope]
+        factor = 1.0
+        for rp in layers:
+            if rp.get("rope_type", rp.get("type", "default")) in ("su", "longrope", "llama3"):
+                continue
+            factor = rp.get("factor", factor)
+            # (vLLM moves a top-level original_max_position_embeddings into the RoPE parameters)
+            ompe = rp.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+            if rp.get("rope_type", rp.get("type")) == "yarn" and ompe:
+                derived = float(ompe)
+        derived *= 1.0 if factor is None else float(factor)
+    return int(derived)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture of a decoder-only transformer (Hugging Face config names).
@@ -83,6 +121,11 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     max_position_embeddings: int = 4096
+    #: The longest ``max_model_len`` vLLM derives from the config (`derived_max_model_len`); None: stated by
+    #: ``max_position_embeddings`` alone. ``model_max_length``: the config's key of that name (vLLM lets a
+    #: ``max_model_len`` above the derived length up to it).
+    max_model_len_limit: int | None = None
+    model_max_length: int | None = None
 
     def __post_init__(self):
         for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
@@ -93,6 +136,8 @@ class ModelSpec:
             object.__setattr__(self, key, check_int(f"model.{key}", getattr(self, key), low=0))
         for key in ("tie_word_embeddings", "qkv_bias", "qk_norm"):
             object.__setattr__(self, key, check_bool(f"model.{key}", getattr(self, key)))
+        for key in ("max_model_len_limit", "model_max_length"):
+            object.__setattr__(self, key, check_int(f"model.{key}", getattr(self, key), low=1, optional=True))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"model.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
@@ -103,6 +148,14 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def derived_max_model_len(self) -> int:
+        """The longest context vLLM serves by default, and the largest
+        ``max_model_len`` it takes (unless ``model_max_length`` is larger):
+        the smallest of the config's length keys, times the RoPE scaling
+        factor (`derived_max_model_len_of`)."""
+        return self.max_position_embeddings if self.max_model_len_limit is None else self.max_model_len_limit
 
     @classmethod
     def from_config(cls, config, name: str | None = None) -> "ModelSpec":
@@ -167,6 +220,8 @@ class ModelSpec:
             if experts else 0,
             shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0) or 0),
             max_position_embeddings=c.get("max_position_embeddings", 4096),
+            max_model_len_limit=derived_max_model_len_of(c),
+            model_max_length=c.get("model_max_length"),
         )
 
     # ---- per tensor-parallel rank --------------------------------------------------------------

@@ -125,6 +125,8 @@ def test_engine_from_deployment():
     (dict(dtype="float64"), r"dtype must be one of"),
     (dict(quantization="int4"), r"quantization must be None or 'fp8'"),
     (dict(model={"model_type": "deepseek_v2", "hidden_size": 8}), r"model_type 'deepseek_v2' is not supported"),
+    (dict(model="meta-llama/Llama-2-7b-hf", max_model_len=8192),
+     r"max_model_len=8192 must be at most the model's length, 4096 \(.*VLLM_ALLOW_LONG_MAX_MODEL_LEN"),
 ])
 def test_invalid_deployments(kw, match):
     args = dict(model="meta-llama/Llama-3.1-8B", gpu="H100", max_model_len=8192)
@@ -211,3 +213,37 @@ def test_the_sweep_runs_lie_on_vllms_affine_line():
         row["gpu_memory_utilization"] = u
         steps.append(_deployment(row).num_gpu_blocks)
     assert abs((steps[1] - steps[0]) / (b[0.7] - b[0.5]) - 1) < 0.002
+
+
+def test_max_model_len_follows_vllms_derived_length():
+    """vLLM's derived maximum length (`_models.derived_max_model_len_of`,
+    checked against vLLM's own code in `tests/oracle/test_vllm_max_model_len.py`):
+    the smallest length key, or ``model_max_length``; times a RoPE scaling
+    factor, from ``original_max_position_embeddings`` for YaRN, but not for
+    Llama 3's (its positions are already scaled). It is the default
+    ``max_model_len`` and the largest one a Deployment takes."""
+    from fastsim._models import ModelSpec, derived_max_model_len_of
+
+    qwen = json.loads((Path(fastsim.__file__).parent / "data" / "models" / "qwen2.5-7b-instruct.json").read_text())
+    cases = [({"max_position_embeddings": 4096, "n_positions": 2048}, 2048),
+             ({"max_position_embeddings": 8192, "model_max_length": 16384}, 16384),
+             ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192),
+             ({"max_position_embeddings": 32768, "original_max_position_embeddings": 8192,
+               "rope_scaling": {"type": "yarn", "factor": 4.0}}, 32768),
+             ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072),
+             ({"max_position_embeddings": 4096, "rope_parameters": {
+                 "full_attention": {"rope_type": "linear", "factor": 2.0},
+                 "sliding_attention": {"rope_type": "default"}}}, 8192),
+             ({"hidden_size": 8}, None)]
+    for config, want in cases:
+        assert derived_max_model_len_of(config) == want, config
+    yarn = ModelSpec.from_config(dict(qwen, rope_scaling={"type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 32768}))
+    assert ModelSpec.from_config(qwen).derived_max_model_len == 32768 and yarn.derived_max_model_len == 131072
+    kw = dict(gpu="H100", num_gpu_blocks_override=10_000)
+    assert Deployment(model=yarn, **kw).max_model_len == 131072   # (the default: vLLM's)
+    assert Deployment(model=yarn, max_model_len=131072, **kw).max_model_len == 131072
+    with pytest.raises(ValueError, match=r"max_model_len=131073 must be at most the model's length, 131072"):
+        Deployment(model=yarn, max_model_len=131073, **kw)
+    with pytest.raises(ValueError, match=r"max_model_len=32769 must be at most the model's length, 32768"):
+        Deployment(model="Qwen/Qwen2.5-7B-Instruct", max_model_len=32769, **kw)
