@@ -171,7 +171,7 @@ def check_trace_identities(scenario) -> None:
                 raise ValueError(f"{name}.router: 'session_affinity' needs sessions (prefix groups), which a "
                                  f"replayed trace's block hashes do not name (keying prefix caching by block hash, "
                                  f"it would send every request sharing a system prompt to one replica); use "
-                                 f"'prefix_affinity' (it follows the request sharing the longest prefix, under "
+                                 f"'prefix_affinity' (the replica handed the most leading blocks of the prompt, under "
                                  f"prefix_load_cap)")
     bs = scenario.engine.block_size
     for name, e in running_engines(scenario):

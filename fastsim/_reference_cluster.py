@@ -239,6 +239,27 @@ def _trace_parents(block_hashes, prompt, hash_block_size, block_size):
     return out
 
 
+def _leading_shared(a, b) -> int:
+    """Leading full blocks two prompts' identity lists share (None: a block of one request alone)."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] is not None and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def _choose_by_prefix(idents, handed, insys, cap):
+    """Prefix affinity over a trace's hashes (spec, "Fleets"): the replica
+    handed the most leading blocks of the request (the longest run it shares
+    with a request handed to that replica), ties to the fewest in the system,
+    then the lowest index; the least loaded instead where that replica's
+    requests exceed the least loaded's by more than ``cap``."""
+    n = len(insys)
+    match = [max((_leading_shared(idents, h) for h in handed[r]), default=0) for r in range(n)]
+    best = min(range(n), key=lambda r: (-match[r], insys[r], r))
+    least = min(range(n), key=lambda r: (insys[r], r))
+    return least if insys[best] > insys[least] + cap else best
+
+
 def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig | list,
                              latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
@@ -251,9 +272,10 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     With ``block_hashes`` (a replayed trace's hash list per request, each
     hash ``hash_block_size`` tokens), the replicas that cache by block hash
     key prompt blocks by those hashes (`prompt_block_identities`; ``pgrp``
-    and ``plen`` are then ignored), and the prefix- and session-affine
-    routers follow each request's affinity parent (`_trace_parents`) to the
-    replica it went to.
+    and ``plen`` are then ignored); prefix affinity picks the replica
+    handed the most leading blocks of the request (`_choose_by_prefix`),
+    session affinity follows each request's affinity parent
+    (`_trace_parents`) to the replica it went to.
 
     A stochastic latency model (``noise``) runs as replication
     ``seed_keys[2]`` of the keys ``seed_keys[:2]`` has it
@@ -289,6 +311,9 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                   engines[0].block_size)
         parents = _trace_parents(block_hashes, prompt, hash_block_size, bs)
         table = [-1] * max(n, 1)
+        trace_idents = [prompt_block_identities(i, int(prompt[i]), bs, block_hashes=block_hashes[i],
+                                                hash_block_size=hash_block_size) for i in range(n)]
+        handed = [[] for _ in range(replicas)]   # (each replica's requests' identity lists: prefix affinity's)
     owner, reqs = [], []
     k_scrape = 0
     live = staleness_s == 0.0 or router == "least_outstanding"
@@ -306,9 +331,13 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                         rep.advance_until(k_scrape * staleness_s)
                     views = [rep.view() for rep in reps]
                     k_scrape += 1
-        r = _choose(router, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
+        if parents is not None and router == "prefix_affinity" and replicas > 1:
+            r = _choose_by_prefix(trace_idents[i], handed, [v[0] for v in views], load_cap)
+        else:
+            r = _choose(router, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
         if parents is not None:
-            table[i] = r   # (its children follow it)
+            table[i] = r   # (its children follow it: session affinity)
+            handed[r].append(trace_idents[i])
         rep = reps[r]
         j = rep.handed
         at = t + routing_latency_s

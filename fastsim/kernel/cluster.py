@@ -48,7 +48,8 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
                      L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
-                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ST_RUNNING, ST_WAITING, _COL)
+                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ST_RUNNING, ST_WAITING,
+                     _COL)
 from .latency import _constant_in_step
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
@@ -57,7 +58,7 @@ from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .workload import _draw_workload
 from .trace_blocks import (affinity_group as _affinity_group, hashing_block_size, localise as _localise,
-                           reset as _tmap_reset)
+                           reset as _tmap_reset, route_prefix as _route_prefix)
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
@@ -890,6 +891,8 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             if rc < 0:
                 return rc
             r = _shorter(fb.load, a, b)
+        elif traced and router == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
+            r = _route_prefix(i, fb.load, LOAD_IN_SYSTEM, cap, nrep, pgrp, plen, bs0, jg, fb.tmap)
         else:
             g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
             r = _route(router, i, g, fb.load, fb.table, fb.rstate, cap, nrep)

@@ -35,13 +35,13 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
                      F_TTFT_SLO, I_BLOCK_SIZE, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP,
-                     N_ACC, N_HIST, ST_COMPLETED, _COL)
+                     LOAD_IN_SYSTEM, N_ACC, N_HIST, ROUTER_PREFIX_AFFINITY, ST_COMPLETED, _COL)
 from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
-from .trace_blocks import (affinity_group as _affinity_group, localise as _localise,
-                           reset as _tmap_reset)
+from .trace_blocks import (affinity_group as _affinity_group, localise as _localise, reset as _tmap_reset,
+                           route_prefix as _route_prefix)
 from .workspace import (RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
@@ -250,8 +250,12 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
             rc = _look(fbd, nrep_d, md, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
             return rc
-        g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
-        d = _route(router_d, i, g, fbd.load, fbd.table, rstate, cap, nrep_d)
+        if traced and router_d == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
+            d = _route_prefix(i, fbd.load, LOAD_IN_SYSTEM, cap, nrep_d, pgrp, plen, ipar_d[I_BLOCK_SIZE], jg,
+                              fbd.tmap)
+        else:
+            g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
+            d = _route(router_d, i, g, fbd.load, fbd.table, rstate, cap, nrep_d)
         if md < n and not _fits(fbd, d, measured, output[i]):
             return ROW_FULL
         at = _transfer(link, db.link_free, d, t1, prompt[i])

@@ -15,7 +15,10 @@ open-addressing table for every replica, keys ``(root * jg + j) * nrep +
 r``). Its walk then names block j by that replica's first holder of it:
 two of its requests share an identity exactly when they do in the stream.
 A fleet of one replica is handed the identities the engine alone keys
-(its first holder of a block is the stream's earliest). The static fleet
+(its first holder of a block is the stream's earliest). The map is also
+what a prefix-affine router knows of the replicas' caches (`route_prefix`:
+the blocks of a prompt each replica has been handed, as SGLang's
+cache-aware router keeps a tree of what it routed). The static fleet
 (`cluster`), the autoscaled one (`autoscale`: a row a new replica reuses
 keeps its map, whose names stay consistent, its cold cache holding none of
 them) and both pools of a disaggregated server (`disagg`: the decode pool
@@ -84,8 +87,7 @@ def localise(i, r, nrep, k, prompt, pgrp, plen, bs, jg, tmap):
     mask = keys.size - 1
     q = i
     for j in range(prompt[i] // bs - 1, -1, -1):
-        while (j + 1) * bs <= plen[q]:   # (the stream's earliest holder of block j: its walk up the parents)
-            q = -2 - pgrp[q]
+        q = _root(q, j, pgrp, plen, bs)   # (the walk goes on from block j + 1's holder: blocks last first)
         key = (q * jg + j) * nrep + r
         s = _slot(key, mask)
         while keys[s] != key and keys[s] >= 0:
@@ -99,7 +101,63 @@ def localise(i, r, nrep, k, prompt, pgrp, plen, bs, jg, tmap):
 
 @njit_noalloc
 def affinity_group(i, pgrp, plen):
-    """The request whose replica a prefix- or session-affine router follows
-    for request ``i`` of a stream keyed by trace identities: its parent in
-    the stream, when they share a full block (-1: none)."""
+    """The request whose replica a session-affine router follows for
+    request ``i`` of a stream keyed by trace identities: its parent in the
+    stream, when they share a full block (-1: none). (The kernel keeps it;
+    `Scenario` refuses session affinity over a trace, which names no
+    sessions. Prefix affinity reads the map instead, `route_prefix`.)"""
     return -2 - pgrp[i] if plen[i] > 0 else -1
+
+
+@njit_noalloc(inline="llvm")
+def _root(i, j, pgrp, plen, bs):
+    """The stream's earliest holder of block ``j`` of request ``i`` (`block_pool._block_id`'s walk)."""
+    q = i
+    while (j + 1) * bs <= plen[q]:
+        q = -2 - pgrp[q]
+    return q
+
+
+@njit_noalloc
+def matched(i, r, nrep, pgrp, plen, bs, jg, tmap):
+    """The leading full blocks of request ``i`` that replica ``r`` has been
+    handed (held by a request handed to it: in its map), by bisection (the
+    blocks a replica holds of a prompt are a leading run). Only the blocks
+    ``i`` shares with its stream parent can be there (the others are its
+    own)."""
+    keys = tmap[0]
+    mask = keys.size - 1
+    lo, hi = 0, plen[i] // bs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        j = mid - 1
+        key = (_root(i, j, pgrp, plen, bs) * jg + j) * nrep + r
+        s = _slot(key, mask)
+        while keys[s] != key and keys[s] >= 0:
+            s = (s + 1) & mask
+        if keys[s] == key:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@njit_noalloc
+def route_prefix(i, load, col, cap, nrep, pgrp, plen, bs, jg, tmap):
+    """Prefix affinity over a trace's block identities: the replica that
+    has been handed the most leading blocks of request ``i`` (`matched`;
+    ties: the fewest requests in the system, ``load[:, col]``, then the
+    lowest index), unless its requests exceed the least loaded replica's by
+    more than ``cap``: then the least loaded (as without a match)."""
+    best, most = 0, -1
+    least = 0
+    for r in range(nrep):
+        m = matched(i, r, nrep, pgrp, plen, bs, jg, tmap)
+        x = load[r, col]
+        if m > most or (m == most and x < load[best, col]):
+            best, most = r, m
+        if x < load[least, col]:
+            least = r
+    if load[best, col] > load[least, col] + cap:
+        return least
+    return best
