@@ -695,6 +695,12 @@ class Workload:
             return
         s(self, "trace_window_s", check_float("trace_window_s", self.trace_window_s, low=0, low_open=True,
                                               high=MAX_CLOCK_S))
+        span = float(tr.arrival_s[-1]) if len(tr) else 0.0
+        if self.trace_window_s >= span:
+            # (windows start uniformly on [0, span - trace_window_s]: every replication the whole trace)
+            raise ValueError(f"trace_window_s must be below the trace's span ({span:g} s), got "
+                             f"{self.trace_window_s!r}: every window would be the whole trace (the same stream "
+                             f"in every replication); replay it without a window")
         if self.arrival_times is not None:
             raise ValueError("arrival_times must be None with trace_window_s (each replication draws a window "
                              "of the trace's times)")

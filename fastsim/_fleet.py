@@ -164,10 +164,12 @@ def check_trace_identities(scenario) -> None:
         return
     fleet = scenario.fleet
     if fleet is not None:
-        pools = [("fleet", fleet)] if not _is(fleet, "Disaggregated") else [
-            ("fleet.prefill", fleet.prefill), ("fleet.decode", fleet.decode)]
-        for name, pool in pools:
-            if pool.router == "session_affinity" and (pool.n_replicas > 1 or pool.autoscaler is not None):
+        # (a pool that does not cache by block hash routes as without the identities: a disaggregated pool's)
+        pools = [("fleet", fleet, True)] if not _is(fleet, "Disaggregated") else [
+            (name, pool, e.enable_prefix_caching and e.block_hash_caching) for name, pool, e in
+            zip(("fleet.prefill", "fleet.decode"), (fleet.prefill, fleet.decode), fleet.pool_engines(scenario.engine))]
+        for name, pool, hashes in pools:
+            if hashes and pool.router == "session_affinity" and (pool.n_replicas > 1 or pool.autoscaler is not None):
                 raise ValueError(f"{name}.router: 'session_affinity' needs sessions (prefix groups), which a "
                                  f"replayed trace's block hashes do not name (keying prefix caching by block hash, "
                                  f"it would send every request sharing a system prompt to one replica); use "
@@ -331,7 +333,7 @@ class _FleetWorker:
         """Hand the buffers on to a later worker for as many replicas
         (`SPARES`); call it only once no kernel uses them."""
         if self.fb is not None:
-            SPARES.give_back(self._spare_key(), (self._wi, self._wf),
+            SPARES.give_back(self._spare_key(), (self._wi, self._wf, self.fb.tmap, self.fb.table),
                              (self.size, self.fb, self._wi, self._wf, self.wm, self.dense))
             self.size, self.fb, self.wm, self._views = (-1,) * 6, None, None, None
 

@@ -712,7 +712,8 @@ def _trace_map_bytes(scenario, n):
     pools = sum(hashing) if _is(fleet, "Disaggregated") else 1
     bs = scenario.engine.block_size
     blocks = math.ceil(n * float(np.mean(np.asarray(scenario.workload.request_trace.prompt_len) // bs)))
-    return pools * (16 * tmap_size(blocks) + 8 * n)
+    # (`_fleet._FleetWorker.buffers` allocates a quarter more than the first replication asks)
+    return pools * (16 * tmap_size(blocks + blocks // 4) + 8 * (n + n // 4))
 
 
 def _pool_records(scenario):

@@ -306,9 +306,9 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
     parents = None
-    if block_hashes is not None:
-        bs = next((e.block_size for e in engines if e.enable_prefix_caching and e.block_hash_caching),
-                  engines[0].block_size)
+    hashing = [e for e in engines if e.enable_prefix_caching and e.block_hash_caching]
+    if block_hashes is not None and hashing:   # (a fleet none of whose replicas hash routes as without them)
+        bs = hashing[0].block_size
         parents = _trace_parents(block_hashes, prompt, hash_block_size, bs)
         table = [-1] * max(n, 1)
         trace_idents = [prompt_block_identities(i, int(prompt[i]), bs, block_hashes=block_hashes[i],

@@ -25,6 +25,10 @@ from ._reference_cluster import (ROUTERS, _choose, _choose_by_prefix, _PausedRep
 DECODE_ROUTER_PURPOSE = 14
 
 
+def _hashes(engine) -> bool:
+    return bool(engine.enable_prefix_caching and engine.block_hash_caching)
+
+
 def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *,
                               prefill: tuple[EngineConfig, LatencyModel, int, str],
                               decode: tuple[EngineConfig, LatencyModel, int, str],
@@ -51,9 +55,10 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         The routers' random streams' keys.
     block_hashes, hash_block_size : optional
         A replayed trace's hash list per request, each hash
-        ``hash_block_size`` tokens: both pools' caching by block hash keys
-        prompt blocks by them, and their prefix- and session-affine routers
-        route as `simulate_fleet_reference`'s do.
+        ``hash_block_size`` tokens: a pool caching by block hash keys prompt
+        blocks by them, and its prefix- and session-affine routers route as
+        `simulate_fleet_reference`'s do (a pool that does not hash routes as
+        without them).
 
     Returns
     -------
@@ -77,7 +82,8 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     pre = simulate_fleet_reference(a, prompt, np.ones(n, np.int64), prio, sjfk, pgrp, plen, e_p, l_p, n_p,
                                    router_p, staleness_s=staleness_s, routing_latency_s=routing_latency_s,
                                    load_cap=load_cap, seed_keys=seed_keys, n_groups=n_groups,
-                                   block_hashes=block_hashes, hash_block_size=hash_block_size)
+                                   block_hashes=block_hashes if _hashes(e_p) else None,
+                                   hash_block_size=hash_block_size)
     # hand-offs in order of the prefill first token, ties by request index
     order = sorted((float(pre["first_token_s"][i]), i) for i in range(n) if pre["status"][i] == COMPLETED)
     reps = [_PausedReplica(e_d, l_d, None) for _ in range(n_d)]
@@ -85,7 +91,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
     parents = None
-    if block_hashes is not None:
+    if block_hashes is not None and _hashes(e_d):   # (a pool that does not hash routes as without them)
         parents = _trace_parents(block_hashes, prompt, hash_block_size, e_d.block_size)
         table = [-1] * max(n, 1)
         trace_idents = [prompt_block_identities(i, int(prompt[i]), e_d.block_size, block_hashes=block_hashes[i],
@@ -118,7 +124,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                        group=int(pgrp[i]), prefix_len=int(plen[i]),
                        qkey=queue_key(e_d.policy, j, at, int(prio[i]), int(sjfk[i]), e_d.priority_aging_s))
         req.remote_k = p - 1     # the prompt's KV but its last token, as vLLM's connector leaves it
-        if e_d.enable_prefix_caching and e_d.block_hash_caching and block_hashes is not None:
+        if _hashes(e_d) and block_hashes is not None:
             # the prompt's blocks by the trace's hashes: its blocks are cached here too
             req.group, req.prefix_len = -1, 0
             req.idents = prompt_block_identities(j, p, e_d.block_size, block_hashes=block_hashes[i],

@@ -386,3 +386,33 @@ def test_per_class_rows_serve_the_trace_as_the_replication_did(fleet):
     np.testing.assert_array_equal(got[:, :2, 0], got[:, :2, 1])
     np.testing.assert_allclose(got[:, 2:, 0], got[:, 2:, 1], rtol=1e-12)
     assert (res.per_replication["prefix_hit_rate"] > 0).all()
+
+
+@pytest.mark.parametrize("hashing_pool", ["prefill", "decode"])
+def test_a_pool_that_does_not_hash_routes_as_without_the_identities(hashing_pool):
+    """A disaggregated server one of whose pools caches by block hash: the
+    other pool's prefix-affine router has no identities to follow (its
+    replicas key nothing by them) and sends each request to its least
+    loaded replica, in the kernel and in the reference alike (found in stop
+    67's review: the reference followed them there)."""
+    from fastsim._reference_disagg import simulate_disagg_reference
+    from fastsim.kernel import disagg as D
+    from test_disagg import LAT_D, LAT_P, _same
+
+    plain = fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=400, max_num_batched_tokens=256,
+                                 async_scheduling=False, enable_prefix_caching=False, block_hash_caching=False)
+    hashing = fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=400, max_num_batched_tokens=256,
+                                   async_scheduling=False, **HASH)
+    pe, de = (hashing, plain) if hashing_pool == "prefill" else (plain, hashing)
+    stream, hashes = _branching_trace(4)
+    pp, pd_ = (pack_scenario(fastsim.Scenario(engine=e, latency=lat, workload=fastsim.Workload(
+        arrival_rate=1.0, num_requests=10))) for e, lat in ((pe, LAT_P), (de, LAT_D)))
+    per, row, _ = D.simulate_disagg_stream(
+        *stream, (pp["ipar"], pp["fpar"], pp["lat"], np.array([0.0, 0.0, 2.0]), K.ROUTER_CODES["prefix_affinity"], 3),
+        (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES["prefix_affinity"], 3),
+        np.array([2e7, 0.002, 1000.0, 2.0]), 5, 6, 0)
+    ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, 3, "prefix_affinity"),
+                                    decode=(de, LAT_D, 3, "prefix_affinity"), kv_bytes_per_token=1000.0,
+                                    link_bandwidth=2e7, link_latency_s=0.002, load_cap=2, seed_keys=(5, 6, 0),
+                                    block_hashes=hashes, hash_block_size=HB)
+    _same(per, ref)

@@ -152,6 +152,17 @@ def test_bad_trace_arguments(kwargs, match):
         fastsim.Workload.from_trace(AZURE, **kwargs)
 
 
+def test_a_window_no_shorter_than_the_trace_is_refused_however_stated():
+    """A resampled window at least the trace's span is the whole trace in
+    every replication (intervals of zero width): refused by `from_trace`
+    and by `Workload` itself."""
+    tr = fastsim.Workload.from_trace(MOONCAKE, resample=True, duration_s=20.0).request_trace
+    span = float(tr.arrival_s[-1])
+    with pytest.raises(ValueError, match=r"trace_window_s must be below the trace's span \(102 s\)"):
+        fastsim.Workload(request_trace=tr, trace_window_s=span)
+    assert fastsim.Workload(request_trace=tr, trace_window_s=span / 2).trace_window_s == span / 2
+
+
 def test_bad_trace_files(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp,prompt_len,output_len\n2,5,5\n1,5,5\n")
