@@ -260,6 +260,30 @@ def _choose_by_prefix(idents, handed, insys, cap):
     return least if insys[best] > insys[least] + cap else best
 
 
+class _TraceRouter:
+    """A router's memory over a replayed trace's hashes (spec, "Fleets"):
+    each request's identity list and affinity parent, the replica each
+    request went to (session affinity follows the parent's), and each
+    replica's requests' identity lists (prefix affinity counts them)."""
+
+    def __init__(self, block_hashes, prompt, hash_block_size, block_size, replicas):
+        n = len(prompt)
+        self.parents = _trace_parents(block_hashes, prompt, hash_block_size, block_size)
+        self.table = [-1] * max(n, 1)
+        self.idents = [prompt_block_identities(i, int(prompt[i]), block_size, block_hashes=block_hashes[i],
+                                               hash_block_size=hash_block_size) for i in range(n)]
+        self.handed = [[] for _ in range(replicas)]
+
+    def choose(self, router, i, views, rng, cap):
+        if router == "prefix_affinity":
+            return _choose_by_prefix(self.idents[i], self.handed, [v[0] for v in views], cap)
+        return _choose(router, i, self.parents[i], views, self.table, rng, cap)
+
+    def hand(self, i, r):
+        self.table[i] = r
+        self.handed[r].append(self.idents[i])
+
+
 def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig | list,
                              latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
@@ -305,15 +329,10 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=13)   # (the kernel's S_ROUTE: after its 13 streams)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
-    parents = None
+    trace = None
     hashing = [e for e in engines if e.enable_prefix_caching and e.block_hash_caching]
     if block_hashes is not None and hashing:   # (a fleet none of whose replicas hash routes as without them)
-        bs = hashing[0].block_size
-        parents = _trace_parents(block_hashes, prompt, hash_block_size, bs)
-        table = [-1] * max(n, 1)
-        trace_idents = [prompt_block_identities(i, int(prompt[i]), bs, block_hashes=block_hashes[i],
-                                                hash_block_size=hash_block_size) for i in range(n)]
-        handed = [[] for _ in range(replicas)]   # (each replica's requests' identity lists: prefix affinity's)
+        trace = _TraceRouter(block_hashes, prompt, hash_block_size, hashing[0].block_size, replicas)
     owner, reqs = [], []
     k_scrape = 0
     live = staleness_s == 0.0 or router == "least_outstanding"
@@ -331,13 +350,11 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                         rep.advance_until(k_scrape * staleness_s)
                     views = [rep.view() for rep in reps]
                     k_scrape += 1
-        if parents is not None and router == "prefix_affinity" and replicas > 1:
-            r = _choose_by_prefix(trace_idents[i], handed, [v[0] for v in views], load_cap)
+        if trace is None:
+            r = _choose(router, i, int(pgrp[i]), views, table, rng, load_cap)
         else:
-            r = _choose(router, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
-        if parents is not None:
-            table[i] = r   # (its children follow it: session affinity)
-            handed[r].append(trace_idents[i])
+            r = trace.choose(router, i, views, rng, load_cap)
+            trace.hand(i, r)
         rep = reps[r]
         j = rep.handed
         at = t + routing_latency_s

@@ -18,8 +18,7 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import (ROUTERS, _choose, _choose_by_prefix, _PausedReplica, _RouterStream,
-                                 _trace_parents, simulate_fleet_reference)
+from ._reference_cluster import ROUTERS, _choose, _PausedReplica, _RouterStream, _TraceRouter, simulate_fleet_reference
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
 DECODE_ROUTER_PURPOSE = 14
@@ -90,13 +89,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=DECODE_ROUTER_PURPOSE)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)
-    parents = None
+    trace = None
     if block_hashes is not None and _hashes(e_d):   # (a pool that does not hash routes as without them)
-        parents = _trace_parents(block_hashes, prompt, hash_block_size, e_d.block_size)
-        table = [-1] * max(n, 1)
-        trace_idents = [prompt_block_identities(i, int(prompt[i]), e_d.block_size, block_hashes=block_hashes[i],
-                                                hash_block_size=hash_block_size) for i in range(n)]
-        handed = [[] for _ in range(n_d)]   # (each decode replica's requests' identity lists)
+        trace = _TraceRouter(block_hashes, prompt, hash_block_size, e_d.block_size, n_d)
     link_free = [0.0] * n_d
     views = [(0, 0, 0, 0)] * n_d
     decode_of = [None] * n
@@ -107,13 +102,11 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
             for rep in reps:
                 rep.advance_until(t1)
             views = [rep.view() for rep in reps]
-        if parents is not None and router_d == "prefix_affinity" and n_d > 1:
-            d = _choose_by_prefix(trace_idents[i], handed, [v[0] for v in views], load_cap)
+        if trace is None:
+            d = _choose(router_d, i, int(pgrp[i]), views, table, rng, load_cap)
         else:
-            d = _choose(router_d, i, int(pgrp[i]) if parents is None else parents[i], views, table, rng, load_cap)
-        if parents is not None:
-            table[i] = d   # (its children follow it: session affinity)
-            handed[d].append(trace_idents[i])
+            d = trace.choose(router_d, i, views, rng, load_cap)
+            trace.hand(i, d)
         p = int(prompt[i])
         start = max(t1, link_free[d])
         link_free[d] = start + p * kv_bytes_per_token / link_bandwidth
