@@ -44,6 +44,12 @@ _CATALOGUE = {
 }
 _SUPPORTED_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
 
+#: Each supported type's ``max_position_embeddings`` where a config leaves it out: its Transformers config
+#: class's default (Transformers 5.24: ``LlamaConfig`` 2048, ``MistralConfig`` and ``MixtralConfig`` 4096 * 32,
+#: the Qwen classes 32768), which vLLM reads.
+_DEFAULT_POSITIONS = {"llama": 2048, "mistral": 131072, "mixtral": 131072, "qwen2": 32768, "qwen3": 32768,
+                      "qwen3_moe": 32768, "qwen2_moe": 32768}
+
 
 def model_names() -> list[str]:
     """The catalogue's model names (Hugging Face repository ids)."""
@@ -73,14 +79,18 @@ def derived_max_model_len_of(config: dict) -> int | None:
     type) of a type other than ``su``, ``longrope`` and ``llama3`` (whose
     lengths already state the scaled context), times their ``factor`` (1 if
     absent), from ``original_max_position_embeddings`` for ``yarn``. None
-    where the config has none of the keys (vLLM then assumes 2,048 unless
-    told). (vLLM also takes the smaller of this and a tokenizer config's
-    ``model_max_length``, which a ``config.json`` does not carry.)"""
+    where the config has none of the keys (`ModelSpec.from_config` gives a
+    config its class's ``max_position_embeddings`` first, as Transformers
+    does). Not modelled: the smaller of this and a tokenizer config's
+    ``model_max_length`` (a ``config.json`` does not carry it), and
+    LongRoPE's default of ``original_max_position_embeddings`` (no supported
+    model type uses LongRoPE)."""
     present = [int(config[k]) for k in LENGTH_KEYS if config.get(k) is not None]
     if not present:
         return None
     derived = float(config["model_max_length"]) if config.get("model_max_length") else float(min(present))
-    rope = config.get("rope_parameters", config.get("rope_scaling"))
+    # (a config stating both: Transformers and vLLM take ``rope_scaling``'s)
+    rope = config.get("rope_scaling") if config.get("rope_scaling") is not None else config.get("rope_parameters")
     if isinstance(rope, dict) and rope and "gemma3" not in str(config.get("model_type", "")):
         layers = list(rope.values()) if all(isinstance(v, dict) for v in rope.values()) else [rope]
         factor = 1.0
@@ -88,8 +98,9 @@ def derived_max_model_len_of(config: dict) -> int | None:
             if rp.get("rope_type", rp.get("type", "default")) in ("su", "longrope", "llama3"):
                 continue
             factor = rp.get("factor", factor)
-            # (vLLM moves a top-level original_max_position_embeddings into the RoPE parameters)
-            ompe = rp.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+            # (a top-level original_max_position_embeddings overrides the RoPE parameters' own: vLLM patches it
+            # in with Transformers 4, Transformers 5 standardises the parameters so)
+            ompe = config.get("original_max_position_embeddings") or rp.get("original_max_position_embeddings")
             if rp.get("rope_type", rp.get("type")) == "yarn" and ompe:
                 derived = float(ompe)
         derived *= 1.0 if factor is None else float(factor)
@@ -200,6 +211,8 @@ class ModelSpec:
         missing = [k for k in need if k not in c]
         if missing:
             raise ValueError(f"model config is missing {missing}")
+        # (a config without max_position_embeddings has its Transformers class's default, as vLLM loads it)
+        c.setdefault("max_position_embeddings", _DEFAULT_POSITIONS[mtype])
         h, nh = c["hidden_size"], c["num_attention_heads"]
         experts = c.get("num_local_experts", c.get("num_experts", 0)) or 0
         return cls(
@@ -219,7 +232,7 @@ class ModelSpec:
             moe_intermediate_size=int(c.get("moe_intermediate_size") or c.get("intermediate_size", 0))
             if experts else 0,
             shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size", 0) or 0),
-            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            max_position_embeddings=c["max_position_embeddings"],
             max_model_len_limit=derived_max_model_len_of(c),
             model_max_length=c.get("model_max_length"),
         )

@@ -230,6 +230,10 @@ def test_max_model_len_follows_vllms_derived_length():
              ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192),
              ({"max_position_embeddings": 32768, "original_max_position_embeddings": 8192,
                "rope_scaling": {"type": "yarn", "factor": 4.0}}, 32768),
+             ({"max_position_embeddings": 32768, "original_max_position_embeddings": 8192,   # (the top level's)
+               "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 32768),
+             ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0},
+               "rope_parameters": {"rope_type": "linear", "factor": 3.0}}, 8192),   # (rope_scaling's)
              ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072),
              ({"max_position_embeddings": 4096, "rope_parameters": {
                  "full_attention": {"rope_type": "linear", "factor": 2.0},
@@ -240,6 +244,10 @@ def test_max_model_len_follows_vllms_derived_length():
     yarn = ModelSpec.from_config(dict(qwen, rope_scaling={"type": "yarn", "factor": 4.0,
                                                           "original_max_position_embeddings": 32768}))
     assert ModelSpec.from_config(qwen).derived_max_model_len == 32768 and yarn.derived_max_model_len == 131072
+    # a config without max_position_embeddings: its Transformers class's default, as vLLM reads it
+    bare = {k: v for k, v in qwen.items() if k != "max_position_embeddings"}
+    assert ModelSpec.from_config(bare).derived_max_model_len == 32768
+    assert ModelSpec.from_config(dict(bare, model_type="llama")).derived_max_model_len == 2048
     kw = dict(gpu="H100", num_gpu_blocks_override=10_000)
     assert Deployment(model=yarn, **kw).max_model_len == 131072   # (the default: vLLM's)
     assert Deployment(model=yarn, max_model_len=131072, **kw).max_model_len == 131072

@@ -416,3 +416,40 @@ def test_a_pool_that_does_not_hash_routes_as_without_the_identities(hashing_pool
                                     link_bandwidth=2e7, link_latency_s=0.002, load_cap=2, seed_keys=(5, 6, 0),
                                     block_hashes=hashes, hash_block_size=HB)
     _same(per, ref)
+
+
+@pytest.mark.parametrize("seed", [17, 118, 532])
+def test_the_decode_pools_prefix_affinity_counts_blocks_handed_out_of_stream_order(seed):
+    """The decode pool is handed requests in first-token order: a child
+    whose prefill ends first is handed before its parent, and its replica
+    then holds the parent's own blocks (beyond what the parent shares with
+    its stream parent). Prefix affinity counts them as the reference does
+    (stop 67's review: the kernel's count stopped at the parent's shared
+    prefix; these seeds of a random search differed)."""
+    from fastsim._reference_disagg import simulate_disagg_reference
+    from fastsim.kernel import disagg as D
+    from test_disagg import LAT_D, LAT_P, _same
+
+    rng = np.random.default_rng(7000 + seed)
+    n_p, n_d = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    stale, cap = float(rng.choice([0.0, 0.4])), int(rng.integers(0, 4))
+    a = bool(seed % 2)
+
+    def eng(seqs, blocks):
+        return fastsim.EngineConfig(max_num_seqs=seqs, num_gpu_blocks=blocks, max_num_batched_tokens=256,
+                                    async_scheduling=a, scheduler_reserve_full_isl=a, null_block=True, **HASH)
+
+    stream, hashes = _branching_trace(seed, n=80, rate=float(rng.choice([6.0, 30.0, 100.0])))
+    pe, de = eng(6, 300), eng(8, int(rng.choice([30, 400])))
+    pp, pd_ = (pack_scenario(fastsim.Scenario(engine=e, latency=lat, workload=fastsim.Workload(
+        arrival_rate=1.0, num_requests=10))) for e, lat in ((pe, LAT_P), (de, LAT_D)))
+    rp = str(rng.choice(["jsq", "prefix_affinity", "round_robin", "random"]))
+    per, row, _ = D.simulate_disagg_stream(
+        *stream, (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, 0.005, float(cap)]), K.ROUTER_CODES[rp], n_p),
+        (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES["prefix_affinity"], n_d),
+        np.array([2e7, 0.002, 1000.0, float(cap)]), 5, 6, seed)
+    ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, n_p, rp), decode=(de, LAT_D, n_d, "prefix_affinity"),
+                                    kv_bytes_per_token=1000.0, link_bandwidth=2e7, link_latency_s=0.002,
+                                    routing_latency_s=0.005, staleness_s=stale, load_cap=cap, seed_keys=(5, 6, seed),
+                                    block_hashes=hashes, hash_block_size=HB)
+    _same(per, ref)

@@ -57,8 +57,8 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
 from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .workload import _draw_workload
-from .trace_blocks import (affinity_group as _affinity_group, hashing_block_size, localise as _localise,
-                           reset as _tmap_reset, route_prefix as _route_prefix)
+from .trace_blocks import (TMAP_ROWS, affinity_group as _affinity_group, hashing_block_size,
+                           localise as _localise, reset as _tmap_reset, route_prefix as _route_prefix)
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
@@ -93,9 +93,9 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: is its stream's length, ``rs_a.shape[1]``: the fleet's whole stream, or
 #: fewer (a compact row, `compact_capacity`). Last, where a replayed trace's
 #: block identities key prefix caching by block hash, the map of each
-#: replica's first holder of a block (``tmap``, `trace_blocks`; ``table``
-#: then has a slot per request of the stream); otherwise ``tmap`` has no
-#: columns.
+#: replica's first holder of a block (``tmap``, `trace_blocks.TMAP_ROWS`
+#: rows; ``table`` then has a slot per request of the stream); otherwise
+#: ``tmap`` has no columns.
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
                                            "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg",
                                            "tok", "tmap"))
@@ -892,7 +892,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
                 return rc
             r = _shorter(fb.load, a, b)
         elif traced and router == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
-            r = _route_prefix(i, fb.load, LOAD_IN_SYSTEM, cap, nrep, pgrp, plen, bs0, jg, fb.tmap)
+            r = _route_prefix(i, fb.load, LOAD_IN_SYSTEM, cap, nrep, prompt, pgrp, plen, bs0, jg, fb.tmap)
         else:
             g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
             r = _route(router, i, g, fb.load, fb.table, fb.rstate, cap, nrep)
@@ -1134,7 +1134,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
                         np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
                         np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64),
-                        np.empty((2, 0 if trace_blocks is None else tmap_size(trace_blocks)), np.int64))
+                        np.empty((TMAP_ROWS, 0 if trace_blocks is None else tmap_size(trace_blocks)), np.int64))
 
 
 def stream_trace_blocks(prompt, pgrp, ipars):

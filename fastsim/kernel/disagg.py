@@ -251,8 +251,8 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if reads and rc < 0:
             return rc
         if traced and router_d == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
-            d = _route_prefix(i, fbd.load, LOAD_IN_SYSTEM, cap, nrep_d, pgrp, plen, ipar_d[I_BLOCK_SIZE], jg,
-                              fbd.tmap)
+            d = _route_prefix(i, fbd.load, LOAD_IN_SYSTEM, cap, nrep_d, prompt, pgrp, plen, ipar_d[I_BLOCK_SIZE],
+                              jg, fbd.tmap)
         else:
             g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
             d = _route(router_d, i, g, fbd.load, fbd.table, rstate, cap, nrep_d)

@@ -26,7 +26,8 @@ in the hand-offs' order) hand requests through `localise`.
 
 The map holds a key for each full prompt block of each request handed
 (``sum(prompt // block_size)``: `need`), in a table of at least twice as
-many slots, so a probe always ends at an empty slot.
+many slots, so a probe always ends at an empty slot; a third row is
+scratch (`ROW_ROOTS`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ from __future__ import annotations
 from .._numba_options import njit_noalloc
 from .block_pool import _slot
 from .layout import I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING
+
+#: The map's rows (``FleetBuffers.tmap``): the keys, the first holders, and scratch for the roots of one
+#: request's blocks (`route_prefix`).
+TMAP_ROWS = 3
+ROW_ROOTS = 2
 
 
 @njit_noalloc
@@ -119,19 +125,21 @@ def _root(i, j, pgrp, plen, bs):
 
 
 @njit_noalloc
-def matched(i, r, nrep, pgrp, plen, bs, jg, tmap):
-    """The leading full blocks of request ``i`` that replica ``r`` has been
+def matched(r, nrep, f, jg, tmap):
+    """The leading full blocks of a request (``f`` of them, their roots in
+    ``tmap[ROW_ROOTS, :f]``: `route_prefix`) that replica ``r`` has been
     handed (held by a request handed to it: in its map), by bisection (the
-    blocks a replica holds of a prompt are a leading run). Only the blocks
-    ``i`` shares with its stream parent can be there (the others are its
-    own)."""
-    keys = tmap[0]
+    blocks of a prompt a replica holds are a leading run: an identity names
+    the whole prefix before it). Any of them may be there, the request's
+    own blocks too (a disaggregated decode pool is handed a request's
+    children before it where their prefills end first)."""
+    keys, roots = tmap[0], tmap[ROW_ROOTS]
     mask = keys.size - 1
-    lo, hi = 0, plen[i] // bs
+    lo, hi = 0, f
     while lo < hi:
         mid = (lo + hi + 1) // 2
         j = mid - 1
-        key = (_root(i, j, pgrp, plen, bs) * jg + j) * nrep + r
+        key = (roots[j] * jg + j) * nrep + r
         s = _slot(key, mask)
         while keys[s] != key and keys[s] >= 0:
             s = (s + 1) & mask
@@ -143,16 +151,25 @@ def matched(i, r, nrep, pgrp, plen, bs, jg, tmap):
 
 
 @njit_noalloc
-def route_prefix(i, load, col, cap, nrep, pgrp, plen, bs, jg, tmap):
+def route_prefix(i, load, col, cap, nrep, prompt, pgrp, plen, bs, jg, tmap):
     """Prefix affinity over a trace's block identities: the replica that
     has been handed the most leading blocks of request ``i`` (`matched`;
     ties: the fewest requests in the system, ``load[:, col]``, then the
     lowest index), unless its requests exceed the least loaded replica's by
-    more than ``cap``: then the least loaded (as without a match)."""
+    more than ``cap``: then the least loaded (as without a match). The
+    roots of ``i``'s blocks are found once, in one walk up its parents
+    (blocks last first, as `localise`), for every replica's bisection."""
+    if nrep == 1:
+        return 0
+    f = prompt[i] // bs
+    q = i
+    for j in range(f - 1, -1, -1):
+        q = _root(q, j, pgrp, plen, bs)
+        tmap[ROW_ROOTS, j] = q
     best, most = 0, -1
     least = 0
     for r in range(nrep):
-        m = matched(i, r, nrep, pgrp, plen, bs, jg, tmap)
+        m = matched(r, nrep, f, jg, tmap)
         x = load[r, col]
         if m > most or (m == most and x < load[best, col]):
             best, most = r, m

@@ -1,7 +1,8 @@
 """vLLM 0.22.0's own rule for a model's maximum length, as an oracle for
 `fastsim._models.derived_max_model_len_of` and the check `fastsim.Deployment`
 makes of ``max_model_len``: for model configs with and without RoPE scaling
-(YaRN, dynamic, Llama 3's, a ``model_max_length`` key), vLLM's derived
+(YaRN, dynamic, linear, Llama 3's, both RoPE keys, a ``model_max_length``
+key, none of the length keys), vLLM's derived
 default is fastsim's, vLLM takes exactly the lengths fastsim takes, and
 refuses one token more as fastsim does.
 
@@ -36,6 +37,16 @@ CONFIGS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}),
     "model_max_length key": dict(BASE, max_position_embeddings=8192, model_max_length=16384),
+    # (Transformers' class default, 2048 for Llama; the Qwen class's 32768)
+    "no max_position_embeddings (llama)": dict(BASE),
+    "no max_position_embeddings (qwen2)": dict(BASE, model_type="qwen2"),
+    # (both stated: rope_scaling's is taken; YaRN's inner original length beside a top-level one)
+    "rope_scaling and rope_parameters": dict(BASE, max_position_embeddings=4096,
+                                             rope_scaling={"type": "dynamic", "factor": 2.0},
+                                             rope_parameters={"rope_type": "linear", "factor": 3.0}),
+    "yarn, inner and top-level original lengths": dict(
+        BASE, model_type="qwen2", max_position_embeddings=32768, original_max_position_embeddings=8192,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
 }
 
 
@@ -57,10 +68,10 @@ def _vllm_max_len(config: dict, max_model_len):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_derived_maximum_and_its_check_are_vllms(name):
     config = CONFIGS[name]
-    ours = derived_max_model_len_of(config)
-    assert _vllm_max_len(config, None) == ours
     spec = ModelSpec.from_config(config, name=name)
-    assert spec.derived_max_model_len == ours
+    ours = spec.derived_max_model_len
+    assert derived_max_model_len_of(config) in (ours, None)   # (None: the class default, `from_config`'s)
+    assert _vllm_max_len(config, None) == ours
     limit = max(ours, config.get("model_max_length") or 0)
     assert _vllm_max_len(config, limit) == limit
     with pytest.raises(ValueError, match="max_model_len"):
