@@ -46,9 +46,12 @@ class Fleet:
         the replica reports), ``"power_of_two"`` (the shorter of two drawn
         at random), ``"least_kv"`` (least KV cache in use),
         ``"prefix_affinity"`` (a prefix group's requests to the replica
-        that had it last, unless its load exceeds the least loaded's by more
-        than ``prefix_load_cap``) or ``"session_affinity"`` (a prefix group,
-        one conversation, stays on one replica). Ties: the lowest replica.
+        that had it last; over a replayed trace's block hashes, to the
+        replica handed the most leading blocks of the prompt; unless its load
+        exceeds the least loaded's by more than ``prefix_load_cap``) or
+        ``"session_affinity"`` (a prefix group, one conversation, stays on
+        one replica; refused over a trace's hashes, which name no sessions).
+        Ties: the lowest replica.
     router_staleness_s : float
         The router sees the replicas' state as of its last scrape, every
         ``router_staleness_s`` seconds (0: live state). ``least_outstanding``
