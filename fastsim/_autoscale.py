@@ -12,7 +12,7 @@ import numpy as np
 from . import kernel as K
 from .kernel import autoscale as A
 from .kernel import cluster
-from ._fleet import _FleetWorker, run_replications, trace_hashing
+from ._fleet import _FleetWorker, run_replications, trace_block_size
 
 __all__ = ["run_autoscaled", "check_autoscaled"]
 
@@ -65,12 +65,6 @@ class _Worker:
         return self.ab
 
 
-def _trace_bs(scenario):
-    """The block size a replayed trace's parents count in, where its block
-    identities key caching by block hash (`_fleet.trace_hashing`), else None."""
-    return scenario.engine.block_size if trace_hashing(scenario) else None
-
-
 def _one_run(worker, rep, k0, k1, packed, full):
     """One replication; returns (stream, fleet buffers, policy buffers, wm_i, wm_f, lat, fpar)."""
     buf = worker.fleet.buf
@@ -115,7 +109,7 @@ def served_autoscaled(scenario, packed, k0, k1, replication):
     first-token and finish times, preemptions, the run's TTFT overhead),
     for the per-class table and the stability check (``packed``: its
     `_pack.pack_scenario`)."""
-    worker = _Worker(scenario.workload.num_requests, scenario.fleet.autoscaler.max_replicas, _trace_bs(scenario))
+    worker = _Worker(scenario.workload.num_requests, scenario.fleet.autoscaler.max_replicas, trace_block_size(scenario))
     n, _, fb, _, _, _, fpar = _one_run(worker, replication, k0, k1, packed, K.engine_variant(packed["ipar"]))
     return _per_request(n, fb) + (float(fpar[K.F_TTFT_OVERHEAD]),)
 
@@ -143,7 +137,7 @@ def run_autoscaled(scenario, packed, k0, k1, rep0, nrep, threads=1):
     scaler = scenario.fleet.autoscaler
     full = K.engine_variant(packed["ipar"])
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS + K.N_AUTOSCALE_COLUMNS))
-    trace_bs = _trace_bs(scenario)
+    trace_bs = trace_block_size(scenario)
     run_replications(nrep, threads, lambda: _Worker(scenario.workload.num_requests, scaler.max_replicas, trace_bs),
                      lambda w, j: _one(w, rep0 + j, k0, k1, packed, scaler, full, out[j]), out=out)
     return out

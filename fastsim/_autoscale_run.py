@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from . import kernel as K
-from ._autoscale import _one_run, _per_request, _trace_bs, _violation_minutes, _Worker
+from ._autoscale import _one_run, _per_request, _violation_minutes, _Worker
+from ._fleet import trace_block_size
 from ._replicate import _seed_keys, pack_scenario
 from ._validation import check_int
 from .kernel import autoscale as A
@@ -102,7 +103,7 @@ def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleR
     scaler = scenario.fleet.autoscaler
     packed = pack_scenario(scenario)
     k0, k1, _ = _seed_keys(seed)
-    worker = _Worker(scenario.workload.num_requests, scaler.max_replicas, _trace_bs(scenario))
+    worker = _Worker(scenario.workload.num_requests, scaler.max_replicas, trace_block_size(scenario))
     n, stream, fb, ab, _, _, fpar = _one_run(worker, replication, k0, k1, packed, K.engine_variant(packed["ipar"]))
     nw = int(ab.out[A.O_NWIN])
     w = pd.DataFrame(ab.windows[:nw].copy(), columns=list(K.WINDOW_COLUMNS))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._fleet import Fleet, _FleetWorker, run_replications, served_stream, trace_hashing
+from ._fleet import Fleet, _FleetWorker, run_replications, served_stream, trace_block_size
 from ._latency import LatencyModel
 from ._validation import MAX_CLOCK_S, check_float, check_int
 from .kernel import cluster, disagg
@@ -218,9 +218,8 @@ def _trace_block_sizes(scenario):
     """Each pool's block size where a replayed trace's block identities key
     its caching by block hash (`_fleet.trace_hashing`; its parents drawn at
     the scenario engine's block size, which a hashing pool shares), else None."""
-    if not trace_hashing(scenario):
-        return None, None
-    return tuple(e.block_size if e.enable_prefix_caching and e.block_hash_caching else None
+    bs = trace_block_size(scenario)
+    return tuple(bs if bs is not None and e.enable_prefix_caching and e.block_hash_caching else None
                  for e in scenario.fleet.pool_engines(scenario.engine))
 
 

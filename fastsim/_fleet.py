@@ -151,6 +151,14 @@ def trace_hashing(scenario) -> bool:
     return any(e.enable_prefix_caching and e.block_hash_caching for _, e in running_engines(scenario))
 
 
+def trace_block_size(scenario):
+    """The block size a replayed trace's parents count in (the scenario
+    engine's, which draws them) where its block identities key caching by
+    block hash (`trace_hashing`: its servers map them, `kernel.trace_blocks`);
+    None otherwise."""
+    return scenario.engine.block_size if trace_hashing(scenario) else None
+
+
 def check_trace_identities(scenario) -> None:
     """Refuse, with a ValueError naming the parameters, a replayed trace's
     block identities (its hash ids keying prefix caching by block hash,
@@ -336,7 +344,7 @@ class _FleetWorker:
         """Hand the buffers on to a later worker for as many replicas
         (`SPARES`); call it only once no kernel uses them."""
         if self.fb is not None:
-            SPARES.give_back(self._spare_key(), (self._wi, self._wf, self.fb.tmap, self.fb.table),
+            SPARES.give_back(self._spare_key(), (self._wi, self._wf, self.fb.tmap),
                              (self.size, self.fb, self._wi, self._wf, self.wm, self.dense))
             self.size, self.fb, self.wm, self._views = (-1,) * 6, None, None, None
 
@@ -504,7 +512,7 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
     full = max((K.engine_variant(row) or 0) for row in members[0]) or None   # (the full engine if any needs it)
     out = np.empty((nrep, K.N_COLUMNS + K.N_FLEET_COLUMNS))
     ngroups = int(scenario.workload.prefix_groups or 0)
-    trace_bs = scenario.engine.block_size if trace_hashing(scenario) else None
+    trace_bs = trace_block_size(scenario)
 
     def one(w, j):
         _one(w, rep0 + j, k0, k1, packed, members, full, out[j, :K.N_COLUMNS], out[j, K.N_COLUMNS:])

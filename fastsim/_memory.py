@@ -702,7 +702,7 @@ def _trace_map_bytes(scenario, n):
     (`_fleet.trace_hashing`): each hashing pool's map of them into its
     replicas (`kernel.trace_blocks`: `TMAP_ROWS` int64 rows of `cluster.tmap_size`
     slots for the stream's full prompt blocks, all written at every
-    replication) and its router's table (a slot per request); else 0."""
+    replication); else 0."""
     from ._fleet import _is, running_engines, trace_hashing
     from .kernel.cluster import tmap_size
     from .kernel.trace_blocks import TMAP_ROWS
@@ -714,7 +714,7 @@ def _trace_map_bytes(scenario, n):
     bs = scenario.engine.block_size
     blocks = math.ceil(n * float(np.mean(np.asarray(scenario.workload.request_trace.prompt_len) // bs)))
     # (`_fleet._FleetWorker.buffers` allocates a quarter more than the first replication asks)
-    return pools * (8 * TMAP_ROWS * tmap_size(blocks + blocks // 4) + 8 * (n + n // 4))
+    return pools * 8 * TMAP_ROWS * tmap_size(blocks + blocks // 4)
 
 
 def _pool_records(scenario):

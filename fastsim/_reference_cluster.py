@@ -218,27 +218,6 @@ def _choose(router, i, grp, views, table, rng, cap):
     return table[grp]
 
 
-def _trace_parents(block_hashes, prompt, hash_block_size, block_size):
-    """For a stream carrying a trace's hash lists: each request's *affinity
-    parent* (spec, "Fleets"), the latest earlier request through the deepest
-    prefix of hashes it shares, when they share a full block of
-    ``block_size`` tokens; -1 otherwise. (Straight from the hashes, every
-    pair compared.)"""
-    k = hash_block_size // block_size
-    out = []
-    for i, h in enumerate(block_hashes):
-        best, depth = -1, 0
-        for s in range(i):
-            d = 0
-            while d < min(len(h), len(block_hashes[s])) and int(h[d]) == int(block_hashes[s][d]):
-                d += 1
-            if d > 0 and d >= depth:
-                best, depth = s, d
-        shared = 0 if best < 0 else min(int(prompt[i]) // block_size, int(prompt[best]) // block_size, depth * k)
-        out.append(best if shared > 0 else -1)
-    return out
-
-
 def _leading_shared(a, b) -> int:
     """Leading full blocks two prompts' identity lists share (None: a block of one request alone)."""
     k = 0
@@ -262,25 +241,21 @@ def _choose_by_prefix(idents, handed, insys, cap):
 
 class _TraceRouter:
     """A router's memory over a replayed trace's hashes (spec, "Fleets"):
-    each request's identity list and affinity parent, the replica each
-    request went to (session affinity follows the parent's), and each
-    replica's requests' identity lists (prefix affinity counts them)."""
+    each request's identity list, and each replica's requests' lists, which
+    prefix affinity counts. A trace names no groups: the other routers,
+    session affinity's too, route as without them."""
 
     def __init__(self, block_hashes, prompt, hash_block_size, block_size, replicas):
-        n = len(prompt)
-        self.parents = _trace_parents(block_hashes, prompt, hash_block_size, block_size)
-        self.table = [-1] * max(n, 1)
         self.idents = [prompt_block_identities(i, int(prompt[i]), block_size, block_hashes=block_hashes[i],
-                                               hash_block_size=hash_block_size) for i in range(n)]
+                                               hash_block_size=hash_block_size) for i in range(len(prompt))]
         self.handed = [[] for _ in range(replicas)]
 
     def choose(self, router, i, views, rng, cap):
         if router == "prefix_affinity":
             return _choose_by_prefix(self.idents[i], self.handed, [v[0] for v in views], cap)
-        return _choose(router, i, self.parents[i], views, self.table, rng, cap)
+        return _choose(router, i, -1, views, [], rng, cap)
 
     def hand(self, i, r):
-        self.table[i] = r
         self.handed[r].append(self.idents[i])
 
 
@@ -298,8 +273,7 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     key prompt blocks by those hashes (`prompt_block_identities`; ``pgrp``
     and ``plen`` are then ignored); prefix affinity picks the replica
     handed the most leading blocks of the request (`_choose_by_prefix`),
-    session affinity follows each request's affinity parent
-    (`_trace_parents`) to the replica it went to.
+    and the trace names no groups for session affinity (`_TraceRouter`).
 
     A stochastic latency model (``noise``) runs as replication
     ``seed_keys[2]`` of the keys ``seed_keys[:2]`` has it

@@ -55,9 +55,8 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     block_hashes, hash_block_size : optional
         A replayed trace's hash list per request, each hash
         ``hash_block_size`` tokens: a pool caching by block hash keys prompt
-        blocks by them, and its prefix- and session-affine routers route as
-        `simulate_fleet_reference`'s do (a pool that does not hash routes as
-        without them).
+        blocks by them, and its routers route as `simulate_fleet_reference`'s
+        do (a pool that does not hash routes as without them).
 
     Returns
     -------

@@ -147,10 +147,10 @@ ENGINES = {
 @pytest.mark.parametrize("name", list(ENGINES))
 def test_a_fleet_keyed_by_trace_hashes_is_the_reference_bit_for_bit(name, router):
     """The reference fleet keys each replica's blocks by the trace's hashes
-    (`_reference.prompt_block_identities`) and finds the affinity parent
-    from them (`_reference_cluster._trace_parents`); the kernel maps the
-    stream's parents into each replica. Bit for bit per request, live and
-    stale views, with a routing latency."""
+    (`_reference.prompt_block_identities`) and counts prefix affinity's
+    blocks from them (`_reference_cluster._choose_by_prefix`); the kernel
+    maps the stream's parents into each replica. Bit for bit per request,
+    live and stale views, with a routing latency."""
     hits, npre, spread = [], 0, set()
     for seed, (nrep, staleness, latency) in enumerate(((3, 0.0, 0.0), (2, 0.7, 0.01))):
         stream, hashes = _branching_trace(seed)

@@ -57,8 +57,8 @@ from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, 
 from .rng import _seed_streams
 from .scheduler import _first_chunk
 from .workload import _draw_workload
-from .trace_blocks import (TMAP_ROWS, affinity_group as _affinity_group, hashing_block_size,
-                           localise as _localise, reset as _tmap_reset, route_prefix as _route_prefix)
+from .trace_blocks import (TMAP_ROWS, hashing_block_size, localise as _localise, reset as _tmap_reset,
+                           route_prefix as _route_prefix)
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
@@ -94,8 +94,7 @@ from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DI
 #: fewer (a compact row, `compact_capacity`). Last, where a replayed trace's
 #: block identities key prefix caching by block hash, the map of each
 #: replica's first holder of a block (``tmap``, `trace_blocks.TMAP_ROWS`
-#: rows; ``table`` then has a slot per request of the stream); otherwise
-#: ``tmap`` has no columns.
+#: rows); otherwise ``tmap`` has no columns.
 FleetBuffers = namedtuple("FleetBuffers", ("rip", "rs_a", "rs_i", "wi", "wf", "owner", "local", "load",
                                            "table", "rstate", "due", "ev", "rfp", "rlat", "size", "dep", "seg",
                                            "tok", "tmap"))
@@ -893,9 +892,8 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             r = _shorter(fb.load, a, b)
         elif traced and router == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
             r = _route_prefix(i, fb.load, LOAD_IN_SYSTEM, cap, nrep, prompt, pgrp, plen, bs0, jg, fb.tmap)
-        else:
-            g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
-            r = _route(router, i, g, fb.load, fb.table, fb.rstate, cap, nrep)
+        else:   # (a trace's parents, pgrp -2 - parent, are no groups: session affinity routes by load)
+            r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
         if m < n and not _fits(fb, r, i >= warmup, output[i]):
             return ROW_FULL
         if keep:
@@ -905,7 +903,6 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
         g, lp = pgrp[i], plen[i]
         if traced:
             g, lp = _localise(i, r, nrep, _ri(fb, r, RI_N_KNOWN), prompt, pgrp, plen, bs0, jg, fb.tmap)
-            fb.table[i] = r
         j = _hand(m, fb.rs_a[r], ri[0, r], ri[1, r], ri[2, r], ri[3, r], ri[4, r], ri[5, r], fb.rip[r], fb.rfp[r],
                   wi, wf, full, t + lag, prompt[i], output[i], prio[i], sjfk[i], g, lp)
         if j < 0:
@@ -1121,7 +1118,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=
     requests at most (default ``n``). With ``trace_blocks`` (the full prompt
     blocks of the largest stream, `trace_blocks.need`), a replayed trace's
     block identities are mapped into each replica (``tmap``, `tmap_size`
-    slots; the router's table then has a slot per request). ``np.empty``:
+    slots). ``np.empty``:
     the pages of replica rows a replica never reaches are never touched."""
     from .layout import N_FPAR, N_LAT, N_LOAD, N_STREAMS
     m = n if capacity is None else capacity
@@ -1130,7 +1127,7 @@ def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=
     return FleetBuffers(np.empty((nrep, N_IPAR), np.int64), np.empty((nrep, m)), np.empty((6, nrep, m), np.int64),
                         np.empty((nrep, need_i), np.int64), np.empty((nrep, need_f)), np.empty(n, np.int64),
                         np.empty(n, np.int64), np.zeros((nrep, N_LOAD)),
-                        np.empty(max(ngroups, 1 if trace_blocks is None else n), np.int64),
+                        np.empty(max(ngroups, 1), np.int64),
                         np.empty(N_STREAMS + 1, np.uint64), np.empty(nrep), np.empty(4 * nrep + 1, np.int64),
                         np.empty((nrep, N_FPAR)), np.empty((nrep, N_LAT)), size, np.empty(3 * nrep),
                         np.empty((nrep, N_SEG), np.int64), np.zeros(nrep, np.int64),

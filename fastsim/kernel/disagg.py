@@ -40,8 +40,7 @@ from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
-from .trace_blocks import (affinity_group as _affinity_group, localise as _localise, reset as _tmap_reset,
-                           route_prefix as _route_prefix)
+from .trace_blocks import localise as _localise, reset as _tmap_reset, route_prefix as _route_prefix
 from .workspace import (RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
 
@@ -231,8 +230,6 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     traced = fbd.tmap.shape[1] > 0
     jg = 0
     if traced:
-        for g in range(fbd.table.size):
-            fbd.table[g] = -1
         jg = _tmap_reset(n, prompt, ipar_d[I_BLOCK_SIZE], fbd.tmap)
         if jg < 0:
             return TMAP_SMALL
@@ -253,9 +250,8 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if traced and router_d == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
             d = _route_prefix(i, fbd.load, LOAD_IN_SYSTEM, cap, nrep_d, prompt, pgrp, plen, ipar_d[I_BLOCK_SIZE],
                               jg, fbd.tmap)
-        else:
-            g = _affinity_group(i, pgrp, plen) if traced else pgrp[i]
-            d = _route(router_d, i, g, fbd.load, fbd.table, rstate, cap, nrep_d)
+        else:   # (a trace's parents are no groups: session affinity routes by load)
+            d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
         if md < n and not _fits(fbd, d, measured, output[i]):
             return ROW_FULL
         at = _transfer(link, db.link_free, d, t1, prompt[i])
@@ -265,7 +261,6 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if traced:
             g, lp = _localise(i, d, nrep_d, _ri(fbd, d, RI_N_KNOWN), prompt, pgrp, plen, ipar_d[I_BLOCK_SIZE], jg,
                               fbd.tmap)
-            fbd.table[i] = d
         j = _hand(md, fbd.rs_a[d], ri[0, d], ri[1, d], ri[2, d], ri[3, d], ri[4, d], ri[5, d], fbd.rip[d], fpar_d,
                   wi, wf, full_d, at, prompt[i], output[i], prio[i], sjfk[i], g, lp)
         if j < 0:

@@ -105,16 +105,6 @@ def localise(i, r, nrep, k, prompt, pgrp, plen, bs, jg, tmap):
     return -2 - k, 0
 
 
-@njit_noalloc
-def affinity_group(i, pgrp, plen):
-    """The request whose replica a session-affine router follows for
-    request ``i`` of a stream keyed by trace identities: its parent in the
-    stream, when they share a full block (-1: none). (The kernel keeps it;
-    `Scenario` refuses session affinity over a trace, which names no
-    sessions. Prefix affinity reads the map instead, `route_prefix`.)"""
-    return -2 - pgrp[i] if plen[i] > 0 else -1
-
-
 @njit_noalloc(inline="llvm")
 def _root(i, j, pgrp, plen, bs):
     """The stream's earliest holder of block ``j`` of request ``i`` (`block_pool._block_id`'s walk)."""
