@@ -116,6 +116,7 @@ def test_the_map_refuses_a_table_too_small():
     assert reset(np.int64(prompt.size), prompt, np.int64(BS), np.empty((2, C.tmap_size(need)), np.int64)) > 0
     for size in (2 * need, C.tmap_size(need) + 2):   # (too few slots; not a power of two)
         assert reset(np.int64(prompt.size), prompt, np.int64(BS), np.empty((2, size), np.int64)) == -1
+    assert reset(np.int64(prompt.size), prompt, np.int64(BS), np.empty((2, 0), np.int64)) == 0   # (no map)
 
 
 def _agree(stream, hashes, engine, router, nrep, staleness=0.0, latency=0.0):

@@ -336,12 +336,10 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
              and fb.dep.size >= 3 * m)
     # a replayed trace's block identities: each row handed parents of its own (`trace_blocks`; a row a
     # new replica reuses keeps its map, whose names stay consistent: its cold cache holds none of them)
-    traced = fb.tmap.shape[1] > 0
-    jg = 0
-    if traced:
-        jg = _tmap_reset(n, prompt, ipar[I_BLOCK_SIZE], fb.tmap)
-        if jg < 0:
-            return TMAP_SMALL
+    jg = _tmap_reset(n, prompt, ipar[I_BLOCK_SIZE], fb.tmap)
+    if jg < 0:
+        return TMAP_SMALL
+    traced = jg > 0
     if queue:
         _own_records(fb, m, fpar, lat)
         _queue_key(fb, m, n, what, 0.0, True)

@@ -839,12 +839,11 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     for g in range(fb.table.size):
         fb.table[g] = -1
     # a replayed trace's block identities: each replica handed parents of its own (`trace_blocks`)
-    traced = fb.tmap.shape[1] > 0
-    bs0, jg = hashing_block_size(fb.rip, nrep), 0
-    if traced:
-        jg = _tmap_reset(n, prompt, bs0, fb.tmap)
-        if jg < 0:
-            return TMAP_SMALL
+    bs0 = hashing_block_size(fb.rip, nrep)
+    jg = _tmap_reset(n, prompt, bs0, fb.tmap)
+    if jg < 0:
+        return TMAP_SMALL
+    traced = jg > 0
     _seed_streams(key0, key1, rep, fb.rstate)
     stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
     reads = _needs_state(router) and nrep > 1

@@ -227,12 +227,10 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         _queue_init(fbd, nrep_d, md, what, bound)
     # a replayed trace's block identities: each decode replica handed parents of its own (`trace_blocks`),
     # in the hand-offs' order (first tokens); the prefill pool's map is its fleet's (`fbp.tmap`)
-    traced = fbd.tmap.shape[1] > 0
-    jg = 0
-    if traced:
-        jg = _tmap_reset(n, prompt, ipar_d[I_BLOCK_SIZE], fbd.tmap)
-        if jg < 0:
-            return TMAP_SMALL
+    jg = _tmap_reset(n, prompt, ipar_d[I_BLOCK_SIZE], fbd.tmap)
+    if jg < 0:
+        return TMAP_SMALL
+    traced = jg > 0
     measured = warmup == 0
     for e in range(m):
         i = db.order[e]

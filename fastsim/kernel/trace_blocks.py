@@ -65,10 +65,13 @@ def need(n, prompt, bs):
 @njit_noalloc
 def reset(n, prompt, bs, tmap):
     """Empty the map for a stream of ``n`` requests; return the stride of a
-    block index in a key (the most full prompt blocks, plus one), or -1 if
-    the table does not suit the stream (fewer than twice `need` slots, or
-    not a power of two)."""
+    block index in a key (the most full prompt blocks, plus one: at least
+    1), 0 where there is no map (no columns: nothing to map), or -1 if the
+    table does not suit the stream (fewer than twice `need` slots, or not a
+    power of two)."""
     size = tmap.shape[1]
+    if size == 0:
+        return 0
     if size < 2 * need(n, prompt, bs) + 1 or size & (size - 1) != 0:   # (`localise` probes modulo a power of 2)
         return -1
     jg = 1
