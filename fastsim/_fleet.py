@@ -14,7 +14,7 @@ import numpy as np
 from . import kernel as K
 from ._numba_options import KERNEL_DEBUG
 from ._pages import Spares, huge_pages, small_pages
-from .kernel import cluster
+from .kernel import cluster, fleet_client
 from ._validation import MAX_CLOCK_S, check_float, check_int
 
 __all__ = ["Fleet", "run_fleet"]
@@ -212,19 +212,17 @@ def check_sjf_keys(scenario) -> None:
 
 def check_closed_loop(scenario) -> None:
     """Refuse, with a ValueError naming the parameter, a closed loop
-    (``workload.max_concurrency``) in a fleet. A fleet hands each request
-    at its arrival, known before the run; a closed loop's sends come from
-    the departures of every replica, which the fleet kernel does not feed
-    back to the router: such a run handed every request at once, measured
-    the wrong latencies (a fleet of one replica: mean TTFT 13.6 s where the
-    engine alone gives 0.058 s) and could hang (found in stops 65-66 of
-    `benchmarks/HISTORY.md`). Autoscalers and disaggregated servers refuse
-    closed loops too (and sessions refuse fleets)."""
+    (``workload.max_concurrency``) in an autoscaled fleet. A plain fleet
+    takes one: its client's seats span the fleet, each send routed as a
+    departure from any replica frees a seat (`kernel.fleet_client`). An
+    autoscaler's fleet and a disaggregated server (which refuses it in
+    its own words) take open-loop load only."""
     if scenario.workload.max_concurrency is None or _is(scenario.fleet, "Disaggregated"):
-        return   # (a disaggregated server refuses it in its own words)
-    raise ValueError(f"workload.max_concurrency must be None in a fleet (a closed loop across replicas is not "
-                     f"modelled: its sends come from every replica's departures), got "
-                     f"{scenario.workload.max_concurrency!r}; use an open loop (arrival_rate) or no fleet")
+        return
+    if getattr(scenario.fleet, "autoscaler", None) is not None:
+        raise ValueError(f"workload.max_concurrency must be None with an autoscaler (an open-loop stream; a "
+                         f"closed loop is modelled in a fleet of fixed size), got "
+                         f"{scenario.workload.max_concurrency!r}")
 
 
 def _is(x, name):
@@ -301,7 +299,7 @@ class _FleetWorker:
         self.fb = None
         self.wm = None
         self.dense = False
-        self._arrays = self._records = self._red = self._views = self._stream = None
+        self._arrays = self._records = self._red = self._views = self._stream = self._closed = None
         spare = SPARES.take(self._spare_key())   # (an earlier run's of as many replicas, `give_back`)
         if spare is not None:
             self.size, self.fb, self._wi, self._wf, self.wm, self.dense = spare
@@ -334,6 +332,13 @@ class _FleetWorker:
             red_i[K.I_SWAP] = ipars[:, K.I_SWAP].max()
             self._red = (ipars, red_i)
         return self._red[1]
+
+    def closed_scratch(self, n):
+        """A closed loop's scratch for ``n`` requests (`kernel.fleet_client.closed_scratch`)."""
+        if self._closed is None or self._closed[0].size < n:
+            self._closed = fleet_client.closed_scratch(n + n // 4, self.nrep)
+        wanted, keys, last, link = self._closed
+        return wanted[:max(n, 1)], keys, last, link[:n + self.nrep]
 
     def views(self):
         """The buffers as the last replication left them: ``((n, m), fb,
@@ -447,6 +452,8 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
     ipars, kinds = members   # (a row per replica; the distinct records, each with its replicas)
     nrep = ipars.shape[0]
     fpars, lats, sizes, scan = worker.records()
+    closed = ipars[0, K.I_MAX_CONCURRENCY] > 0   # (a closed loop: the client's sends, `kernel.fleet_client`)
+    drawn = stream[0].copy() if closed else None
     uniform = len(kinds) == 1
     for ipar, fpar0, lat0, rows in kinds:
         # the replication's latency records: its per-run effects, shared by the replicas of a kind
@@ -474,9 +481,12 @@ def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
             need = [max(a, int(b)) for a, b in zip(need, scan)]
         fb, wm_i, wm_f = worker.buffers(n, sizes, m, need[2:], need[:2], stream[1])
         cluster.fill_records(fb, ipars, fpars, lats, sizes)
-        rc = cluster._simulate_fleet_rows(np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]),
-                                          np.int64(nrep), np.uint64(k0), np.uint64(k1), np.int64(rep), fb, full)
-        return rc, fb, wm_i, wm_f
+        args = (np.int64(n), *stream, packed["fleet"], np.int64(packed["router"]), np.int64(nrep), np.uint64(k0),
+                np.uint64(k1), np.int64(rep), fb, full)
+        if closed:
+            stream[0][:] = drawn   # (the kernel writes each request's send time over what was drawn)
+            return fleet_client._simulate_fleet_closed(*args, *worker.closed_scratch(n)), fb, wm_i, wm_f
+        return cluster._simulate_fleet_rows(*args), fb, wm_i, wm_f
 
     rc, fb, wm_i, wm_f = cluster.until_rows_fit(attempt)
     if rc < 0:
@@ -541,7 +551,7 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
 
     run_replications(nrep, threads,
                      lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups, trace_bs),
-                     one, chunk if compiled_fleet(members) else None, out)
+                     one, chunk if compiled_fleet(members) and not scenario.workload.closed_loop else None, out)
     return out
 
 
@@ -689,7 +699,8 @@ def served_stream(scenario, requests):
 
 def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     """Status codes (`kernel.layout.ST_*`), first-token and finish times and
-    preemptions of each request, and the run's TTFT overhead, of one given stream (columns as
+    preemptions of each request, the run's TTFT overhead, and each request's
+    arrival (a closed loop's send: `kernel.fleet_client`), of one given stream (columns as
     `fastsim.sample_requests` gives them) served by the scenario's fleet
     (``packed``: its `_pack.pack_scenario`), as replication ``rep`` of the
     seed keys ``k0``, ``k1`` serves it (its run records, replica noise keys
@@ -697,6 +708,13 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     check's requests. Not for an autoscaled fleet (its replicas come and
     go: `run_autoscaled`)."""
     stream = served_stream(scenario, requests)
+    w = scenario.workload
+    if w.closed_loop and w.arrival_rate is None and "think_s" in requests:
+        # (a pure closed loop: the kernel's stream holds, past the first seats' sends, each departure's think
+        # time, as `sample_requests` gives it: `kernel.fleet_client`)
+        a = np.asarray(requests["think_s"], np.float64).copy()
+        a[:w.max_concurrency] = np.asarray(requests["arrival_s"], np.float64)[:w.max_concurrency]
+        stream = (a,) + stream[1:]
     rows, kinds = fleet_members(scenario, packed)
     nrep = rows.shape[0]
     fpars, lats = np.empty((nrep, K.N_FPAR)), np.empty((nrep, K.N_LAT))
@@ -704,7 +722,9 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
         lats[rs], fpars[rs] = K.run_records(lat0, fpar0, k0, k1, rep)
     if any(lat0[K.L_NOISE] != 0.0 for _, _, lat0, _ in kinds):
         set_replica_noise_keys(lats)
-    st, first, finish, npre = cluster.simulate_fleet_stream(*stream, rows, fpars, lats, packed["fleet"],
-                                                            packed["router"], nrep, k0, k1, rep)[:4]
+    sent = np.empty(stream[0].size)
+    st, first, finish, npre = fleet_client.simulate_closed_fleet_stream(*stream, rows, fpars, lats, packed["fleet"],
+                                                                        packed["router"], nrep, k0, k1, rep,
+                                                                        sent=sent)[:4]
     # (the client's TTFT overhead: replica 0's run record, as the reduction's, `_reduce_fleet`)
-    return np.asarray(st), first, finish, npre, float(fpars[0][K.F_TTFT_OVERHEAD])
+    return np.asarray(st), first, finish, npre, float(fpars[0][K.F_TTFT_OVERHEAD]), sent

@@ -688,6 +688,8 @@ def _fleet_parts(scenario):
                        for c in (1, 6)) + _column_bytes(n, 2)
     nrep = _fleet_replicas(fleet)
     merged = _trace_map_bytes(scenario, n)
+    if w.closed_loop:   # (the fleet's client: its scratch, `kernel.fleet_client.closed_scratch`, a quarter spare)
+        merged += 16 * (n + n // 4 + 2 * nrep)
     for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):
         head = K.workspace.WI_HEAD if next(iter(sizes)).startswith("WI") else K.workspace.WF_HEAD
         keep = {k: v for k, v in written.items() if getattr(K.workspace, k) < head

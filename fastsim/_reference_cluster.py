@@ -12,13 +12,15 @@ handed requests, and the routers and the router's random numbers
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key
+from ._reference import (_IN_SYSTEM, COMPLETED, DROPPED, REJECTED_ADMISSION, REJECTED_TOO_LONG, UNFINISHED,
+                         _Reference, _Request, prompt_block_identities, queue_key)
 from ._reference_noise import StepNoiseDraws, run_latency
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
@@ -262,7 +264,8 @@ class _TraceRouter:
 def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, engine: EngineConfig | list,
                              latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
-                             n_groups=None, block_hashes=None, hash_block_size=512):
+                             n_groups=None, block_hashes=None, hash_block_size=512, max_concurrency=None,
+                             pure=False):
     """Simulate a fleet of ``replicas`` replicas behind ``router`` over one
     request stream, slowly and literally: identical replicas, or (a mixed
     fleet) replica ``r`` with ``engine[r]`` and ``latency[r]`` when they are
@@ -281,9 +284,17 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     replicas of one model, and per-step noise drawn per replica, replica
     r >= 1 from its own key (spec, "Fleets").
 
+    With ``max_concurrency = c``, one client holding c seats across the
+    fleet sends the requests (`_closed_loop_fleet`): ``arrival`` then holds
+    what the kernel's `_draw_workload` draws for a closed loop (the first c
+    send times, then, ``pure``, each departure's think time, or else a
+    capped stream's wanted times). Not with ``horizon_s`` or
+    ``block_hashes``.
+
     Returns a dict of per-request arrays, by the fleet's request index:
     ``status`` (the reference's codes), ``first_token_s``, ``finish_s``,
-    ``num_preemptions``, ``num_tokens``, ``replica``.
+    ``num_preemptions``, ``num_tokens``, ``replica``, ``arrival_s`` (when
+    each request reached the router: a closed loop's send times).
     """
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
@@ -307,6 +318,15 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     hashing = [e for e in engines if e.enable_prefix_caching and e.block_hash_caching]
     if block_hashes is not None and hashing:   # (a fleet none of whose replicas hash routes as without them)
         trace = _TraceRouter(block_hashes, prompt, hash_block_size, hashing[0].block_size, replicas)
+    if max_concurrency is not None:
+        if horizon_s is not None or block_hashes is not None:
+            raise ValueError(f"a closed loop (max_concurrency) takes no horizon_s and no block_hashes, got "
+                             f"horizon_s={horizon_s!r}, block_hashes {'given' if block_hashes is not None else None}")
+        if any(e.priority_aging_s is not None for e in engines):
+            raise ValueError("a closed loop (max_concurrency) takes no priority_aging_s (its keys need the arrival "
+                             "times, known only as requests are sent)")
+        return _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps, router, staleness_s,
+                                  routing_latency_s, load_cap, rng, table, int(max_concurrency), bool(pure))
     owner, reqs = [], []
     k_scrape = 0
     live = staleness_s == 0.0 or router == "least_outstanding"
@@ -356,4 +376,195 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
         "num_tokens": np.array([r.g for r in reqs], dtype=np.int64),
         "replica": np.array(owner, dtype=np.int64),
+        "arrival_s": a.copy(),
+    }
+
+
+_DEPARTED = (COMPLETED, REJECTED_TOO_LONG, REJECTED_ADMISSION, DROPPED)
+
+
+def _next_event(rep: _PausedReplica) -> float:
+    """The earliest time t at which ``rep.advance_until(t)`` or
+    ``rep.advance_until(nextafter(t))`` would change the replica: the end of
+    its step in flight (async: the oldest batch's, when it waits for it);
+    else the time it would schedule its next step: its clock (async: the
+    clock or when the GPU is free, the later) if it has requests in the
+    system, or handed ones that arrived by then; else its next handed
+    arrival; inf when it is idle and has nothing handed."""
+    if rep.e.async_scheduling:
+        q = rep.batches_in_flight
+        if not rep.to_schedule:
+            return max(rep.t, q[0][0])
+        s = max(rep.t, rep.gpu_free)
+        if rep.running or len(rep.waiting) > 0 or q:
+            return s
+    else:
+        if rep.in_flight is not None:
+            return rep.in_flight[1]
+        s = rep.t
+        if not rep.idle():
+            return s
+    if rep.next_arrival < len(rep.arrivals):
+        return max(s, rep.arrivals[rep.next_arrival].arrival)
+    return math.inf
+
+
+def _last_tokens_by(rep: _PausedReplica, t: float) -> list:
+    """Async scheduling: the requests whose last token a batch in flight
+    ending at or before t emits. Such a batch's output is applied only
+    after the replica schedules its next batch, at t (`advance_async_until`),
+    but its client has the last token at the batch's end: a departure at t."""
+    if not rep.e.async_scheduling:
+        return []
+    emits_ahead, due = {}, []
+    for end, outputs in rep.batches_in_flight:
+        for r, emits in outputs:
+            if emits and r.status == _IN_SYSTEM:
+                emits_ahead[r] = emits_ahead.get(r, 0) + 1
+                if end <= t and r.g + emits_ahead[r] == r.O:
+                    due.append(r)
+    return due
+
+
+def _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps, router, staleness_s,
+                       routing_latency_s, load_cap, rng, table, c, pure):
+    """`simulate_fleet_reference` with a closed loop (spec, "Fleets", closed
+    loops): one client holds ``c`` seats across the fleet.
+
+    Request k is the k-th send (row k of the stream). Requests 0 .. c-1 are
+    sent at ``a[k]``; ``R_j`` is the instant of the j-th departure from the
+    fleet, as the fleet observes it: a completion at its last token (with
+    async scheduling at the end of the batch that emits it, although the
+    replica applies that output only at its next schedule:
+    `_last_tokens_by`), a rejection or an abandonment at the instant the
+    replica makes it (an async schedule's: when it is made, which can be
+    later than the step start it is dated at). Pure closed loop (``pure``): departure j sends
+    again at ``R_j + a[j + c]`` (its think time), the sends taken in time
+    order (ties: the earlier departure's first). Capped stream: request
+    k >= c is sent at ``max(a[k], R_(k-c), send of k-1)`` (``a[k]``: when it
+    wants to go).
+    Each request is routed at its send time (as `simulate_fleet_reference`
+    routes an arrival: live view, or the last scrape at a multiple of
+    ``staleness_s``) and arrives at its replica ``routing_latency_s`` later.
+
+    Instants t are taken in increasing order: the least of the next known
+    send, the next scrape (a stale view of a router that reads state, more
+    than one replica) and each replica's next event (`_next_event`). At t:
+    (1) every replica is advanced to t (steps ending at or before t end,
+    nothing is scheduled at t) and the departures this reveals are released
+    at t; (2) a scrape at t takes every replica's view; (3) the sends due at
+    t are routed and handed in send order; (4) every replica that would
+    schedule at t schedules (``advance_until(nextafter(t))``), and the
+    departures these schedules make are released at t; their sends at t
+    are routed and handed after all the schedules at t: (3) and (4) again
+    until nothing is left at t. The run ends when every request has been
+    sent and every replica is idle.
+    """
+    n = a.size
+    nrep = len(reps)
+    reqs = [None] * n
+    owner = [-1] * n
+    sent = [math.nan] * n
+    out = []                # handed requests that have not departed
+    R = []                  # the departure instants R_j, in release order
+    pending = sorted(float(a[k]) for k in range(min(c, n)))   # pure loop: the known sends not yet made
+    k_next = 0              # the next request to send
+    reads = router not in ("random", "round_robin") and nrep > 1
+    live = staleness_s == 0.0 or router == "least_outstanding"
+    scrapes = reads and not live
+    k_scrape = 0
+    views = [(0, 0, 0, 0)] * nrep
+
+    def next_send() -> float:
+        """The time of request k_next's send, inf while it is not known."""
+        if k_next >= n:
+            return math.inf
+        if pure:
+            return pending[0] if pending else math.inf
+        if k_next < c:
+            return float(a[k_next])
+        if len(R) <= k_next - c:
+            return math.inf
+        return max(float(a[k_next]), R[k_next - c], sent[k_next - 1])
+
+    released = []           # (request, the instant of its departure)
+
+    def release(t: float) -> None:
+        """The departures not yet released leave the client's seats at t
+        (with async scheduling, the last tokens of the batches ended by t)."""
+        ending = {r for rep in reps for r in _last_tokens_by(rep, t)}
+        for r in list(out):
+            if r.status in _DEPARTED or r in ending:
+                out.remove(r)
+                released.append((r, t))
+                j = len(R)
+                R.append(t)
+                if pure and j + c < n:
+                    bisect.insort_right(pending, t + float(a[j + c]))   # (the think time of departure j)
+
+    def send(t: float) -> None:
+        nonlocal k_next, views
+        k = k_next
+        k_next += 1
+        if pure:
+            pending.pop(0)
+        sent[k] = t
+        if reads and live:
+            views = [rep.view() for rep in reps]
+        r = _choose(router, k, int(pgrp[k]), views, table, rng, load_cap)
+        rep = reps[r]
+        j = rep.handed
+        at = t + routing_latency_s
+        req = _Request(idx=j, arrival=at, P=int(prompt[k]), O=int(output[k]), prio=int(prio[k]),
+                       sjf_key=int(sjfk[k]), group=int(pgrp[k]), prefix_len=int(plen[k]),
+                       qkey=queue_key(engines[r].policy, j, at, int(prio[k]), int(sjfk[k]),
+                                      engines[r].priority_aging_s))
+        if engines[r].enable_prefix_caching and engines[r].block_hash_caching:
+            req.idents = prompt_block_identities(j, req.P, engines[r].block_size, req.group, req.prefix_len)
+        rep.hand(req)
+        owner[k] = r
+        reqs[k] = req
+        out.append(req)
+
+    while True:
+        t = min([next_send()] + [_next_event(rep) for rep in reps])
+        if t == math.inf:
+            break
+        if scrapes:
+            t = min(t, k_scrape * staleness_s)
+        # 1. steps ending at or before t end; their departures are released at t
+        for rep in reps:
+            rep.advance_until(t)
+        release(t)
+        # 2. a scrape
+        if scrapes and k_scrape * staleness_s == t:
+            views = [rep.view() for rep in reps]
+            k_scrape += 1
+        while True:
+            # 3. the sends due at t, in send order
+            while next_send() <= t:
+                assert next_send() == t
+                send(t)
+            # 4. the schedules at t; their departures are released after them all
+            due = [rep for rep in reps if _next_event(rep) <= t]
+            if not due:
+                break
+            for rep in due:
+                assert _next_event(rep) == t
+                rep.advance_until(math.nextafter(t, math.inf))
+                assert _next_event(rep) > t
+            release(t)
+    assert k_next == n and not out
+    assert all(r.finish == t for r, t in released if r.status == COMPLETED)   # (at its last token)
+    for rep in reps:
+        rep.advance_until(math.inf)
+        rep.finish()
+    return {
+        "status": np.array([r.status for r in reqs], dtype=np.int8),
+        "first_token_s": np.array([r.first_token for r in reqs], dtype=np.float64),
+        "finish_s": np.array([r.finish for r in reqs], dtype=np.float64),
+        "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
+        "num_tokens": np.array([r.g for r in reqs], dtype=np.int64),
+        "replica": np.array(owner, dtype=np.int64),
+        "arrival_s": np.array(sent, dtype=np.float64),
     }

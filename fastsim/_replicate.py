@@ -984,12 +984,14 @@ def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replicatio
     still in transit to its replica at it, not an arrival), ``first``
     (the client's first token), ``finish``, ``npre`` (preemptions),
     ``overhead`` (the run's TTFT overhead) and ``tpot_first`` (where TPOT
-    starts: a disaggregated server's decode side; None: ``first``)."""
+    starts: a disaggregated server's decode side; None: ``first``), and
+    ``arrival`` (a closed loop's send times; None: the stream's)."""
     k0, k1, _ = _seed_keys(seed)
     if "sjf_key" not in requests and scenario.engine.sjf_key != "output":
         # (the keys `sample_requests` leaves out, as `simulate_requests` derives them)
         requests = requests.assign(sjf_key=_sjf_keys(scenario.engine, requests["prompt_len"].to_numpy(),
                                                      requests["output_len"].to_numpy()))
+    arrival = None   # (the stream's own arrivals; a closed-loop fleet's are its sends)
     if _is_disagg(scenario):
         from ._disagg import simulate_disagg_requests
 
@@ -1006,11 +1008,11 @@ def served_requests(scenario: Scenario, requests: pd.DataFrame, seed, replicatio
     else:
         from ._fleet import simulate_fleet_requests
 
-        st, first, finish, npre, overhead = simulate_fleet_requests(scenario, pack_scenario(scenario), requests,
-                                                                    k0, k1, replication)
+        st, first, finish, npre, overhead, arrival = simulate_fleet_requests(scenario, pack_scenario(scenario),
+                                                                             requests, k0, k1, replication)
         first_d = None
     return dict(status=np.asarray(st, np.int64), first=first, finish=finish, npre=npre, overhead=overhead,
-                tpot_first=first_d)
+                tpot_first=first_d, arrival=arrival)
 
 
 def _sjf_keys(engine, prompt, output):
@@ -1075,7 +1077,9 @@ def class_table(scenario: Scenario, per_replication: pd.DataFrame, seed, backend
             got = served_requests(scenario, req, seed, int(rep))
             first, finish, npre, overhead, tpot_first = (got[k] for k in ("first", "finish", "npre", "overhead",
                                                                            "tpot_first"))
-            status, arrival = got["status"] - K.ST_COMPLETED, req["arrival_s"].to_numpy()
+            status = got["status"] - K.ST_COMPLETED
+            # (a closed loop's sends are the run's, not the stream's wanted times)
+            arrival = req["arrival_s"].to_numpy() if got["arrival"] is None else got["arrival"]
             # (a request in transit to its replica at the horizon is not an arrival: the kernel's counts)
             keep = got["status"] != K.ST_PENDING
             if not keep.all():

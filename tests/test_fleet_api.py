@@ -122,20 +122,21 @@ def test_replicate_a_fleet_of_vllm_v1_servers(router):
                                                            (fastsim.EngineConfig(max_num_seqs=8),
                                                             fastsim.LatencyModel.default())])],
                          ids=["one", "three", "mixed"])
-def test_a_closed_loop_in_a_fleet_is_refused(policy, arrival_rate, fleet):
-    """A fleet hands requests at arrival times known before the run; a closed
-    loop's sends come from every replica's departures, which the fleet does
-    not model. Such runs handed every request at time 0 (a fleet of one
-    replica: mean TTFT 13.6 s against 0.058 s for the engine alone) and some
-    did not end (benchmarks/HISTORY.md, stops 65 and 66): refused, naming
-    the parameter, as sessions, autoscalers and disaggregated servers refuse
-    closed loops. The same scenario without the fleet runs."""
+def test_a_closed_loop_in_a_fleet_runs_its_clients_across_the_replicas(policy, arrival_rate, fleet):
+    """A closed loop's seats span the fleet (`kernel.fleet_client`): every
+    request is sent and served once. Before stop 68 the fleet refused it
+    (stops 65-66 of benchmarks/HISTORY.md: such runs had handed every
+    request at once). A fleet of one replica is the engine's own closed
+    loop (no request here is rejected: the same counts and latencies)."""
     kw = dict(priorities=(0, 1), priority_probs=(0.5, 0.5)) if policy == "priority" else {}
     w = fastsim.Workload(arrival_rate=arrival_rate, max_concurrency=4, num_requests=60, **kw)
     e = fastsim.EngineConfig(max_num_seqs=6, num_gpu_blocks=90, policy=policy)
-    with pytest.raises(ValueError, match=r"workload.max_concurrency must be None in a fleet .*got 4; use an open"):
-        fastsim.Scenario(engine=e, workload=w, fleet=fleet)
-    alone = fastsim.Scenario(engine=e, workload=w)
-    with pytest.raises(ValueError, match=r"workload.max_concurrency must be None in a fleet"):
-        alone.replace(fleet=fleet)
-    assert fastsim.replicate(alone, n_replications=2, seed=0).per_replication["n_completed"].sum() == 120
+    alone = fastsim.replicate(fastsim.Scenario(engine=e, workload=w), n_replications=2, seed=0).per_replication
+    res = fastsim.replicate(fastsim.Scenario(engine=e, workload=w, fleet=fleet), n_replications=2,
+                            seed=0).per_replication
+    assert (res["n_completed"] == 60).all() and (alone["n_completed"] == 60).all()
+    if fleet.n_replicas == 1:
+        for col in ("ttft_mean", "ttft_p99", "e2e_mean", "tpot_mean", "request_throughput", "window_s"):
+            np.testing.assert_allclose(res[col], alone[col], rtol=1e-12)
+    else:   # (every replica served: the most any got is under the whole stream's share of one)
+        assert (res["requests_per_replica_max_ratio"] < fleet.n_replicas).all()

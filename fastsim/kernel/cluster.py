@@ -759,6 +759,49 @@ def _set_up_uniform(n, stream, ipar, fpar, lat, nrep, fb, full, dims):
     return 0
 
 
+@njit_noalloc
+def _set_up_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb, nrep, full):
+    """Rows ``0..nrep-1`` of ``fb`` set up as empty replicas of their own
+    records (``fb.rip``, ``fb.rfp``, ``fb.rlat``; the warm-up count the whole
+    capacity where the workload has one), bounded by the fleet's stream
+    ``0..n-1`` (its layout: one scan for each run of replicas with the same
+    integer record); the router's view and prefix-group table cleared.
+    Returns `ROW_FULL` where a compact row cannot be set up, the first
+    negative code of `_simulate`, else 0. (`_simulate_fleet_rows`; a
+    closed loop's, `fleet_client`.)"""
+    m = fb.rs_a.shape[1]
+    warmup = fb.rip[0, I_WARMUP]
+    for r in range(nrep):
+        if not _compact_ok(fb.rip[r], m, n):
+            return ROW_FULL
+    # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
+    # for each run of replicas with the same integer record)
+    for r in range(nrep):
+        w = _rows(fb, r)[0]
+        same = r > 0
+        for j in range(N_IPAR):
+            same = same and fb.rip[r, j] == fb.rip[r - 1, j]
+        if same:
+            w0 = _rows(fb, r - 1)[0]
+            for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
+                w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
+        else:
+            _state_dims_compact(m, n, prompt, output, pgrp, plen, fb.rip[r], w)
+    for r in range(nrep):
+        wi, wf = _rows(fb, r)
+        rc = _simulate(m, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fb.rfp[r], fb.rlat[r], wi,
+                       wf, full, 0.0, STEP_INIT | STEP_EMPTY)
+        if rc < 0:
+            return rc
+        fb.rip[r, I_WARMUP] = m if warmup > 0 else 0
+        for c in range(fb.load.shape[1]):
+            fb.load[r, c] = 0.0
+        fb.tok[r] = 0
+    for g in range(fb.table.size):
+        fb.table[g] = -1
+    return 0
+
+
 @njit_noalloc(entry=True)
 def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
                     key0, key1, rep, fb, full):
@@ -810,34 +853,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     overfill a compact row (``m`` < ``n``)."""
     m = fb.rs_a.shape[1]
     warmup = fb.rip[0, I_WARMUP]
-    for r in range(nrep):
-        if not _compact_ok(fb.rip[r], m, n):
-            return ROW_FULL
-    # set up empty: the fleet's stream bounds what a replica may be handed (its layout: one scan
-    # for each run of replicas with the same integer record)
-    for r in range(nrep):
-        w = _rows(fb, r)[0]
-        same = r > 0
-        for j in range(N_IPAR):
-            same = same and fb.rip[r, j] == fb.rip[r - 1, j]
-        if same:
-            w0 = _rows(fb, r - 1)[0]
-            for j in range(RI_DIM_CAP, RI_DIM_NBT + 1):   # (the RI_DIM_* slots, in a row)
-                w[w.size - N_RI + j] = w0[w0.size - N_RI + j]
-        else:
-            _state_dims_compact(m, n, prompt, output, pgrp, plen, fb.rip[r], w)
-    for r in range(nrep):
-        wi, wf = _rows(fb, r)
-        rc = _simulate(m, arrival, prompt, output, prio, sjfk, pgrp, plen, fb.rip[r], fb.rfp[r], fb.rlat[r], wi,
-                       wf, full, 0.0, STEP_INIT | STEP_EMPTY)
-        if rc < 0:
-            return rc
-        fb.rip[r, I_WARMUP] = m if warmup > 0 else 0
-        for c in range(fb.load.shape[1]):
-            fb.load[r, c] = 0.0
-        fb.tok[r] = 0
-    for g in range(fb.table.size):
-        fb.table[g] = -1
+    rc = _set_up_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fb, nrep, full)
+    if rc != 0:
+        return rc
     # a replayed trace's block identities: each replica handed parents of its own (`trace_blocks`)
     bs0 = hashing_block_size(fb.rip, nrep)
     jg = _tmap_reset(n, prompt, bs0, fb.tmap)
@@ -1223,9 +1241,11 @@ def fill_records(fb, ipars, fpars, lats, sizes):
 
 
 def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, lat, fleet, router, nrep,
-                          key0=0, key1=0, rep=0, bound=True, keep=True, kept=None, capacity=None):
+                          key0=0, key1=0, rep=0, bound=True, keep=True, kept=None, capacity=None, sent=None,
+                          run=None):
     """Simulate a fleet over one given request stream (a Python entry, for
-    tests and the reference's comparisons).
+    tests and the reference's comparisons). A closed loop's records (seats,
+    ``I_MAX_CONCURRENCY``) are run by `fleet_client.simulate_closed_fleet_stream`.
 
     Parameters
     ----------
@@ -1261,6 +1281,12 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         Each replica's row capacity (1 .. the stream's size; default
         `compact_capacity`); a run that would overfill a row is run again
         on rows for the whole stream (the same bits; for tests).
+    sent : ndarray, optional
+        An array of the stream's size that receives each request's arrival
+        (a closed loop's send time; else its arrival as given).
+    run : callable, optional
+        ``run(args, n, nrep)`` runs the fleet kernel on `_simulate_fleet_rows`'
+        arguments ``args`` instead of it (`fleet_client`'s closed loop).
 
     Returns
     -------
@@ -1297,14 +1323,20 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         elif kept is not None:
             fb = fb._replace(dep=np.full(3 * nrep + n, -np.inf))
         fill_records(fb, ipars, fpars, lats, sizes)
-        return _simulate_fleet_rows(np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router),
-                                    np.int64(nrep), np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full), fb
+        args = (np.int64(n), *stream, np.asarray(fleet, np.float64), np.int64(router), np.int64(nrep),
+                np.uint64(key0), np.uint64(key1), np.int64(rep), fb, full)
+        return (_simulate_fleet_rows(*args) if run is None else run(args, n, nrep)), fb
 
+    if run is None and int(ipars[0, I_MAX_CONCURRENCY]) > 0:
+        raise ValueError("a closed loop's records (I_MAX_CONCURRENCY > 0): run them by "
+                         "fleet_client.simulate_closed_fleet_stream")
     rc, fb = until_rows_fit(attempt)
     if rc < 0:
         raise RuntimeError(f"the fleet could not be simulated (code {rc})")
     if kept is not None:
         kept[:n] = fb.dep[3 * nrep:]
+    if sent is not None:
+        sent[:n] = stream[0]
     # (the fleet's workspace for the reduction: of the whole stream, whatever the rows)
     wm_i, wm_f = (np.zeros(x, t) for x, t in zip(
         np.max([_ws_need_handed(np.int64(n), stream[1], stream[2], stream[5], stream[6], row) for row in ipars],
