@@ -132,6 +132,12 @@ REFERENCE_CASES = {
     "prefix-groups-hash": lambda: _prefix_scenario(
         engine={"block_hash_caching": True, "scheduler_reserve_full_isl": True, "null_block": True}, c=12, n=120),
     "prefix-groups-plain": lambda: _prefix_scenario(engine={"block_hash_caching": False}, c=12, n=120),
+    # (a lattice of step times: instants shared across replicas, steps one roundoff apart)
+    "lattice-static-too-long": lambda: scenario({"scheduler": "static", "num_gpu_blocks": 200, "max_model_len": 260,
+                                                 "async_scheduling": False}, c=20, think=0.3,
+                                                latency=fastsim.LatencyModel.constant(0.02), n=120),
+    "lattice-abandonment": lambda: scenario({"max_queue_delay_s": 0.1, "max_model_len": 260}, c=25,
+                                            latency=fastsim.LatencyModel.constant(0.02), n=120),
 }
 
 
@@ -164,6 +170,46 @@ def test_kernel_closed_loop_fleet_is_the_reference_bit_for_bit(name, router):
         assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
         assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
         assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
+
+
+@pytest.mark.parametrize("c", [1, 5, 17])
+@pytest.mark.parametrize("engine", [{"async_scheduling": False}, {"async_scheduling": True}], ids=["sync", "async"])
+def test_littles_law_holds_on_the_fleets_sample_path(c, engine):
+    """Zero think time, no rejection: the client keeps c requests in the
+    fleet (in transit to a replica or in it) until its last send at T, so
+    the area under the number in the fleet over [0, T] is c T exactly (up
+    to the rounding of the sums), and at every departure instant before T
+    the fleet holds c (over 3 replicas behind JSQ, with a routing latency)."""
+    sc = scenario({**engine, "num_gpu_blocks": 400}, c=c, n=150)
+    stream, p = _stream(sc, c)
+    (st, first, finish, *_), a = _fleet(stream, p, "jsq", 3, latency=0.004, rep=c)
+    assert (st == K.ST_COMPLETED).all()
+    T = a.max()
+    area = np.sum(np.minimum(finish, T) - np.minimum(a, T))
+    assert area == pytest.approx(c * T, rel=1e-12)
+    for t in np.unique(finish[finish < T]):
+        assert np.sum((a <= t) & (finish > t)) == c
+
+
+def test_a_schedule_that_frees_seats_waits_for_every_replica_at_its_instant():
+    """Regression (found by a reviewer's fuzzing: 1 of 80 random fleets): on
+    a lattice of step times (a constant step, static batches) a replica's
+    step can end one unit of roundoff after an instant at which other
+    replicas' schedules reject requests. Their sends at that instant come
+    after the schedules of the replicas that act there, and not after that
+    later step's: a replica in flight past the instant is left as it is
+    (`fleet_client._schedule_at`). Before the fix request 59's send was
+    2.700000000000001, the reference's 2.7000000000000015."""
+    sc = scenario({"max_num_seqs": 10, "num_gpu_blocks": 200, "scheduler": "static", "max_model_len": 260,
+                   "async_scheduling": False}, c=25, think=0.3, latency=fastsim.LatencyModel.constant(0.02), n=78)
+    stream, p = _stream(sc, 2)
+    (st, first, finish, npre, g, owner, row, bal), sent = _fleet(stream, p, "session_affinity", 4, rep=2)
+    ref = simulate_fleet_reference(*(x.copy() for x in stream), sc.engine, sc.latency, 4, "session_affinity",
+                                   load_cap=2, seed_keys=(11, 12, 2), max_concurrency=25, pure=True)
+    assert (st == K.ST_REJECTED_TOO_LONG).any()
+    assert np.array_equal(sent, ref["arrival_s"])
+    assert np.array_equal(st, _status_of_reference(ref["status"]))
+    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
 
 
 def test_every_request_is_accounted_for_once_with_rejections_and_abandonment():

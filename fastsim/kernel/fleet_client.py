@@ -36,10 +36,10 @@ from .cluster import (ROW_FULL, _call, _departs_parts, _due, _fits, _min_step, _
                       _segments, _set_up_rows, simulate_fleet_stream)
 from .layout import (ARRIVAL_CLOSED, FL_LATENCY, FL_LOAD_CAP, FL_STALENESS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY,
                      I_NUM_GPU_BLOCKS, ROUTER_POWER_OF_TWO, ST_COMPLETED, ST_DROPPED)
-from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
+from .replica import MODE_STRETCH, STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
-from .workspace import (RF_CLOCK, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH,
+from .workspace import (RF_CLOCK, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH,
                         WI_STATUS)
 
 #: `_simulate_fleet_closed`'s codes for a broken invariant (never expected: a test asserts them away): a
@@ -149,6 +149,34 @@ def _advance_closed(fb, r, n, m, full, t_stop, what, now, keys, last, link):
     return cnt
 
 
+@njit_noalloc
+def _schedule_at(fb, r, n, m, full, h, what, keys, last, link):
+    """Replica ``r``, left paused by its key (past ``h``), makes the
+    schedule it has at ``h``, if any, before the sends that schedules at
+    ``h`` freed are routed (`_advance_closed`'s count, or a negative code):
+    one whose next action is at or before ``h`` (idle and handed a request
+    by ``h``, between steps, a step in flight ending at ``h``) is called to
+    just past ``h``; one paused before a stretch of decode steps runs them
+    one by one to ``h`` (a stretch is taken whole or not at all), and if a
+    step of it ends at ``h``, schedules there. One in flight past ``h`` has
+    no schedule at ``h``; calling it just past ``h`` could end a step one
+    unit of roundoff after ``h`` and date its departures at ``h``."""
+    after = np.nextafter(h, np.inf)
+    cnt = 0
+    if _due(fb, r, what, h) > h:
+        if _ri(fb, r, RI_MODE) != MODE_STRETCH:
+            return 0
+        cnt = _advance_closed(fb, r, n, m, full, h, what | STEP_NO_STRETCH, h, keys, last, link)
+        if cnt < 0 or _due(fb, r, what, h) > h:
+            return cnt
+    more = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link)
+    if more < 0:
+        return more
+    if keys[r] <= h:
+        return CLOSED_STALL
+    return cnt + more
+
+
 @njit_noalloc(entry=True)
 def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1,
                            rep, fb, full, wanted, keys, last, link):
@@ -191,6 +219,7 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
         link[n + r] = -1
     released, ns, k_scrape = 0, 0, 0
     now = -np.inf
+    acted = -np.inf   # (the last instant whose schedules were made: sends routed after them see them)
     while True:
         s = arrival[ns] if ns < n else np.inf
         # the least key of a replica not yet called to it (k1), and of one called to it (k3: it acts there)
@@ -231,6 +260,9 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
         if s == h:   # (2) the next send, routed at h
             i = ns
             ns += 1
+            # (a send made by a schedule at h sees the replicas after their schedules there: a replica paused
+            # before a stretch with requests that finished at h holds them no more, `cluster._observe`)
+            tv = np.nextafter(h, np.inf) if acted == h else h
             if reads and live:
                 for r in range(nrep):
                     if (keys[r] if bound else _due(fb, r, what, h)) <= h:
@@ -238,7 +270,7 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
                         if cnt < 0:
                             return cnt
                         released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-                    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], h)
+                    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], tv)
             if two:
                 a, b = _two_choices(fb.rstate, nrep)
                 for x in (a, b):
@@ -247,7 +279,7 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
                         if cnt < 0:
                             return cnt
                         released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-                    _observe(fb, x, fb.rip[x, I_NUM_GPU_BLOCKS], h)
+                    _observe(fb, x, fb.rip[x, I_NUM_GPU_BLOCKS], tv)
                 r = _shorter(fb.load, a, b)
             else:
                 r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
@@ -267,22 +299,26 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
             continue
         # (3) the replicas that act at h schedule there (called to just past it); if those schedules free
         # seats (rejections, abandonment), their sends at h come after every replica's schedule at h: the
-        # replicas left paused by their keys (an idle one handed a request at h, a stretch with a step
-        # boundary at h) schedule there first (none can lose a request before its key, past h)
+        # replicas left paused by their keys that schedule at h do so first (`_schedule_at`)
         after = np.nextafter(h, np.inf)
+        acted = h
         freed = False
-        for every in range(2):
+        for r in range(nrep):
+            if keys[r] == h and last[r] >= h:
+                cnt = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link)
+                if cnt < 0:
+                    return cnt
+                if keys[r] <= h:
+                    return CLOSED_STALL
+                freed = freed or cnt > 0
+                released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
+        if freed:
             for r in range(nrep):
-                if (keys[r] == h and last[r] >= h) or (every == 1 and keys[r] < np.inf and last[r] < after):
-                    cnt = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link)
+                if keys[r] < np.inf and last[r] < after:
+                    cnt = _schedule_at(fb, r, n, m, full, h, what, keys, last, link)
                     if cnt < 0:
                         return cnt
-                    if keys[r] <= h:
-                        return CLOSED_STALL
-                    freed = freed or cnt > 0
                     released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-            if not freed:
-                break
     for r in range(nrep):
         rc = _call(fb, r, m, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
