@@ -709,9 +709,12 @@ def simulate_fleet_requests(scenario, packed, requests, k0=0, k1=0, rep=0):
     go: `run_autoscaled`)."""
     stream = served_stream(scenario, requests)
     w = scenario.workload
-    if w.closed_loop and w.arrival_rate is None and "think_s" in requests:
+    if w.closed_loop and w.arrival_rate is None:
         # (a pure closed loop: the kernel's stream holds, past the first seats' sends, each departure's think
         # time, as `sample_requests` gives it: `kernel.fleet_client`)
+        if "think_s" not in requests:
+            raise ValueError("requests must have a 'think_s' column (sample_requests draws it) in a pure closed "
+                             "loop (max_concurrency without arrival_rate)")
         a = np.asarray(requests["think_s"], np.float64).copy()
         a[:w.max_concurrency] = np.asarray(requests["arrival_s"], np.float64)[:w.max_concurrency]
         stream = (a,) + stream[1:]

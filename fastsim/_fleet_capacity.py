@@ -93,7 +93,8 @@ def _fleet_capacity_iv(scenario, max_replicas):
                          f"({scenario.fleet.autoscaler!r}): give Fleet(replicas=N) without one")
     if scenario.workload.arrival_rate is None:
         raise ValueError("fleet_capacity needs workload.arrival_rate (the rate the replicas must sustain), got None "
-                         "(a rate schedule, a trace, users or given arrival times set no single rate)")
+                         "(a rate schedule, a trace, users, given arrival times or a pure closed loop, max_concurrency "
+                         "without arrival_rate, set no single rate)")
     return check_int("max_replicas", max_replicas, low=1)
 
 

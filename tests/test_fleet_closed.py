@@ -300,3 +300,18 @@ def test_closed_loops_are_refused_where_not_modelled():
     with pytest.raises(ValueError, match=r"workload.max_concurrency must be None for a disaggregated server"):
         fastsim.replicate(fastsim.Scenario(workload=w, fleet=fastsim.Disaggregated(prefill=1, decode=1)),
                           n_replications=2, seed=0)
+
+
+def test_a_pure_closed_loops_frame_without_think_times_is_refused():
+    """The per-request entry of a fleet (the per-class rows' and the stability
+    check's) takes `sample_requests`' frame; a pure closed loop's without
+    its ``think_s`` column names it, as one replica's entry does."""
+    from fastsim._replicate import served_requests
+    sc = scenario(c=4, think=0.2, n=30).replace(fleet=fastsim.Fleet(2))
+    req = fastsim.sample_requests(sc, seed=1)
+    got = served_requests(sc, req, 1, 0)
+    assert (np.diff(got["arrival"]) >= 0).all() and got["arrival"][-1] > 0.0
+    with pytest.raises(ValueError, match="think_s"):
+        served_requests(sc, req.drop(columns="think_s"), 1, 0)
+    with pytest.raises(ValueError, match="pure closed loop"):
+        fastsim.fleet_capacity(sc, {"ttft_mean": 1.0})
