@@ -366,6 +366,11 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         rep.hand(req)
         owner.append(r)
         reqs.append(req)
+    return _finish(reps, reqs, owner, a)
+
+
+def _finish(reps, reqs, owner, arrival) -> dict:
+    """Every replica run to its end; the fleet's per-request results (`simulate_fleet_reference`'s)."""
     for rep in reps:
         rep.advance_until(math.inf)
         rep.finish()
@@ -376,7 +381,7 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
         "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
         "num_tokens": np.array([r.g for r in reqs], dtype=np.int64),
         "replica": np.array(owner, dtype=np.int64),
-        "arrival_s": a.copy(),
+        "arrival_s": np.array(arrival, dtype=np.float64),
     }
 
 
@@ -556,15 +561,4 @@ def _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps,
             release(t)
     assert k_next == n and not out
     assert all(r.finish == t for r, t in released if r.status == COMPLETED)   # (at its last token)
-    for rep in reps:
-        rep.advance_until(math.inf)
-        rep.finish()
-    return {
-        "status": np.array([r.status for r in reqs], dtype=np.int8),
-        "first_token_s": np.array([r.first_token for r in reqs], dtype=np.float64),
-        "finish_s": np.array([r.finish for r in reqs], dtype=np.float64),
-        "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
-        "num_tokens": np.array([r.g for r in reqs], dtype=np.int64),
-        "replica": np.array(owner, dtype=np.int64),
-        "arrival_s": np.array(sent, dtype=np.float64),
-    }
+    return _finish(reps, reqs, owner, sent)

@@ -135,46 +135,66 @@ def _release(cnt, t, released, c, n, arrival, wanted, pure, ns):
 
 
 @njit_noalloc
-def _advance_closed(fb, r, n, m, full, t_stop, what, now, keys, last, link):
+def _advance_closed(fb, r, n, m, full, t_stop, what, now, keys, last, link, seats):
     """Replica ``r`` advanced to ``t_stop`` at the loop's instant ``now``:
-    its departures collected (`_collect`), its key and last stop set.
-    Returns the number of departures, or a negative code."""
+    its departures collected (`_collect`) and released at ``now``
+    (`_release`; ``seats``: (released, c, arrival, wanted, pure, next
+    send)), its key and last stop set. Returns the departures released so
+    far, or a negative code."""
+    released, c, arrival, wanted, pure, ns = seats
     rc = _call(fb, r, m, fb.rfp[r], fb.rlat[r], full, t_stop, what)
     if rc < 0:
         return rc
     last[r] = t_stop
     cnt = _collect(fb, r, m, link, n, now)
-    if cnt >= 0:
-        keys[r] = _key(fb, r, m, what, now)
-    return cnt
+    if cnt < 0:
+        return cnt
+    keys[r] = _key(fb, r, m, what, now)
+    return _release(cnt, now, released, c, n, arrival, wanted, pure, ns)
 
 
 @njit_noalloc
-def _schedule_at(fb, r, n, m, full, h, what, keys, last, link):
+def _look_closed(fb, nrep, n, m, full, h, tv, what, bound, keys, last, link, seats):
+    """The router's look at ``h``: the replicas whose view can have changed
+    by then (keyed there, for a router that reads requests in the system
+    only, ``bound``; else due there, `cluster._due`) advanced to ``h``,
+    every replica observed at ``tv`` (``h``, or just past it once the
+    replicas have made their schedules at ``h``). Returns the departures
+    released so far, or a negative code."""
+    released = seats[0]
+    for r in range(nrep):
+        if (keys[r] if bound else _due(fb, r, what, h)) <= h:
+            released = _advance_closed(fb, r, n, m, full, h, what, h, keys, last, link, (released,) + seats[1:])
+            if released < 0:
+                return released
+        _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], tv)
+    return released
+
+
+@njit_noalloc
+def _schedule_at(fb, r, n, m, full, h, what, keys, last, link, seats):
     """Replica ``r``, left paused by its key (past ``h``), makes the
     schedule it has at ``h``, if any, before the sends that schedules at
-    ``h`` freed are routed (`_advance_closed`'s count, or a negative code):
-    one whose next action is at or before ``h`` (idle and handed a request
-    by ``h``, between steps, a step in flight ending at ``h``) is called to
-    just past ``h``; one paused before a stretch of decode steps runs them
-    one by one to ``h`` (a stretch is taken whole or not at all), and if a
-    step of it ends at ``h``, schedules there. One in flight past ``h`` has
-    no schedule at ``h``; calling it just past ``h`` could end a step one
-    unit of roundoff after ``h`` and date its departures at ``h``."""
-    after = np.nextafter(h, np.inf)
-    cnt = 0
+    ``h`` freed are routed (the departures released so far, or a negative
+    code): one whose next action is at or before ``h`` (idle and handed a
+    request by ``h``, between steps, a step in flight ending at ``h``) is
+    called to just past ``h``; one paused before a stretch of decode steps
+    runs them one by one to ``h`` (a stretch is taken whole or not at all),
+    and if a step of it ends at ``h``, schedules there. One in flight past
+    ``h`` has no schedule at ``h``; calling it just past ``h`` could end a
+    step one unit of roundoff after ``h`` and date its departures at ``h``."""
+    released = seats[0]
     if _due(fb, r, what, h) > h:
         if _ri(fb, r, RI_MODE) != MODE_STRETCH:
-            return 0
-        cnt = _advance_closed(fb, r, n, m, full, h, what | STEP_NO_STRETCH, h, keys, last, link)
-        if cnt < 0 or _due(fb, r, what, h) > h:
-            return cnt
-    more = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link)
-    if more < 0:
-        return more
-    if keys[r] <= h:
+            return released
+        released = _advance_closed(fb, r, n, m, full, h, what | STEP_NO_STRETCH, h, keys, last, link, seats)
+        if released < 0 or _due(fb, r, what, h) > h:
+            return released
+    released = _advance_closed(fb, r, n, m, full, np.nextafter(h, np.inf), what, h, keys, last, link,
+                               (released,) + seats[1:])
+    if released >= 0 and keys[r] <= h:
         return CLOSED_STALL
-    return cnt + more
+    return released
 
 
 @njit_noalloc(entry=True)
@@ -239,23 +259,20 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
         if h < now:
             return CLOSED_LATE
         now = h
+        seats = (released, c, arrival, wanted, pure, ns)
         if tau == h:   # a scrape of a stale view: the state every replica has at it
-            for r in range(nrep):
-                if (keys[r] if bound else _due(fb, r, what, h)) <= h:
-                    cnt = _advance_closed(fb, r, n, m, full, h, what, h, keys, last, link)
-                    if cnt < 0:
-                        return cnt
-                    released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-                _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], h)
+            released = _look_closed(fb, nrep, n, m, full, h, h, what, bound, keys, last, link, seats)
+            if released < 0:
+                return released
             k_scrape += 1
             continue
         if k1 == h:   # (1) steps ending at h end; nothing schedules at h yet
             for r in range(nrep):
                 if keys[r] == h and last[r] < h:
-                    cnt = _advance_closed(fb, r, n, m, full, h, what, h, keys, last, link)
-                    if cnt < 0:
-                        return cnt
-                    released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
+                    released = _advance_closed(fb, r, n, m, full, h, what, h, keys, last, link,
+                                               (released,) + seats[1:])
+                    if released < 0:
+                        return released
             continue
         if s == h:   # (2) the next send, routed at h
             i = ns
@@ -264,21 +281,18 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
             # before a stretch with requests that finished at h holds them no more, `cluster._observe`)
             tv = np.nextafter(h, np.inf) if acted == h else h
             if reads and live:
-                for r in range(nrep):
-                    if (keys[r] if bound else _due(fb, r, what, h)) <= h:
-                        cnt = _advance_closed(fb, r, n, m, full, h, what, h, keys, last, link)
-                        if cnt < 0:
-                            return cnt
-                        released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-                    _observe(fb, r, fb.rip[r, I_NUM_GPU_BLOCKS], tv)
+                released = _look_closed(fb, nrep, n, m, full, h, tv, what, bound, keys, last, link,
+                                        (released, c, arrival, wanted, pure, ns))
+                if released < 0:
+                    return released
             if two:
                 a, b = _two_choices(fb.rstate, nrep)
                 for x in (a, b):
                     if keys[x] <= h:
-                        cnt = _advance_closed(fb, x, n, m, full, h, what, h, keys, last, link)
-                        if cnt < 0:
-                            return cnt
-                        released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
+                        released = _advance_closed(fb, x, n, m, full, h, what, h, keys, last, link,
+                                                   (released, c, arrival, wanted, pure, ns))
+                        if released < 0:
+                            return released
                     _observe(fb, x, fb.rip[x, I_NUM_GPU_BLOCKS], tv)
                 r = _shorter(fb.load, a, b)
             else:
@@ -302,23 +316,21 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
         # replicas left paused by their keys that schedule at h do so first (`_schedule_at`)
         after = np.nextafter(h, np.inf)
         acted = h
-        freed = False
+        before = released
         for r in range(nrep):
             if keys[r] == h and last[r] >= h:
-                cnt = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link)
-                if cnt < 0:
-                    return cnt
+                released = _advance_closed(fb, r, n, m, full, after, what, h, keys, last, link,
+                                           (released,) + seats[1:])
+                if released < 0:
+                    return released
                 if keys[r] <= h:
                     return CLOSED_STALL
-                freed = freed or cnt > 0
-                released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
-        if freed:
+        if released > before:
             for r in range(nrep):
                 if keys[r] < np.inf and last[r] < after:
-                    cnt = _schedule_at(fb, r, n, m, full, h, what, keys, last, link)
-                    if cnt < 0:
-                        return cnt
-                    released = _release(cnt, h, released, c, n, arrival, wanted, pure, ns)
+                    released = _schedule_at(fb, r, n, m, full, h, what, keys, last, link, (released,) + seats[1:])
+                    if released < 0:
+                        return released
     for r in range(nrep):
         rc = _call(fb, r, m, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
