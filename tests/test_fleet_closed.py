@@ -234,16 +234,15 @@ def test_every_request_is_accounted_for_once_with_rejections_and_abandonment():
 
 def test_sends_are_in_order_and_the_loop_never_goes_back():
     """Send times never decrease (request k is the k-th send), and every
-    first token comes after the request's send; the kernel's own
-    invariant codes (a departure before its instant, no progress, requests
-    left unsent) never fire over the whole grid (the run would raise)."""
+    first token comes after the request's send, over the whole grid; the
+    kernel's invariant codes (`fleet_client.CLOSED_*`) never fire (the run
+    would raise)."""
     for name in GRID:
         stream, p = _stream(scenario(**GRID[name]), 1)
         (st, first, finish, *_), sent = _fleet(stream, p, "power_of_two", 3)
         assert (np.diff(sent) >= 0).all(), name
         ok = np.isfinite(first)
         assert (first[ok] >= sent[ok]).all(), name
-    assert {fleet_client.CLOSED_LATE, fleet_client.CLOSED_STALL, fleet_client.CLOSED_STUCK} == {-11, -12, -13}
 
 
 def test_more_replicas_at_the_same_concurrency_cut_the_wait():
