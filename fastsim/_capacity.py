@@ -226,6 +226,20 @@ class _Prober:
         return decision
 
 
+def _refuse_capped_stream(what, workload):
+    """Refuse a capped stream (``max_concurrency`` with ``arrival_rate``) in a
+    rate or fleet-size search: a request beyond the cap waits client-side,
+    outside its latencies, so an overloaded client's backlog grows while no
+    latency SLO sees it (`ReplicateResult.stability` does)."""
+    c = workload.max_concurrency
+    if c is not None:
+        raise ValueError(f"{what}; workload.max_concurrency={c} caps the stream: a request beyond {c} in the "
+                         f"system waits client-side, outside its latencies (measured from its send, as vllm "
+                         f"bench serve measures them), so they do not grow with the load while the client's "
+                         f"backlog does. Give max_concurrency=None (open-loop arrivals); for a capped client's "
+                         f"throughput, run replicate and read request_throughput and its stability check")
+
+
 def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bounds=None,
              n_replications: int = 100, seed=None, tol: float = 0.02,
              max_replications: int = 3200) -> CapacityResult:
@@ -276,7 +290,10 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
     Raises
     ------
     ValueError
-        For an unknown or higher-is-better metric, a limit <= 0, bad bounds or counts.
+        For an unknown or higher-is-better metric, a limit <= 0, bad bounds or
+        counts; a workload without one arrival rate, or a capped stream
+        (``max_concurrency`` with ``arrival_rate``: its backlog waits
+        client-side, outside the latencies).
 
     Examples
     --------
@@ -293,6 +310,8 @@ def capacity(scenario: Scenario, slo: dict, *, confidence: float = 0.95, rate_bo
     if scenario.workload.arrival_rate is None:
         raise ValueError("capacity needs a rate-driven workload (arrival_rate), got arrival_rate=None (a pure "
                          "closed loop, multi-user or trace arrivals)")
+    _refuse_capped_stream("capacity searches the largest arrival_rate at which the SLOs hold",
+                          scenario.workload)
     slo = _check_slo(slo)
     confidence = check_float("confidence", confidence, low=0, high=1, low_open=True, high_open=True)
     bounds = _check_bounds(rate_bounds)

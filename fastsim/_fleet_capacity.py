@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ._capacity import PROBE_COLUMNS, _check_slo, _Prober
+from ._capacity import PROBE_COLUMNS, _check_slo, _Prober, _refuse_capped_stream
 from ._config import Scenario
 from ._validation import check_float, check_int
 
@@ -95,6 +95,8 @@ def _fleet_capacity_iv(scenario, max_replicas):
         raise ValueError("fleet_capacity needs workload.arrival_rate (the rate the replicas must sustain), got None "
                          "(a rate schedule, a trace, users, given arrival times or a pure closed loop, max_concurrency "
                          "without arrival_rate, set no single rate)")
+    _refuse_capped_stream("fleet_capacity searches the fewest replicas that meet the SLOs at the arrival_rate",
+                          scenario.workload)
     return check_int("max_replicas", max_replicas, low=1)
 
 

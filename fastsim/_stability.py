@@ -39,6 +39,9 @@ class StabilityCheck:
     overloaded : bool
     replications : int
         Replications checked.
+    capped : bool
+        A capped stream (``max_concurrency`` with ``arrival_rate``): the
+        backlog waits client-side, outside the latencies.
     """
 
     offered_rate: float
@@ -46,6 +49,7 @@ class StabilityCheck:
     backlog_growth: float
     overloaded: bool
     replications: int
+    capped: bool = False
 
     @property
     def message(self) -> str:
@@ -53,8 +57,10 @@ class StabilityCheck:
             return ""
         return (f"overloaded: {self.offered_rate:.4g} req/s arrive but the engine completes only "
                 f"{self.served_rate:.4g} req/s (the queue grew by {self.backlog_growth:.0f} requests over the "
-                f"second half of the arrivals); it sustains about {self.served_rate:.4g} req/s. Latency "
-                f"estimates here grow with the run's length rather than estimate a steady state.")
+                f"second half of the arrivals); it sustains about {self.served_rate:.4g} req/s. "
+                + ("The backlog waits client-side under max_concurrency, outside the latencies: they describe "
+                   "the requests sent, not the wait to send them." if self.capped else
+                   "Latency estimates here grow with the run's length rather than estimate a steady state."))
 
 
 def check_stability(scenario, seed, replications, sample_requests, simulate_requests,
@@ -86,7 +92,8 @@ def check_stability(scenario, seed, replications, sample_requests, simulate_requ
         span += t2 - t1
         growth.append(na - nc)
         checked += 1
+    capped = w.max_concurrency is not None and w.arrival_rate is not None
     if checked == 0 or span == 0.0:
-        return StabilityCheck(math.nan, math.nan, math.nan, False, checked)
+        return StabilityCheck(math.nan, math.nan, math.nan, False, checked, capped)
     over = done < 0.9 * arrived and arrived - done > 3.0 * math.sqrt(arrived)
-    return StabilityCheck(arrived / span, done / span, float(np.mean(growth)), bool(over), checked)
+    return StabilityCheck(arrived / span, done / span, float(np.mean(growth)), bool(over), checked, capped)

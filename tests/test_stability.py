@@ -4,7 +4,6 @@ that arrive, not a buffer size."""
 
 import warnings
 
-import numpy as np
 import pytest
 
 import fastsim
@@ -57,3 +56,22 @@ def test_header_reports_arrivals_not_the_buffer():
     assert str(w.num_requests) not in res._repr_html_().split("requests")[0]
     fixed = fastsim.replicate(Scenario(workload=Workload(num_requests=30)), n_replications=2, seed=0)
     assert fixed.arrivals == "30"
+
+
+def test_capped_stream_backlog_is_client_side_flagged_here_and_refused_by_the_searches():
+    # one seat capped at one request in the system: whatever the rate, each request sent finds the server
+    # idle, so its latencies do not grow with the load (they start at the send); the backlog is client-side
+    capped = [_scenario(rate).replace(**{"workload.max_concurrency": 1}) for rate in (10.0, 40.0)]
+    low, high = (fastsim.replicate(sc, n_replications=4, seed=2) for sc in capped)
+    assert high.estimate("ttft_p99") == pytest.approx(low.estimate("ttft_p99"), rel=1e-9)
+    assert not low.stability.overloaded
+    with pytest.warns(RuntimeWarning, match="waits client-side under max_concurrency") as rec:
+        st = high.stability
+    assert st.overloaded and st.capped and "grow with the run's length" not in str(rec[0].message)
+    assert st.served_rate == pytest.approx(1 / STEP, rel=0.02)
+    with pytest.raises(ValueError, match=r"capacity searches the largest arrival_rate .*; "
+                                         r"workload.max_concurrency=1 caps the stream"):
+        fastsim.capacity(capped[1], {"ttft_p99": 1.0}, n_replications=2)
+    with pytest.raises(ValueError, match=r"fleet_capacity searches the fewest replicas .*; "
+                                         r"workload.max_concurrency=1 caps the stream"):
+        fastsim.fleet_capacity(capped[1].replace(fleet=fastsim.Fleet(2)), {"ttft_p99": 1.0}, n_replications=2)
