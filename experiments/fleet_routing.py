@@ -6,9 +6,10 @@
    shared prefixes); and on a replayed Mooncake conversation trace (its
    block hashes keying vLLM's prefix caching by block hash in each replica;
    windows resampled per replication; ``session_affinity`` left out: a
-   trace names no sessions). Every router sees the same fleet streams (one
-   seed), so each router's difference from ``random`` is paired per
-   replication (a Student-t interval on the mean difference).
+   trace names no sessions; ``weighted``: llm-d's scorers, at its default
+   weights and at prefix 1, queue 2, no KV). Every router sees the same
+   fleet streams (one seed), so each router's difference from ``random``
+   is paired per replication (a Student-t interval on the mean difference).
 2. **Replicas needed vs rate.** `fastsim.fleet_capacity` (JSQ) at several
    fleet rates, beside the naive answer ``ceil(rate / one replica's
    capacity)`` (`fastsim.capacity` of one replica, divided into the rate),
@@ -37,8 +38,10 @@ import pandas as pd
 import fastsim
 from fastsim._stats import t_quantile
 
+#: Routers by name; ``weighted:a,b,c`` is the weighted router with ``scorer_weights=(a, b, c)`` (plain
+#: ``weighted``: llm-d's default profile, 3, 2, 2).
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
-           "prefix_affinity", "session_affinity")
+           "prefix_affinity", "session_affinity", "weighted", "weighted:1,2,0")
 METRICS = ("ttft_mean", "ttft_p99", "e2e_mean", "prefix_hit_rate", "requests_per_replica_cv")
 
 
@@ -96,7 +99,9 @@ def _mean_ci(x, level=0.95):
 def compare_routers(name, sc, n_replications, seed=0, routers=ROUTERS):
     rows, base = [], None
     for router in routers:
-        s = sc.replace(fleet=fastsim.Fleet(replicas=sc.fleet.replicas, router=router))
+        policy, _, weights = router.partition(":")
+        kw = dict(scorer_weights=tuple(float(w) for w in weights.split(","))) if weights else {}
+        s = sc.replace(fleet=fastsim.Fleet(replicas=sc.fleet.replicas, router=policy, **kw))
         pr = fastsim.replicate(s, n_replications=n_replications, seed=seed).per_replication
         if base is None:
             base = pr

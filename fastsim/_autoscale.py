@@ -25,8 +25,8 @@ def check_autoscaled(scenario) -> None:
     """What an autoscaled fleet refuses, before any kernel runs."""
     f = scenario.fleet
     if f.router not in ROUTERS:
-        raise ValueError(f"router must be one of {', '.join(ROUTERS)} with an autoscaler (an affinity router's "
-                         f"table would name replicas that come and go), got {f.router!r}")
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)} with an autoscaler (an affinity or weighted "
+                         f"router's table would name replicas that come and go), got {f.router!r}")
     if f.router_staleness_s != 0.0:
         raise ValueError(f"router_staleness_s must be 0 with an autoscaler (live state), got {f.router_staleness_s!r}")
     e = scenario.engine

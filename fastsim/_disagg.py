@@ -211,6 +211,7 @@ def _link_record(dis: Disaggregated) -> np.ndarray:
     link[K.DL_LATENCY] = dis.link_latency_s
     link[K.DL_KV_BYTES] = dis.kv_bytes()
     link[K.DL_LOAD_CAP] = dis.decode.prefix_load_cap
+    link[K.DL_SCORERS:K.DL_SCORERS + K.N_SCORERS] = dis.decode.scorer_weights
     return link
 
 
@@ -229,8 +230,9 @@ class _DisaggWorker:
     def __init__(self, num_requests, dis, ngroups, trace_bs=(None, None)):
         # (``trace_bs``: each pool's block size where a replayed trace's block identities key its caching
         # by block hash, `_trace_block_sizes`)
-        self.p = _FleetWorker(num_requests, dis.prefill.replicas, ngroups, trace_bs[0])
-        self.d = _FleetWorker(num_requests, dis.decode.replicas, ngroups, trace_bs[1])
+        self.p, self.d = (_FleetWorker(num_requests, pool.replicas,
+                                       cluster.table_size(ngroups, pool.replicas, K.ROUTER_CODES[pool.router]), bs)
+                          for pool, bs in ((dis.prefill, trace_bs[0]), (dis.decode, trace_bs[1])))
         self.db = None
         self.nrep_d = dis.decode.replicas
         self._run = None

@@ -50,8 +50,10 @@ class Fleet:
         replica handed the most leading blocks of the prompt; unless its load
         exceeds the least loaded's by more than ``prefix_load_cap``) or
         ``"session_affinity"`` (a prefix group, one conversation, stays on
-        one replica; refused over a trace's hashes, which name no sessions).
-        Ties: the lowest replica.
+        one replica; refused over a trace's hashes, which name no sessions)
+        or ``"weighted"`` (llm-d's inference scheduler: scorers summed with
+        ``scorer_weights``, the highest score picked, ties drawn at random).
+        Ties otherwise: the lowest replica.
     router_staleness_s : float
         The router sees the replicas' state as of its last scrape, every
         ``router_staleness_s`` seconds (0: live state). ``least_outstanding``
@@ -61,6 +63,13 @@ class Fleet:
         and end-to-end latency, measured from the fleet's arrival).
     prefix_load_cap : int
         ``prefix_affinity``'s load cap (requests above the least loaded).
+    scorer_weights : tuple of 3 floats
+        ``weighted``'s weights of its prefix-cache, queue and
+        KV-cache-utilisation scorers (``docs/engine-model.md``, "Fleets"):
+        the fraction of the prompt's full blocks the replica has been
+        routed, ``(max - q) / (max - min)`` of the requests waiting, and 1
+        less the fraction of KV blocks in use. Default ``(3, 2, 2)``, the
+        weights of llm-d's inference-scheduling profile.
     gpu_hour_price : float, optional
         Price of one replica-hour (per-GPU-hour times GPUs per replica), a
         user input: `fleet_capacity` reports the cost of its answer.
@@ -79,6 +88,7 @@ class Fleet:
     prefix_load_cap: int = 4
     gpu_hour_price: float | None = None
     autoscaler: object = None
+    scorer_weights: tuple = (3.0, 2.0, 2.0)
 
     def __post_init__(self):
         if isinstance(self.replicas, (list, tuple)):
@@ -92,6 +102,7 @@ class Fleet:
         object.__setattr__(self, "routing_latency_s", check_float("routing_latency_s", self.routing_latency_s,
                                                                   low=0, high=MAX_CLOCK_S))
         object.__setattr__(self, "prefix_load_cap", check_int("prefix_load_cap", self.prefix_load_cap, low=0))
+        object.__setattr__(self, "scorer_weights", _scorer_weights(self.scorer_weights))
         object.__setattr__(self, "gpu_hour_price", check_float("gpu_hour_price", self.gpu_hour_price, low=0,
                                                                optional=True))
         if self.autoscaler is not None:
@@ -111,6 +122,18 @@ class Fleet:
     def mixed(self) -> bool:
         """Whether the replicas are listed one by one (a mixed fleet)."""
         return not isinstance(self.replicas, int)
+
+
+def _scorer_weights(weights) -> tuple:
+    """``scorer_weights`` as three floats (prefix cache, queue, KV cache), >= 0 and not all 0."""
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or len(weights) != 3:
+        raise ValueError(f"scorer_weights must be three numbers (the prefix-cache, queue and KV-cache-utilisation "
+                         f"scorers' weights), got {weights!r}")
+    w = tuple(check_float(f"scorer_weights[{k}]", x, low=0, high=1e6) for k, x in enumerate(weights))
+    if not any(w):
+        raise ValueError(f"scorer_weights must have a weight > 0 (all 0: every replica would tie, a random router; "
+                         f"use router='random'), got {weights!r}")
+    return w
 
 
 def running_engines(scenario) -> list:
@@ -550,7 +573,8 @@ def run_fleet(scenario, packed, k0, k1, rep0, nrep, threads=1):
             j += 1
 
     run_replications(nrep, threads,
-                     lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas, ngroups, trace_bs),
+                     lambda: _FleetWorker(scenario.workload.num_requests, fleet.n_replicas,
+                                          cluster.table_size(ngroups, fleet.n_replicas, packed["router"]), trace_bs),
                      one, chunk if compiled_fleet(members) and not scenario.workload.closed_loop else None, out)
     return out
 

@@ -150,6 +150,7 @@ def pack_scenario(scenario: Scenario) -> dict:
         fleet[K.FL_STALENESS] = f.router_staleness_s
         fleet[K.FL_LATENCY] = f.routing_latency_s
         fleet[K.FL_LOAD_CAP] = f.prefix_load_cap
+        fleet[K.FL_SCORERS:K.FL_SCORERS + K.N_SCORERS] = f.scorer_weights
         packed.update(fleet=fleet, router=K.ROUTER_CODES[f.router], replicas=f.n_replicas)
         if f.mixed:   # each replica's records (`_fleet.fleet_members`), one pack per distinct entry
             packs = {}

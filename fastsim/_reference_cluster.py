@@ -23,7 +23,7 @@ from ._reference import (_IN_SYSTEM, COMPLETED, DROPPED, REJECTED_ADMISSION, REJ
                          _Reference, _Request, prompt_block_identities, queue_key)
 from ._reference_noise import StepNoiseDraws, run_latency
 
-ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv",
+ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv", "weighted",
            "prefix_affinity", "session_affinity")
 
 _M64 = (1 << 64) - 1
@@ -241,6 +241,49 @@ def _choose_by_prefix(idents, handed, insys, cap):
     return least if insys[best] > insys[least] + cap else best
 
 
+class _WeightedRouter:
+    """llm-d's inference scheduler (spec, "Fleets", the weighted router):
+    each replica scored ``w_prefix * prefix + w_queue * queue + w_kv * kv``,
+    the highest picked, ties drawn from the router's stream. ``prefix``:
+    the fraction of the prompt's full blocks the replica has been routed
+    (a trace's leading blocks handed to it, `matches`; else the request's
+    shared prefix where its group was routed there before); ``queue``:
+    ``(max - waiting) / (max - min)`` over the replicas (1 where all are
+    equal); ``kv``: 1 less the fraction of its usable blocks in use."""
+
+    def __init__(self, weights, engines):
+        self.w = tuple(float(x) for x in weights)
+        self.block_size = [e.block_size for e in engines]
+        self.blocks = [e.num_gpu_blocks - (1 if e.null_block else 0) for e in engines]
+        self.groups = [set() for _ in engines]    # prefix groups routed to each replica
+
+    def choose(self, grp, P, prefix_len, views, rng, matches=None, blocks=0):
+        """The replica for a request of group ``grp`` (-1: none), prompt
+        ``P`` and shared prefix ``prefix_len``; over a trace, ``matches[r]``
+        of its ``blocks`` full blocks handed to replica r."""
+        n = len(views)
+        wait = [v[1] for v in views]
+        lo, hi = min(wait), max(wait)
+        scores = []
+        for r in range(n):
+            if matches is not None:
+                prefix = matches[r] / blocks if blocks > 0 else 0.0
+            elif grp >= 0 and grp in self.groups[r] and P // self.block_size[r] > 0:
+                f = P // self.block_size[r]
+                prefix = min(prefix_len // self.block_size[r], f) / f
+            else:
+                prefix = 0.0
+            queue = 1.0 if hi == lo else (hi - wait[r]) / (hi - lo)
+            kv = 1.0 - views[r][3] / self.blocks[r]
+            scores.append(self.w[0] * prefix + self.w[1] * queue + self.w[2] * kv)
+        top = max(scores)
+        tied = [r for r in range(n) if scores[r] == top]
+        r = tied[0] if len(tied) == 1 else tied[rng.index(len(tied))]
+        if matches is None and grp >= 0:
+            self.groups[r].add(grp)
+        return r
+
+
 class _TraceRouter:
     """A router's memory over a replayed trace's hashes (spec, "Fleets"):
     each request's identity list, and each replica's requests' lists, which
@@ -252,9 +295,12 @@ class _TraceRouter:
                                                hash_block_size=hash_block_size) for i in range(len(prompt))]
         self.handed = [[] for _ in range(replicas)]
 
-    def choose(self, router, i, views, rng, cap):
+    def choose(self, router, i, views, rng, cap, weighted=None):
         if router == "prefix_affinity":
             return _choose_by_prefix(self.idents[i], self.handed, [v[0] for v in views], cap)
+        if router == "weighted":
+            match = [max((_leading_shared(self.idents[i], h) for h in handed), default=0) for handed in self.handed]
+            return weighted.choose(-1, 0, 0, views, rng, match, len(self.idents[i]))
         return _choose(router, i, -1, views, [], rng, cap)
 
     def hand(self, i, r):
@@ -265,7 +311,7 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                              latency: LatencyModel | list, replicas: int, router: str, *, horizon_s=None,
                              staleness_s=0.0, routing_latency_s=0.0, load_cap=4, seed_keys=(0, 0, 0),
                              n_groups=None, block_hashes=None, hash_block_size=512, max_concurrency=None,
-                             pure=False):
+                             pure=False, scorer_weights=(3.0, 2.0, 2.0)):
     """Simulate a fleet of ``replicas`` replicas behind ``router`` over one
     request stream, slowly and literally: identical replicas, or (a mixed
     fleet) replica ``r`` with ``engine[r]`` and ``latency[r]`` when they are
@@ -290,6 +336,8 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     send times, then, ``pure``, each departure's think time, or else a
     capped stream's wanted times). Not with ``horizon_s`` or
     ``block_hashes``.
+
+    ``scorer_weights``: the ``"weighted"`` router's (`_WeightedRouter`).
 
     Returns a dict of per-request arrays, by the fleet's request index:
     ``status`` (the reference's codes), ``first_token_s``, ``finish_s``,
@@ -318,6 +366,7 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
     hashing = [e for e in engines if e.enable_prefix_caching and e.block_hash_caching]
     if block_hashes is not None and hashing:   # (a fleet none of whose replicas hash routes as without them)
         trace = _TraceRouter(block_hashes, prompt, hash_block_size, hashing[0].block_size, replicas)
+    weighted = _WeightedRouter(scorer_weights, engines) if router == "weighted" else None
     if max_concurrency is not None:
         if horizon_s is not None or block_hashes is not None:
             raise ValueError(f"a closed loop (max_concurrency) takes no horizon_s and no block_hashes, got "
@@ -326,7 +375,7 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
             raise ValueError("a closed loop (max_concurrency) takes no priority_aging_s (its keys need the arrival "
                              "times, known only as requests are sent)")
         return _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps, router, staleness_s,
-                                  routing_latency_s, load_cap, rng, table, int(max_concurrency), bool(pure))
+                                  routing_latency_s, load_cap, rng, table, int(max_concurrency), bool(pure), weighted)
     owner, reqs = [], []
     k_scrape = 0
     live = staleness_s == 0.0 or router == "least_outstanding"
@@ -344,11 +393,13 @@ def simulate_fleet_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, en
                         rep.advance_until(k_scrape * staleness_s)
                     views = [rep.view() for rep in reps]
                     k_scrape += 1
-        if trace is None:
-            r = _choose(router, i, int(pgrp[i]), views, table, rng, load_cap)
-        else:
-            r = trace.choose(router, i, views, rng, load_cap)
+        if trace is not None:
+            r = trace.choose(router, i, views, rng, load_cap, weighted)
             trace.hand(i, r)
+        elif weighted is not None:
+            r = weighted.choose(int(pgrp[i]), int(prompt[i]), int(plen[i]), views, rng)
+        else:
+            r = _choose(router, i, int(pgrp[i]), views, table, rng, load_cap)
         rep = reps[r]
         j = rep.handed
         at = t + routing_latency_s
@@ -432,7 +483,7 @@ def _last_tokens_by(rep: _PausedReplica, t: float) -> list:
 
 
 def _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps, router, staleness_s,
-                       routing_latency_s, load_cap, rng, table, c, pure):
+                       routing_latency_s, load_cap, rng, table, c, pure, weighted=None):
     """`simulate_fleet_reference` with a closed loop (spec, "Fleets", closed
     loops): one client holds ``c`` seats across the fleet.
 
@@ -516,7 +567,10 @@ def _closed_loop_fleet(a, prompt, output, prio, sjfk, pgrp, plen, engines, reps,
         sent[k] = t
         if reads and live:
             views = [rep.view() for rep in reps]
-        r = _choose(router, k, int(pgrp[k]), views, table, rng, load_cap)
+        if weighted is not None:
+            r = weighted.choose(int(pgrp[k]), int(prompt[k]), int(plen[k]), views, rng)
+        else:
+            r = _choose(router, k, int(pgrp[k]), views, table, rng, load_cap)
         rep = reps[r]
         j = rep.handed
         at = t + routing_latency_s

@@ -18,7 +18,8 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import ROUTERS, _choose, _PausedReplica, _RouterStream, _TraceRouter, simulate_fleet_reference
+from ._reference_cluster import (ROUTERS, _choose, _PausedReplica, _RouterStream, _TraceRouter, _WeightedRouter,
+                                 simulate_fleet_reference)
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
 DECODE_ROUTER_PURPOSE = 14
@@ -33,7 +34,8 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                               decode: tuple[EngineConfig, LatencyModel, int, str],
                               kv_bytes_per_token: float, link_bandwidth: float, link_latency_s: float = 0.0,
                               routing_latency_s: float = 0.0, staleness_s: float = 0.0, load_cap: int = 4,
-                              seed_keys=(0, 0, 0), n_groups=None, block_hashes=None, hash_block_size=512):
+                              seed_keys=(0, 0, 0), n_groups=None, block_hashes=None, hash_block_size=512,
+                              scorer_weights=(3.0, 2.0, 2.0)):
     """Simulate a disaggregated server over one request stream, slowly and literally.
 
     Parameters
@@ -50,6 +52,8 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         Fixed latency of a transfer.
     routing_latency_s, staleness_s, load_cap : float, float, int
         The prefill router's (`simulate_fleet_reference`'s).
+    scorer_weights : (float, float, float)
+        Both pools' ``"weighted"`` routers' (`_reference_cluster._WeightedRouter`).
     seed_keys : (int, int, int)
         The routers' random streams' keys.
     block_hashes, hash_block_size : optional
@@ -81,7 +85,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                                    router_p, staleness_s=staleness_s, routing_latency_s=routing_latency_s,
                                    load_cap=load_cap, seed_keys=seed_keys, n_groups=n_groups,
                                    block_hashes=block_hashes if _hashes(e_p) else None,
-                                   hash_block_size=hash_block_size)
+                                   hash_block_size=hash_block_size, scorer_weights=scorer_weights)
     # hand-offs in order of the prefill first token, ties by request index
     order = sorted((float(pre["first_token_s"][i]), i) for i in range(n) if pre["status"][i] == COMPLETED)
     reps = [_PausedReplica(e_d, l_d, None) for _ in range(n_d)]
@@ -91,6 +95,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     trace = None
     if block_hashes is not None and _hashes(e_d):   # (a pool that does not hash routes as without them)
         trace = _TraceRouter(block_hashes, prompt, hash_block_size, e_d.block_size, n_d)
+    weighted = _WeightedRouter(scorer_weights, [e_d] * n_d) if router_d == "weighted" else None
     link_free = [0.0] * n_d
     views = [(0, 0, 0, 0)] * n_d
     decode_of = [None] * n
@@ -101,11 +106,13 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
             for rep in reps:
                 rep.advance_until(t1)
             views = [rep.view() for rep in reps]
-        if trace is None:
-            d = _choose(router_d, i, int(pgrp[i]), views, table, rng, load_cap)
-        else:
-            d = trace.choose(router_d, i, views, rng, load_cap)
+        if trace is not None:
+            d = trace.choose(router_d, i, views, rng, load_cap, weighted)
             trace.hand(i, d)
+        elif weighted is not None:
+            d = weighted.choose(int(pgrp[i]), int(prompt[i]), int(plen[i]), views, rng)
+        else:
+            d = _choose(router_d, i, int(pgrp[i]), views, table, rng, load_cap)
         p = int(prompt[i])
         start = max(t1, link_free[d])
         link_free[d] = start + p * kv_bytes_per_token / link_bandwidth

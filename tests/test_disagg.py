@@ -15,6 +15,7 @@ from fastsim._reference_disagg import simulate_disagg_reference
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import cluster as C
 from fastsim.kernel import disagg as D
+from test_fleet_reference import _fleet_record, _link_record
 
 ROUTERS = tuple(K.ROUTER_CODES)
 COL = {c: j for j, c in enumerate(K.COLUMNS)}
@@ -38,8 +39,8 @@ def _packed(engine, latency, workload=None):
 def _kernel(stream, pe, pl, n_p, router_p, de, dl, n_d, router_d, *, kvb, bw, lat, workload=None, staleness=0.0,
             lag=0.0, cap=2, keys=(11, 12, 3)):
     pp, pd_ = _packed(pe, pl, workload), _packed(de, dl, workload)
-    link = np.array([bw, lat, kvb, cap], dtype=np.float64)
-    return D.simulate_disagg_stream(*stream, (pp["ipar"], pp["fpar"], pp["lat"], np.array([staleness, lag, cap]),
+    link = _link_record(bw, lat, kvb, cap)
+    return D.simulate_disagg_stream(*stream, (pp["ipar"], pp["fpar"], pp["lat"], _fleet_record(staleness, lag, cap),
                                               K.ROUTER_CODES[router_p], n_p),
                                     (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d), link,
                                     *keys)

@@ -94,8 +94,10 @@ def test_fleet_routing_quick(tmp_path):
     ``random`` itself, and a fleet sized for every rate."""
     routers, need = _module("fleet_routing").main(["--quick", "--out", str(tmp_path)])
     n_metrics = routers.metric.nunique()
-    assert routers.groupby("workload").size().to_dict() == {"sharegpt": 9 * n_metrics, "prefix_heavy": 9 * n_metrics,
-                                                           "mooncake": 8 * n_metrics}
+    assert routers.groupby("workload").size().to_dict() == {"sharegpt": 11 * n_metrics,
+                                                           "prefix_heavy": 11 * n_metrics,
+                                                           "mooncake": 10 * n_metrics}
+    assert set(routers.router) >= {"weighted", "weighted:1,2,0"}
     measured = routers[(routers.workload != "sharegpt") | (routers.metric != "prefix_hit_rate")]   # (no cache)
     assert measured.estimate.notna().all()
     assert (measured[measured.router == "random"].diff_vs_random == 0).all()

@@ -21,9 +21,10 @@ from fastsim._replicate import pack_scenario
 from fastsim.kernel import fleet_client
 from test_classes import _pooled
 from test_closed_loop import GRID, scenario
+from test_fleet_reference import _fleet_record
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "jsq", "vllm_dp", "power_of_two", "least_kv",
-           "prefix_affinity", "session_affinity")
+           "prefix_affinity", "session_affinity", "weighted")
 
 
 def _stream(sc, rep):
@@ -34,7 +35,7 @@ def _stream(sc, rep):
 def _fleet(stream, p, router="jsq", nrep=3, staleness=0.0, latency=0.0, rep=0):
     sent = np.empty(stream[0].size)
     out = fleet_client.simulate_closed_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"],
-                                                    np.array([staleness, latency, 2.0]), K.ROUTER_CODES[router], nrep,
+                                                    _fleet_record(staleness, latency), K.ROUTER_CODES[router], nrep,
                                                     11, 12, rep, sent=sent)
     return out, sent
 

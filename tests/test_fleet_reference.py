@@ -26,17 +26,29 @@ def _kernel_status(ref_status):
     return s
 
 
-def _fleet_record(staleness=0.0, latency=0.0, cap=2.0):
-    return np.array([staleness, latency, cap])
+def _fleet_record(staleness=0.0, latency=0.0, cap=2.0, weights=(3.0, 2.0, 2.0)):
+    rec = np.zeros(K.N_FLEET)
+    rec[K.FL_STALENESS], rec[K.FL_LATENCY], rec[K.FL_LOAD_CAP] = staleness, latency, cap
+    rec[K.FL_SCORERS:K.FL_SCORERS + K.N_SCORERS] = weights
+    return rec
 
 
-def _agree(sc, stream, p, router, nrep, staleness, latency):
-    res = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(staleness, latency),
-                                  K.ROUTER_CODES[router], nrep, 11, 12, 3)
+def _link_record(bandwidth, latency, kv_bytes, cap=2.0, weights=(3.0, 2.0, 2.0)):
+    """A disaggregated server's link record (`kernel.layout.DL_*`; the decode router's cap and weights)."""
+    rec = np.zeros(K.N_DLINK)
+    rec[K.DL_BANDWIDTH], rec[K.DL_LATENCY], rec[K.DL_KV_BYTES], rec[K.DL_LOAD_CAP] = bandwidth, latency, kv_bytes, cap
+    rec[K.DL_SCORERS:K.DL_SCORERS + K.N_SCORERS] = weights
+    return rec
+
+
+def _agree(sc, stream, p, router, nrep, staleness, latency, weights=(3.0, 2.0, 2.0)):
+    res = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"],
+                                  _fleet_record(staleness, latency, weights=weights), K.ROUTER_CODES[router], nrep,
+                                  11, 12, 3)
     st, first, finish, npre, g, owner, row, bal = res
     ref = simulate_fleet_reference(*stream, sc.engine, sc.latency, nrep, router, horizon_s=sc.workload.horizon_s,
                                    staleness_s=staleness, routing_latency_s=latency, load_cap=2,
-                                   seed_keys=(11, 12, 3))
+                                   seed_keys=(11, 12, 3), scorer_weights=weights)
     assert np.array_equal(owner, ref["replica"])
     assert np.array_equal(st, _kernel_status(ref["status"]))
     assert np.array_equal(first, ref["first_token_s"], equal_nan=True)

@@ -21,7 +21,7 @@ from fastsim._numba_options import python_entry
 from fastsim._replicate import pack_scenario
 from fastsim.kernel import cluster as C
 from fastsim.kernel import latency as KL
-from test_fleet_reference import _agree, _fleet_record
+from test_fleet_reference import _agree, _fleet_record, _link_record
 from test_replica import LAT, _stream
 
 #: vLLM 0.22's switches, stated (the defaults are about to change), on and off.
@@ -297,7 +297,7 @@ def test_the_kept_stretch_end_is_not_idle():
 def _disagg_runs(pe, de, router_p, router_d, n_p, n_d, stream, link, stale, lag, rep):
     from fastsim.kernel import disagg as D
     pp, pd_ = pack_scenario(pe), pack_scenario(de)
-    prefill = (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, lag, 2.0]), K.ROUTER_CODES[router_p], n_p)
+    prefill = (pp["ipar"], pp["fpar"], pp["lat"], _fleet_record(stale, lag), K.ROUTER_CODES[router_p], n_p)
     decode = (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d)
     return tuple(D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, rep, queue=q) for q in (True, False))
 
@@ -311,7 +311,7 @@ def test_the_decode_pools_event_queue_changes_no_bit(seed):
         router_d = routers[(seed * 6 + k) % len(routers)]
         router_p = str(rng.choice(routers))
         n_p, n_d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
-        link = np.array([float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        link = _link_record(float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0)
         stale, lag = float(rng.choice([0.0, 0.0, 0.3])), float(rng.choice([0.0, 0.01]))
         stream, _p = _stream(sc_p, k)
         de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)
@@ -338,7 +338,7 @@ def test_the_decode_pools_event_queue_is_taken(monkeypatch):
     monkeypatch.setattr(C, "fleet_buffers", buffers)
     sc = _scenario(V1_OFF, NO_CACHE, max_num_seqs=16, num_gpu_blocks=4000)
     stream, p = _stream(sc, 0)
-    link = np.array([np.inf, 0.0, 1000.0, 2.0])
+    link = _link_record(np.inf, 0.0, 1000.0)
     prefill = (p["ipar"], p["fpar"], p["lat"], np.zeros(3), K.ROUTER_CODES["jsq"], 2)
     for router in ("jsq", "least_kv", "power_of_two"):
         decode = (p["ipar"], p["fpar"], p["lat"], K.ROUTER_CODES[router], 3)
@@ -471,12 +471,12 @@ def test_the_disaggregated_bound_changes_no_bit(seed):
         sc_p, sc_d = _keep_scenario(rng), _keep_scenario(rng)
         router_d, router_p = routers[(seed + k) % 4], routers[int(rng.integers(4))]
         n_p, n_d = int(rng.integers(1, 4)), int(rng.integers(2, 6))
-        link = np.array([float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        link = _link_record(float(rng.choice([np.inf, 2e6, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0)
         stale, lag = float(rng.choice([0.0, 0.0, 0.3])), float(rng.choice([0.0, 0.01]))
         stream, _p = _stream(sc_p, k)
         de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)
         pp, pd_ = pack_scenario(sc_p), pack_scenario(de)
-        prefill = (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, lag, 2.0]), K.ROUTER_CODES[router_p], n_p)
+        prefill = (pp["ipar"], pp["fpar"], pp["lat"], _fleet_record(stale, lag), K.ROUTER_CODES[router_p], n_p)
         decode = (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d)
         runs = [D.simulate_disagg_stream(*stream, prefill, decode, link, 11, 12, k, queue=q, bound=bd)
                 for q, bd in ((True, True), (True, False), (False, False))]
@@ -681,7 +681,7 @@ def test_a_disaggregated_servers_compact_rows_change_no_bit(seed):
         sc_p, sc_d = _keep_scenario(rng), _keep_scenario(rng)
         router_p, router_d = (str(x) for x in rng.choice(routers, 2))
         n_p, n_d = int(rng.integers(2, 4)), int(rng.integers(2, 6))
-        link = np.array([float(rng.choice([np.inf, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0, 2.0])
+        link = _link_record(float(rng.choice([np.inf, 2e7])), float(rng.choice([0.0, 0.003])), 1000.0)
         stream, _p = _stream(sc_p, k)
         n = stream[0].size
         de = fastsim.Scenario(engine=sc_d.engine, workload=sc_p.workload, latency=sc_d.latency)

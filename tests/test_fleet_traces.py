@@ -21,6 +21,7 @@ from fastsim._traces import stream_parents
 from fastsim.kernel import cluster as C
 from fastsim.kernel import trace_blocks as T
 from test_fleet_driver import _runs
+from test_fleet_reference import _fleet_record, _link_record
 from test_traces import MOONCAKE
 
 BS, HB = 16, 64
@@ -122,7 +123,7 @@ def test_the_map_refuses_a_table_too_small():
 def _agree(stream, hashes, engine, router, nrep, staleness=0.0, latency=0.0):
     p = pack_scenario(fastsim.Scenario(engine=engine, workload=fastsim.Workload(arrival_rate=1.0, num_requests=10),
                                        latency=LAT))
-    res = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], np.array([staleness, latency, 2.0]),
+    res = C.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], _fleet_record(staleness, latency),
                                   K.ROUTER_CODES[router], nrep, 11, 12, 3)
     st, first, finish, npre, g, owner, row, bal = res
     ref = simulate_fleet_reference(*stream, engine, LAT, nrep, router, staleness_s=staleness,
@@ -444,12 +445,13 @@ def test_the_decode_pools_prefix_affinity_counts_blocks_handed_out_of_stream_ord
     pe, de = eng(6, 300), eng(8, int(rng.choice([30, 400])))
     pp, pd_ = (pack_scenario(fastsim.Scenario(engine=e, latency=lat, workload=fastsim.Workload(
         arrival_rate=1.0, num_requests=10))) for e, lat in ((pe, LAT_P), (de, LAT_D)))
-    rp = str(rng.choice(["jsq", "prefix_affinity", "round_robin", "random"]))
+    rp = str(rng.choice(["jsq", "prefix_affinity", "round_robin", "random", "weighted"]))
+    rd = str(rng.choice(["prefix_affinity", "weighted"]))
     per, row, _ = D.simulate_disagg_stream(
-        *stream, (pp["ipar"], pp["fpar"], pp["lat"], np.array([stale, 0.005, float(cap)]), K.ROUTER_CODES[rp], n_p),
-        (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES["prefix_affinity"], n_d),
-        np.array([2e7, 0.002, 1000.0, float(cap)]), 5, 6, seed)
-    ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, n_p, rp), decode=(de, LAT_D, n_d, "prefix_affinity"),
+        *stream, (pp["ipar"], pp["fpar"], pp["lat"], _fleet_record(stale, 0.005, float(cap)), K.ROUTER_CODES[rp], n_p),
+        (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[rd], n_d),
+        _link_record(2e7, 0.002, 1000.0, float(cap)), 5, 6, seed)
+    ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, n_p, rp), decode=(de, LAT_D, n_d, rd),
                                     kv_bytes_per_token=1000.0, link_bandwidth=2e7, link_latency_s=0.002,
                                     routing_latency_s=0.005, staleness_s=stale, load_cap=cap, seed_keys=(5, 6, seed),
                                     block_hashes=hashes, hash_block_size=HB)

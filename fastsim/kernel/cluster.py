@@ -44,12 +44,12 @@ from .drivers import _array_key, _run_records
 from .kv_cache import _blocks_of, _log2_exact
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
-                     FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
+                     FL_SCORERS, FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
                      I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
                      L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
-                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ST_RUNNING, ST_WAITING,
-                     _COL)
+                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ROUTER_WEIGHTED,
+                     ST_RUNNING, ST_WAITING, _COL)
 from .latency import _constant_in_step
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
@@ -59,7 +59,8 @@ from .scheduler import _first_chunk
 from .workload import _draw_workload
 from .trace_blocks import (TMAP_ROWS, hashing_block_size, localise as _localise, reset as _tmap_reset,
                            route_prefix as _route_prefix)
-from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
+from .router import (_in_system_only, _live_state, _needs_state, _reads_kv, _route, _route_weighted, _shorter,
+                     _two_choices)
 from .workspace import (N_RF, N_RI, RF_CLOCK, RF_STEP_END, RF_STRETCH_END, RI_DIM_CAP, RI_DIM_NBP, RI_DIM_NBT,
                         RI_DIM_NCNT, RI_DIM_NHELD, RI_DIM_NITL, RI_FAST_STEPS, RI_FREE, RI_MODE, RI_N_HELD,
                         RI_N_KNOWN, RI_N_OTHERS, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, RI_RESERVED,
@@ -909,6 +910,9 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
             r = _shorter(fb.load, a, b)
         elif traced and router == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
             r = _route_prefix(i, fb.load, LOAD_IN_SYSTEM, cap, nrep, prompt, pgrp, plen, bs0, jg, fb.tmap)
+        elif router == ROUTER_WEIGHTED:
+            r = _route_weighted(i, fb.load, fb.table, fb.rstate, fleet[FL_SCORERS:], fb.rip, nrep, prompt, pgrp,
+                                plen, bs0, jg, fb.tmap)
         else:   # (a trace's parents, pgrp -2 - parent, are no groups: session affinity routes by load)
             r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
         if m < n and not _fits(fb, r, i >= warmup, output[i]):
@@ -1216,6 +1220,13 @@ def _ngroups(pgrp):
     return int(pgrp.max()) + 1 if pgrp.size else 0
 
 
+def table_size(ngroups, nrep, router):
+    """Entries of the router's table (``FleetBuffers.table``) for ``ngroups``
+    prefix groups: a group's replica each; the weighted router's, whether
+    each replica has been routed the group (`router._route_weighted`)."""
+    return ngroups * nrep if router == ROUTER_WEIGHTED else ngroups
+
+
 def fleet_records(ipar, fpar, lat, nrep):
     """Each replica's records (``nrep`` rows each) from one replica's (1-D:
     a uniform fleet) or from a row per replica (2-D: a mixed fleet); the
@@ -1315,7 +1326,7 @@ def simulate_fleet_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, ipar,
         sizes = np.array([_ws_need_compact(np.int64(m), np.int64(n), stream[1], stream[2], stream[5], stream[6], row)
                           for row in ipars], np.int64).reshape(nrep, 2)
         need_i, need_f = sizes.max(axis=0)
-        fb = fleet_buffers(n, nrep, need_i, need_f, _ngroups(stream[5]), m, blocks)
+        fb = fleet_buffers(n, nrep, need_i, need_f, table_size(_ngroups(stream[5]), nrep, router), m, blocks)
         if not bound:
             fb = fb._replace(dep=np.empty(0))
         elif not keep:

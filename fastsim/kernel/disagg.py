@@ -33,13 +33,13 @@ from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _own
                       _ri, _rows, _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
-                     DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, F_TPOT_SLO, F_TTFT_OVERHEAD,
+                     DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, DL_SCORERS, F_TPOT_SLO, F_TTFT_OVERHEAD,
                      F_TTFT_SLO, I_BLOCK_SIZE, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS, I_SWAP, I_WARMUP,
-                     LOAD_IN_SYSTEM, N_ACC, N_HIST, ROUTER_PREFIX_AFFINITY, ST_COMPLETED, _COL)
+                     LOAD_IN_SYSTEM, N_ACC, N_HIST, ROUTER_PREFIX_AFFINITY, ROUTER_WEIGHTED, ST_COMPLETED, _COL)
 from .metrics import _mean, _percentiles, _reduce
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
-from .router import _in_system_only, _needs_state, _reads_kv, _route
+from .router import _in_system_only, _needs_state, _reads_kv, _route, _route_weighted
 from .trace_blocks import localise as _localise, reset as _tmap_reset, route_prefix as _route_prefix
 from .workspace import (RI_N_KNOWN, WF_FINISH, WF_FIRST, WF_HEAD, WF_LAST, WI_HEAD,
                         WI_K, WI_NPRE, WI_NSWAP, WI_ONES, WI_STATUS)
@@ -248,6 +248,9 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if traced and router_d == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
             d = _route_prefix(i, fbd.load, LOAD_IN_SYSTEM, cap, nrep_d, prompt, pgrp, plen, ipar_d[I_BLOCK_SIZE],
                               jg, fbd.tmap)
+        elif router_d == ROUTER_WEIGHTED:
+            d = _route_weighted(i, fbd.load, fbd.table, rstate, link[DL_SCORERS:], fbd.rip, nrep_d, prompt, pgrp, plen,
+                                ipar_d[I_BLOCK_SIZE], jg, fbd.tmap)
         else:   # (a trace's parents are no groups: session affinity routes by load)
             d = _route(router_d, i, pgrp[i], fbd.load, fbd.table, rstate, cap, nrep_d)
         if md < n and not _fits(fbd, d, measured, output[i]):
@@ -489,7 +492,8 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         `_reference_disagg.simulate_disagg_reference`'s), the metrics row
         and the disaggregated columns (`layout.DISAGG_COLUMNS`).
     """
-    from .cluster import _ngroups, compact_capacity, fleet_buffers, stream_trace_blocks, until_rows_fit
+    from .cluster import (_ngroups, compact_capacity, fleet_buffers, stream_trace_blocks, table_size,
+                          until_rows_fit)
     from .layout import FL_LATENCY, N_COLUMNS, N_DISAGG_COLUMNS
     from .replica import engine_variant
     from .workspace import WI_G, _ws_need_compact, _ws_need_handed
@@ -513,8 +517,10 @@ def simulate_disagg_stream(arrival, prompt, output, prio, sjfk, pgrp, plen, pref
         mp, md = (int(c) for c in capacity) if compact else (n, n)
         need_p = _ws_need_compact(np.int64(mp), np.int64(n), stream[1], ones, stream[5], stream[6], ipar_p)
         need_d = _ws_need_compact(np.int64(md), np.int64(n), stream[1], stream[2], stream[5], stream[6], dims_d)
-        fbp = fleet_buffers(n, nrep_p, *need_p, ng, mp, stream_trace_blocks(stream[1], stream[5], ipar_p))
-        fbd = fleet_buffers(n, nrep_d, *need_d, ng, md, stream_trace_blocks(stream[1], stream[5], ipar_d))
+        fbp = fleet_buffers(n, nrep_p, *need_p, table_size(ng, nrep_p, router_p), mp,
+                            stream_trace_blocks(stream[1], stream[5], ipar_p))
+        fbd = fleet_buffers(n, nrep_d, *need_d, table_size(ng, nrep_d, router_d), md,
+                            stream_trace_blocks(stream[1], stream[5], ipar_d))
         if not queue:
             fbd = fbd._replace(ev=np.empty(0, np.int64))
         if not bound:

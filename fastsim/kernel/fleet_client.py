@@ -34,11 +34,13 @@ import numpy as np
 from .._numba_options import njit_noalloc
 from .cluster import (ROW_FULL, _call, _departs_parts, _due, _fits, _min_step, _observe, _rf, _ri, _rows,
                       _segments, _set_up_rows, simulate_fleet_stream)
-from .layout import (ARRIVAL_CLOSED, FL_LATENCY, FL_LOAD_CAP, FL_STALENESS, I_ARRIVAL_KIND, I_MAX_CONCURRENCY,
-                     I_NUM_GPU_BLOCKS, ROUTER_POWER_OF_TWO, ST_COMPLETED, ST_DROPPED)
+from .layout import (ARRIVAL_CLOSED, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS, FL_STALENESS, I_ARRIVAL_KIND,
+                     I_MAX_CONCURRENCY, I_NUM_GPU_BLOCKS, ROUTER_POWER_OF_TWO, ROUTER_WEIGHTED, ST_COMPLETED,
+                     ST_DROPPED)
 from .replica import MODE_STRETCH, STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
-from .router import _in_system_only, _live_state, _needs_state, _reads_kv, _route, _shorter, _two_choices
+from .router import (_in_system_only, _live_state, _needs_state, _reads_kv, _route, _route_weighted, _shorter,
+                     _two_choices)
 from .workspace import (RF_CLOCK, RI_MODE, RI_N_KNOWN, RI_N_RUN, RI_N_SWAPPED, RI_N_WAIT, RI_NEXT_ARRIVAL, WF_FINISH,
                         WI_STATUS)
 
@@ -295,6 +297,9 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
                             return released
                     _observe(fb, x, fb.rip[x, I_NUM_GPU_BLOCKS], tv)
                 r = _shorter(fb.load, a, b)
+            elif router == ROUTER_WEIGHTED:   # (a closed loop replays no trace: no block identities)
+                r = _route_weighted(i, fb.load, fb.table, fb.rstate, fleet[FL_SCORERS:], fb.rip, nrep, prompt, pgrp,
+                                    plen, 1, 0, fb.tmap)
             else:
                 r = _route(router, i, pgrp[i], fb.load, fb.table, fb.rstate, cap, nrep)
             if m < n and not _fits(fb, r, True, output[i]):

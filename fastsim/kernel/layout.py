@@ -245,16 +245,23 @@ N_HIST = 256       # buckets of the histogram that narrows percentile searches (
 S_ROUTE = N_STREAMS
 # The routing policies (`router._route`), by the names `fastsim.Fleet` takes.
 (ROUTER_RANDOM, ROUTER_ROUND_ROBIN, ROUTER_LEAST_OUTSTANDING, ROUTER_VLLM_DP, ROUTER_JSQ, ROUTER_POWER_OF_TWO,
- ROUTER_LEAST_KV, ROUTER_PREFIX_AFFINITY, ROUTER_SESSION_AFFINITY) = range(9)
+ ROUTER_LEAST_KV, ROUTER_PREFIX_AFFINITY, ROUTER_SESSION_AFFINITY, ROUTER_WEIGHTED) = range(10)
 ROUTER_CODES = {"random": ROUTER_RANDOM, "round_robin": ROUTER_ROUND_ROBIN,
                 "least_outstanding": ROUTER_LEAST_OUTSTANDING, "vllm_dp": ROUTER_VLLM_DP, "jsq": ROUTER_JSQ,
                 "power_of_two": ROUTER_POWER_OF_TWO, "least_kv": ROUTER_LEAST_KV,
-                "prefix_affinity": ROUTER_PREFIX_AFFINITY, "session_affinity": ROUTER_SESSION_AFFINITY}
+                "prefix_affinity": ROUTER_PREFIX_AFFINITY, "session_affinity": ROUTER_SESSION_AFFINITY,
+                "weighted": ROUTER_WEIGHTED}
+# The weighted router's scorers' weights (`router._route_weighted`: llm-d's
+# prefix-cache, queue and KV-cache-utilisation scorers), a record of their
+# own inside the fleet's record and the link's (at ``FL_SCORERS``, ``DL_SCORERS``).
+SC_PREFIX, SC_QUEUE, SC_KV = 0, 1, 2
+N_SCORERS = 3
 # The fleet's float record ``fleet``: how stale the state the router sees is
 # (its scrape period; 0: live), the routing latency added to each arrival,
-# and prefix affinity's load cap (requests above the least loaded replica).
-FL_STALENESS, FL_LATENCY, FL_LOAD_CAP = 0, 1, 2
-N_FLEET = 3
+# prefix affinity's load cap (requests above the least loaded replica), and
+# the weighted router's weights.
+FL_STALENESS, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS = 0, 1, 2, 3
+N_FLEET = FL_SCORERS + N_SCORERS
 # A replica's state as the router sees it (`router.LOAD_*`, a row per replica).
 LOAD_IN_SYSTEM, LOAD_WAITING, LOAD_RUNNING, LOAD_KV = 0, 1, 2, 3
 N_LOAD = 4
@@ -297,9 +304,10 @@ AS_WINDOWS_FULL = -900
 S_ROUTE_DECODE = S_ROUTE + 1
 # The link's float record ``link``: each decode replica's inbound bandwidth
 # (bytes per second; inf: instant), a transfer's fixed latency, the KV bytes
-# of one prompt token, and the decode router's prefix-affinity load cap.
-DL_BANDWIDTH, DL_LATENCY, DL_KV_BYTES, DL_LOAD_CAP = 0, 1, 2, 3
-N_DLINK = 4
+# of one prompt token, the decode router's prefix-affinity load cap and its
+# weighted router's weights.
+DL_BANDWIDTH, DL_LATENCY, DL_KV_BYTES, DL_LOAD_CAP, DL_SCORERS = 0, 1, 2, 3, 4
+N_DLINK = DL_SCORERS + N_SCORERS
 # The disaggregated server's columns after `COLUMNS`: the decode side's first
 # token (what vLLM's proxy returns), the KV transfer (hand-off to arrival at
 # the decode replica, waiting for the link included), and each pool's time averages.

@@ -11,11 +11,15 @@ specification, ``docs/engine-model.md``, "Fleets").
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._numba_options import njit_noalloc
-from .layout import (LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, ROUTER_JSQ, ROUTER_LEAST_KV,
-                     ROUTER_LEAST_OUTSTANDING, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ROUTER_RANDOM,
-                     ROUTER_ROUND_ROBIN, ROUTER_SESSION_AFFINITY, ROUTER_VLLM_DP, S_ROUTE)
+from .layout import (I_BLOCK_SIZE, I_NUM_GPU_BLOCKS, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING,
+                     ROUTER_JSQ, ROUTER_LEAST_KV, ROUTER_LEAST_OUTSTANDING, ROUTER_POWER_OF_TWO,
+                     ROUTER_PREFIX_AFFINITY, ROUTER_RANDOM, ROUTER_ROUND_ROBIN, ROUTER_SESSION_AFFINITY,
+                     ROUTER_VLLM_DP, ROUTER_WEIGHTED, S_ROUTE, SC_KV, SC_PREFIX, SC_QUEUE)
 from .rng import _uniform
+from .trace_blocks import matched, roots
 
 
 @njit_noalloc
@@ -129,6 +133,69 @@ def _route_session_affinity(load, table, grp, nrep):
     return table[grp]
 
 
+@njit_noalloc
+def _prefix_score(r, i, nrep, prompt, pgrp, plen, rip, table, jg, tmap, f):
+    """The prefix-cache scorer of replica ``r`` for request ``i``: the
+    fraction of the prompt's full blocks it has been handed. Over a trace's
+    block identities (``jg`` > 0: `trace_blocks`; ``f`` full blocks, their
+    roots found), its leading blocks handed to ``r`` (`trace_blocks.matched`);
+    else, in the replica's own blocks, the request's shared prefix
+    (``plen``) where its prefix group has been routed to ``r`` (``table[g *
+    nrep + r]``), none otherwise."""
+    if jg > 0:
+        return matched(r, nrep, f, jg, tmap) / f if f > 0 else 0.0
+    g = pgrp[i]
+    if g < 0 or (g + 1) * nrep > table.size or table[g * nrep + r] < 0:
+        return 0.0
+    b = rip[r, I_BLOCK_SIZE]
+    f = prompt[i] // b
+    return min(plen[i] // b, f) / f if f > 0 else 0.0
+
+
+@njit_noalloc(inline="never")   # (out of the routing loops' line: they run at the speed of their code's layout)
+def _route_weighted(i, load, table, state, w, rip, nrep, prompt, pgrp, plen, bs, jg, tmap):
+    """llm-d's inference scheduler (its default profile: scorers summed
+    with weights, the highest score picked): ``w[SC_PREFIX]`` times the
+    prefix-cache scorer (`_prefix_score`; a trace's blocks of ``bs``
+    tokens), ``w[SC_QUEUE]`` times the queue scorer (``(max - q) / (max -
+    min)`` of the requests waiting, 1 where all are equal) and ``w[SC_KV]``
+    times the KV-cache-utilisation scorer (1 less the fraction of the
+    replica's blocks in use). Ties: one of the highest drawn uniformly from
+    the router's stream (its max-score picker's). The request's prefix
+    group is then recorded as routed to the replica picked (a trace's
+    blocks are, by the hand: `trace_blocks.localise`)."""
+    qmin = qmax = load[0, LOAD_WAITING]
+    for r in range(1, nrep):
+        qmin = min(qmin, load[r, LOAD_WAITING])
+        qmax = max(qmax, load[r, LOAD_WAITING])
+    f = roots(i, prompt, pgrp, plen, bs, tmap) if jg > 0 else 0
+    best, top, ties = 0, -np.inf, 0
+    for p in range(2):   # (the highest score and its ties; then, where several, the one drawn)
+        pick = -1 if p == 0 else _pick(state, ties)
+        k = 0
+        for r in range(nrep):
+            qs = 1.0 if qmax == qmin else (qmax - load[r, LOAD_WAITING]) / (qmax - qmin)
+            kv = 1.0 - load[r, LOAD_KV] / rip[r, I_NUM_GPU_BLOCKS]
+            s = (w[SC_PREFIX] * _prefix_score(r, i, nrep, prompt, pgrp, plen, rip, table, jg, tmap, f)
+                 + w[SC_QUEUE] * qs + w[SC_KV] * kv)
+            if p == 0:
+                if s > top:
+                    best, top, ties = r, s, 1
+                elif s == top:
+                    ties += 1
+            elif s == top:
+                if k == pick:
+                    best = r
+                    break
+                k += 1
+        if ties == 1:
+            break
+    g = pgrp[i]
+    if jg == 0 and g >= 0 and (g + 1) * nrep <= table.size:
+        table[g * nrep + best] = 1
+    return best
+
+
 @njit_noalloc(inline="llvm")
 def _route(code, i, grp, load, table, state, cap, nrep):
     """The replica (``0..nrep-1``) the router ``code`` sends request ``i``
@@ -168,7 +235,7 @@ def _live_state(code):
 def _reads_kv(code):
     """Whether the router reads the replicas' KV cache (which grows inside a
     stretch of pure decode steps: the replicas then run step by step)."""
-    return code == ROUTER_LEAST_KV
+    return code == ROUTER_LEAST_KV or code == ROUTER_WEIGHTED
 
 
 @njit_noalloc

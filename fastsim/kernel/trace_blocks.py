@@ -117,6 +117,19 @@ def _root(i, j, pgrp, plen, bs):
     return q
 
 
+@njit_noalloc(inline="llvm")
+def roots(i, prompt, pgrp, plen, bs, tmap):
+    """The roots of request ``i``'s full prompt blocks (of ``bs`` tokens)
+    into ``tmap[ROW_ROOTS]``, found in one walk up its parents (blocks last
+    first, as `localise`), for `matched`; returns how many blocks."""
+    f = prompt[i] // bs
+    q = i
+    for j in range(f - 1, -1, -1):
+        q = _root(q, j, pgrp, plen, bs)
+        tmap[ROW_ROOTS, j] = q
+    return f
+
+
 @njit_noalloc
 def matched(r, nrep, f, jg, tmap):
     """The leading full blocks of a request (``f`` of them, their roots in
@@ -150,15 +163,11 @@ def route_prefix(i, load, col, cap, nrep, prompt, pgrp, plen, bs, jg, tmap):
     ties: the fewest requests in the system, ``load[:, col]``, then the
     lowest index), unless its requests exceed the least loaded replica's by
     more than ``cap``: then the least loaded (as without a match). The
-    roots of ``i``'s blocks are found once, in one walk up its parents
-    (blocks last first, as `localise`), for every replica's bisection."""
+    roots of ``i``'s blocks are found once (`roots`), for every replica's
+    bisection."""
     if nrep == 1:
         return 0
-    f = prompt[i] // bs
-    q = i
-    for j in range(f - 1, -1, -1):
-        q = _root(q, j, pgrp, plen, bs)
-        tmap[ROW_ROOTS, j] = q
+    f = roots(i, prompt, pgrp, plen, bs, tmap)
     best, most = 0, -1
     least = 0
     for r in range(nrep):
