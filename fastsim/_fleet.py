@@ -126,7 +126,7 @@ class Fleet:
 
 def _scorer_weights(weights) -> tuple:
     """``scorer_weights`` as three floats (prefix cache, queue, KV cache), >= 0 and not all 0."""
-    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or len(weights) != 3:
+    if not isinstance(weights, (list, tuple, np.ndarray)) or len(weights) != 3:
         raise ValueError(f"scorer_weights must be three numbers (the prefix-cache, queue and KV-cache-utilisation "
                          f"scorers' weights), got {weights!r}")
     w = tuple(check_float(f"scorer_weights[{k}]", x, low=0, high=1e6) for k, x in enumerate(weights))

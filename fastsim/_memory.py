@@ -665,7 +665,7 @@ def _fleet_parts(scenario):
     the rows' streams; and the workspace of the stream's merged results
     (`cluster._reduce_fleet`: the per-request columns, gap samples and
     reduction scratch)."""
-    from .kernel.cluster import compact_capacity
+    from .kernel.cluster import compact_capacity, table_size
     w, fleet = scenario.workload, scenario.fleet
     n = w.num_requests
     if hasattr(fleet, "prefill") and hasattr(fleet, "decode"):   # (`fastsim.Disaggregated`: two pools)
@@ -688,6 +688,9 @@ def _fleet_parts(scenario):
                        for c in (1, 6)) + _column_bytes(n, 2)
     nrep = _fleet_replicas(fleet)
     merged = _trace_map_bytes(scenario, n)
+    # the routers' tables of prefix groups (`cluster.table_size`: the weighted router's, each group's replicas)
+    for f in ((fleet.prefill, fleet.decode) if hasattr(fleet, "prefill") else (fleet,)):
+        merged += 8 * max(table_size(int(w.prefix_groups or 0), _fleet_replicas(f), K.ROUTER_CODES[f.router]), 1)
     if w.closed_loop:   # (the fleet's client: its scratch, `kernel.fleet_client.closed_scratch`, a quarter spare)
         merged += 16 * (n + n // 4 + 2 * nrep)
     for sizes, written in zip(layout(*_dims(scenario, n, True)), resident_segments(scenario, n)):

@@ -52,8 +52,9 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
         Fixed latency of a transfer.
     routing_latency_s, staleness_s, load_cap : float, float, int
         The prefill router's (`simulate_fleet_reference`'s).
-    scorer_weights : (float, float, float)
-        Both pools' ``"weighted"`` routers' (`_reference_cluster._WeightedRouter`).
+    scorer_weights : (float, float, float), or a pair of them
+        The ``"weighted"`` routers' (`_reference_cluster._WeightedRouter`):
+        both pools', or the prefill pool's and the decode pool's.
     seed_keys : (int, int, int)
         The routers' random streams' keys.
     block_hashes, hash_block_size : optional
@@ -77,6 +78,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     """
     e_p, l_p, n_p, router_p = prefill
     e_d, l_d, n_d, router_d = decode
+    w_p, w_d = (scorer_weights, scorer_weights) if len(scorer_weights) == 3 else scorer_weights
     if router_d not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router_d!r}")
     a = np.asarray(arrival, dtype=np.float64)
@@ -85,7 +87,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                                    router_p, staleness_s=staleness_s, routing_latency_s=routing_latency_s,
                                    load_cap=load_cap, seed_keys=seed_keys, n_groups=n_groups,
                                    block_hashes=block_hashes if _hashes(e_p) else None,
-                                   hash_block_size=hash_block_size, scorer_weights=scorer_weights)
+                                   hash_block_size=hash_block_size, scorer_weights=w_p)
     # hand-offs in order of the prefill first token, ties by request index
     order = sorted((float(pre["first_token_s"][i]), i) for i in range(n) if pre["status"][i] == COMPLETED)
     reps = [_PausedReplica(e_d, l_d, None) for _ in range(n_d)]
@@ -95,7 +97,7 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
     trace = None
     if block_hashes is not None and _hashes(e_d):   # (a pool that does not hash routes as without them)
         trace = _TraceRouter(block_hashes, prompt, hash_block_size, e_d.block_size, n_d)
-    weighted = _WeightedRouter(scorer_weights, [e_d] * n_d) if router_d == "weighted" else None
+    weighted = _WeightedRouter(w_d, [e_d] * n_d) if router_d == "weighted" else None
     link_free = [0.0] * n_d
     views = [(0, 0, 0, 0)] * n_d
     decode_of = [None] * n

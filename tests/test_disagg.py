@@ -37,10 +37,11 @@ def _packed(engine, latency, workload=None):
 
 
 def _kernel(stream, pe, pl, n_p, router_p, de, dl, n_d, router_d, *, kvb, bw, lat, workload=None, staleness=0.0,
-            lag=0.0, cap=2, keys=(11, 12, 3)):
+            lag=0.0, cap=2, keys=(11, 12, 3), weights=((3.0, 2.0, 2.0), (3.0, 2.0, 2.0))):
     pp, pd_ = _packed(pe, pl, workload), _packed(de, dl, workload)
-    link = _link_record(bw, lat, kvb, cap)
-    return D.simulate_disagg_stream(*stream, (pp["ipar"], pp["fpar"], pp["lat"], _fleet_record(staleness, lag, cap),
+    link = _link_record(bw, lat, kvb, cap, weights[1])
+    return D.simulate_disagg_stream(*stream, (pp["ipar"], pp["fpar"], pp["lat"],
+                                              _fleet_record(staleness, lag, cap, weights[0]),
                                               K.ROUTER_CODES[router_p], n_p),
                                     (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d), link,
                                     *keys)

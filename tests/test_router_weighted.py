@@ -106,6 +106,7 @@ def test_scorer_weights_through_the_api_and_toml(tmp_path):
 @pytest.mark.parametrize("weights, match", [
     ((0, 0, 0), r"scorer_weights must have a weight > 0 \(all 0"),
     ((1, 2), "scorer_weights must be three numbers"),
+    ({0: 1, 1: 2, 2: 3}, "scorer_weights must be three numbers"),
     ((1, -1, 0), r"scorer_weights\[1\] must be a finite number >= 0"),
     ((1, float("inf"), 0), r"scorer_weights\[1\] must be a finite number"),
 ])
@@ -119,3 +120,40 @@ def test_an_autoscaler_refuses_the_weighted_router():
                           fleet=fastsim.Fleet(router="weighted", autoscaler=fastsim.Autoscaler(max_replicas=3)))
     with pytest.raises(ValueError, match="an affinity or weighted router's table"):
         fastsim.replicate(sc, n_replications=2, seed=0)
+
+
+def test_the_memory_guard_counts_the_weighted_routers_table():
+    """Its record of the prefix groups routed to each replica is a table of
+    groups x replicas (`cluster.table_size`), one per thread: counted."""
+    from fastsim._memory import _fleet_parts
+
+    sc = fastsim.Scenario(workload=fastsim.Workload(arrival_rate=8.0, num_requests=300, prefix_groups=20000,
+                                                    prefix_len=16),
+                          fleet=fastsim.Fleet(64, router="weighted"))
+    weighted = _fleet_parts(sc)[0][0]
+    jsq = _fleet_parts(sc.replace(fleet=fastsim.Fleet(64, router="jsq")))[0][0]
+    assert weighted - jsq == 8 * 20000 * (64 - 1)
+
+
+@pytest.mark.parametrize("name", ["instant-link", "tight-decode-kv"])
+def test_each_pool_of_a_disaggregated_server_routes_by_its_own_weights(name):
+    """Both pools weighted, each by its own weights (the prefill pool's in
+    its fleet record, the decode pool's in the link's): the reference's, bit
+    for bit; and swapping the two weight vectors changes the routing."""
+    from fastsim._reference_disagg import simulate_disagg_reference
+    from test_disagg import CONFIGS, LAT_D, LAT_P, WORKLOAD, _kernel, _packed, _same
+
+    pe, n_p, de, n_d, bw, lat, stale, lag = CONFIGS[name]
+    weights = ((1.0, 0.0, 0.5), (0.25, 3.0, 1.0))
+    owners = []
+    for w in (weights, weights[::-1]):
+        stream = K.draw_workload(1, 11, 12, *K.scenario_arrays(_packed(pe, LAT_P, WORKLOAD), lat=False))
+        per, _, _ = _kernel(stream, pe, LAT_P, n_p, "weighted", de, LAT_D, n_d, "weighted", kvb=2000.0, bw=bw,
+                            lat=lat, workload=WORKLOAD, staleness=stale, lag=lag, keys=(11, 12, 1), weights=w)
+        ref = simulate_disagg_reference(*stream, prefill=(pe, LAT_P, n_p, "weighted"),
+                                        decode=(de, LAT_D, n_d, "weighted"), kv_bytes_per_token=2000.0,
+                                        link_bandwidth=bw, link_latency_s=lat, routing_latency_s=lag,
+                                        staleness_s=stale, load_cap=2, seed_keys=(11, 12, 1), scorer_weights=w)
+        _same(per, ref)
+        owners.append(np.concatenate([per["prefill_replica"], per["decode_replica"]]))
+    assert not np.array_equal(*owners)

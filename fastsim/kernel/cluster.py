@@ -1135,7 +1135,7 @@ def fleet_pointers(arrays, full, draw_args, simulate_args, reduce_args):
 def fleet_buffers(n, nrep, need_i, need_f, ngroups, capacity=None, trace_blocks=None):
     """The buffers of a fleet of ``nrep`` replicas over streams of at most
     ``n`` requests (workspaces of ``need_i``/``need_f`` entries each), with
-    a table of ``ngroups`` prefix groups; each replica holds ``capacity``
+    a router's table of ``ngroups`` entries (`table_size`); each replica holds ``capacity``
     requests at most (default ``n``). With ``trace_blocks`` (the full prompt
     blocks of the largest stream, `trace_blocks.need`), a replayed trace's
     block identities are mapped into each replica (``tmap``, `tmap_size`

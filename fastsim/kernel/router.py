@@ -4,9 +4,12 @@ Each policy is a small function over the replicas' state as the router sees
 it (``load``: a row per replica, columns `layout.LOAD_*`, filled by
 `cluster`, live or as of the last scrape) and its own memory (``table``:
 prefix group to replica); `_route` picks one by its `layout.ROUTER_*` code,
-so adding a policy touches this module and the code table only. Ties go to
-the lowest replica index (a deterministic rule the reference shares by
-specification, ``docs/engine-model.md``, "Fleets").
+so adding a policy that reads no more touches this module and the code
+table only. The weighted router (`_route_weighted`) reads the request's
+prompt, its scorers' weights and the replicas' records too: the routing
+loops call it by name. Ties go to the lowest replica index (a deterministic
+rule the reference shares by specification, ``docs/engine-model.md``,
+"Fleets"), but the weighted router's, drawn from the router's stream.
 """
 
 from __future__ import annotations
