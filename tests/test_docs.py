@@ -199,3 +199,27 @@ def test_deployment_page_first_block_runs_as_written(capsys):
     dep, sc = namespace["dep"], namespace["sc"]
     assert dep.num_gpu_blocks > 0 and sc.engine.num_gpu_blocks == dep.num_gpu_blocks
     assert f"{dep.num_gpu_blocks} blocks" in capsys.readouterr().out   # the printed memory breakdown
+
+
+def test_fleets_page_runs_as_written_and_gives_its_figures():
+    """docs/fleets.md: its Python blocks in order, in one namespace, and the
+    figures its text quotes are the ones they give (seeded runs: the same on
+    every machine that gives the kernel's results)."""
+    page = ROOT / "docs" / "fleets.md"
+    namespace = {"__name__": "__docs__"}
+    for body in blocks(page, "python"):
+        exec(compile(body, str(page), "exec"), namespace)
+    text = page.read_text()
+    est = namespace["res"].summary()["estimate"]
+    assert f"p99 TTFT {est['ttft_p99']:.3f} s" in text and f"CV of {est['requests_per_replica_cv']:.3f}" in text
+    d = namespace["cmp"].summary().set_index(["scenario", "metric"])["difference"]
+    for scen, metric, fmt in (("weighted", "ttft_mean", "{:+.4f}"), ("weighted", "ttft_p99", "{:+.4f}"),
+                              ("weighted", "prefix_hit_rate", "{:+.3f}"), ("jsq", "ttft_p99", "{:+.3f}"),
+                              ("prefix_affinity", "prefix_hit_rate", "{:+.3f}")):
+        assert fmt.format(d[scen, metric]) in text, (scen, metric)
+    assert namespace["cap"].replicas == 6 and "needs **6** replicas" in text
+    closed = namespace["closed"].summary()["estimate"]
+    assert f"{closed['request_throughput']:.1f} req/s" in text and f"p99 TTFT {closed['ttft_p99']:.3f} s" in text
+    split = namespace["split"].summary()["estimate"]
+    assert (f"p99 TTFT {split['ttft_p99']:.3f} s, mean TPOT {1e3 * split['tpot_mean']:.1f} ms, "
+            f"{1e3 * split['kv_transfer_mean']:.1f} ms a KV transfer") in text
