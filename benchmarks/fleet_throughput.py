@@ -33,7 +33,7 @@ from benchmarks.common import reference_workload  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--routers", nargs="+", default=["jsq", "round_robin", "power_of_two", "least_kv"])
+    ap.add_argument("--routers", nargs="+", default=["jsq", "round_robin", "power_of_two", "least_kv", "weighted"])
     ap.add_argument("--requests", type=int, default=500, help="requests per replica per replication")
     ap.add_argument("--replications", type=int, default=4)
     ap.add_argument("--cpu-time", action="store_true", help="time the process's CPU time, not the wall clock")

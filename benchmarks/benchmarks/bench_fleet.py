@@ -39,7 +39,7 @@ def requests_per_second(sc, n_replications, repeat=3, clock=time.perf_counter, m
 
 
 class Fleet:
-    params = ([8, 64], ["jsq", "round_robin", "power_of_two"])
+    params = ([8, 64], ["jsq", "round_robin", "power_of_two", "weighted"])
     param_names = ["replicas", "router"]
     timeout = 600
 

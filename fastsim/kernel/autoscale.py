@@ -43,11 +43,11 @@ from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _observ
                       _queue_key, _ri, _rows, _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
-                     F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, I_BLOCK_HASH,
-                     I_BLOCK_SIZE, I_CACHING, I_HAS_HORIZON, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO, I_NUM_GPU_BLOCKS,
-                     I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_WAITING, REP_DRAINING, REP_OFF, REP_PROVISIONING,
-                     REP_SERVING, ST_COMPLETED, W_ARRIVALS, W_DESIRED, W_DRAINING, W_IN_SYSTEM, W_METRIC,
-                     W_PROVISIONING, W_QUEUE, W_SERVING, W_SLO_MET, W_T)
+                     F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS,
+                     I_BLOCK_HASH, I_BLOCK_SIZE, I_CACHING, I_HAS_HORIZON, I_HAS_TPOT_SLO, I_HAS_TTFT_SLO,
+                     I_NUM_GPU_BLOCKS, I_WARMUP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_WAITING, REP_DRAINING, REP_OFF,
+                     REP_PROVISIONING, REP_SERVING, ST_COMPLETED, W_ARRIVALS, W_DESIRED, W_DRAINING, W_IN_SYSTEM,
+                     W_METRIC, W_PROVISIONING, W_QUEUE, W_SERVING, W_SLO_MET, W_T)
 from .replica import STEP_ADVANCE, STEP_FINISH, STEP_NO_STRETCH, _hand
 from .rng import _seed_streams
 from .router import _in_system_only, _needs_state, _reads_kv, _route
@@ -326,7 +326,8 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     warmup = ipar[I_WARMUP]
     lag, cap, interval = fleet[FL_LATENCY], fleet[FL_LOAD_CAP], apar[AS_INTERVAL]
     reads = _needs_state(router)
-    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) or apar[AS_METRIC] == AS_METRIC_KV else 0)
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router, fleet[FL_SCORERS:]) or apar[AS_METRIC] == AS_METRIC_KV
+                           else 0)
     # for the routers the departure bound serves, the arrivals' looks by the static fleet's event queue
     # where ``fb`` holds one (`cluster._look_due`: of the rows, only those due advanced, and those and the
     # ones handed a request since observed; a row not held holds no request, so is never due; each row's

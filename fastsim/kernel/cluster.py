@@ -867,7 +867,7 @@ def _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fle
     stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
     reads = _needs_state(router) and nrep > 1
     # a router that reads the KV cache sees it at the arrival: no stretch across it
-    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router, fleet[FL_SCORERS:]) else 0)
     live = stale == 0.0 or _live_state(router)
     # power of two choices with a live view reads two replicas: only those are advanced and
     # observed (a replica advanced later, in fewer calls, gives the same bits; one handed a

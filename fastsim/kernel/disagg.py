@@ -211,7 +211,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         fbd.owner[i] = -1
         db.ready[i] = np.nan
     reads = _needs_state(router_d) and nrep_d > 1
-    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router_d) else 0)
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router_d, link[DL_SCORERS:]) else 0)
     cap = link[DL_LOAD_CAP]
     # the decode router's look by the fleet's event queue (`cluster._look_due`: only the replicas whose state
     # can change by the hand-off advanced, with the departure bound for the routers that read requests in

@@ -228,7 +228,7 @@ def _simulate_fleet_closed(n, arrival, prompt, output, prio, sjfk, pgrp, plen, f
     _seed_streams(key0, key1, rep, fb.rstate)
     stale, lag, cap = fleet[FL_STALENESS], fleet[FL_LATENCY], fleet[FL_LOAD_CAP]
     reads = _needs_state(router) and nrep > 1
-    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router) else 0)
+    what = STEP_ADVANCE | (STEP_NO_STRETCH if _reads_kv(router, fleet[FL_SCORERS:]) else 0)
     live = stale == 0.0 or _live_state(router)
     two = reads and live and router == ROUTER_POWER_OF_TWO
     reads = reads and not two

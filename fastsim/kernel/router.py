@@ -235,10 +235,13 @@ def _live_state(code):
 
 
 @njit_noalloc
-def _reads_kv(code):
+def _reads_kv(code, w):
     """Whether the router reads the replicas' KV cache (which grows inside a
-    stretch of pure decode steps: the replicas then run step by step)."""
-    return code == ROUTER_LEAST_KV or code == ROUTER_WEIGHTED
+    stretch of pure decode steps: the replicas then run step by step); the
+    weighted router, where its KV scorer weighs (``w[SC_KV]``, its weights:
+    the requests waiting, which its queue scorer reads, are constant inside
+    a stretch, as for `_route_vllm_dp`)."""
+    return code == ROUTER_LEAST_KV or (code == ROUTER_WEIGHTED and w[SC_KV] != 0.0)
 
 
 @njit_noalloc
