@@ -254,7 +254,7 @@ class _WeightedRouter:
     def __init__(self, weights, engines):
         self.w = tuple(float(x) for x in weights)
         self.block_size = [e.block_size for e in engines]
-        self.blocks = [e.num_gpu_blocks - (1 if e.null_block else 0) for e in engines]
+        self.blocks = [e.usable_gpu_blocks for e in engines]   # (the null block holds nothing)
         self.groups = [set() for _ in engines]    # prefix groups routed to each replica
 
     def choose(self, grp, P, prefix_len, views, rng, matches=None, blocks=0):
