@@ -98,7 +98,7 @@ def simulate_autoscaled(scenario, seed=None, replication: int = 0) -> AutoscaleR
                          f"got fleet={scenario.fleet!r}")
     from ._replicate import check_runnable
 
-    check_runnable(scenario, "numba")   # (`check_autoscaled`, per-step noise, the engine's options: as `replicate`)
+    check_runnable(scenario, "numba")   # (`check_autoscaled`, the engine's options: as `replicate`)
     replication = check_int("replication", replication, low=0)
     scaler = scenario.fleet.autoscaler
     packed = pack_scenario(scenario)

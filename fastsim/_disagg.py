@@ -184,13 +184,7 @@ def check_disagg_scenario(scenario) -> None:
     if w.max_concurrency is not None:
         raise ValueError(f"workload.max_concurrency must be None for a disaggregated server (a closed loop "
                          f"across two pools is not modelled), got {w.max_concurrency!r}")
-    sp, sd = dis.pool_scenarios(scenario)
-    for pool, sc in (("prefill", sp), ("decode", sd)):
-        noise = sc.latency.noise
-        if noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0):
-            raise ValueError(f"{pool} latency: per-step noise (jitter_sd, stall_prob) must be 0 for a "
-                             f"disaggregated server, got {noise!r}")
-    e = sd.engine
+    e = dis.pool_scenarios(scenario)[1].engine
     if e.enable_prefix_caching and not e.block_hash_caching:
         raise ValueError("decode engine: enable_prefix_caching=True needs block_hash_caching=True (caching by "
                          "block hash: the transferred prompt's blocks are cached there; synthetic prefix-group "

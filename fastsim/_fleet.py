@@ -434,33 +434,14 @@ class _FleetWorker:
         return fb, wm_i, wm_f
 
 
-_M64 = (1 << 64) - 1
-
-
-def replica_step_noise_key(key: int, r: int) -> int:
-    """The step-noise key of replica ``r`` of a fleet whose replication's
-    step-noise key is ``key`` (``docs/engine-model.md``, "Fleets"): replica
-    0 keeps it (a fleet of one replica is the engine), replica r >= 1 gets
-    ``mix64(key + r * 0xD1B54A32D192ED03)`` (SplitMix64's finaliser), so the
-    replicas' step noises are independent streams."""
-    if r == 0:
-        return key
-    z = (key + r * 0xD1B54A32D192ED03) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
 
 
 def set_replica_noise_keys(lats):
     """Give each replica's latency record (a row of ``lats``, the
     replication's, its step-noise key in place) its own step-noise key
-    (`replica_step_noise_key`); with no per-step noise, nothing changes."""
-    for r in range(1, lats.shape[0]):
-        if lats[r, K.L_NOISE] == 0.0:
-            continue
-        key = (int(lats[r, K.L_KEY_HI]) << 32) | int(lats[r, K.L_KEY_LO])
-        key = replica_step_noise_key(key, r)
-        lats[r, K.L_KEY_HI], lats[r, K.L_KEY_LO] = float(key >> 32), float(key & 0xFFFFFFFF)
+    (`kernel.cluster._noise_keys`: replica 0 keeps the replication's, replica
+    r >= 1 a key mixed from it); with no per-step noise, nothing changes."""
+    cluster._noise_keys(lats, np.int64(lats.shape[0]), np.int64(0))
 
 
 def _one(worker, rep, k0, k1, packed, members, full, out_row, bal_row):
@@ -587,12 +568,12 @@ DRIVER_CALL = 64
 
 def compiled_fleet(members):
     """Whether a fleet's replications run in the compiled driver
-    (`kernel.cluster._run_fleet_chunk`): identical replicas without per-step
-    noise (each replica's own noise key is set in Python,
-    `set_replica_noise_keys`), outside the debug mode (whose kernels are
+    (`kernel.cluster._run_fleet_chunk`): identical replicas (with per-step
+    noise too: the driver keys each replica's stream as `_one` does,
+    `kernel.cluster._noise_keys`), outside the debug mode (whose kernels are
     called from Python, for their bounds checks)."""
     kinds = members[1]
-    return len(kinds) == 1 and kinds[0][2][K.L_NOISE] == 0.0 and not KERNEL_DEBUG
+    return len(kinds) == 1 and not KERNEL_DEBUG
 
 
 def _compiled(worker, rep, count, k0, k1, packed, members, full, out):

@@ -21,7 +21,8 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import _BlockPool, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import ROUTERS, _PausedReplica, _RouterStream, _choose
+from ._reference_cluster import ROUTERS, _PausedReplica, _replica_key, _RouterStream, _choose
+from ._reference_noise import StepNoiseDraws, run_latency
 
 #: The kernel's random-stream purposes, by the specification's numbering.
 _S_ARRIVAL = 0
@@ -213,7 +214,12 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
     n = a.size
     rows = max_replicas
     initial = min_replicas if initial_replicas is None else initial_replicas
-    reps = [_PausedReplica(engine, latency, horizon_s) for _ in range(rows)]
+    # the model as the replication runs it (its per-run effects, `run_latency`), per-step noise drawn per row:
+    # row r's key as a fleet's replica r's; a replica that starts in a row reused takes its steps on
+    latency, steps = run_latency(latency, *(int(x) for x in seed_keys))
+    reps = [_PausedReplica(engine, latency, horizon_s, None if steps is None else
+                           StepNoiseDraws(_replica_key(steps.key, r), steps.sd, steps.p, steps.mean))
+            for r in range(rows)]
 
     starts = []
 

@@ -18,8 +18,9 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import COMPLETED, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import (ROUTERS, _choose, _PausedReplica, _RouterStream, _TraceRouter, _WeightedRouter,
-                                 simulate_fleet_reference)
+from ._reference_cluster import (ROUTERS, _choose, _PausedReplica, _replica_key, _RouterStream, _TraceRouter,
+                                 _WeightedRouter, simulate_fleet_reference)
+from ._reference_noise import StepNoiseDraws, run_latency
 
 #: The decode router's random stream: the purpose after the prefill router's (13).
 DECODE_ROUTER_PURPOSE = 14
@@ -90,7 +91,12 @@ def simulate_disagg_reference(arrival, prompt, output, prio, sjfk, pgrp, plen, *
                                    hash_block_size=hash_block_size, scorer_weights=w_p)
     # hand-offs in order of the prefill first token, ties by request index
     order = sorted((float(pre["first_token_s"][i]), i) for i in range(n) if pre["status"][i] == COMPLETED)
-    reps = [_PausedReplica(e_d, l_d, None) for _ in range(n_d)]
+    # the decode pool's model as the replication runs it (its per-run effects, `run_latency`), per-step noise
+    # drawn per replica: decode replica d is the server's replica n_p + d (the prefill pool's come first)
+    l_d, steps = run_latency(l_d, *(int(k) for k in seed_keys))
+    reps = [_PausedReplica(e_d, l_d, None, None if steps is None else
+                           StepNoiseDraws(_replica_key(steps.key, n_p + d), steps.sd, steps.p, steps.mean))
+            for d in range(n_d)]
     rng = _RouterStream(*(int(k) for k in seed_keys), purpose=DECODE_ROUTER_PURPOSE)
     ngroups = (int(np.max(pgrp)) + 1 if n else 0) if n_groups is None else n_groups
     table = [-1] * max(ngroups, 1)

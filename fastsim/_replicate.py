@@ -774,13 +774,6 @@ def check_runnable(scenario, backend="numba") -> None:
     if _is_autoscaled(scenario):
         from ._autoscale import check_autoscaled
         check_autoscaled(scenario)
-    noise = scenario.latency.noise
-    # (a plain fleet gives each replica a step-noise stream of its own, `_fleet.set_replica_noise_keys`)
-    if (scenario.fleet is not None and noise is not None and (noise.jitter_sd > 0 or noise.stall_prob > 0)
-            and (_is_disagg(scenario) or _is_autoscaled(scenario))):
-        raise NotImplementedError("disaggregated servers and autoscaled fleets with per-step noise (StepNoise "
-                                  "jitter_sd or stall_prob) are not implemented yet (the per-run effects are: "
-                                  "a replication's replicas share them); set jitter_sd=0 and stall_prob=0")
     if backend in ("numba", "cuda"):
         from ._fleet import running_engines
 

@@ -4,7 +4,7 @@ or failed without naming a parameter).
 
 * `capacity` and `fleet_capacity` refuse what `replicate` refuses (they run
   the kernel directly: an engine option the kernel does not implement ran,
-  and wrongly); `simulate_autoscaled` refuses per-step noise as `replicate`.
+  and wrongly).
 * `fleet_capacity` refuses an autoscaled fleet (a probe of N replicas was
   the autoscaled fleet whatever N) and a workload with no arrival rate.
 * `disaggregation_search` counts a replica's GPUs by its server's tensor-
@@ -38,13 +38,6 @@ def test_capacity_and_fleet_capacity_refuse_what_replicate_refuses():
     with pytest.raises(NotImplementedError, match=msg):
         fastsim.fleet_capacity(fastsim.Scenario(engine=bad, workload=w, fleet=fastsim.Fleet(2)), {"ttft_mean": 1.0},
                                n_replications=2, max_replications=2)
-    noisy = dataclasses.replace(LAT, noise=fastsim.StepNoise(jitter_sd=0.2))
-    auto = fastsim.Scenario(workload=W, latency=noisy,
-                            fleet=fastsim.Fleet(autoscaler=fastsim.Autoscaler(max_replicas=3)))
-    with pytest.raises(NotImplementedError, match="autoscaled fleets with per-step noise"):
-        fastsim.capacity(auto, {"ttft_mean": 1.0}, n_replications=2, max_replications=2)
-    with pytest.raises(NotImplementedError, match="autoscaled fleets with per-step noise"):
-        fastsim.simulate_autoscaled(auto, seed=0)
 
 
 def test_fleet_capacity_refuses_an_autoscaler_and_a_workload_without_a_rate():
@@ -189,10 +182,12 @@ def test_an_interrupted_fleet_keeps_its_finished_replications(monkeypatch, serve
     from fastsim import _autoscale, _disagg
     from fastsim import _fleet as F
 
-    jitter = dataclasses.replace(LAT, noise=fastsim.StepNoise(jitter_sd=0.05))
+    # (a mixed fleet: the compiled driver takes uniform fleets only, so each replication runs in `_one`)
+    mixed = fastsim.Fleet([(fastsim.EngineConfig(max_num_seqs=8), LAT), (fastsim.EngineConfig(max_num_seqs=16), LAT)],
+                          router="jsq")
     w = fastsim.Workload(arrival_rate=8.0, num_requests=80)
     sc, module = {
-        "fleet": (fastsim.Scenario(workload=w, latency=jitter, fleet=fastsim.Fleet(2, router="jsq")), F),
+        "fleet": (fastsim.Scenario(workload=w, fleet=mixed), F),
         "driven fleet": (fastsim.Scenario(workload=w, fleet=fastsim.Fleet(2, router="jsq")), F),
         "disaggregated": (fastsim.Scenario(workload=w, fleet=fastsim.Disaggregated(1, 1, kv_bytes_per_token=1e5)),
                           _disagg),

@@ -129,11 +129,25 @@ def test_the_driver_stops_before_a_replication_its_buffers_do_not_fit():
     assert not out[1:].any()
 
 
-def test_the_driver_takes_uniform_fleets_without_step_noise_only():
+@pytest.mark.parametrize("router", ("jsq", "round_robin"))
+def test_the_driver_keys_each_replicas_step_noise_as_python(monkeypatch, router):
+    """Per-step noise and per-run effects: the driver gives each replica its own step-noise stream
+    (`kernel.cluster._noise_keys`), the bits `_one` gives (until stop 70 such fleets ran in Python)."""
+    noise = fastsim.StepNoise(jitter_sd=0.3, stall_prob=0.05, stall_mean_s=0.02, speed_sd=0.1)
+    sc = CASES["tight-sync"].replace(fleet=fastsim.Fleet(replicas=3, router=router))
+    sc = sc.replace(latency=dataclasses.replace(sc.latency, noise=noise))
+    driven, alone, ran = _runs(monkeypatch, sc, 6)
+    assert np.array_equal(driven, alone, equal_nan=True) and sum(ran) >= 4
+    det = sc.replace(latency=sc.latency.deterministic())
+    quiet = F.run_fleet(det, pack_scenario(det), 5, 6, 0, 6)
+    assert not np.array_equal(driven, quiet, equal_nan=True)   # (the noise is in the bits)
+
+
+def test_the_driver_takes_uniform_fleets_only():
     sc = CASES["tight-sync"].replace(fleet=fastsim.Fleet(replicas=3, router="jsq"))
     assert F.compiled_fleet(F.fleet_members(sc, pack_scenario(sc)))
     noisy = sc.replace(latency=dataclasses.replace(sc.latency, noise=fastsim.StepNoise(jitter_sd=0.3)))
-    assert not F.compiled_fleet(F.fleet_members(noisy, pack_scenario(noisy)))
+    assert F.compiled_fleet(F.fleet_members(noisy, pack_scenario(noisy)))
     other = dataclasses.replace(sc.engine, max_num_seqs=3)
     mixed = sc.replace(fleet=fastsim.Fleet(replicas=[(sc.engine, sc.latency), (other, sc.latency)], router="jsq"))
     assert not F.compiled_fleet(F.fleet_members(mixed, pack_scenario(mixed)))

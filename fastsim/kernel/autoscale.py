@@ -39,8 +39,8 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _observe, _own_records, _queue_handed,
-                      _queue_key, _ri, _rows, _set_up_uniform)
+from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _noise_keys, _observe, _own_records,
+                      _queue_handed, _queue_key, _ri, _rows, _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
                      F_HORIZON, F_TPOT_SLO, F_TTFT_OVERHEAD, F_TTFT_SLO, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS,
@@ -165,13 +165,13 @@ def _desired(apar, total, serving, current):
 
 
 @njit_noalloc
-def _look_held(fb, ab, m, n, fpar, lat, full, tau, what):
-    """Every held replica advanced to ``tau`` and observed; returns the
-    first negative code of `_simulate`, else 0."""
+def _look_held(fb, ab, m, n, full, tau, what):
+    """Every held replica advanced to ``tau`` (on its row's records) and
+    observed; returns the first negative code of `_simulate`, else 0."""
     nblk = fb.rip[0, I_NUM_GPU_BLOCKS]
     for r in range(m):
         if ab.state[r] == REP_SERVING or ab.state[r] == REP_DRAINING:
-            rc = _advance(fb, r, n, fpar, lat, full, tau, what)
+            rc = _advance(fb, r, n, fb.rfp[r], fb.rlat[r], full, tau, what)
             if rc < 0:
                 return rc
             _observe(fb, r, nblk, tau)
@@ -341,8 +341,11 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     if jg < 0:
         return TMAP_SMALL
     traced = jg > 0
+    # each row on its records: per-step noise, a stream of its own (row r's key; a replica that starts in a
+    # row reused takes the row's steps on from where they stand)
+    _own_records(fb, m, fpar, lat)
+    _noise_keys(fb.rlat, m, 0)
     if queue:
-        _own_records(fb, m, fpar, lat)
         _queue_key(fb, m, n, what, 0.0, True)
     k = 1
     last = 0.0
@@ -357,7 +360,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
         while k * interval <= t:
             tau = k * interval
             _activate(ab, m, tau)
-            rc = _look_held(fb, ab, m, n, fpar, lat, full, tau, what)
+            rc = _look_held(fb, ab, m, n, full, tau, what)
             if rc < 0:
                 return rc
             last = _evaluate(fb, ab, apar, m, tau, arrived, last, True, n, full)
@@ -375,7 +378,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
             if queue:
                 rc = _look_due(fb, m, n, full, t, what, True)
             else:
-                rc = _look_held(fb, ab, m, n, fpar, lat, full, t, what)
+                rc = _look_held(fb, ab, m, n, full, t, what)
             if rc < 0:
                 return rc
         if prefix:   # (the serving rows are 0..ns-1: the view would be their rows, in order)
@@ -402,7 +405,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
                 fb.dep[3 * m + i] = kept
             _queue_handed(fb, r, m, n, what, True)
         arrived += 1
-    rc = _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what)
+    rc = _wind_down(n, fpar, ipar, fb, ab, apar, full, k, last, arrived, what)
     if rc < 0:
         return rc
     _close(n, arrival, lag, ipar, fpar, fb, ab, m)
@@ -410,7 +413,7 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
 
 
 @njit_noalloc
-def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
+def _wind_down(n, fpar, ipar, fb, ab, apar, full, k, last, arrived, what):
     """After the last arrival: evaluations until one finds the fleet holding
     no request (or the horizon: the fleet ends then, and acts no more; that
     one only writes its row, when its window had arrivals); then every
@@ -422,7 +425,7 @@ def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
         if has_h and tau >= fpar[F_HORIZON]:
             break
         _activate(ab, m, tau)
-        rc = _look_held(fb, ab, m, n, fpar, lat, full, tau, what)
+        rc = _look_held(fb, ab, m, n, full, tau, what)
         if rc < 0:
             return rc
         left = 0.0
@@ -439,7 +442,7 @@ def _wind_down(n, fpar, lat, ipar, fb, ab, apar, full, k, last, arrived, what):
         arrived = 0
         k += 1
     for r in range(m):
-        rc = _call(fb, r, n, fpar, lat, full, np.inf, STEP_ADVANCE | STEP_FINISH)
+        rc = _call(fb, r, n, fb.rfp[r], fb.rlat[r], full, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
             return rc
     return 0

@@ -42,19 +42,19 @@ from .._numba_options import function_pointer, njit_noalloc
 from .arrivals import _arrival_status
 from .drivers import _array_key, _run_records
 from .kv_cache import _blocks_of, _log2_exact
-from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
-                     A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP,
-                     FL_SCORERS, FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
+from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL, A_OCC_INT,
+                     A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS,
+                     FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
                      I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
-                     I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_NOISE,
-                     L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING, N_ACC, N_COLUMNS,
-                     N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY, ROUTER_WEIGHTED,
-                     ST_RUNNING, ST_WAITING, _COL)
-from .latency import _constant_in_step
+                     I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_KEY_HI,
+                     L_KEY_LO, L_NOISE, L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING,
+                     N_ACC, N_COLUMNS, N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY,
+                     ROUTER_WEIGHTED, ST_RUNNING, ST_WAITING, _COL)
+from .latency import _constant_in_step, _noise_key
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
                       STEP_NO_STRETCH, MODE_STRETCH, _hand, _simulate, _state_dims_compact)
-from .rng import _seed_streams
+from .rng import _mix64, _seed_streams
 from .scheduler import _first_chunk
 from .workload import _draw_workload
 from .trace_blocks import (TMAP_ROWS, hashing_block_size, localise as _localise, reset as _tmap_reset,
@@ -174,16 +174,17 @@ def _observe(fb, r, nblk, t=np.inf):
 
 
 @njit_noalloc
-def _look(fb, nrep, n, fpar, lat, full, t, nblk, what, bound=False):
-    """Every replica advanced to ``t`` and observed; returns the first
-    negative code of `_simulate`, else 0. ``bound``: for a router that
-    reads requests in the system only (`router._in_system_only`), a replica
-    from which no request can have left by ``t`` (`_departs`) is observed
-    as it stands (its rows of ``fb.seg`` set up, `_segments`)."""
-    dmin = _min_step(lat) if bound else 0.0
+def _look(fb, nrep, n, full, t, nblk, what, bound=False):
+    """Every replica advanced to ``t`` (each on its rows of records,
+    ``fb.rfp``, ``fb.rlat``) and observed; returns the first negative code
+    of `_simulate`, else 0. ``bound``: for a router that reads requests in
+    the system only (`router._in_system_only`), a replica from which no
+    request can have left by ``t`` (`_departs`) is observed as it stands
+    (its rows of ``fb.seg`` set up, `_segments`)."""
     for r in range(nrep):
-        if not bound or t >= _departs(fb, r, n, dmin, lat):
-            rc = _advance(fb, r, n, fpar, lat, full, t, what)
+        lat = fb.rlat[r]
+        if not bound or t >= _departs(fb, r, n, _min_step(lat), lat):
+            rc = _advance(fb, r, n, fb.rfp[r], lat, full, t, what)
             if rc < 0:
                 return rc
         _observe(fb, r, nblk, t)
@@ -708,6 +709,26 @@ def _look_at(fb, r, n, full, t, what, bound=False):
     return rc
 
 
+@njit_noalloc(entry=True)
+def _noise_keys(rlat, nrep, first):
+    """Per-step noise: the step-noise key of replica ``first + r`` of the
+    replication into row ``r`` of the latency records ``rlat`` (each row
+    holding the replication's key, `drivers._run_records`): replica 0 keeps
+    the replication's key (a fleet of one replica is the engine), replica
+    k >= 1 takes SplitMix64's finaliser of ``key + k * 0xD1B54A32D192ED03``
+    (docs/engine-model.md, "Fleets"), so the replicas' step noises are
+    independent streams. A disaggregated server numbers its prefill
+    replicas first, then its decode replicas; an autoscaled fleet its rows.
+    Rows without per-step noise are left as they are."""
+    for r in range(nrep):
+        k = first + r
+        if rlat[r, L_NOISE] == 0.0 or k == 0:
+            continue
+        key = _mix64(_noise_key(rlat[r]) + np.uint64(k) * np.uint64(0xD1B54A32D192ED03))
+        rlat[r, L_KEY_HI] = float(key >> np.uint64(32))
+        rlat[r, L_KEY_LO] = float(key & np.uint64(0xFFFFFFFF))
+
+
 @njit_noalloc
 def _own_records(fb, nrep, fpar, lat):
     """Rows ``0..nrep-1`` of ``fb.rfp`` and ``fb.rlat`` set to the float and
@@ -836,6 +857,7 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
     _own_records(fb, nrep, fpar, lat)
+    _noise_keys(fb.rlat, nrep, 0)
     return _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1,
                                 rep, fb, full)
 
@@ -1059,7 +1081,7 @@ def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
                      prompt, output, prio, sjfk, pgrp, plen, fpars, lats, scan, fb, wm_i, wm_f, full, draw,
                      simulate, reduce):
     """Replications ``rep0 .. rep0 + nrep - 1`` of a fleet of identical
-    replicas without per-step noise, in compiled code, as the Python layer
+    replicas, in compiled code, as the Python layer
     runs each (`_fleet._one`): its stream drawn, its records
     (`drivers._run_records`, every replica's the same), its sizes
     (`workspace._fleet_sizes`), the fleet (`_simulate_fleet_rows`) and its
@@ -1104,6 +1126,7 @@ def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
                 fb.rlat[r, k] = lats[0, k]
             fb.size[r, 0] = scan[0]
             fb.size[r, 1] = scan[1]
+        _noise_keys(fb.rlat, nf, 0)   # (per-step noise: each replica a stream of its own)
         if simulate(n, a, p, o, c, q, g, pl, fleet, router, nf, key0, key1, rep, fb, full) != 0:
             return j
         reduce(n, a, o, red_ipar, fpars[0], nf, lag, fb, wm_i[:scan[2]], wm_f[:scan[3]], out[j], bal[j])

@@ -29,8 +29,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _own_records, _queue_handed, _queue_init,
-                      _ri, _rows, _set_up_uniform, _simulate_fleet)
+from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _noise_keys, _own_records, _queue_handed,
+                      _queue_init, _ri, _rows, _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, DL_SCORERS, F_TPOT_SLO, F_TTFT_OVERHEAD,
@@ -203,6 +203,9 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
                     full_d, ws)
     if rc < 0:
         return rc
+    # each decode replica on its rows of records: per-step noise, a stream of its own (replica nrep_p + d)
+    _own_records(fbd, nrep_d, fpar_d, lat_d)
+    _noise_keys(fbd.rlat, nrep_d, nrep_p)
     _seed_streams(key0, key1, rep, db.rstate)
     rstate = db.rstate[1:]   # (its `S_ROUTE` entry is purpose `S_ROUTE_DECODE`)
     for d in range(nrep_d):
@@ -223,7 +226,6 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     # the departure bound (`cluster._departs`) where its buffers hold it (an empty ``fbd.dep``: off, for tests)
     bound = _in_system_only(router_d) and fbd.dep.size >= nrep_d
     if queue:
-        _own_records(fbd, nrep_d, fpar_d, lat_d)
         _queue_init(fbd, nrep_d, md, what, bound)
     # a replayed trace's block identities: each decode replica handed parents of its own (`trace_blocks`),
     # in the hand-offs' order (first tokens); the prefill pool's map is its fleet's (`fbp.tmap`)
@@ -242,7 +244,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if queue:
             rc = _look_due(fbd, nrep_d, md, full_d, t1, what, bound)
         elif reads:
-            rc = _look(fbd, nrep_d, md, fpar_d, lat_d, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
+            rc = _look(fbd, nrep_d, md, full_d, t1, ipar_d[I_NUM_GPU_BLOCKS], what, bound)
         if reads and rc < 0:
             return rc
         if traced and router_d == ROUTER_PREFIX_AFFINITY:   # (the most leading blocks handed, `trace_blocks`)
@@ -273,7 +275,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
         if queue:
             _queue_handed(fbd, d, nrep_d, md, what, bound)
     for r in range(nrep_d):
-        rc = _call(fbd, r, md, fpar_d, lat_d, full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
+        rc = _call(fbd, r, md, fbd.rfp[r], fbd.rlat[r], full_d, np.inf, STEP_ADVANCE | STEP_FINISH)
         if rc < 0:
             return rc
     return 0
