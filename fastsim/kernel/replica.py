@@ -1769,6 +1769,10 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
     if i >= n:
         return -1
     wf[wf.size - N_RF + RF_STRETCH_END] = -np.inf   # (a stretch planned may now end at this arrival)
+    if ipar[I_HAS_HORIZON] == 1 and a >= fpar[F_HORIZON]:
+        # at or past the horizon (a fleet's routing latency): never taken in, as only arrivals before it
+        # exist (a step in flight at the horizon would otherwise take it in before the run stops)
+        a = np.inf
     if i > 0 and a < arrival[i - 1]:
         return -3
     arrival[i], prompt[i], output[i], prio[i], sjfk[i], pgrp[i], plen[i] = a, p, o, c, q, grp, lp

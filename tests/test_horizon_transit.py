@@ -1,0 +1,83 @@
+"""A request that reaches its replica at or after the horizon (sent before
+it, delayed by the fleet's routing latency) is never taken in: only
+arrivals before the horizon exist (docs/engine-model.md, "Horizon"), and
+the replica's arrival is the fleet's plus the routing latency. Found by
+stop 70's autoscaler fuzz: the kernel took such a request in where the
+replica's last step was still in flight at its arrival (unfinished), and
+left it out where the replica was idle (pending), while the reference never
+takes it in; the static fleet did the same. Now `replica._hand` hands it
+as never arriving, in every fleet."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import fastsim
+from fastsim import kernel as K
+from fastsim._reference_autoscale import simulate_autoscaled_reference
+from fastsim._reference_cluster import simulate_fleet_reference
+from fastsim._replicate import pack_scenario
+
+LAG, H = 0.5, 5.0
+
+
+def _status(ref):
+    s = np.asarray(ref["status"]).astype(np.int64) + K.ST_COMPLETED
+    s[np.asarray(ref["status"]) == -1] = K.ST_PENDING
+    return s
+
+
+def _case(scheduler, arrival, output=100):
+    n = len(arrival)
+    eng = fastsim.EngineConfig.synchronous(max_num_seqs=1, num_gpu_blocks=100, block_size=16, scheduler=scheduler)
+    lat = fastsim.LatencyModel(base_s=0.3)
+    wl = fastsim.Workload(arrival_times=np.asarray(arrival, float), num_requests=n, prompt_len=1,
+                          output_len=output, horizon_s=H)
+    stream = (np.asarray(arrival, float), np.ones(n, np.int64), np.full(n, output), np.zeros(n, np.int64),
+              np.full(n, output), np.full(n, -1), np.zeros(n, np.int64))
+    return eng, lat, wl, stream
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_a_request_reaching_its_replica_after_the_horizon_is_never_taken_in(scheduler):
+    """One replica of 0.3 s steps, busy past the horizon with request 0; request 1 sent at 4.6 reaches it at
+    5.1, inside the last step (4.7 .. 5.0 .. ends at or after 5): pending, as the reference has it, in the
+    static fleet and in an autoscaled one pinned at one replica."""
+    eng, lat, wl, stream = _case(scheduler, [0.0, 4.6])
+    sc = fastsim.Scenario(engine=eng, latency=lat, workload=wl,
+                          fleet=fastsim.Fleet(1, router="round_robin", routing_latency_s=LAG))
+    p = pack_scenario(sc)
+    st = K.cluster.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], p["fleet"],
+                                         K.ROUTER_CODES["round_robin"], 1)[0]
+    ref = simulate_fleet_reference(*stream, eng, lat, 1, "round_robin", horizon_s=H, routing_latency_s=LAG)
+    assert np.array_equal(st, _status(ref))
+    assert st[1] == K.ST_PENDING and st[0] == K.ST_UNFINISHED
+    pol = fastsim.Autoscaler(metric="queue_depth", target=1.0, interval_s=100.0, min_replicas=1, max_replicas=1)
+    st2 = K.autoscale.simulate_autoscaled_stream(*stream, p["ipar"], p["fpar"], p["lat"], p["fleet"],
+                                                 K.ROUTER_CODES["round_robin"], pol._record())[0]
+    ref2 = simulate_autoscaled_reference(*stream, eng, lat, "round_robin", metric="queue_depth", target=1.0,
+                                         interval_s=100.0, min_replicas=1, max_replicas=1, horizon_s=H,
+                                         routing_latency_s=LAG)
+    assert np.array_equal(st2, _status(ref2)) and np.array_equal(st2, st)
+
+
+@pytest.mark.parametrize("router", ["jsq", "round_robin", "least_kv"])
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_many_requests_in_transit_at_the_horizon_are_the_reference_bit_for_bit(router, scheduler):
+    """Requests every 0.05 s over the last second before the horizon, three replicas of busy engines: those
+    that reach their replica at or after it are pending, the others as the reference runs them."""
+    arrival = np.concatenate([np.arange(0.0, 4.0, 0.4), np.arange(4.0, H, 0.05)])
+    eng, lat, wl, stream = _case(scheduler, arrival, output=20)
+    sc = fastsim.Scenario(engine=dataclasses.replace(eng, max_num_seqs=2), latency=lat, workload=wl,
+                          fleet=fastsim.Fleet(3, router=router, routing_latency_s=LAG))
+    p = pack_scenario(sc)
+    per = K.cluster.simulate_fleet_stream(*stream, p["ipar"], p["fpar"], p["lat"], p["fleet"],
+                                          K.ROUTER_CODES[router], 3, 7, 8, 0)
+    ref = simulate_fleet_reference(*stream, sc.engine, lat, 3, router, horizon_s=H, routing_latency_s=LAG,
+                                   seed_keys=(7, 8, 0))
+    assert np.array_equal(per[0], _status(ref))
+    for k, key in ((1, "first_token_s"), (2, "finish_s")):
+        assert np.array_equal(per[k], ref[key], equal_nan=True)
+    late = stream[0] + LAG >= H
+    assert late.any() and (per[0][late] == K.ST_PENDING).all()
