@@ -21,7 +21,7 @@ import numpy as np
 from ._config import EngineConfig
 from ._latency import LatencyModel
 from ._reference import _BlockPool, _Request, prompt_block_identities, queue_key
-from ._reference_cluster import ROUTERS, _PausedReplica, _replica_key, _RouterStream, _choose
+from ._reference_cluster import ROUTERS, _PausedReplica, _replica_key, _RouterStream, _choose, fleet_status
 from ._reference_noise import StepNoiseDraws, run_latency
 
 #: The kernel's random-stream purposes, by the specification's numbering.
@@ -298,7 +298,7 @@ def simulate_autoscaled_reference(arrival, prompt, output, prio, sjfk, pgrp, ple
         if s != OFF:
             pol.held_s[r] += max(end - pol.since[r], 0.0)
     return {
-        "status": np.array([q.status for q in reqs], dtype=np.int8),
+        "status": fleet_status(reqs, a, horizon_s),
         "first_token_s": np.array([q.first_token for q in reqs], dtype=np.float64),
         "finish_s": finish,
         "num_preemptions": np.array([q.num_preemptions for q in reqs], dtype=np.int64),

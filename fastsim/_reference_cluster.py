@@ -19,8 +19,8 @@ import numpy as np
 
 from ._config import EngineConfig
 from ._latency import LatencyModel
-from ._reference import (_IN_SYSTEM, COMPLETED, DROPPED, REJECTED_ADMISSION, REJECTED_TOO_LONG, UNFINISHED,
-                         _Reference, _Request, prompt_block_identities, queue_key)
+from ._reference import (_IN_SYSTEM, COMPLETED, DROPPED, NOT_ARRIVED, REJECTED_ADMISSION, REJECTED_TOO_LONG,
+                         UNFINISHED, _Reference, _Request, prompt_block_identities, queue_key)
 from ._reference_noise import StepNoiseDraws, run_latency
 
 ROUTERS = ("random", "round_robin", "least_outstanding", "vllm_dp", "jsq", "power_of_two", "least_kv", "weighted",
@@ -426,7 +426,7 @@ def _finish(reps, reqs, owner, arrival) -> dict:
         rep.advance_until(math.inf)
         rep.finish()
     return {
-        "status": np.array([r.status for r in reqs], dtype=np.int8),
+        "status": fleet_status(reqs, arrival, reps[0].horizon if reps else None),
         "first_token_s": np.array([r.first_token for r in reqs], dtype=np.float64),
         "finish_s": np.array([r.finish for r in reqs], dtype=np.float64),
         "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
@@ -434,6 +434,14 @@ def _finish(reps, reqs, owner, arrival) -> dict:
         "replica": np.array(owner, dtype=np.int64),
         "arrival_s": np.array(arrival, dtype=np.float64),
     }
+
+
+def fleet_status(reqs, arrival, horizon) -> np.ndarray:
+    """Each request's status in the fleet: its replica's, except that one that came to the fleet before the
+    horizon and was never taken in by its replica (it reached it at or after the horizon: the routing
+    latency) is unfinished, in the system until the fleet's run ends (spec, "Fleets")."""
+    return np.array([UNFINISHED if (r.status == NOT_ARRIVED and horizon is not None and a < horizon) else r.status
+                     for r, a in zip(reqs, arrival)], dtype=np.int8)
 
 
 _DEPARTED = (COMPLETED, REJECTED_TOO_LONG, REJECTED_ADMISSION, DROPPED)

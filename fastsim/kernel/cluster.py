@@ -49,7 +49,7 @@ from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BL
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_KEY_HI,
                      L_KEY_LO, L_NOISE, L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING,
                      N_ACC, N_COLUMNS, N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY,
-                     ROUTER_WEIGHTED, ST_RUNNING, ST_WAITING, _COL)
+                     ROUTER_WEIGHTED, ST_RUNNING, ST_UNFINISHED, ST_WAITING, _COL)
 from .latency import _constant_in_step, _noise_key
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
@@ -1034,13 +1034,24 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
             wm_f[o_wv + m + e] = wf[o_rv + e]
         m += k
     macc[A_N_ITL] = m
+    end = macc[A_END]
     if lag > 0.0:   # requests in transit are in the system (Little's law over the fleet)
         for i in range(n):
-            macc[A_L_INT] += max(0.0, min(arrival[i] + lag, macc[A_END]) - arrival[i])
+            macc[A_L_INT] += max(0.0, min(arrival[i] + lag, end) - arrival[i])
     for i in range(n):
         r, j = fb.owner[i], fb.local[i]
         wi, wf = _rows(fb, r)
-        wm_i[WI_STATUS * n + i] = wi[WI_STATUS * cm + j]
+        st = wi[WI_STATUS * cm + j]
+        # The fleet's run ends at its last replica's stop: a request unfinished on a replica that stopped
+        # earlier is in the system until then, and one that came to the fleet before the horizon and reached
+        # its replica after it (never taken in, its arrival there inf: `replica._hand`) from its arrival to
+        # the end (Little's law over the fleet)
+        if st == ST_UNFINISHED:
+            if fb.rs_a[r, j] == np.inf:
+                macc[A_L_INT] += end - min(arrival[i] + lag, end)
+            else:
+                macc[A_L_INT] += end - wf[WF_HEAD * cm + A_END]
+        wm_i[WI_STATUS * n + i] = st
         wm_i[WI_NPRE * n + i] = wi[WI_NPRE * cm + j]
         if swap:
             wm_i[WI_NSWAP * n + i] = wi[WI_NSWAP * cm + j] if fb.rip[r, I_SWAP] == 1 else 0

@@ -1769,9 +1769,11 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
     if i >= n:
         return -1
     wf[wf.size - N_RF + RF_STRETCH_END] = -np.inf   # (a stretch planned may now end at this arrival)
-    if ipar[I_HAS_HORIZON] == 1 and a >= fpar[F_HORIZON]:
-        # at or past the horizon (a fleet's routing latency): never taken in, as only arrivals before it
-        # exist (a step in flight at the horizon would otherwise take it in before the run stops)
+    # at or past the horizon (a fleet's routing latency): never taken in, as only arrivals before it exist
+    # (a step in flight at the horizon would otherwise take it in before the run stops); its arrival inf,
+    # it is unfinished (it came to the fleet before the horizon: `cluster._reduce_fleet`)
+    late = ipar[I_HAS_HORIZON] == 1 and a >= fpar[F_HORIZON]
+    if late:
         a = np.inf
     if i > 0 and a < arrival[i - 1]:
         return -3
@@ -1779,6 +1781,8 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
     bs = ipar[I_BLOCK_SIZE]
     if full is None:   # (the common engine: its columns written in place, no views carved; a fleet hands often)
         _hand_common(n, ipar, fpar, wi, wf, i, a, c, q)
+        if late:
+            wi[WI_STATUS * n + i] = ST_UNFINISHED
         ri[RI_N_KNOWN] = i + 1
         return i
     dims = (n, bs, ri[RI_DIM_CAP], ri[RI_DIM_NCNT], ri[RI_DIM_NHELD], ri[RI_DIM_NITL], ri[RI_DIM_NBP],
@@ -1805,6 +1809,8 @@ def _hand(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fpar, wi, wf
         if ipar[I_CACHING] == 1 and ipar[I_BLOCK_HASH] >= 1:   # (as `block_pool._pool_init`: its block list)
             cache.pool.boff[i + 1] = cache.pool.boff[i] + _list_capacity(p, o, ipar[I_NUM_GPU_BLOCKS], bs)
             cache.pool.ncached[i] = 0
+    if late:
+        req.status[i] = ST_UNFINISHED
     ri[RI_N_KNOWN] = i + 1
     return i
 
