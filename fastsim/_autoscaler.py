@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel as K
-from ._validation import check_choice, check_float, check_int
+from ._validation import MAX_CLOCK_S, check_choice, check_float, check_int
 
 __all__ = ["Autoscaler"]
 
@@ -38,7 +38,7 @@ class Autoscaler:
     target : float
         The metric's target per replica (> 0; at most 1 for ``kv_utilisation``).
     interval_s : float
-        Seconds between evaluations (> 0), at ``interval_s``, ``2 interval_s``, ...
+        Seconds between evaluations (>= 0.01), at ``interval_s``, ``2 interval_s``, ...
     min_replicas, max_replicas : int
         Bounds on the replicas asked for (1 <= min <= max). ``max_replicas``
         also bounds the replicas held at once, draining ones included.
@@ -88,7 +88,8 @@ class Autoscaler:
         check_choice("metric", self.metric, METRICS)
         s(self, "target", check_float("target", self.target, low=0, low_open=True,
                                       high=1.0 if self.metric == "kv_utilisation" else None))
-        s(self, "interval_s", check_float("interval_s", self.interval_s, low=0, low_open=True))
+        # (each evaluation a row of the run's table, and a look at every replica held: at least 10 ms apart)
+        s(self, "interval_s", check_float("interval_s", self.interval_s, low=0.01, high=MAX_CLOCK_S))
         s(self, "min_replicas", check_int("min_replicas", self.min_replicas, low=1, high=4096))
         s(self, "max_replicas", check_int("max_replicas", self.max_replicas, low=self.min_replicas, high=4096))
         s(self, "provisioning_delay_s", check_float("provisioning_delay_s", self.provisioning_delay_s, low=0))

@@ -163,7 +163,7 @@ def preset_latency_model(name: str) -> LatencyModel:
     LatencyModel
     """
     if not isinstance(name, str) or name not in _preset_names():
-        raise ValueError(f"name must be one of {', '.join(repr(k) for k in _preset_names())}, got {name!r}")
+        raise ValueError(f"preset name must be one of {', '.join(repr(k) for k in _preset_names())}, got {name!r}")
     deterministic = name.endswith("-deterministic")
     key = name[:-len("-deterministic")] if deterministic else name
     p = PRESETS[key]

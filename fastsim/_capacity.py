@@ -152,6 +152,8 @@ def _check_bounds(rate_bounds):
         raise ValueError(f"rate_bounds must be None or a pair (low, high) of rates in req/s, got {rate_bounds!r}")
     lo = check_float("rate_bounds[0]", rate_bounds[0], low=0, low_open=True)
     hi = check_float("rate_bounds[1]", rate_bounds[1], low=0, low_open=True)
+    if lo < 1e-9:   # (a probe's arrival_rate, which a rate this low would make refuse, naming itself)
+        raise ValueError(f"rate_bounds[0] must be >= 1e-09 req/s (a probe's arrival rate), got {lo!r}")
     if not hi > lo:
         raise ValueError(f"rate_bounds must have low < high, got {rate_bounds!r}")
     return lo, hi
@@ -201,7 +203,8 @@ class _Prober:
         sc = self.scenario.replace(**{"workload.arrival_rate": rate})
         # (what `replicate` refuses, refused here too: every probe runs `_run` directly)
         check_runnable(sc, "numba")
-        _check_replicate_memory(sc, self.nmax, "numba", None, "capacity")   # (its probes use Numba's threads)
+        # (its probes use Numba's threads)
+        _check_replicate_memory(sc, self.nmax, "numba", None, "capacity", count="max_replications")
         packed = pack_scenario(sc)
         blocks, done, n = [], 0, self.n0
         while True:

@@ -123,7 +123,11 @@ def as_classes(value):
         except TypeError as exc:   # (a missing or an unknown key)
             raise ValueError(f"classes: {exc} (its keys: by, edges, priorities), got {value!r}") from None
     if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str):
-        return RequestClasses(value[0], tuple(value[1]))
+        edges = value[1]
+        if not isinstance(edges, (tuple, list, np.ndarray)):   # (an int raised a bare TypeError)
+            raise ValueError(f"classes: the edges of a (by, edges) pair must be a sequence of lengths such as "
+                             f"[256, 1024], got {edges!r}")
+        return RequestClasses(value[0], tuple(edges))
     raise ValueError(f"classes must be None, a fastsim.RequestClasses, 'priority', 'trace' or a (by, edges) pair "
                      f"such as ('prompt_len', [256, 1024]), got {value!r}")
 

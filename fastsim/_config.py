@@ -571,6 +571,17 @@ class Workload:
               and not (closed and self.arrival_rate is None)):
             s(self, "arrival_rate", check_float("arrival_rate", self.arrival_rate, low=0, low_open=True))
         s(self, "num_requests", check_int("num_requests", self.num_requests, low=1, high=MAX_COUNT))
+        rs = self.rate_schedule
+        if rs is not None and self.horizon_s is None:
+            # (as arrival_rate's bound: a rate of 1e-20 gave TPOTs of 0) the arrivals that would come after the
+            # clock's range; a schedule that stops (its last rate 0) just ends the stream early
+            expected = float(rs.cumulative(MAX_CLOCK_S))
+            ever = np.inf if rs.repeat or rs.rates[-1] > 0 else float(rs.cumulative(rs.times[-1]))
+            if not (expected >= self.num_requests or ever <= expected):
+                raise ValueError(f"rate_schedule's rates bring {expected:.3g} arrivals expected in {MAX_CLOCK_S:g} s, "
+                                 f"fewer than num_requests ({self.num_requests}); arrivals spread over at most "
+                                 f"{MAX_CLOCK_S:g} s (the clock's resolution): raise the rates or set horizon_s, got "
+                                 f"rates={self.rate_schedule.rates.tolist()!r}")
         if self.arrival_rate is not None and self.num_requests / self.arrival_rate > MAX_CLOCK_S:
             # (1e-320: gaps of inf s; any rate this low: a clock too coarse for the steps)
             raise ValueError(f"arrival_rate must be >= num_requests / {MAX_CLOCK_S:g} s = "
@@ -1018,7 +1029,9 @@ class Scenario:
             raise ValueError(f"latency.{name} makes the longest step {longest:.3g} s (a full batch: "
                              f"{name} term {terms[name]:.3g} s), more than {MAX_CLOCK_S:g} s, beyond which the "
                              f"engine's clock loses its resolution and overflows; got {name}="
-                             f"{getattr(lat, name)!r}")
+                             f"{getattr(lat, name)!r}"
+                             + (f" with decode_alpha={lat.decode_alpha!r} (the term is decode_scale_s * "
+                                f"(max_num_seqs - 1) ** decode_alpha)" if name == "decode_scale_s" else ""))
 
     def describe(self) -> str:
         """What this scenario simulates, in words: says so when the engine or the
@@ -1198,8 +1211,16 @@ def _length_from_config(name, spec, base_dir):
         return _LENGTH_LAWS[kind](**spec)
     except TypeError:
         aliases = {v: k for k, v in _LAW_KEY_ALIASES.items()}
-        allowed = ["dist"] + [aliases.get(f.name, f.name) for f in dataclasses.fields(_LENGTH_LAWS[kind])]
-        raise ValueError(f"{name}: unknown key(s) {sorted(set(spec) - set(allowed))} for dist = {kind!r}; "
+        fields = [f for f in dataclasses.fields(_LENGTH_LAWS[kind]) if f.init]
+        allowed = ["dist"] + [aliases.get(f.name, f.name) for f in fields]
+        unknown = sorted(set(spec) - set(allowed))
+        if unknown:
+            raise ValueError(f"{name}: unknown key(s) {unknown} for dist = {kind!r}; "
+                             f"allowed: {', '.join(allowed)}") from None
+        # (no unknown key: a required one is missing, which the message said as "unknown key(s) []")
+        required = [aliases.get(f.name, f.name) for f in fields
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ValueError(f"{name}: missing key(s) {sorted(set(required) - set(spec))} for dist = {kind!r}; "
                          f"allowed: {', '.join(allowed)}") from None
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None

@@ -184,7 +184,17 @@ def check_disagg_scenario(scenario) -> None:
     if w.max_concurrency is not None:
         raise ValueError(f"workload.max_concurrency must be None for a disaggregated server (a closed loop "
                          f"across two pools is not modelled), got {w.max_concurrency!r}")
-    e = dis.pool_scenarios(scenario)[1].engine
+    sp, sd = dis.pool_scenarios(scenario)
+    e = sd.engine
+    # the longest transfer (the longest prompt the prefill side takes) within the clock's range, as a step's
+    # duration (`Scenario._check_step_durations`): a link of 1e-300 Gb/s gave an e2e of 1e299 s and a TPOT of 0
+    tokens = sp.engine.max_model_len or sp.engine.kv_capacity_tokens
+    longest = tokens * dis.kv_bytes() / (dis.link_bandwidth_gbps * 1e9 / 8.0) + dis.link_latency_s
+    if not longest <= MAX_CLOCK_S:
+        raise ValueError(f"link_bandwidth_gbps={dis.link_bandwidth_gbps!r} with kv_bytes_per_token="
+                         f"{dis.kv_bytes()!r} makes the longest KV transfer (a prompt of {tokens} tokens, the "
+                         f"longest the prefill side takes) {longest:.3g} s, more than {MAX_CLOCK_S:g} s, beyond "
+                         f"which the clock loses its resolution")
     if e.enable_prefix_caching and not e.block_hash_caching:
         raise ValueError("decode engine: enable_prefix_caching=True needs block_hash_caching=True (caching by "
                          "block hash: the transferred prompt's blocks are cached there; synthetic prefix-group "

@@ -17,7 +17,7 @@ from ._capacity import _check_slo
 from ._config import Scenario
 from ._disagg import Disaggregated, _tp
 from ._fleet import Fleet
-from ._replicate import replicate
+from ._replicate import _check_replicate_memory, replicate
 from ._stats import check_confidence_level, mean_interval
 from ._validation import check_int
 
@@ -131,6 +131,10 @@ def disaggregation_search(scenario: Scenario, gpus: int, slo: dict, *, confidenc
     if gpus < tp:
         raise ValueError(f"gpus must be at least the scenario's tensor-parallel size ({tp}), got {gpus!r}")
     configs = {"co-located": dataclasses.replace(scenario, fleet=Fleet(replicas=gpus // tp, router=router))}
+    try:   # (the largest fleet of the search, before the splits are built: 1e6 GPUs took 73 s to fail)
+        _check_replicate_memory(configs["co-located"], n_replications, "numba", n_threads, "disaggregation_search")
+    except ValueError as exc:
+        raise ValueError(f"gpus={gpus!r}: {exc}".replace("reduce replicas", "reduce gpus")) from None
     shape = {"co-located": (0, 0, (gpus // tp) * tp)}
     for p, d in _splits(gpus, _tp(template.prefill_server, scenario.latency),
                         _tp(template.decode_server, scenario.latency)):

@@ -103,7 +103,11 @@ class LogNormal(LengthDistribution):
         length ``ceil(X)`` has mean about ``mean_len + 1/2`` (exactly :meth:`mean`)."""
         mean_len = check_float("mean_len", mean_len, low=0, low_open=True, high=MAX_TOKENS)
         sd = check_float("sd", sd, low=0)
-        r = 1.0 + (sd / mean_len) ** 2
+        cv = sd / mean_len
+        if not cv <= 1e6:   # (sigma above ~5.3: ``(sd / mean_len) ** 2`` overflowed for sd=1e300)
+            raise ValueError(f"sd must be at most 1e6 times mean_len (a lognormal of that coefficient of variation "
+                             f"has sigma {math.sqrt(math.log1p(1e12)):.3g}), got sd={sd!r} with mean_len={mean_len!r}")
+        r = 1.0 + cv * cv
         return cls(median=mean_len / math.sqrt(r), sigma=math.sqrt(math.log(r)))
 
     def _components(self):
@@ -181,7 +185,8 @@ class Gamma(LengthDistribution):
         object.__setattr__(self, "mean_len", check_float("mean_len", self.mean_len, low=0, low_open=True,
                                                          high=MAX_TOKENS))
         object.__setattr__(self, "sd", check_float("sd", self.sd, low=0, low_open=True, high=MAX_TOKENS))
-        shape = (self.mean_len / self.sd) ** 2
+        ratio = self.mean_len / self.sd   # (squared only within range: sd=1e-300 overflowed the power)
+        shape = ratio * ratio if ratio < 1e10 else math.inf
         if not 1e-3 <= shape <= 1e8:
             raise ValueError(f"sd must give a gamma shape (mean_len / sd) ** 2 in [1e-3, 1e8], got sd={self.sd!r} "
                              f"with mean_len={self.mean_len!r} (shape {shape:.3g})")
@@ -287,7 +292,10 @@ class Histogram(LengthDistribution):
         e = check_int_array("edges", self.edges, low=1)
         if e.size < 2 or np.any(np.diff(e) <= 0):
             raise ValueError(f"edges must be at least two strictly increasing integers >= 1, got {self.edges!r}")
-        c = np.asarray(self.counts, dtype=float)
+        try:
+            c = np.asarray(self.counts, dtype=float)
+        except (TypeError, ValueError):   # (strings: a bare "could not convert" naming nothing)
+            c = np.full(0, np.nan)
         if c.shape != (e.size - 1,) or not np.all(np.isfinite(c)) or np.any(c < 0) or c.sum() <= 0:
             raise ValueError(f"counts must be {e.size - 1} finite non-negative numbers (one per bin of edges), "
                              f"not all zero, got {self.counts!r}")

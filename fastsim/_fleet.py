@@ -22,6 +22,11 @@ __all__ = ["Fleet", "run_fleet"]
 ROUTERS = tuple(K.ROUTER_CODES)
 
 
+#: The shortest scrape interval of a stale router's view (`Fleet.router_staleness_s`): the router reads every
+#: replica at each scrape, so a run of T seconds costs T / staleness looks (1e-12 s hung a run).
+MIN_SCRAPE_S = 1e-3
+
+
 @dataclass(frozen=True)
 class Fleet:
     """Identical replicas of the scenario's server behind a router.
@@ -56,7 +61,7 @@ class Fleet:
         Ties otherwise: the lowest replica.
     router_staleness_s : float
         The router sees the replicas' state as of its last scrape, every
-        ``router_staleness_s`` seconds (0: live state). ``least_outstanding``
+        ``router_staleness_s`` seconds (0: live state; else >= 1 ms). ``least_outstanding``
         counts itself and is never stale.
     routing_latency_s : float
         Added to every request's arrival at its replica (and so to its TTFT
@@ -98,7 +103,12 @@ class Fleet:
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         object.__setattr__(self, "router_staleness_s",
-                           check_float("router_staleness_s", self.router_staleness_s, low=0))
+                           check_float("router_staleness_s", self.router_staleness_s, low=0, high=MAX_CLOCK_S))
+        if 0.0 < self.router_staleness_s < MIN_SCRAPE_S:
+            # (the router looks at the replicas at every scrape: a run of T seconds makes T / staleness looks)
+            raise ValueError(f"router_staleness_s must be 0 (live state) or >= {MIN_SCRAPE_S:g} s (a scrape "
+                             f"interval: the router reads every replica at each scrape), got "
+                             f"{self.router_staleness_s!r}")
         object.__setattr__(self, "routing_latency_s", check_float("routing_latency_s", self.routing_latency_s,
                                                                   low=0, high=MAX_CLOCK_S))
         object.__setattr__(self, "prefix_load_cap", check_int("prefix_load_cap", self.prefix_load_cap, low=0))

@@ -146,7 +146,15 @@ def fleet_capacity(scenario, slo: dict, confidence: float = 0.95, *, n_replicati
             prober.scenario = scenario.replace(fleet=dataclasses.replace(scenario.fleet, replicas=m))
             prober.cache = {}
             before = len(prober.rows)
-            decisions[m] = prober.probe(rate)
+            try:
+                decisions[m] = prober.probe(rate)
+            except ValueError as exc:
+                if "reduce replicas" not in str(exc):
+                    raise
+                # (the search doubles the replicas: name the bound that let it go this far)
+                raise ValueError(f"fleet_capacity: no fleet of fewer than {m} replicas met the SLOs, and {m} do "
+                                 f"not fit in memory: {exc}; reduce max_replicas (got {max_replicas}) or "
+                                 f"num_requests") from None
             sizes.extend([m] * (len(prober.rows) - before))
         return decisions[m]
 

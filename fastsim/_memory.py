@@ -108,9 +108,10 @@ def available_memory():
 
     ``FASTSIM_MEMORY_LIMIT`` (bytes, or with a unit: ``4G``) when set; else
     the smaller of ``MemAvailable`` (``/proc/meminfo``; ``os.sysconf``'s
-    available pages elsewhere) and the room left under a cgroup v2 limit
+    available pages elsewhere), the room left under a cgroup v2 limit
     (``memory.max`` less ``memory.current``: a container's limit, which
-    ``/proc/meminfo`` does not show).
+    ``/proc/meminfo`` does not show) and under the process's address-space
+    limit (``ulimit -v``).
     """
     env = os.environ.get("FASTSIM_MEMORY_LIMIT", "").strip()
     if env:
@@ -134,9 +135,31 @@ def available_memory():
     limit, current = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
     if limit is not None and current is not None:
         found.append((max(limit - current, 0), "the cgroup's memory.max less memory.current"))
+    room = _address_space_room()
+    if room is not None:
+        found.append((room, "the process's address-space limit (ulimit -v) less its size"))
     if not found:
         return None, "unknown (set FASTSIM_MEMORY_LIMIT to check runs against a limit)"
     return min(found)
+
+
+def _address_space_room():
+    """Bytes of address space left under ``RLIMIT_AS`` (``ulimit -v``), or
+    None without such a limit: an allocation beyond it fails with
+    MemoryError whatever memory the machine has."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            return None
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(soft - int(line.split()[1]) * 1024, 0)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def reservable_memory():
@@ -800,10 +823,12 @@ def check_fleet_memory(scenario, n_replications, threads, what="replicate"):
     space, limit = max(fleet_address_space(v) for v in variants), reservable_memory()
     if limit is not None and space > limit:
         f = scenario.fleet
+        from ._fleet import _is
         raise ValueError(f"{what}: a fleet of {_fleet_replicas(f)} replicas over {scenario.workload.num_requests} "
                          f"requests reserves an array of about {format_bytes(space)} (each replica a "
                          f"workspace laid out for the whole stream), more than this machine's memory and swap "
-                         f"({format_bytes(limit)}); reduce replicas or num_requests")
+                         f"({format_bytes(limit)}); reduce "
+                         f"{'prefill or decode' if _is(f, 'Disaggregated') else 'replicas'} or num_requests")
     return check_memory(_largest([estimate(v, n_replications, threads) for v in variants]), what)
 
 

@@ -19,6 +19,10 @@ __all__ = ["RateSchedule"]
 SHAPES = ("constant", "linear")
 
 
+#: The most bins `RateSchedule.from_arrivals` makes (a knot each).
+MAX_BINS = 1e7
+
+
 @dataclass(frozen=True, eq=False)
 class RateSchedule:
     """An arrival rate that changes over time, lambda(t) requests/s.
@@ -87,13 +91,21 @@ class RateSchedule:
         trace's hourly shape, say), times ``scale``, a knot at each bin's
         start: constant over each bin, or (``shape="linear"``) interpolated
         between the bins' rates. With ``repeat`` the bins make one period."""
-        a = np.asarray(arrival_s, dtype=np.float64)
+        try:
+            a = np.asarray(arrival_s, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"arrival_s must be a non-empty 1-D array of finite times (s), got "
+                             f"{arrival_s!r}") from None
         bin_s = check_float("bin_s", bin_s, low=0, low_open=True)
         scale = check_float("scale", scale, low=0, low_open=True)
         if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)):
             raise ValueError(f"arrival_s must be a non-empty 1-D array of finite times, got shape {a.shape}")
         a = a - a.min()
-        nb = max(1, int(math.ceil(a.max() / bin_s)) if a.max() > 0 else 1)
+        span = float(a.max())
+        if span / bin_s > MAX_BINS:   # (1e-9 s bins over 1e6 s asked for 7 PiB)
+            raise ValueError(f"bin_s must be at least the arrivals' span / {MAX_BINS:g} = {span / MAX_BINS:.3g} s "
+                             f"(a knot a bin), got {bin_s!r} over {span:.6g} s")
+        nb = max(1, int(math.ceil(span / bin_s)) if span > 0 else 1)
         counts = np.bincount(np.minimum((a / bin_s).astype(np.int64), nb - 1), minlength=nb)
         rates = counts * (scale / bin_s)
         times = np.arange(nb + (1 if repeat else 0)) * bin_s

@@ -19,7 +19,7 @@ from ._config import EngineConfig, Scenario, Workload
 from ._distributions import LogNormal
 from ._pack import _is_disagg, pack_scenario, trace_hashing  # noqa: F401 (pack_scenario: its callers' name)
 from ._stats import ConfidenceInterval, check_confidence_level, mean_interval, prediction_band, summary_frame
-from ._validation import MAX_COUNT, check_choice, check_float, check_int, check_kernel_supports
+from ._validation import MAX_COUNT, check_bool, check_choice, check_float, check_int, check_kernel_supports
 
 BACKENDS = ("numba", "cuda", "reference")
 
@@ -811,10 +811,17 @@ def _replicate_iv(scenario, n_replications, backend, confidence_level, precision
     return n_replications, confidence_level, max_replications, n_threads, batch_size
 
 
-def _check_replicate_memory(scenario, n_replications, backend, n_threads, what="replicate"):
+def _check_replicate_memory(scenario, n_replications, backend, n_threads, what="replicate", count=None):
     """Refuse a run whose workspace sizes overflow the kernel's int64, or
     whose memory estimate exceeds the memory available (`fastsim._memory`),
-    before anything is allocated: ValueError naming the parameter."""
+    before anything is allocated: ValueError naming the parameter (``count``:
+    the one that sets ``n_replications`` when it is not ``n_replications``
+    itself, ``max_replications`` with a precision target)."""
+    if count is not None:
+        try:
+            return _check_replicate_memory(scenario, n_replications, backend, n_threads, what)
+        except ValueError as exc:   # (it said "reduce n_replications" of a run sized by max_replications)
+            raise ValueError(str(exc).replace("n_replications", count)) from None
     from . import _memory
 
     if backend == "numba":   # (a fleet's too: `_memory.check_fleet_memory`)
@@ -902,8 +909,10 @@ def replicate(scenario: Scenario, n_replications: int = 1000, *, seed=None, back
     n_replications, confidence_level, max_replications, n_threads, batch_size = _replicate_iv(
         scenario, n_replications, backend, confidence_level, precision, max_replications, n_threads,
         batch_size)
+    if progress is not None:
+        progress = check_bool("progress", progress)
     _check_replicate_memory(scenario, max_replications if precision is not None else n_replications,
-                            backend, n_threads)
+                            backend, n_threads, count="max_replications" if precision is not None else None)
     k0, k1, entropy = _seed_keys(seed)
     packed = pack_scenario(scenario)
     start = time.perf_counter()
@@ -1159,8 +1168,9 @@ def _replications_needed(data, precision, done, confidence_level):
             return max(need, 2 * done)
         rel = _relative_half_width(est, low, high)
         if rel > target:
-            factor = (rel / target) ** 2 if np.isfinite(rel) else 4.0
-            need = max(need, int(math.ceil(done * factor * 1.05)))
+            ratio = rel / target
+            factor = ratio * ratio if np.isfinite(rel) else 4.0   # (inf, not an OverflowError, for a tiny target)
+            need = max(need, int(math.ceil(min(done * factor * 1.05, MAX_COUNT))))
     return need
 
 

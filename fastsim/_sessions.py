@@ -103,6 +103,14 @@ def check_scenario(scenario) -> None:
 def stream_arrays(requests: pd.DataFrame):
     """The kernel's columns (`workload._draw_sessions`) of `sample_requests`'s
     frame of a workload of sessions."""
+    missing = [k for k in ("arrival_s", "think_s", "prompt_len", "output_len", "priority", "turns", "first_turn")
+               if k not in requests]
+    if missing:
+        raise ValueError(f"requests must be sample_requests's frame of a workload of sessions: columns {missing} "
+                         f"are missing")
+    if requests["first_turn"].dtype != bool:
+        raise ValueError(f"requests['first_turn'] must be booleans (whether the row starts a session), got dtype "
+                         f"{requests['first_turn'].dtype}")
     a = np.asarray(requests["arrival_s"], dtype=np.float64)
     think = np.asarray(requests["think_s"], dtype=np.float64)
     p = np.asarray(requests["prompt_len"], dtype=np.int64)
@@ -111,6 +119,9 @@ def stream_arrays(requests: pd.DataFrame):
     turns = np.asarray(requests["turns"], dtype=np.int64)
     first = np.asarray(requests["first_turn"], dtype=bool)
     c_first = int(first.sum())
+    if not np.all(np.isfinite(think[~first]) & (think[~first] >= 0)):   # (NaN hung the run; < 0 sent in the past)
+        raise ValueError("requests['think_s'] must hold a finite think time >= 0 on every row that is not a first "
+                         "turn (the think time before the send it makes)")
     if not first[:c_first].all() or np.any(turns < 1) or np.any(p < 1) or np.any(o < 1):
         raise ValueError("requests must be sample_requests's frame of a workload of sessions (first turns "
                          "first; turns, prompt_len and output_len >= 1)")
