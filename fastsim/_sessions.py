@@ -122,6 +122,10 @@ def stream_arrays(requests: pd.DataFrame):
     if not np.all(np.isfinite(think[~first]) & (think[~first] >= 0)):   # (NaN hung the run; < 0 sent in the past)
         raise ValueError("requests['think_s'] must hold a finite think time >= 0 on every row that is not a first "
                          "turn (the think time before the send it makes)")
+    af = a[first]
+    if not (np.all(np.isfinite(af) & (af >= 0)) and np.all(np.diff(af) >= 0)):   # (a NaN arrival hung the run)
+        raise ValueError("requests['arrival_s'] must hold finite arrival times >= 0, in order, on the first turns' "
+                         "rows (first_turn True: the sessions' starts; the later turns' rows have none)")
     if not first[:c_first].all() or np.any(turns < 1) or np.any(p < 1) or np.any(o < 1):
         raise ValueError("requests must be sample_requests's frame of a workload of sessions (first turns "
                          "first; turns, prompt_len and output_len >= 1)")

@@ -88,6 +88,10 @@ def test_simulate_requests_checks_a_sessions_frame():
     with pytest.raises(ValueError, match="columns \\['turns'\\] are missing"):
         fastsim.simulate_requests(sc, d.drop(columns=["turns"]))
     bad = d.copy()
+    bad["first_turn"] = True   # (every row a session's start: the later turns' rows have no arrival; it hung)
+    with pytest.raises(ValueError, match="arrival_s'\] must hold finite arrival times >= 0, in order"):
+        fastsim.simulate_requests(sc, bad)
+    bad = d.copy()
     bad["first_turn"] = bad["first_turn"].astype(int)
     with pytest.raises(ValueError, match="first_turn'\\] must be booleans"):
         fastsim.simulate_requests(sc, bad)
