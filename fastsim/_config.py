@@ -869,8 +869,12 @@ class Workload:
 
         p = Path(path)
         if p.suffix.lower() == ".csv" and p.is_file() and timestamp is None:
-            with p.open(newline="") as fh:
-                header = fh.readline().strip().split(",")
+            try:
+                with p.open(newline="") as fh:
+                    header = fh.readline().strip().split(",")
+            except UnicodeDecodeError as exc:   # (a binary file: the codec's message named no file)
+                raise ValueError(f"path must be a text trace (a CSV file or JSON lines, UTF-8), got {str(p)!r}, "
+                                 f"which is not: {exc}") from None
             from ._traces import TIME_COLUMNS
 
             if not any(c in header for c in TIME_COLUMNS):

@@ -226,14 +226,18 @@ def read_trace(path, *, format: str = "auto", block_size: int | None = None, nro
         raise ValueError(f"path must be an existing CSV file or JSON-lines trace, got {str(path)!r}")
     nrows = check_int("nrows", nrows, low=1, optional=True)
     block_size = check_int("block_size", block_size, low=1, high=65536, optional=True)
-    if format == "auto":
-        format = _detect_format(path)
-    if format == "csv":
-        if block_size is not None:
-            raise ValueError(f"block_size is only used with token ids (format='token_ids'), got {block_size} "
-                             f"for the CSV {path}")
-        return _read_csv(path, nrows, timestamp, prompt, output, class_column)
-    return _read_jsonl(path, format, nrows, block_size, timestamp, prompt, output, class_column)
+    try:
+        if format == "auto":
+            format = _detect_format(path)
+        if format == "csv":
+            if block_size is not None:
+                raise ValueError(f"block_size is only used with token ids (format='token_ids'), got {block_size} "
+                                 f"for the CSV {path}")
+            return _read_csv(path, nrows, timestamp, prompt, output, class_column)
+        return _read_jsonl(path, format, nrows, block_size, timestamp, prompt, output, class_column)
+    except UnicodeDecodeError as exc:   # (a binary file: the codec's message named no file)
+        raise ValueError(f"path must be a text trace (a CSV file or JSON lines, UTF-8), got {str(path)!r}, which "
+                         f"is not: {exc}") from None
 
 
 def _detect_format(path):

@@ -158,3 +158,11 @@ def test_the_memory_guard_reads_the_address_space_limit():
     env = {k: v for k, v in os.environ.items() if k != "FASTSIM_MEMORY_LIMIT"}   # (which the guard reads first)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_binary_trace_file_is_named(tmp_path):
+    """It raised the codec's UnicodeDecodeError, naming neither the trace nor the file."""
+    path = tmp_path / "trace.csv"
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(ValueError, match="path must be a text trace .* got '.*trace.csv'"):
+        fastsim.Workload.from_trace(path)
