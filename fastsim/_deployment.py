@@ -83,7 +83,7 @@ class Deployment:
         depends on the GPU and entry point).
     enable_prefix_caching, enable_chunked_prefill : bool
     num_gpu_blocks_override : int, optional
-        vLLM's override: use this many blocks instead of the profiled count.
+        vLLM's override: use this many blocks (>= 2) instead of the profiled count.
 
     Attributes
     ----------
@@ -145,8 +145,9 @@ class Deployment:
             s(self, name, check_int(name, getattr(self, name), low=1, high=MAX_TOKENS))
         for name in ("enable_prefix_caching", "enable_chunked_prefill"):
             s(self, name, check_bool(name, getattr(self, name)))
+        # (at least 2: vLLM V1's null block is one of them; `EngineConfig` named num_gpu_blocks for 1)
         s(self, "num_gpu_blocks_override", check_int("num_gpu_blocks_override", self.num_gpu_blocks_override,
-                                                     low=1, high=MAX_TOKENS, optional=True))
+                                                     low=2, high=MAX_TOKENS, optional=True))
         spec, tp = self.spec, self.tensor_parallel_size
         if spec.num_attention_heads % tp:
             ok = [t for t in range(1, spec.num_attention_heads + 1) if spec.num_attention_heads % t == 0

@@ -166,3 +166,8 @@ def test_a_binary_trace_file_is_named(tmp_path):
     path.write_bytes(bytes(range(256)) * 8)
     with pytest.raises(ValueError, match="path must be a text trace .* got '.*trace.csv'"):
         fastsim.Workload.from_trace(path)
+
+
+def test_a_deployments_block_override_names_itself():
+    with pytest.raises(ValueError, match="num_gpu_blocks_override must be an integer >= 2"):
+        fastsim.Deployment(gpu="H100", model="llama-3.1-8b", num_gpu_blocks_override=1)
