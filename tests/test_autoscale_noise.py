@@ -16,9 +16,8 @@ import pytest
 import fastsim
 from fastsim import kernel as K
 from fastsim._autoscale import ROUTERS
-from fastsim._reference_autoscale import simulate_autoscaled_reference
 from fastsim.kernel import autoscale as A
-from test_autoscale_reference import CASES, POLICIES, _kernel_status
+from test_autoscale_reference import CASES, POLICIES, _run_both as _compare
 from test_replica import _stream
 
 NOISE = fastsim.StepNoise(jitter_sd=0.2, stall_prob=0.04, stall_mean_s=0.03, speed_sd=0.1, prefill_sd=0.1,
@@ -30,21 +29,10 @@ def _noisy(sc, noise=NOISE):
 
 
 def _run_both(sc, rep, router, policy, lag=0.0, queue=True):
+    """`test_autoscale_reference._run_both` on replication ``rep``'s stream: (its table, the reference's results)."""
     stream, p = _stream(sc, rep)
-    lat, fpar = K.run_records(p["lat"], p["fpar"], 11, 12, 3)   # (the replication's records, as `_autoscale`)
-    st, first, finish, npre, g, owner, windows, gpu_s, end = A.simulate_autoscaled_stream(
-        *stream, p["ipar"], fpar, lat, np.array([0.0, lag, 2.0]), K.ROUTER_CODES[router],
-        fastsim.Autoscaler(**policy)._record(), 11, 12, 3, queue=queue)
-    ref = simulate_autoscaled_reference(*stream, sc.engine, sc.latency, router, horizon_s=sc.workload.horizon_s,
-                                        routing_latency_s=lag, seed_keys=(11, 12, 3), **policy)
-    assert np.array_equal(owner, ref["replica"])
-    assert np.array_equal(st, _kernel_status(ref["status"]))
-    assert np.array_equal(first, ref["first_token_s"], equal_nan=True)
-    assert np.array_equal(finish, ref["finish_s"], equal_nan=True)
-    assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
-    assert np.array_equal(windows[:, :K.W_SLO_MET], ref["windows"])
-    assert gpu_s == ref["replica_s"] and end == ref["end_s"]
-    return windows, ref
+    refs = []
+    return _compare(sc, stream, p, router, policy, lag, queue, refs), refs[0]
 
 
 def _reused(ref, pol):

@@ -39,11 +39,14 @@ def _kernel_status(ref_status):
     return s
 
 
-def _run_both(sc, stream, p, router, policy, latency=0.0):
+def _run_both(sc, stream, p, router, policy, latency=0.0, queue=True, refs=None):
+    """Kernel and reference on one stream, compared; the evaluations' table. ``refs``: a list that receives
+    the reference's results. A stochastic latency model runs on the replication's records (`_autoscale`'s)."""
     scaler = fastsim.Autoscaler(**policy)
     fleet = np.array([0.0, latency, 2.0])
+    lat, fpar = K.run_records(p["lat"], p["fpar"], 11, 12, 3) if sc.latency.is_stochastic else (p["lat"], p["fpar"])
     st, first, finish, npre, g, owner, windows, gpu_s, end = A.simulate_autoscaled_stream(
-        *stream, p["ipar"], p["fpar"], p["lat"], fleet, K.ROUTER_CODES[router], scaler._record(), 11, 12, 3)
+        *stream, p["ipar"], fpar, lat, fleet, K.ROUTER_CODES[router], scaler._record(), 11, 12, 3, queue=queue)
     ref = simulate_autoscaled_reference(*stream, sc.engine, sc.latency, router, horizon_s=sc.workload.horizon_s,
                                         routing_latency_s=latency, seed_keys=(11, 12, 3), **policy)
     assert np.array_equal(owner, ref["replica"])
@@ -53,6 +56,8 @@ def _run_both(sc, stream, p, router, policy, latency=0.0):
     assert np.array_equal(npre, ref["num_preemptions"]) and np.array_equal(g, ref["num_tokens"])
     assert np.array_equal(windows[:, :K.W_SLO_MET], ref["windows"])
     assert gpu_s == ref["replica_s"] and end == ref["end_s"]
+    if refs is not None:
+        refs.append(ref)
     return windows
 
 

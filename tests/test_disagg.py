@@ -37,14 +37,17 @@ def _packed(engine, latency, workload=None):
 
 
 def _kernel(stream, pe, pl, n_p, router_p, de, dl, n_d, router_d, *, kvb, bw, lat, workload=None, staleness=0.0,
-            lag=0.0, cap=2, keys=(11, 12, 3), weights=((3.0, 2.0, 2.0), (3.0, 2.0, 2.0))):
+            lag=0.0, cap=2, keys=(11, 12, 3), weights=((3.0, 2.0, 2.0), (3.0, 2.0, 2.0)), **kwargs):
+    """The kernel on one stream (a stochastic latency model on the replication's records, as `_disagg._one`
+    hands them: per-run effects drawn, the step-noise key set); ``kwargs``: `simulate_disagg_stream`'s."""
     pp, pd_ = _packed(pe, pl, workload), _packed(de, dl, workload)
+    (lat_p, fpar_p), (lat_d, fpar_d) = (K.run_records(q["lat"], q["fpar"], *keys) if m.is_stochastic
+                                        else (q["lat"], q["fpar"]) for q, m in ((pp, pl), (pd_, dl)))
     link = _link_record(bw, lat, kvb, cap, weights[1])
-    return D.simulate_disagg_stream(*stream, (pp["ipar"], pp["fpar"], pp["lat"],
-                                              _fleet_record(staleness, lag, cap, weights[0]),
+    return D.simulate_disagg_stream(*stream, (pp["ipar"], fpar_p, lat_p, _fleet_record(staleness, lag, cap, weights[0]),
                                               K.ROUTER_CODES[router_p], n_p),
-                                    (pd_["ipar"], pd_["fpar"], pd_["lat"], K.ROUTER_CODES[router_d], n_d), link,
-                                    *keys)
+                                    (pd_["ipar"], fpar_d, lat_d, K.ROUTER_CODES[router_d], n_d), link, *keys,
+                                    **kwargs)
 
 
 def _hand_stream():

@@ -20,27 +20,10 @@ import pytest
 import fastsim
 from fastsim import kernel as K
 from fastsim._reference_disagg import simulate_disagg_reference
-from fastsim.kernel import disagg as D
-from test_disagg import CONFIGS, LAT_D, LAT_P, ROUTERS, WORKLOAD, _packed, _same, _scenario, _sync
-from test_fleet_reference import _fleet_record, _link_record
+from test_disagg import CONFIGS, LAT_D, LAT_P, ROUTERS, WORKLOAD, _kernel, _packed, _same, _scenario, _sync
 
 NOISE_P = fastsim.StepNoise(jitter_sd=0.25, stall_prob=0.03, stall_mean_s=0.02, speed_sd=0.1)
 NOISE_D = fastsim.StepNoise(jitter_sd=0.15, stall_prob=0.05, stall_mean_s=0.01, prefill_sd=0.2, overhead_sd=0.001)
-
-
-def _noisy_kernel(stream, pe, pl, n_p, router_p, de, dl, n_d, router_d, *, kvb, bw, lat, workload, keys,
-                  staleness=0.0, lag=0.0, cap=2, queue=True, bound=True):
-    """`test_disagg._kernel` on the replication's run records (per-run effects drawn, the step-noise key set,
-    as `_disagg._one` hands them to the kernel)."""
-    pp, pd_ = _packed(pe, pl, workload), _packed(de, dl, workload)
-    lat_p, fpar_p = K.run_records(pp["lat"], pp["fpar"], *keys)
-    lat_d, fpar_d = K.run_records(pd_["lat"], pd_["fpar"], *keys)
-    link = _link_record(bw, lat, kvb, cap, (3.0, 2.0, 2.0))
-    return D.simulate_disagg_stream(*stream, (pp["ipar"], fpar_p, lat_p, _fleet_record(staleness, lag, cap,
-                                                                                       (3.0, 2.0, 2.0)),
-                                              K.ROUTER_CODES[router_p], n_p),
-                                    (pd_["ipar"], fpar_d, lat_d, K.ROUTER_CODES[router_d], n_d), link, *keys,
-                                    queue=queue, bound=bound)
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -53,7 +36,7 @@ def test_noisy_pools_are_the_reference_bit_for_bit(name, router):
     for rep in range(2):
         stream = K.draw_workload(rep, 11, 12, *K.scenario_arrays(pp, lat=False))
         router_p = ROUTERS[(ROUTERS.index(router) + rep + 1) % len(ROUTERS)]
-        per, _, _ = _noisy_kernel(stream, pe, lp, n_p, router_p, de, ld, n_d, router, kvb=2000.0, bw=bw, lat=lat,
+        per, _, _ = _kernel(stream, pe, lp, n_p, router_p, de, ld, n_d, router, kvb=2000.0, bw=bw, lat=lat,
                                   workload=WORKLOAD, keys=(11, 12, rep), staleness=stale, lag=lag)
         ref = simulate_disagg_reference(*stream, prefill=(pe, lp, n_p, router_p), decode=(de, ld, n_d, router),
                                         kv_bytes_per_token=2000.0, link_bandwidth=bw, link_latency_s=lat,
@@ -70,7 +53,7 @@ def test_the_looks_every_replica_and_unbounded_paths_give_the_same_noisy_bits():
     lp = dataclasses.replace(LAT_P, noise=NOISE_P)
     ld = dataclasses.replace(LAT_D, noise=NOISE_D)
     stream = K.draw_workload(0, 11, 12, *K.scenario_arrays(_packed(pe, lp, WORKLOAD), lat=False))
-    runs = [_noisy_kernel(stream, pe, lp, n_p, "jsq", de, ld, n_d, "jsq", kvb=2000.0, bw=bw, lat=lat,
+    runs = [_kernel(stream, pe, lp, n_p, "jsq", de, ld, n_d, "jsq", kvb=2000.0, bw=bw, lat=lat,
                           workload=WORKLOAD, keys=(11, 12, 0), queue=q, bound=b)[0]
             for q, b in ((True, True), (False, True), (True, False), (False, False))]
     for other in runs[1:]:
@@ -90,7 +73,7 @@ def _one_at_a_time(sd, n=2400, n_p=2, n_d=2, seed_rep=0):
     ld = fastsim.LatencyModel(base_s=0.05, noise=noise)
     stream = (np.arange(n, dtype=float), np.full(n, 16), np.ones(n, np.int64), np.zeros(n, np.int64),
               np.zeros(n, np.int64), np.full(n, -1), np.zeros(n, np.int64))
-    per, _, _ = _noisy_kernel(stream, eng, lp, n_p, "round_robin", eng, ld, n_d, "round_robin", kvb=1.0,
+    per, _, _ = _kernel(stream, eng, lp, n_p, "round_robin", eng, ld, n_d, "round_robin", kvb=1.0,
                               bw=math.inf, lat=0.0, workload=None, keys=(5, 6, seed_rep))
     assert (per["status"] == K.ST_COMPLETED).all()
     assert (per["num_tokens"] == 1).all()
