@@ -406,7 +406,8 @@ def test_interrupted_replicate_keeps_a_prefix_free_subset():
 
     sc = _cli._load(EXAMPLE)[0]
     fastsim.replicate(sc, 4, seed=1)   # load the kernel
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    # (2 s: at 0.5 s a loaded CI machine had finished no replication yet; 10 million take hours)
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(fastsim.Interrupted) as stop:
         fastsim.replicate(sc, 10_000_000, seed=1, n_threads=2)

@@ -171,12 +171,13 @@ def test_replicas_draw_their_own_step_noise():
     the same replica index get other times than with the noise of replica 0
     copied to replica 1 (the replicas' streams differ), and a noiseless
     model gives none of that (the keys change nothing without noise)."""
-    from fastsim._fleet import replica_step_noise_key, set_replica_noise_keys
+    from fastsim._fleet import set_replica_noise_keys
+    from fastsim._reference_cluster import _replica_key   # (the reference's statement of the rule)
     members = [(SYNC_PLAIN[0], NOISY)] * 2
     stream, ipars, fpars, lats = _run_records(members, 0)
     k0 = (int(lats[0, K.L_KEY_HI]) << 32) | int(lats[0, K.L_KEY_LO])
     k1 = (int(lats[1, K.L_KEY_HI]) << 32) | int(lats[1, K.L_KEY_LO])
-    assert k1 == replica_step_noise_key(k0, 1) != k0
+    assert k1 == _replica_key(k0, 1) != k0
     shared = lats.copy()
     shared[1] = shared[0]
     rr = K.ROUTER_CODES["round_robin"]
