@@ -119,3 +119,40 @@ def test_nothing_is_lost_at_the_horizon_and_littles_law_holds_for_the_fleet(kind
     total = pr[["n_completed", "n_rejected", "n_dropped", "n_unfinished"]].sum(axis=1)
     assert (pr["n_arrived"] == total).all() and (pr["n_unfinished"] > 0).all()
     np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["static", "static-2", "autoscaled"])
+def test_a_request_in_transit_after_the_replicas_went_idle_ends_the_fleet_at_the_horizon(kind):
+    """Every replica idle long before the horizon (its last departure at 0.55 s), a request sent at 4.6
+    reaching its replica at 5.1: unfinished, in the system from 4.6 to the fleet's end, which is the horizon,
+    not the replicas' last stop (before it came: a negative sojourn; found by stop 70's second fuzz)."""
+    eng = fastsim.EngineConfig.synchronous(max_num_seqs=1, num_gpu_blocks=100, block_size=16)
+    wl = fastsim.Workload(arrival_times=np.array([0.0, 4.6]), num_requests=2, prompt_len=1, output_len=5,
+                          horizon_s=H)
+    fleet = {"static": fastsim.Fleet(1, router="round_robin", routing_latency_s=LAG),
+             "static-2": fastsim.Fleet(2, router="jsq", routing_latency_s=LAG),
+             "autoscaled": fastsim.Fleet(router="jsq", routing_latency_s=LAG, autoscaler=fastsim.Autoscaler(
+                 min_replicas=1, max_replicas=1, interval_s=100.0))}[kind]
+    sc = fastsim.Scenario(engine=eng, latency=fastsim.LatencyModel(base_s=0.01), workload=wl, fleet=fleet)
+    r = fastsim.replicate(sc, 2, seed=1, n_threads=1).per_replication.iloc[0]
+    assert (r.n_arrived, r.n_completed, r.n_unfinished) == (2, 1, 1)
+    assert r.end_s == H
+    assert r.sojourn_sum == pytest.approx((LAG + 5 * 0.01) + (H - 4.6), rel=1e-9)   # (request 0: 5 steps)
+    assert r.time_in_system_integral == pytest.approx(r.sojourn_sum, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["static", "autoscaled"])
+def test_a_request_its_replica_rejects_is_no_sojourn_in_transit_either(kind):
+    """Requests too long for their replica's max_model_len, rejected at their replica after the routing
+    latency: their transit is not counted in the system (nor in the sojourn: a rejection is none), so
+    Little's law holds (the integral exceeded the sojourn sum by n_rejected x lag)."""
+    eng = fastsim.EngineConfig.synchronous(max_num_seqs=4, num_gpu_blocks=400, max_model_len=100)
+    fleet = {"static": fastsim.Fleet(1, router="round_robin", routing_latency_s=LAG),
+             "autoscaled": fastsim.Fleet(router="jsq", routing_latency_s=LAG, autoscaler=fastsim.Autoscaler(
+                 min_replicas=1, max_replicas=1, interval_s=10.0))}[kind]
+    wl = fastsim.Workload(arrival_times=np.array([0.0, 1.0, 2.0, 3.0]), num_requests=4,
+                          prompt_len=fastsim.Histogram([50, 51, 500, 501], [1, 0, 1]), output_len=10)
+    sc = fastsim.Scenario(engine=eng, latency=fastsim.LatencyModel(base_s=0.01), workload=wl, fleet=fleet)
+    pr = fastsim.replicate(sc, 8, seed=1, n_threads=1).per_replication
+    assert (pr["n_rejected"] > 0).any() and (pr["n_completed"] > 0).any()
+    np.testing.assert_allclose(pr["time_in_system_integral"], pr["sojourn_sum"], rtol=1e-9)

@@ -44,12 +44,13 @@ from .drivers import _array_key, _run_records
 from .kv_cache import _blocks_of, _log2_exact
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL, A_OCC_INT,
                      A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, FL_LATENCY, FL_LOAD_CAP, FL_SCORERS,
-                     FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
+                     F_HORIZON, FL_STALENESS, I_ASYNC, I_BLOCK_SIZE, I_CACHING, I_CHUNKED, I_HAS_DELAY, I_HAS_HORIZON,
                      I_BLOCK_HASH, I_MAX_BATCHED_TOKENS, I_MAX_CONCURRENCY, I_MAX_NUM_SEQS, I_NUM_GPU_BLOCKS, I_POLICY,
                      I_PRIO_PREEMPT, I_SESSIONS, I_STATIC, I_SWAP, I_WARMUP, L_BASE, L_CTX, L_DECODE_SCALE, L_KEY_HI,
                      L_KEY_LO, L_NOISE, L_PREFILL, L_ROOF, L_SWAP, LOAD_IN_SYSTEM, LOAD_KV, LOAD_RUNNING, LOAD_WAITING,
                      N_ACC, N_COLUMNS, N_HIST, N_IPAR, POLICY_FCFS, ROUTER_POWER_OF_TWO, ROUTER_PREFIX_AFFINITY,
-                     ROUTER_WEIGHTED, ST_RUNNING, ST_UNFINISHED, ST_WAITING, _COL)
+                     ROUTER_WEIGHTED, ST_REJECTED_ADMISSION, ST_REJECTED_TOO_LONG, ST_RUNNING, ST_UNFINISHED,
+                     ST_WAITING, _COL)
 from .latency import _constant_in_step, _noise_key
 from .metrics import _reduce
 from .replica import (MODE_FAST_STEP, MODE_SLOW_STEP, STEP_ADVANCE, STEP_EMPTY, STEP_FINISH, STEP_INIT,
@@ -1034,22 +1035,29 @@ def _reduce_fleet(n, arrival, output, ipar, fpar, nrep, lag, fb, wm_i, wm_f, row
             wm_f[o_wv + m + e] = wf[o_rv + e]
         m += k
     macc[A_N_ITL] = m
+    # The fleet's run ends at its last replica's stop, and not before the horizon where a request came to the
+    # fleet before it and reached its replica after it (never taken in: its arrival there inf, `replica._hand`;
+    # the replicas may all have stopped, idle, before it came)
     end = macc[A_END]
-    if lag > 0.0:   # requests in transit are in the system (Little's law over the fleet)
-        for i in range(n):
-            macc[A_L_INT] += max(0.0, min(arrival[i] + lag, end) - arrival[i])
+    for i in range(n):
+        if fb.rs_a[fb.owner[i], fb.local[i]] == np.inf and arrival[i] < np.inf:
+            end = max(end, fpar[F_HORIZON])
+            break
+    macc[A_END] = end
     for i in range(n):
         r, j = fb.owner[i], fb.local[i]
         wi, wf = _rows(fb, r)
         st = wi[WI_STATUS * cm + j]
-        # The fleet's run ends at its last replica's stop: a request unfinished on a replica that stopped
-        # earlier is in the system until then, and one that came to the fleet before the horizon and reached
-        # its replica after it (never taken in, its arrival there inf: `replica._hand`) from its arrival to
-        # the end (Little's law over the fleet)
-        if st == ST_UNFINISHED:
-            if fb.rs_a[r, j] == np.inf:
-                macc[A_L_INT] += end - min(arrival[i] + lag, end)
-            else:
+        # Little's law over the fleet: a request is in the system from its arrival at the router (in transit
+        # for the routing latency, unless its replica rejects it: a rejection is no sojourn) until it leaves,
+        # or to the fleet's end where it is unfinished: one unfinished on a replica that stopped earlier
+        # until then, one never taken in from its arrival
+        if st == ST_UNFINISHED and fb.rs_a[r, j] == np.inf:
+            macc[A_L_INT] += end - arrival[i]
+        else:
+            if lag > 0.0 and st != ST_REJECTED_TOO_LONG and st != ST_REJECTED_ADMISSION:
+                macc[A_L_INT] += max(0.0, min(arrival[i] + lag, end) - arrival[i])
+            if st == ST_UNFINISHED:
                 macc[A_L_INT] += end - wf[WF_HEAD * cm + A_END]
         wm_i[WI_STATUS * n + i] = st
         wm_i[WI_NPRE * n + i] = wi[WI_NPRE * cm + j]
