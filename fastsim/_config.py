@@ -1001,6 +1001,13 @@ class Scenario:
             if isinstance(p, Fixed) and isinstance(o, Fixed) and p.value + o.value > e.max_model_len:
                 raise ValueError(f"prompt_len + output_len must be <= max_model_len ({e.max_model_len}), "
                                  f"got {p.value} + {o.value}")
+        if getattr(self.fleet, "mixed", False) and w.lengths is None:   # (a listed replica's too: it was refused
+            p, o = w.prompt_len, w.output_len                            # late, naming the scenario's engine)
+            for k, (ek, _) in enumerate(self.fleet.replicas):
+                if (isinstance(p, Fixed) and isinstance(o, Fixed) and ek.max_model_len is not None
+                        and p.value + o.value > ek.max_model_len):
+                    raise ValueError(f"prompt_len + output_len must be <= fleet.replicas[{k}]'s max_model_len "
+                                     f"({ek.max_model_len}), got {p.value} + {o.value}")
 
     def _check_step_durations(self):
         """Refuse a latency model whose longest step (a full batch: every

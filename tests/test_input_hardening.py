@@ -171,3 +171,13 @@ def test_a_binary_trace_file_is_named(tmp_path):
 def test_a_deployments_block_override_names_itself():
     with pytest.raises(ValueError, match="num_gpu_blocks_override must be an integer >= 2"):
         fastsim.Deployment(gpu="H100", model="llama-3.1-8b", num_gpu_blocks_override=1)
+
+
+def test_a_listed_replica_too_short_for_fixed_lengths_is_named_when_the_scenario_is_built():
+    """It passed `Scenario` and was refused inside `replicate`'s packing, naming the scenario's engine."""
+    lat = fastsim.LatencyModel(base_s=0.01)
+    with pytest.raises(ValueError, match="fleet.replicas\\[0\\]'s max_model_len \\(200\\), got 100 \\+ 500"):
+        fastsim.Scenario(engine=fastsim.EngineConfig(), latency=lat,
+                         workload=fastsim.Workload(arrival_rate=2.0, num_requests=20, prompt_len=100, output_len=500),
+                         fleet=fastsim.Fleet(replicas=[(fastsim.EngineConfig(max_model_len=200), lat),
+                                                       (fastsim.EngineConfig(), lat)], router="jsq"))
