@@ -217,7 +217,9 @@ def compile_kernels(engine: str = "both") -> pd.DataFrame:
         or load its kernels and run them on 8 requests).
     """
     check_choice("engine", engine, ("both", "common", "full"))
-    base = Scenario(engine=EngineConfig(max_num_seqs=4, num_gpu_blocks=64, enable_prefix_caching=False),
+    # (the common engine is the synchronous one: vLLM V1's defaults, async scheduling on, need the full engine,
+    # so `compile` compiled only that one)
+    base = Scenario(engine=EngineConfig.synchronous(max_num_seqs=4, num_gpu_blocks=64),
                     workload=Workload(arrival_rate=1.0, num_requests=8, prompt_len=LogNormal(64, 0.5),
                                       output_len=LogNormal(16, 0.5)))
     scenarios = {"common": base, "full": base.replace(**{"engine.enable_prefix_caching": True,
