@@ -444,8 +444,6 @@ class _FleetWorker:
         return fb, wm_i, wm_f
 
 
-
-
 def set_replica_noise_keys(lats):
     """Give each replica's latency record (a row of ``lats``, the
     replication's, its step-noise key in place) its own step-noise key

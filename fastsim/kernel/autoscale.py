@@ -39,7 +39,7 @@ import numpy as np
 
 from .._numba_options import njit_noalloc
 from .block_pool import _pool_cold
-from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _noise_keys, _observe, _own_records,
+from .cluster import (TMAP_SMALL, _advance, _call, _keep_end, _look_due, _observe, _own_records,
                       _queue_handed, _queue_key, _ri, _rows, _set_up_uniform)
 from .layout import (AS_COOLDOWN, AS_DELAY, AS_GPUS, AS_INITIAL, AS_INTERVAL, AS_MAX, AS_METRIC,
                      AS_METRIC_KV, AS_METRIC_RATE, AS_MIN, AS_SPARE, AS_TARGET, AS_TOLERANCE, AS_WINDOWS_FULL,
@@ -344,7 +344,6 @@ def _simulate_autoscaled(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipa
     # each row on its records: per-step noise, a stream of its own (row r's key; a replica that starts in a
     # row reused takes the row's steps on from where they stand)
     _own_records(fb, m, fpar, lat)
-    _noise_keys(fb.rlat, m, 0)
     if queue:
         _queue_key(fb, m, n, what, 0.0, True)
     k = 1

@@ -731,15 +731,17 @@ def _noise_keys(rlat, nrep, first):
 
 
 @njit_noalloc
-def _own_records(fb, nrep, fpar, lat):
+def _own_records(fb, nrep, fpar, lat, first=0):
     """Rows ``0..nrep-1`` of ``fb.rfp`` and ``fb.rlat`` set to the float and
     latency records of identical replicas (`_look_due` and the departure
-    bound read each replica's own)."""
+    bound read each replica's own), each with the step-noise key of replica
+    ``first + r`` of the replication (`_noise_keys`)."""
     for r in range(nrep):
         for j in range(fpar.size):
             fb.rfp[r, j] = fpar[j]
         for j in range(lat.size):
             fb.rlat[r, j] = lat[j]
+    _noise_keys(fb.rlat, nrep, first)
 
 
 @njit_noalloc
@@ -858,7 +860,6 @@ def _simulate_fleet(n, arrival, prompt, output, prio, sjfk, pgrp, plen, ipar, fp
         for j in range(N_IPAR):
             fb.rip[r, j] = ipar[j]
     _own_records(fb, nrep, fpar, lat)
-    _noise_keys(fb.rlat, nrep, 0)
     return _simulate_fleet_rows(n, arrival, prompt, output, prio, sjfk, pgrp, plen, fleet, router, nrep, key0, key1,
                                 rep, fb, full)
 
@@ -1139,13 +1140,9 @@ def _run_fleet_chunk(rep0, nrep, key0, key1, ipar, fpar, lat, arr_times, lcomp, 
         for r in range(nf):   # (`cluster.fill_records`; loops: a slice's copy would allocate)
             for k in range(k_ipar.size):
                 fb.rip[r, k] = k_ipar[k]
-            for k in range(fpars.shape[1]):
-                fb.rfp[r, k] = fpars[0, k]
-            for k in range(lats.shape[1]):
-                fb.rlat[r, k] = lats[0, k]
             fb.size[r, 0] = scan[0]
             fb.size[r, 1] = scan[1]
-        _noise_keys(fb.rlat, nf, 0)   # (per-step noise: each replica a stream of its own)
+        _own_records(fb, nf, fpars[0], lats[0])   # (per-step noise: each replica a stream of its own)
         if simulate(n, a, p, o, c, q, g, pl, fleet, router, nf, key0, key1, rep, fb, full) != 0:
             return j
         reduce(n, a, o, red_ipar, fpars[0], nf, lag, fb, wm_i[:scan[2]], wm_f[:scan[3]], out[j], bal[j])

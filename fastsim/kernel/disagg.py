@@ -29,8 +29,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._numba_options import njit_noalloc
-from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _noise_keys, _own_records, _queue_handed,
-                      _queue_init, _ri, _rows, _set_up_uniform, _simulate_fleet)
+from .cluster import (ROW_FULL, TMAP_SMALL, _call, _fits, _look, _look_due, _own_records, _queue_handed, _queue_init,
+                      _ri, _rows, _set_up_uniform, _simulate_fleet)
 from .layout import (A_BLOCKS_END, A_END, A_HIT_TOK, A_KV_INT, A_L_INT, A_MAX_BLOCKS, A_MAX_SWAP, A_N_ITL,
                      A_OCC_INT, A_QUERY_TOK, A_QUEUE_INT, A_STEPS, A_WINDOW_START, C_GOODPUT, C_TTFT_MEAN,
                      DL_BANDWIDTH, DL_KV_BYTES, DL_LATENCY, DL_LOAD_CAP, DL_SCORERS, F_TPOT_SLO, F_TTFT_OVERHEAD,
@@ -204,8 +204,7 @@ def _simulate_disagg(n, arrival, prompt, ones, output, prio, sjfk, pgrp, plen,
     if rc < 0:
         return rc
     # each decode replica on its rows of records: per-step noise, a stream of its own (replica nrep_p + d)
-    _own_records(fbd, nrep_d, fpar_d, lat_d)
-    _noise_keys(fbd.rlat, nrep_d, nrep_p)
+    _own_records(fbd, nrep_d, fpar_d, lat_d, nrep_p)
     _seed_streams(key0, key1, rep, db.rstate)
     rstate = db.rstate[1:]   # (its `S_ROUTE` entry is purpose `S_ROUTE_DECODE`)
     for d in range(nrep_d):
